@@ -1,0 +1,65 @@
+// Compute kernels of a sparse layer, framework-free: raw pointers and sizes in, a Status out.
+//
+// Notation (PyTorch's nn.Linear conventions): the weight W is `M x K` (rows = output features),
+// held in the slots of a SlotPattern with one value per slot; activations are row-major with
+// N rows: X is `N x K`, Y and dY are `N x M`. Every array is dense and contiguous.
+//
+//   spmm_forward    Y[n, r]  = sum_{s in row r} v[s] * X[n, col(s)] (+ bias[r])
+//   spmm_transposed dX[n, c] = sum_{s in col c} v[s] * dY[n, row(s)]        (dX = dY W)
+//   sddmm           dv[s]    = sum_n dY[n, row(s)] * X[n, col(s)]            (dW at the slots)
+//   bias_grad       db[r]    = sum_n dY[n, r]
+//
+// Every output element is written (no zero-initialisation is needed). Results are deterministic:
+// each output is reduced in a fixed order, with no atomics.
+// Value types: float and double on the CPU and on CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "snack/pattern.h"
+#include "snack/status.h"
+
+namespace snack {
+namespace cpu {
+
+/// Y = X W^T (+ bias). x: [n, w.cols]; bias: [w.rows] or nullptr; y: [n, w.rows].
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias,
+                    T* y);
+
+/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks the CSC view.
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx);
+
+/// dv[s] = sum_n dY[n, row(s)] X[n, col(s)]. dy: [n, w.rows]; x: [n, w.cols]; dvalues: [w.nnz].
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues);
+
+/// db[r] = sum_n dY[n, r]. dy: [n, m]; dbias: [m].
+template <typename T>
+Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias);
+
+}  // namespace cpu
+
+namespace cuda {
+
+/// CUDA versions of the ops above: same arguments, all pointers in device memory of the current
+/// device, work enqueued on `stream` (nullptr = the legacy default stream). A non-ok Status means
+/// the launch failed; errors raised asynchronously by a kernel surface at the next synchronisation.
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias,
+                    T* y, Stream stream);
+
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
+                       Stream stream);
+
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues,
+             Stream stream);
+
+template <typename T>
+Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
+
+}  // namespace cuda
+}  // namespace snack

@@ -1,0 +1,79 @@
+// The sparse weight of a layer: `nnz` fixed slots, sorted row-major, and its derived views.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "snack/status.h"
+
+// cudaStream_t is `CUstream_st*`; naming it this way keeps CUDA headers out of CPU-only code.
+struct CUstream_st;
+
+namespace snack {
+
+using Stream = CUstream_st*;
+
+/// Largest dimension that 16-bit slot indices can address (indices are unsigned, 0..65535).
+inline constexpr int64_t kMaxDim16 = 65536;
+/// Slot offsets (row_ptr, col_ptr, csc_perm) are 32-bit: nnz must stay below 2^31.
+inline constexpr int64_t kMaxNnz = std::numeric_limits<int32_t>::max();
+
+/// Index type of the slots: 16-bit unsigned where both dimensions fit, 32-bit otherwise.
+template <typename Index>
+inline constexpr bool kIsSlotIndex = std::is_same_v<Index, uint16_t> || std::is_same_v<Index, int32_t>;
+
+/// Largest dimension an Index type can address.
+template <typename Index>
+constexpr int64_t max_dim_for_index() {
+  static_assert(kIsSlotIndex<Index>, "slot indices are uint16_t or int32_t");
+  return std::is_same_v<Index, uint16_t> ? kMaxDim16 : int64_t{std::numeric_limits<int32_t>::max()};
+}
+
+/// Read-only view of a slot pattern: which positions of a `rows x cols` matrix are stored.
+///
+/// The slots are kept sorted row-major (by row, then column), so slot s of row r lies in
+/// [row_ptr[r], row_ptr[r+1]) and the values of a row are contiguous. The CSC view is a permutation
+/// into the same slots: the j-th stored entry in column-major order is slot csc_perm[j], and column c
+/// owns j in [col_ptr[c], col_ptr[c+1]); within a column the slots ascend (rows ascend).
+/// All pointers address memory of one device (host memory for the CPU functions).
+template <typename Index>
+struct SlotPattern {
+  static_assert(kIsSlotIndex<Index>, "slot indices are uint16_t or int32_t");
+  int64_t rows = 0;                  ///< M, the output features
+  int64_t cols = 0;                  ///< K, the input features
+  int64_t nnz = 0;                   ///< number of slots
+  const Index* row_idx = nullptr;    ///< [nnz] row of each slot
+  const Index* col_idx = nullptr;    ///< [nnz] column of each slot
+  const int32_t* row_ptr = nullptr;  ///< [rows + 1] CSR offsets into the slots
+  const int32_t* col_ptr = nullptr;  ///< [cols + 1] CSC offsets into csc_perm
+  const int32_t* csc_perm = nullptr; ///< [nnz] slot of each entry in column-major order
+};
+
+/// Checks the sizes and pointers of a pattern (not its contents): non-negative sizes, dimensions
+/// the Index type can address, nnz <= rows*cols and < 2^31, non-null arrays where nnz > 0.
+template <typename Index>
+Status check_pattern_shape(const SlotPattern<Index>& w) {
+  if (w.rows < 0 || w.cols < 0 || w.nnz < 0)
+    return InvalidArgument("pattern sizes must be non-negative (rows=" + std::to_string(w.rows) +
+                           ", cols=" + std::to_string(w.cols) + ", nnz=" + std::to_string(w.nnz) + ")");
+  if (w.rows > max_dim_for_index<Index>() || w.cols > max_dim_for_index<Index>())
+    return InvalidArgument("pattern dimensions " + std::to_string(w.rows) + "x" + std::to_string(w.cols) +
+                           " do not fit the slot index type");
+  if (w.nnz > kMaxNnz)
+    return Status(StatusCode::kUnsupported, "nnz=" + std::to_string(w.nnz) + " exceeds 2^31-1");
+  if (w.rows > 0 && w.cols > 0 && w.nnz > w.rows * w.cols)
+    return InvalidArgument("nnz=" + std::to_string(w.nnz) + " exceeds rows*cols=" +
+                           std::to_string(w.rows * w.cols));
+  if (w.rows == 0 || w.cols == 0) {
+    if (w.nnz != 0) return InvalidArgument("an empty matrix must have nnz=0");
+  }
+  if (w.nnz > 0 && (w.row_idx == nullptr || w.col_idx == nullptr || w.csc_perm == nullptr))
+    return InvalidArgument("pattern arrays row_idx/col_idx/csc_perm must not be null when nnz > 0");
+  if (w.row_ptr == nullptr || w.col_ptr == nullptr)
+    return InvalidArgument("pattern arrays row_ptr/col_ptr must not be null");
+  return Status::Ok();
+}
+
+}  // namespace snack

@@ -1,0 +1,88 @@
+// Building and checking slot patterns: from COO positions, from a dense matrix (top-k by magnitude),
+// and the derived CSR/CSC views. CPU and CUDA versions with the same contracts.
+//
+// Positions are linear indices `row * cols + col` (int64). A pattern's slots are sorted row-major,
+// which for positions means ascending.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "snack/pattern.h"
+#include "snack/status.h"
+
+namespace snack {
+
+/// Scratch memory for the CUDA topology functions (sort and scan temporaries). The torch binding
+/// supplies PyTorch's caching allocator; `default_device_allocator()` uses cudaMallocAsync.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  /// Returns `bytes` of device memory usable on `stream`, or nullptr when out of memory.
+  virtual void* allocate(size_t bytes, Stream stream) = 0;
+  /// Returns memory obtained from allocate(); work already enqueued on `stream` may still use it.
+  virtual void deallocate(void* ptr, Stream stream) = 0;
+};
+
+namespace cpu {
+
+/// Validates COO positions and sorts them into slots.
+///   rows, cols: [nnz] int64 positions of a `m x k` matrix, any order.
+///   row_idx, col_idx: [nnz] outputs, the positions sorted row-major.
+///   order: [nnz] output, order[s] = index into rows/cols of the position now in slot s
+///          (apply it to the values: values_sorted[s] = values[order[s]]).
+/// Errors: kOutOfRange naming the first bad element, kDuplicateEntry naming the repeated (row, col),
+/// kInvalidArgument for nnz > m*k or dimensions the Index type cannot address. Outputs are only
+/// written when the call succeeds.
+template <typename Index>
+Status slots_from_coo(int64_t m, int64_t k, int64_t nnz, const int64_t* rows, const int64_t* cols,
+                      Index* row_idx, Index* col_idx, int64_t* order);
+
+/// Splits ascending, unique linear positions into slot indices. positions: [nnz].
+template <typename Index>
+Status slots_from_positions(int64_t m, int64_t k, int64_t nnz, const int64_t* positions, Index* row_idx,
+                            Index* col_idx);
+
+/// Derives the CSR row pointers and the CSC view of a row-major sorted pattern.
+///   row_idx, col_idx: [nnz] (sorted row-major, in range, unique: not re-checked here).
+///   row_ptr: [m + 1], col_ptr: [k + 1], csc_perm: [nnz] outputs (see SlotPattern).
+template <typename Index>
+Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                   int32_t* row_ptr, int32_t* col_ptr, int32_t* csc_perm);
+
+/// Positions of the `count` entries of largest magnitude in a dense row-major `m x k` matrix,
+/// written ascending to positions[count]. Ties go to the smaller position, so the result is
+/// deterministic. Non-finite entries are rejected (kInvalidArgument).
+template <typename T>
+Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions);
+
+}  // namespace cpu
+
+namespace cuda {
+
+/// CUDA versions: same contracts, device pointers, work on `stream`. The validating functions
+/// (slots_from_coo, dense_topk_positions) synchronise `stream` once to report errors; build_views
+/// and slots_from_positions never synchronise.
+template <typename Index>
+Status slots_from_coo(int64_t m, int64_t k, int64_t nnz, const int64_t* rows, const int64_t* cols,
+                      Index* row_idx, Index* col_idx, int64_t* order, DeviceAllocator& alloc,
+                      Stream stream);
+
+template <typename Index>
+Status slots_from_positions(int64_t m, int64_t k, int64_t nnz, const int64_t* positions, Index* row_idx,
+                            Index* col_idx, Stream stream);
+
+template <typename Index>
+Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                   int32_t* row_ptr, int32_t* col_ptr, int32_t* csc_perm, DeviceAllocator& alloc,
+                   Stream stream);
+
+template <typename T>
+Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,
+                            DeviceAllocator& alloc, Stream stream);
+
+/// An allocator over cudaMallocAsync/cudaFreeAsync, for users without a framework.
+DeviceAllocator& default_device_allocator();
+
+}  // namespace cuda
+}  // namespace snack

@@ -1,0 +1,51 @@
+// snack::SparseLinear for libtorch programs: the C++ twin of Python's snack.SparseLinear.
+//
+// The weight is `nnz` trainable values at fixed slots of an out_features x in_features matrix;
+// only those are stored and computed. Link against libsnack_torch (find_package(snack)).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace snack {
+
+struct SparseLinearOptions {
+  SparseLinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  /// Fraction of the out_features x in_features positions that are stored, in (0, 1].
+  TORCH_ARG(double, density) = 0.1;
+  TORCH_ARG(bool, bias) = true;
+  /// Seed of the random pattern (positions drawn uniformly without replacement).
+  TORCH_ARG(uint64_t, seed) = 0;
+};
+
+class SparseLinearImpl : public torch::nn::Cloneable<SparseLinearImpl> {
+ public:
+  SparseLinearImpl(int64_t in_features, int64_t out_features)
+      : SparseLinearImpl(SparseLinearOptions(in_features, out_features)) {}
+  explicit SparseLinearImpl(const SparseLinearOptions& options);
+
+  /// Draws the pattern and initialises values and bias uniformly in +-1/sqrt(density*in_features).
+  void reset() override;
+  /// x: [..., in_features] -> [..., out_features].
+  torch::Tensor forward(const torch::Tensor& x);
+  /// The weight as a dense out_features x in_features tensor (for inspection and tests).
+  torch::Tensor to_dense() const;
+  int64_t nnz() const { return values.size(0); }
+
+  SparseLinearOptions options;
+  torch::Tensor values;    ///< [nnz] parameter
+  torch::Tensor bias;      ///< [out_features] parameter, undefined without bias
+  torch::Tensor row_idx;   ///< [nnz] buffer, uint16 or int32
+  torch::Tensor col_idx;   ///< [nnz] buffer
+  torch::Tensor row_ptr;   ///< [out_features + 1] int32 buffer
+  torch::Tensor col_ptr;   ///< [in_features + 1] int32 buffer
+  torch::Tensor csc_perm;  ///< [nnz] int32 buffer
+};
+
+TORCH_MODULE(SparseLinear);
+
+}  // namespace snack

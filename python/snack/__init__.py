@@ -1,0 +1,18 @@
+"""snack: truly sparse neural-network layers for PyTorch.
+
+A :class:`SparseLinear` stores only its non-zero connections (values plus 16/32-bit slot indices)
+and computes forward, backward and the optimizer step on them alone, on the CPU or with CUDA
+kernels. See the README for the design and the benchmarks.
+"""
+
+from pathlib import Path
+
+from ._ops import LIBRARY_PATH, default_index_dtype, ops
+from .layer import SparseLinear, sparse_linear
+
+__version__ = "0.1.0"
+
+#: Prefix for CMake's ``find_package(snack)`` (C++/libtorch users), like ``torch.utils.cmake_prefix_path``.
+cmake_prefix_path = str(Path(__file__).resolve().parent / "share" / "cmake")
+
+__all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH"]

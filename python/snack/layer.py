@@ -1,0 +1,237 @@
+"""SparseLinear: an ``nn.Linear`` drop-in whose weight holds only its non-zero connections."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from ._ops import ops
+
+_PATTERN_BUFFERS = ("row_idx", "col_idx")
+_VIEW_BUFFERS = ("row_ptr", "col_ptr", "csc_perm")
+
+
+def sparse_linear(x: Tensor, values: Tensor, bias: Optional[Tensor], row_idx: Tensor, col_idx: Tensor,
+                  row_ptr: Tensor, col_ptr: Tensor, csc_perm: Tensor) -> Tensor:
+    """Functional form of :class:`SparseLinear`: ``x [..., K] -> [..., M]``, differentiable in x, values, bias."""
+    return ops.sparse_linear(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm)
+
+
+def _resolve_density(density: Optional[float], sparsity: Optional[float]) -> float:
+    if (density is None) == (sparsity is None):
+        raise ValueError("SparseLinear: give exactly one of density= or sparsity=")
+    value = density if density is not None else 1.0 - float(sparsity)
+    name = "density" if density is not None else "sparsity"
+    given = density if density is not None else sparsity
+    if not (isinstance(given, (int, float)) and 0.0 < value <= 1.0):
+        raise ValueError(f"SparseLinear: {name}={given!r} gives a density outside (0, 1]")
+    return float(value)
+
+
+def nnz_for_density(out_features: int, in_features: int, density: float) -> int:
+    """Number of slots a layer of this shape gets at `density` (rounded to nearest)."""
+    return int(round(density * out_features * in_features))
+
+
+class SparseLinear(nn.Module):
+    r"""Applies ``y = x W^T + b`` with a sparse ``W`` of shape ``(out_features, in_features)``.
+
+    Only ``nnz = round(density * out_features * in_features)`` connections exist: the parameter
+    ``values`` has shape ``[nnz]``, and the buffers ``row_idx``/``col_idx`` say where each one sits
+    (uint16 when both dimensions are at most 65536, else int32). ``row_ptr``, ``col_ptr`` and
+    ``csc_perm`` are derived CSR/CSC views, rebuilt whenever the pattern changes and left out of
+    ``state_dict``. No dense weight or mask is ever built, in forward or backward.
+
+    Args:
+        in_features: size of each input sample (K).
+        out_features: size of each output sample (M).
+        bias: learn an additive bias (default True).
+        density: fraction of connections kept, in (0, 1]. Exactly one of density/sparsity.
+        sparsity: fraction of connections removed, ``1 - density``.
+        device, dtype: as for ``nn.Linear``; dtype float32 or float64.
+        index_dtype: force ``torch.uint16`` or ``torch.int32`` slot indices (default: smallest fitting).
+        generator: ``torch.Generator`` for the random pattern and initial values (CPU or the layer's device).
+
+    The pattern is drawn uniformly at random without replacement. Values and bias are drawn from
+    ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with the *effective* fan-in ``density * in_features``,
+    so the output has the scale an ``nn.Linear`` would have.
+    """
+
+    __constants__ = ["in_features", "out_features"]
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, density: Optional[float] = None,
+                 sparsity: Optional[float] = None, device=None, dtype=None, index_dtype: Optional[torch.dtype] = None,
+                 generator: Optional[torch.Generator] = None) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"SparseLinear: in_features and out_features must be positive, got {in_features} and "
+                             f"{out_features}")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        density = _resolve_density(density, sparsity)
+        nnz = nnz_for_density(out_features, in_features, density)
+        factory = {"device": device, "dtype": dtype}
+        row_idx, col_idx = ops.random_slots(out_features, in_features, nnz, generator=generator,
+                                            device=torch.device(device) if device is not None else None,
+                                            index_dtype=index_dtype)
+        self._register_pattern(row_idx, col_idx)
+        self.values = nn.Parameter(torch.empty(nnz, **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters(generator)
+
+    # ---- construction helpers --------------------------------------------------------------------
+    def _register_pattern(self, row_idx: Tensor, col_idx: Tensor) -> None:
+        self.register_buffer("row_idx", row_idx)
+        self.register_buffer("col_idx", col_idx)
+        for name, view in zip(_VIEW_BUFFERS, ops.build_views(row_idx, col_idx, self.out_features, self.in_features)):
+            self.register_buffer(name, view, persistent=False)
+
+    def _rebuild_views(self) -> None:
+        views = ops.build_views(self.row_idx, self.col_idx, self.out_features, self.in_features)
+        for name, view in zip(_VIEW_BUFFERS, views):
+            setattr(self, name, view)
+
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        """Re-draws values and bias uniformly in +-1/sqrt(density * in_features); the pattern stays."""
+        fan_in = max(1.0, self.density * self.in_features)
+        bound = 1.0 / math.sqrt(fan_in)
+        with torch.no_grad():
+            for p in (self.values, self.bias):
+                if p is None:
+                    continue
+                if generator is not None and generator.device != p.device:
+                    p.copy_(torch.empty(p.shape, dtype=p.dtype).uniform_(-bound, bound, generator=generator))
+                else:
+                    p.uniform_(-bound, bound, generator=generator)
+
+    @classmethod
+    def from_dense(cls, linear_or_weight: Union[nn.Linear, Tensor], density: Optional[float] = None, *,
+                   sparsity: Optional[float] = None, mask: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                   index_dtype: Optional[torch.dtype] = None) -> "SparseLinear":
+        """Builds a layer from a dense ``nn.Linear`` or weight ``[out, in]``.
+
+        Keeps the ``round(density * out * in)`` entries of largest magnitude (ties go to the smaller
+        row-major position), or exactly the non-zero entries of ``mask`` when one is given. The bias
+        comes from the Linear, or from ``bias=``. The result lives on the weight's device and dtype.
+        """
+        if isinstance(linear_or_weight, nn.Linear):
+            weight = linear_or_weight.weight
+            if bias is None:
+                bias = linear_or_weight.bias
+        elif isinstance(linear_or_weight, Tensor):
+            weight = linear_or_weight
+        else:
+            raise TypeError(f"SparseLinear.from_dense: expected nn.Linear or a Tensor, got {type(linear_or_weight)}")
+        if weight.dim() != 2:
+            raise ValueError(f"SparseLinear.from_dense: weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
+        weight = weight.detach()
+        out_features, in_features = weight.shape
+        if mask is not None:
+            if density is not None or sparsity is not None:
+                raise ValueError("SparseLinear.from_dense: give mask= or density=/sparsity=, not both")
+            if tuple(mask.shape) != tuple(weight.shape):
+                raise ValueError(f"SparseLinear.from_dense: mask shape {tuple(mask.shape)} differs from weight shape "
+                                 f"{tuple(weight.shape)}")
+            row_idx, col_idx, positions = ops.slots_from_mask(mask.to(weight.device), index_dtype=index_dtype)
+        else:
+            d = _resolve_density(density, sparsity)
+            row_idx, col_idx, positions = ops.slots_from_dense(weight, nnz_for_density(out_features, in_features, d),
+                                                               index_dtype=index_dtype)
+        if bias is not None and tuple(bias.shape) != (out_features,):
+            raise ValueError(f"SparseLinear.from_dense: bias shape {tuple(bias.shape)} != ({out_features},)")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = int(in_features), int(out_features)
+        layer._register_pattern(row_idx, col_idx)
+        layer.values = nn.Parameter(weight.reshape(-1).index_select(0, positions).clone())
+        layer.bias = nn.Parameter(bias.detach().clone().to(weight)) if bias is not None else None
+        return layer
+
+    @classmethod
+    def from_coo(cls, rows: Tensor, cols: Tensor, values: Tensor, out_features: int, in_features: int,
+                 bias: Optional[Tensor] = None, index_dtype: Optional[torch.dtype] = None) -> "SparseLinear":
+        """Builds a layer from COO triplets (any order). Out-of-range indices raise IndexError,
+        repeated positions ValueError; values keep their device and dtype."""
+        if values.dim() != 1 or values.shape[0] != rows.shape[0]:
+            raise ValueError(f"SparseLinear.from_coo: values must be 1-D with one entry per position, got shape "
+                             f"{tuple(values.shape)} for {rows.shape[0]} positions")
+        row_idx, col_idx, order = ops.slots_from_coo(rows.to(values.device), cols.to(values.device), out_features,
+                                                     in_features, index_dtype=index_dtype)
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = int(in_features), int(out_features)
+        layer._register_pattern(row_idx, col_idx)
+        layer.values = nn.Parameter(values.detach().index_select(0, order).clone())
+        layer.bias = nn.Parameter(bias.detach().clone().to(values)) if bias is not None else None
+        return layer
+
+    # ---- the layer -------------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.sparse_linear(x, self.values, self.bias, self.row_idx, self.col_idx, self.row_ptr, self.col_ptr,
+                                 self.csc_perm)
+
+    @property
+    def nnz(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def density(self) -> float:
+        return self.nnz / float(self.out_features * self.in_features)
+
+    def to_dense(self) -> Tensor:
+        """The weight as a dense ``[out, in]`` tensor (differentiable in ``values``)."""
+        dense = self.values.new_zeros((self.out_features, self.in_features))
+        return dense.index_put((self.row_idx.long(), self.col_idx.long()), self.values)
+
+    def mask(self) -> Tensor:
+        """Boolean ``[out, in]`` tensor, True at the stored connections."""
+        mask = torch.zeros((self.out_features, self.in_features), dtype=torch.bool, device=self.values.device)
+        mask[self.row_idx.long(), self.col_idx.long()] = True
+        return mask
+
+    def to_linear(self) -> nn.Linear:
+        """A dense ``nn.Linear`` computing the same function."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           device=self.values.device, dtype=self.values.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.to_dense())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"nnz={self.nnz}, density={self.density:.4g}, index_dtype={self.row_idx.dtype}")
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        keys = {name: prefix + name for name in ("values", "row_idx", "col_idx")}
+        if not all(k in state_dict for k in keys.values()):
+            # Missing entries: let nn.Module report them; the pattern stays as it is.
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)
+            return
+        values, rows, cols = (state_dict[keys[n]] for n in ("values", "row_idx", "col_idx"))
+        if values.shape != self.values.shape or rows.shape != values.shape or cols.shape != values.shape:
+            error_msgs.append(f"size mismatch for {prefix}values/row_idx/col_idx: the checkpoint has "
+                              f"{tuple(values.shape)}/{tuple(rows.shape)}/{tuple(cols.shape)} connections, the layer "
+                              f"has nnz={self.nnz} (build the layer with the checkpoint's density)")
+            return
+        # Validate and sort the incoming pattern before touching the layer, so that a bad
+        # checkpoint raises and leaves the layer unchanged.
+        row_idx, col_idx, order = ops.slots_from_coo(rows.long(), cols.long(), self.out_features, self.in_features,
+                                                     index_dtype=self.row_idx.dtype)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        with torch.no_grad():
+            self.row_idx.copy_(row_idx)
+            self.col_idx.copy_(col_idx)
+            self.values.copy_(values.to(self.values.device).index_select(0, order.to(self.values.device)))
+        self._rebuild_views()

@@ -1,0 +1,43 @@
+// Argument checks shared by the CPU and CUDA ops, so both backends reject the same inputs.
+#pragma once
+
+#include <string>
+
+#include "snack/pattern.h"
+#include "snack/status.h"
+
+namespace snack::detail {
+
+template <typename Index>
+Status check_op(const SlotPattern<Index>& w, int64_t n, const void* values,
+                std::initializer_list<std::pair<const char*, const void*>> operands) {
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+  if (n < 0) return InvalidArgument("batch size n must be non-negative, got " + std::to_string(n));
+  if (w.nnz > 0 && values == nullptr) return InvalidArgument("values must not be null when nnz > 0");
+  for (const auto& [name, ptr] : operands) {
+    if (ptr == nullptr) return InvalidArgument(std::string(name) + " must not be null");
+  }
+  return Status::Ok();
+}
+
+// Pointers of empty arrays may legitimately be null: only require them when the array has elements.
+inline const void* required_if(bool nonempty, const void* ptr) {
+  static const char kPresent = 0;
+  return nonempty ? ptr : static_cast<const void*>(&kPresent);
+}
+
+template <typename Index>
+Status check_dims_fit(int64_t m, int64_t k, int64_t nnz) {
+  if (m < 0 || k < 0 || nnz < 0)
+    return InvalidArgument("sizes must be non-negative (m=" + std::to_string(m) + ", k=" + std::to_string(k) +
+                           ", nnz=" + std::to_string(nnz) + ")");
+  if (m > max_dim_for_index<Index>() || k > max_dim_for_index<Index>())
+    return InvalidArgument("matrix " + std::to_string(m) + "x" + std::to_string(k) +
+                           " is too large for the slot index type");
+  if (nnz > kMaxNnz) return Status(StatusCode::kUnsupported, "nnz=" + std::to_string(nnz) + " exceeds 2^31-1");
+  if (nnz > m * k)
+    return InvalidArgument("nnz=" + std::to_string(nnz) + " exceeds rows*cols=" + std::to_string(m * k));
+  return Status::Ok();
+}
+
+}  // namespace snack::detail

@@ -1,0 +1,107 @@
+// sparse_linear: the layer's operator with its autograd, in C++ so that Python and libtorch users
+// train the same way. Forward and backward call the spmm / spmm_t / sddmm / bias_grad operators
+// through the dispatcher, so torch.compile traces them through their fake kernels.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "binding_utils.h"
+
+namespace snack::binding {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor call_spmm(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
+                     const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
+                     const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm", "").typed<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias);
+}
+
+using PatternOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, const at::Tensor&);
+
+at::Tensor call_pattern_op(const char* name, const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_idx,
+                           const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                           const at::Tensor& csc_perm) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<PatternOp>();
+  return op.call(a, b, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+}
+
+at::Tensor call_bias_grad(const at::Tensor& dy) {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("snack::bias_grad", "").typed<at::Tensor(const at::Tensor&)>();
+  return op.call(dy);
+}
+
+// Flattens x [..., K] to [N, K]; the output takes x's leading shape.
+at::Tensor flatten_input(const at::Tensor& x, int64_t in_features) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "snack.sparse_linear: x must have at least one dimension");
+  TORCH_CHECK_VALUE(x.size(-1) == in_features, "snack.sparse_linear: x has ", x.size(-1),
+                    " features in its last dimension but the layer has in_features=", in_features);
+  return x.reshape({-1, in_features});
+}
+
+std::vector<int64_t> output_shape(const at::Tensor& x, int64_t out_features) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  return shape;
+}
+
+at::Tensor sparse_linear_forward(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
+                                 const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
+                                 const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+  const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
+  const at::Tensor y2d = call_spmm(flatten_input(x, in_features), values, bias, row_idx, col_idx, row_ptr, col_ptr,
+                                   csc_perm);
+  return y2d.view(output_shape(x, out_features));
+}
+
+class SparseLinearFunction : public torch::autograd::Function<SparseLinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& values,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
+                            const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                            const at::Tensor& csc_perm) {
+    ctx->save_for_backward({x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm});
+    ctx->saved_data["has_bias"] = bias.has_value();
+    return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &values = saved[1], &row_idx = saved[2], &col_idx = saved[3],
+                     &row_ptr = saved[4], &col_ptr = saved[5], &csc_perm = saved[6];
+    const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
+    const at::Tensor dy = grad_outputs[0].reshape({-1, out_features}).contiguous();
+    at::Tensor dx, dvalues, dbias;
+    if (ctx->needs_input_grad(0))
+      dx = call_pattern_op("snack::spmm_t", dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm)
+               .view(x.sizes());
+    if (ctx->needs_input_grad(1))
+      dvalues = call_pattern_op("snack::sddmm", dy, flatten_input(x, in_features), row_idx, col_idx, row_ptr,
+                                col_ptr, csc_perm);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) dbias = call_bias_grad(dy);
+    return {dx, dvalues, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor sparse_linear_autograd(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
+                                  const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
+                                  const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+  return SparseLinearFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+}
+
+}  // namespace
+}  // namespace snack::binding
+
+TORCH_LIBRARY_IMPL(snack, Autograd, m) { m.impl("sparse_linear", &snack::binding::sparse_linear_autograd); }
+// Below autograd (inference, tracing, meta/fake tensors) the layer is just spmm on a flattened input.
+TORCH_LIBRARY_IMPL(snack, CompositeExplicitAutograd, m) {
+  m.impl("sparse_linear", &snack::binding::sparse_linear_forward);
+}

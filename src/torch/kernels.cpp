@@ -1,0 +1,382 @@
+// CPU and CUDA implementations of snack's operators: argument checks, then the core functions.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "binding_utils.h"
+#include "snack/ops.h"
+#include "snack/topology.h"
+
+#ifdef SNACK_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace snack::binding {
+namespace {
+
+#ifdef SNACK_WITH_CUDA
+Stream current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+// Scratch memory of the core's CUDA topology functions, from PyTorch's caching allocator.
+class TorchCudaAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, Stream stream) override {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+  }
+  void deallocate(void* ptr, Stream) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+};
+
+TorchCudaAllocator& torch_allocator() {
+  static TorchCudaAllocator allocator;
+  return allocator;
+}
+#endif
+
+// Runs `cpu_fn()` or `cuda_fn(stream)` for the device of `t`, with that device current.
+template <typename CpuFn, typename CudaFn>
+Status on_device(const at::Tensor& t, CpuFn&& cpu_fn, [[maybe_unused]] CudaFn&& cuda_fn, const char* op) {
+  if (t.is_cpu()) return cpu_fn();
+#ifdef SNACK_WITH_CUDA
+  if (t.is_cuda()) {
+    c10::cuda::CUDAGuard guard(t.device());
+    return cuda_fn(current_stream());
+  }
+#endif
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "snack.", op, ": no implementation for device ", t.device());
+}
+
+template <typename Fn>
+void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
+  check_value_dtype(values, op);
+  if (values.scalar_type() == at::kFloat) fn(float{});
+  else fn(double{});
+}
+
+at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                const std::optional<at::Tensor>& bias) {
+  const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
+  check_pattern(p, values, "spmm");
+  check_dense(x, values, p.cols(), "x", "spmm");
+  if (bias) {
+    check_1d(*bias, "bias", "spmm");
+    TORCH_CHECK_VALUE(bias->size(0) == p.rows(), "snack.spmm: bias has ", bias->size(0), " elements, expected ",
+                      p.rows());
+    TORCH_CHECK_TYPE(bias->scalar_type() == values.scalar_type(), "snack.spmm: bias dtype ", bias->scalar_type(),
+                     " differs from the weight dtype ", values.scalar_type());
+    check_same_device(*bias, values, "bias", "spmm");
+  }
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), p.rows()}, values.options());
+  dispatch_value_type(values, "spmm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* b = bias ? bias->data_ptr<T>() : nullptr;
+    throw_if_error(with_pattern(p, [&](auto w) {
+                     return on_device(
+                         values, [&] { return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>()); },
+                         [&](Stream s) { return cuda::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), s); },
+                         "spmm");
+                   }),
+                   "spmm");
+  });
+  return y;
+}
+
+at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+  const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
+  check_pattern(p, values, "spmm_t");
+  check_dense(dy, values, p.rows(), "dy", "spmm_t");
+  const at::Tensor dyc = dy.contiguous();
+  at::Tensor dx = at::empty({dy.size(0), p.cols()}, values.options());
+  dispatch_value_type(values, "spmm_t", [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(with_pattern(p, [&](auto w) {
+                     return on_device(
+                         values, [&] { return cpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>()); },
+                         [&](Stream s) { return cuda::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), s); },
+                         "spmm_t");
+                   }),
+                   "spmm_t");
+  });
+  return dx;
+}
+
+at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                 const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+  const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
+  check_value_dtype(dy, "sddmm");
+  check_pattern(p, at::Tensor(), "sddmm");
+  check_dense(dy, dy, p.rows(), "dy", "sddmm");
+  check_dense(x, dy, p.cols(), "x", "sddmm");
+  check_same_device(row_idx, dy, "row_idx", "sddmm");
+  TORCH_CHECK_VALUE(dy.size(0) == x.size(0), "snack.sddmm: dy has ", dy.size(0), " rows but x has ", x.size(0));
+  const at::Tensor dyc = dy.contiguous(), xc = x.contiguous();
+  at::Tensor dv = at::empty({p.nnz()}, dy.options());
+  dispatch_value_type(dy, "sddmm", [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(with_pattern(p, [&](auto w) {
+                     return on_device(
+                         dy, [&] { return cpu::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>()); },
+                         [&](Stream s) { return cuda::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>(), s); },
+                         "sddmm");
+                   }),
+                   "sddmm");
+  });
+  return dv;
+}
+
+at::Tensor bias_grad(const at::Tensor& dy) {
+  check_value_dtype(dy, "bias_grad");
+  TORCH_CHECK_VALUE(dy.dim() == 2, "snack.bias_grad: dy must be 2-D, got shape ", dy.sizes());
+  const at::Tensor dyc = dy.contiguous();
+  at::Tensor db = at::empty({dy.size(1)}, dy.options());
+  dispatch_value_type(dy, "bias_grad", [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(on_device(
+                       dy, [&] { return cpu::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>()); },
+                       [&](Stream s) { return cuda::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>(), s); },
+                       "bias_grad"),
+                   "bias_grad");
+  });
+  return db;
+}
+
+template <typename Fn>
+void dispatch_index_type(at::ScalarType index_dtype, Fn&& fn) {
+  if (index_dtype == at::kUInt16) fn(uint16_t{});
+  else fn(int32_t{});
+}
+
+void check_features(int64_t out_features, int64_t in_features, const char* op) {
+  TORCH_CHECK_VALUE(out_features >= 0 && in_features >= 0, "snack.", op,
+                    ": out_features and in_features must be non-negative, got ", out_features, " and ", in_features);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,
+                                                              int64_t out_features, int64_t in_features,
+                                                              std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_coo";
+  check_features(out_features, in_features, op);
+  TORCH_CHECK_VALUE(rows.dim() == 1 && cols.dim() == 1, "snack.", op, ": rows and cols must be 1-D, got shapes ",
+                    rows.sizes(), " and ", cols.sizes());
+  TORCH_CHECK_VALUE(rows.size(0) == cols.size(0), "snack.", op, ": rows has ", rows.size(0), " elements but cols has ",
+                    cols.size(0));
+  TORCH_CHECK_TYPE(!at::isFloatingType(rows.scalar_type()) && !at::isFloatingType(cols.scalar_type()) &&
+                       rows.scalar_type() != at::kBool && cols.scalar_type() != at::kBool,
+                   "snack.", op, ": rows and cols must be integer tensors, got ", rows.scalar_type(), " and ",
+                   cols.scalar_type());
+  TORCH_CHECK_VALUE(rows.device() == cols.device(), "snack.", op, ": rows is on ", rows.device(), " but cols is on ",
+                    cols.device());
+  const at::ScalarType itype = choose_index_dtype(out_features, in_features, index_dtype, op);
+  const int64_t nnz = rows.size(0);
+  const at::Tensor r64 = rows.to(at::kLong).contiguous(), c64 = cols.to(at::kLong).contiguous();
+  at::Tensor row_idx = at::empty({nnz}, rows.options().dtype(itype));
+  at::Tensor col_idx = at::empty({nnz}, rows.options().dtype(itype));
+  at::Tensor order = at::empty({nnz}, rows.options().dtype(at::kLong));
+  dispatch_index_type(itype, [&](auto tag) {
+    using Index = decltype(tag);
+    auto* ri = reinterpret_cast<Index*>(row_idx.data_ptr());
+    auto* ci = reinterpret_cast<Index*>(col_idx.data_ptr());
+    throw_if_error(
+        on_device(
+            rows,
+            [&] { return cpu::slots_from_coo<Index>(out_features, in_features, nnz, r64.data_ptr<int64_t>(), c64.data_ptr<int64_t>(), ri, ci, order.data_ptr<int64_t>()); },
+            [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+              return cuda::slots_from_coo<Index>(out_features, in_features, nnz, r64.data_ptr<int64_t>(), c64.data_ptr<int64_t>(), ri, ci, order.data_ptr<int64_t>(), torch_allocator(), s);
+#else
+              (void)s;
+              return Status::Ok();
+#endif
+            },
+            op),
+        op);
+  });
+  return {row_idx, col_idx, order};
+}
+
+// Slots for ascending unique linear positions (already validated by the caller).
+std::pair<at::Tensor, at::Tensor> slots_from_positions(const at::Tensor& positions, int64_t out_features,
+                                                       int64_t in_features, at::ScalarType itype, const char* op) {
+  const int64_t nnz = positions.size(0);
+  at::Tensor row_idx = at::empty({nnz}, positions.options().dtype(itype));
+  at::Tensor col_idx = at::empty({nnz}, positions.options().dtype(itype));
+  dispatch_index_type(itype, [&](auto tag) {
+    using Index = decltype(tag);
+    auto* ri = reinterpret_cast<Index*>(row_idx.data_ptr());
+    auto* ci = reinterpret_cast<Index*>(col_idx.data_ptr());
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    throw_if_error(on_device(
+                       positions, [&] { return cpu::slots_from_positions<Index>(out_features, in_features, nnz, pos, ri, ci); },
+                       [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+                         return cuda::slots_from_positions<Index>(out_features, in_features, nnz, pos, ri, ci, s);
+#else
+                         (void)s;
+                         return Status::Ok();
+#endif
+                       },
+                       op),
+                   op);
+  });
+  return {row_idx, col_idx};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor& dense, int64_t nnz,
+                                                                std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_dense";
+  TORCH_CHECK_VALUE(dense.dim() == 2, "snack.", op, ": dense must be 2-D [out_features, in_features], got shape ",
+                    dense.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(dense.scalar_type()), "snack.", op, ": dense must be floating point, got ",
+                   dense.scalar_type());
+  const int64_t m = dense.size(0), k = dense.size(1);
+  TORCH_CHECK_VALUE(nnz >= 0 && nnz <= m * k, "snack.", op, ": nnz=", nnz, " must lie in [0, ", m * k, "]");
+  const at::ScalarType itype = choose_index_dtype(m, k, index_dtype, op);
+  const at::Tensor d = dense.scalar_type() == at::kDouble ? dense.contiguous() : dense.to(at::kFloat).contiguous();
+  at::Tensor positions = at::empty({nnz}, dense.options().dtype(at::kLong));
+  dispatch_value_type(d, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(on_device(
+                       d, [&] { return cpu::dense_topk_positions<T>(m, k, d.data_ptr<T>(), nnz, positions.data_ptr<int64_t>()); },
+                       [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+                         return cuda::dense_topk_positions<T>(m, k, d.data_ptr<T>(), nnz, positions.data_ptr<int64_t>(), torch_allocator(), s);
+#else
+                         (void)s;
+                         return Status::Ok();
+#endif
+                       },
+                       op),
+                   op);
+  });
+  auto [row_idx, col_idx] = slots_from_positions(positions, m, k, itype, op);
+  return {row_idx, col_idx, positions};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_mask(const at::Tensor& mask,
+                                                               std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_mask";
+  TORCH_CHECK_VALUE(mask.dim() == 2, "snack.", op, ": mask must be 2-D [out_features, in_features], got shape ",
+                    mask.sizes());
+  const int64_t m = mask.size(0), k = mask.size(1);
+  const at::ScalarType itype = choose_index_dtype(m, k, index_dtype, op);
+  at::Tensor positions = at::nonzero(mask.reshape({-1})).reshape({-1});  // ascending
+  TORCH_CHECK_NOT_IMPLEMENTED(positions.size(0) <= kMaxNnz, "snack.", op, ": nnz=", positions.size(0),
+                              " exceeds 2^31-1");
+  auto [row_idx, col_idx] = slots_from_positions(positions, m, k, itype, op);
+  return {row_idx, col_idx, positions};
+}
+
+std::tuple<at::Tensor, at::Tensor> random_slots(int64_t out_features, int64_t in_features, int64_t nnz,
+                                                std::optional<at::Generator> generator,
+                                                std::optional<at::Device> device,
+                                                std::optional<at::ScalarType> index_dtype) {
+  const char* op = "random_slots";
+  check_features(out_features, in_features, op);
+  const int64_t total = out_features * in_features;
+  TORCH_CHECK_VALUE(nnz >= 0 && nnz <= total, "snack.", op, ": nnz=", nnz, " must lie in [0, out_features*in_features=",
+                    total, "]");
+  TORCH_CHECK_NOT_IMPLEMENTED(nnz <= kMaxNnz, "snack.", op, ": nnz=", nnz, " exceeds 2^31-1");
+  const at::ScalarType itype = choose_index_dtype(out_features, in_features, index_dtype, op);
+  const at::Device target = device.value_or(at::Device(at::kCPU));
+  // Draw where the generator lives (a CPU generator also serves a CUDA layer), then move.
+  const at::Device draw_device = generator ? generator->device() : target;
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(draw_device);
+  at::Tensor positions;
+  if (2 * nnz > total) {
+    // Dense enough that enumerating all positions costs no more than the pattern itself.
+    positions = std::get<0>(at::sort(at::randperm(total, generator, opts).slice(0, 0, nnz)));
+  } else {
+    // Sample with replacement, deduplicate, repeat until enough; then keep a uniformly random
+    // subset of the distinct draws. Every step is symmetric in the positions, so each nnz-subset
+    // is equally likely. O(nnz) memory, no dense-sized temporary.
+    positions = at::empty({0}, opts);
+    while (positions.size(0) < nnz) {
+      const int64_t missing = nnz - positions.size(0);
+      const at::Tensor draws = at::randint(0, total, {missing + missing / 8 + 16}, generator, opts);
+      positions = std::get<0>(at::_unique2(at::cat({positions, draws}), /*sorted=*/true));
+    }
+    if (positions.size(0) > nnz) {
+      const at::Tensor keep = at::randperm(positions.size(0), generator, opts).slice(0, 0, nnz);
+      positions = std::get<0>(at::sort(positions.index_select(0, keep)));
+    }
+  }
+  positions = positions.to(target);
+  auto [row_idx, col_idx] = slots_from_positions(positions, out_features, in_features, itype, op);
+  return {row_idx, col_idx};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
+                                                           int64_t out_features, int64_t in_features) {
+  const char* op = "build_views";
+  check_features(out_features, in_features, op);
+  check_1d(row_idx, "row_idx", op);
+  check_1d(col_idx, "col_idx", op);
+  const auto itype = row_idx.scalar_type();
+  TORCH_CHECK_TYPE((itype == at::kUInt16 || itype == at::kInt) && col_idx.scalar_type() == itype, "snack.", op,
+                   ": row_idx and col_idx must both be uint16 or both int32, got ", itype, " and ",
+                   col_idx.scalar_type());
+  TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx has ", row_idx.size(0),
+                    " elements but col_idx has ", col_idx.size(0));
+  TORCH_CHECK_VALUE(row_idx.device() == col_idx.device(), "snack.", op, ": row_idx and col_idx are on different devices");
+  const int64_t nnz = row_idx.size(0);
+  const auto opts = row_idx.options().dtype(at::kInt);
+  at::Tensor row_ptr = at::empty({out_features + 1}, opts);
+  at::Tensor col_ptr = at::empty({in_features + 1}, opts);
+  at::Tensor csc_perm = at::empty({nnz}, opts);
+  dispatch_index_type(itype, [&](auto tag) {
+    using Index = decltype(tag);
+    const auto* ri = reinterpret_cast<const Index*>(row_idx.data_ptr());
+    const auto* ci = reinterpret_cast<const Index*>(col_idx.data_ptr());
+    int32_t* rp = row_ptr.data_ptr<int32_t>();
+    int32_t* cp = col_ptr.data_ptr<int32_t>();
+    int32_t* perm = csc_perm.data_ptr<int32_t>();
+    throw_if_error(on_device(
+                       row_idx, [&] { return cpu::build_views<Index>(out_features, in_features, nnz, ri, ci, rp, cp, perm); },
+                       [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+                         return cuda::build_views<Index>(out_features, in_features, nnz, ri, ci, rp, cp, perm, torch_allocator(), s);
+#else
+                         (void)s;
+                         return Status::Ok();
+#endif
+                       },
+                       op),
+                   op);
+  });
+  return {row_ptr, col_ptr, csc_perm};
+}
+
+}  // namespace
+}  // namespace snack::binding
+
+TORCH_LIBRARY_IMPL(snack, CPU, m) {
+  using namespace snack::binding;
+  m.impl("spmm", &spmm);
+  m.impl("spmm_t", &spmm_t);
+  m.impl("sddmm", &sddmm);
+  m.impl("bias_grad", &bias_grad);
+  m.impl("slots_from_coo", &slots_from_coo);
+  m.impl("slots_from_dense", &slots_from_dense);
+  m.impl("slots_from_mask", &slots_from_mask);
+  m.impl("build_views", &build_views);
+}
+
+#ifdef SNACK_WITH_CUDA
+TORCH_LIBRARY_IMPL(snack, CUDA, m) {
+  using namespace snack::binding;
+  m.impl("spmm", &spmm);
+  m.impl("spmm_t", &spmm_t);
+  m.impl("sddmm", &sddmm);
+  m.impl("bias_grad", &bias_grad);
+  m.impl("slots_from_coo", &slots_from_coo);
+  m.impl("slots_from_dense", &slots_from_dense);
+  m.impl("slots_from_mask", &slots_from_mask);
+  m.impl("build_views", &build_views);
+}
+#endif
+
+// random_slots has no tensor inputs and is built from ATen ops: it runs wherever `device` says.
+TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) { m.impl("random_slots", &snack::binding::random_slots); }

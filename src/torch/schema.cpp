@@ -1,0 +1,43 @@
+// The one definition of snack's operator schemas. Implementations: kernels.cpp (CPU, CUDA),
+// autograd.cpp (sparse_linear's autograd), python/snack/_ops.py (fake kernels for torch.compile).
+//
+// A sparse weight is always passed as `values` plus its five pattern tensors, in this order:
+//   row_idx [nnz], col_idx [nnz]   uint16 or int32, the slots sorted row-major
+//   row_ptr [M+1], col_ptr [K+1], csc_perm [nnz]   int32, the derived CSR and CSC views
+// M and K are read from row_ptr and col_ptr.
+#include <torch/library.h>
+
+TORCH_LIBRARY(snack, m) {
+  // Y = X W^T (+ bias): x [N, K] -> [N, M].
+  m.def("spmm(Tensor x, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
+        "Tensor csc_perm, Tensor? bias) -> Tensor");
+  // dX = dY W: dy [N, M] -> [N, K].
+  m.def("spmm_t(Tensor dy, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
+        "Tensor csc_perm) -> Tensor");
+  // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.
+  m.def("sddmm(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
+        "Tensor csc_perm) -> Tensor");
+  // db = dy.sum(0): dy [N, M] -> [M].
+  m.def("bias_grad(Tensor dy) -> Tensor");
+  // The layer: x [..., K] -> [..., M], differentiable in x, values and bias.
+  m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, Tensor row_ptr, "
+        "Tensor col_ptr, Tensor csc_perm) -> Tensor");
+
+  // ---- Topology: building patterns (validating, so they synchronise once with the device) ----
+  // Sorts COO positions into slots; values_sorted = values[order]. index_dtype: uint16 / int32 / None (auto).
+  m.def("slots_from_coo(Tensor rows, Tensor cols, int out_features, int in_features, ScalarType? index_dtype=None)"
+        " -> (Tensor row_idx, Tensor col_idx, Tensor order)");
+  // The nnz largest-magnitude entries of a dense [M, K] weight (ties to the smaller position);
+  // positions are the ascending linear indices, values = dense.flatten()[positions].
+  m.def("slots_from_dense(Tensor dense, int nnz, ScalarType? index_dtype=None)"
+        " -> (Tensor row_idx, Tensor col_idx, Tensor positions)");
+  // The non-zero entries of a [M, K] mask (any dtype; True / non-zero = kept).
+  m.def("slots_from_mask(Tensor mask, ScalarType? index_dtype=None)"
+        " -> (Tensor row_idx, Tensor col_idx, Tensor positions)");
+  // nnz distinct positions drawn uniformly at random without replacement, on `device`.
+  m.def("random_slots(int out_features, int in_features, int nnz, *, Generator? generator=None, "
+        "Device? device=None, ScalarType? index_dtype=None) -> (Tensor row_idx, Tensor col_idx)");
+  // CSR row pointers and CSC view of sorted slots (no synchronisation).
+  m.def("build_views(Tensor row_idx, Tensor col_idx, int out_features, int in_features)"
+        " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
+}
