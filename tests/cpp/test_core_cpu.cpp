@@ -1,0 +1,77 @@
+// The CPU ops of the core against dense float64 references, on odd sizes and both index widths.
+#include "test_util.h"
+
+namespace snack::test {
+namespace {
+
+template <typename Pair>
+class CpuOps : public ::testing::Test {};
+using Configs = ::testing::Types<std::pair<float, uint16_t>, std::pair<float, int32_t>, std::pair<double, uint16_t>,
+                                 std::pair<double, int32_t>>;
+TYPED_TEST_SUITE(CpuOps, Configs);
+
+template <typename T>
+double tol() { return std::is_same_v<T, float> ? 1e-5 : 1e-12; }
+
+TYPED_TEST(CpuOps, AllOpsMatchDenseReference) {
+  using T = typename TypeParam::first_type;
+  using Index = typename TypeParam::second_type;
+  uint32_t seed = 1;
+  for (const Shape& sh : odd_shapes()) {
+    SCOPED_TRACE(::testing::Message() << sh.m << "x" << sh.k << " n=" << sh.n << " nnz=" << sh.nnz);
+    auto p = random_pattern<Index>(sh.m, sh.k, sh.nnz, seed++, sh.empty_rows);
+    const auto w = p.view();
+    const auto values = cast<T>(p.values);
+    const auto x64 = random_dense(sh.n * sh.k, seed++), dy64 = random_dense(sh.n * sh.m, seed++);
+    const auto bias64 = random_dense(sh.m, seed++);
+    const auto x = cast<T>(x64), dy = cast<T>(dy64), bias = cast<T>(bias64);
+
+    std::vector<T> y(sh.n * sh.m, T(NAN));
+    ASSERT_TRUE((cpu::spmm_forward<T, Index>(w, values.data(), x.data(), sh.n, bias.data(), y.data()).ok()));
+    EXPECT_LT(rel_error(y, ref_forward(p.dense, sh.m, sh.k, x64, sh.n, &bias64)), tol<T>());
+    std::fill(y.begin(), y.end(), T(NAN));
+    ASSERT_TRUE((cpu::spmm_forward<T, Index>(w, values.data(), x.data(), sh.n, nullptr, y.data()).ok()));
+    EXPECT_LT(rel_error(y, ref_forward(p.dense, sh.m, sh.k, x64, sh.n, nullptr)), tol<T>());
+
+    std::vector<T> dx(sh.n * sh.k, T(NAN));
+    ASSERT_TRUE((cpu::spmm_transposed<T, Index>(w, values.data(), dy.data(), sh.n, dx.data()).ok()));
+    EXPECT_LT(rel_error(dx, ref_transposed(p.dense, sh.m, sh.k, dy64, sh.n)), tol<T>());
+
+    std::vector<T> dv(w.nnz, T(NAN));
+    ASSERT_TRUE((cpu::sddmm<T, Index>(w, dy.data(), x.data(), sh.n, dv.data()).ok()));
+    EXPECT_LT(rel_error(dv, ref_sddmm(p, dy64, x64, sh.n)), tol<T>());
+
+    std::vector<T> db(sh.m, T(NAN));
+    ASSERT_TRUE((cpu::bias_grad<T>(dy.data(), sh.n, sh.m, db.data()).ok()));
+    std::vector<double> db_ref(sh.m, 0.0);
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t r = 0; r < sh.m; ++r) db_ref[r] += dy64[i * sh.m + r];
+    EXPECT_LT(rel_error(db, db_ref), tol<T>());
+  }
+}
+
+TEST(CpuOpsErrors, RejectsBadArguments) {
+  auto p = random_pattern<int32_t>(4, 5, 6, 3);
+  auto w = p.view();
+  std::vector<float> v(6, 1.f), x(10, 1.f), y(8);
+  EXPECT_EQ((cpu::spmm_forward<float, int32_t>(w, v.data(), x.data(), -1, nullptr, y.data()).code()),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((cpu::spmm_forward<float, int32_t>(w, v.data(), nullptr, 2, nullptr, y.data()).code()),
+            StatusCode::kInvalidArgument);
+  auto bad = w;
+  bad.nnz = 21;  // > rows * cols
+  EXPECT_EQ((cpu::spmm_forward<float, int32_t>(bad, v.data(), x.data(), 2, nullptr, y.data()).code()),
+            StatusCode::kInvalidArgument);
+  SlotPattern<uint16_t> big;
+  big.rows = 70000;
+  big.cols = 2;
+  std::vector<int32_t> ptr(70001, 0), cptr(3, 0);
+  big.row_ptr = ptr.data();
+  big.col_ptr = cptr.data();
+  Status s = cpu::spmm_forward<float, uint16_t>(big, v.data(), x.data(), 0, nullptr, y.data());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("index type"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace snack::test

@@ -1,0 +1,157 @@
+// The CUDA ops and topology functions of the core against the CPU reference; skipped without a GPU.
+#include <cuda_runtime.h>
+
+#include "test_util.h"
+
+namespace snack::test {
+namespace {
+
+bool has_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// A device copy of a host vector; poisoned (all bytes 0xff = NaN for floats) when empty of data.
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceArray(const std::vector<T>& host) : count(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(1, count) * sizeof(T)), cudaSuccess);
+    if (count) EXPECT_EQ(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit DeviceArray(size_t n) : count(n) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(1, count) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ptr, 0xff, std::max<size_t>(1, count) * sizeof(T)), cudaSuccess);
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  std::vector<T> host() const {
+    std::vector<T> out(count);
+    if (count) EXPECT_EQ(cudaMemcpy(out.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+};
+
+template <typename Index>
+struct DevicePattern {
+  DeviceArray<Index> row_idx, col_idx;
+  DeviceArray<int32_t> row_ptr, col_ptr, csc_perm;
+  SlotPattern<Index> w;
+  explicit DevicePattern(const HostPattern<Index>& p)
+      : row_idx(p.row_idx), col_idx(p.col_idx), row_ptr(p.row_ptr), col_ptr(p.col_ptr), csc_perm(p.csc_perm) {
+    w = p.view();
+    w.row_idx = row_idx.ptr;
+    w.col_idx = col_idx.ptr;
+    w.row_ptr = row_ptr.ptr;
+    w.col_ptr = col_ptr.ptr;
+    w.csc_perm = csc_perm.ptr;
+  }
+};
+
+template <typename Pair>
+class CudaOps : public ::testing::Test {};
+using Configs = ::testing::Types<std::pair<float, uint16_t>, std::pair<float, int32_t>, std::pair<double, uint16_t>,
+                                 std::pair<double, int32_t>>;
+TYPED_TEST_SUITE(CudaOps, Configs);
+
+TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
+  SKIP_WITHOUT_GPU();
+  using T = typename TypeParam::first_type;
+  using Index = typename TypeParam::second_type;
+  const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+  uint32_t seed = 100;
+  for (const Shape& sh : odd_shapes()) {
+    SCOPED_TRACE(::testing::Message() << sh.m << "x" << sh.k << " n=" << sh.n << " nnz=" << sh.nnz);
+    auto p = random_pattern<Index>(sh.m, sh.k, sh.nnz, seed++, sh.empty_rows);
+    DevicePattern<Index> d(p);
+    const auto x64 = random_dense(sh.n * sh.k, seed++), dy64 = random_dense(sh.n * sh.m, seed++);
+    const auto bias64 = random_dense(sh.m, seed++);
+    DeviceArray<T> values(cast<T>(p.values)), x(cast<T>(x64)), dy(cast<T>(dy64)), bias(cast<T>(bias64));
+
+    DeviceArray<T> y(sh.n * sh.m);
+    ASSERT_TRUE((cuda::spmm_forward<T, Index>(d.w, values.ptr, x.ptr, sh.n, bias.ptr, y.ptr, nullptr).ok()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_LT(rel_error(y.host(), ref_forward(p.dense, sh.m, sh.k, x64, sh.n, &bias64)), tol);
+
+    DeviceArray<T> dx(sh.n * sh.k);
+    ASSERT_TRUE((cuda::spmm_transposed<T, Index>(d.w, values.ptr, dy.ptr, sh.n, dx.ptr, nullptr).ok()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_LT(rel_error(dx.host(), ref_transposed(p.dense, sh.m, sh.k, dy64, sh.n)), tol);
+
+    DeviceArray<T> dv(p.row_idx.size());
+    ASSERT_TRUE((cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv.ptr, nullptr).ok()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_LT(rel_error(dv.host(), ref_sddmm(p, dy64, x64, sh.n)), tol);
+  }
+}
+
+TEST(CudaTopology, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto p = random_pattern<uint16_t>(300, 211, 4000, 5, {0, 17, 299});
+  // Shuffle the positions so that the device has to sort them.
+  std::vector<int64_t> rows, cols;
+  for (size_t s = 0; s < p.row_idx.size(); ++s) {
+    rows.push_back(p.row_idx[s]);
+    cols.push_back(p.col_idx[s]);
+  }
+  std::mt19937 rng(1);
+  std::vector<size_t> perm(rows.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> srows, scols;
+  for (size_t i : perm) {
+    srows.push_back(rows[i]);
+    scols.push_back(cols[i]);
+  }
+  const int64_t nnz = rows.size();
+  DeviceArray<int64_t> drows(srows), dcols(scols), order(nnz);
+  DeviceArray<uint16_t> ri(nnz), ci(nnz);
+  Status s = cuda::slots_from_coo<uint16_t>(300, 211, nnz, drows.ptr, dcols.ptr, ri.ptr, ci.ptr, order.ptr,
+                                            cuda::default_device_allocator(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(ri.host(), p.row_idx);
+  EXPECT_EQ(ci.host(), p.col_idx);
+  const auto ord = order.host();
+  for (int64_t i = 0; i < nnz; ++i) EXPECT_EQ(perm[ord[i]], size_t(i));
+
+  DeviceArray<int32_t> rp(301), cp(212), cperm(nnz);
+  s = cuda::build_views<uint16_t>(300, 211, nnz, ri.ptr, ci.ptr, rp.ptr, cp.ptr, cperm.ptr,
+                                  cuda::default_device_allocator(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(rp.host(), p.row_ptr);
+  EXPECT_EQ(cp.host(), p.col_ptr);
+  EXPECT_EQ(cperm.host(), p.csc_perm);
+
+  srows[7] = srows[3];
+  scols[7] = scols[3];
+  DeviceArray<int64_t> dup_rows(srows), dup_cols(scols);
+  s = cuda::slots_from_coo<uint16_t>(300, 211, nnz, dup_rows.ptr, dup_cols.ptr, ri.ptr, ci.ptr, order.ptr,
+                                     cuda::default_device_allocator(), nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDuplicateEntry) << s.message();
+  srows[5] = 300;
+  DeviceArray<int64_t> bad_rows(srows);
+  s = cuda::slots_from_coo<uint16_t>(300, 211, nnz, bad_rows.ptr, dup_cols.ptr, ri.ptr, ci.ptr, order.ptr,
+                                     cuda::default_device_allocator(), nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("rows[5]=300"), std::string::npos) << s.message();
+}
+
+TEST(CudaTopology, DenseTopkMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto w64 = random_dense(77 * 59, 9);
+  for (int i = 0; i < 40; ++i) w64[i * 13] = 0.5;  // ties
+  const auto w = cast<float>(w64);
+  std::vector<int64_t> ref(900);
+  ASSERT_TRUE(cpu::dense_topk_positions<float>(77, 59, w.data(), 900, ref.data()).ok());
+  DeviceArray<float> dw(w);
+  DeviceArray<int64_t> pos(900);
+  Status s = cuda::dense_topk_positions<float>(77, 59, dw.ptr, 900, pos.ptr, cuda::default_device_allocator(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(pos.host(), ref);
+}
+
+}  // namespace
+}  // namespace snack::test

@@ -1,0 +1,81 @@
+// Construction of patterns on the CPU: sorting, validation errors, views, top-k.
+#include "test_util.h"
+
+namespace snack::test {
+namespace {
+
+TEST(SlotsFromCoo, SortsRowMajorAndReturnsOrder) {
+  const std::vector<int64_t> rows{2, 0, 1, 0}, cols{1, 3, 0, 0};
+  std::vector<uint16_t> ri(4), ci(4);
+  std::vector<int64_t> order(4);
+  ASSERT_TRUE(cpu::slots_from_coo<uint16_t>(3, 4, 4, rows.data(), cols.data(), ri.data(), ci.data(), order.data()).ok());
+  EXPECT_EQ(ri, (std::vector<uint16_t>{0, 0, 1, 2}));
+  EXPECT_EQ(ci, (std::vector<uint16_t>{0, 3, 0, 1}));
+  EXPECT_EQ(order, (std::vector<int64_t>{3, 1, 2, 0}));
+}
+
+TEST(SlotsFromCoo, ReportsOutOfRangeAndDuplicates) {
+  std::vector<int32_t> ri(3, -7), ci(3, -7);
+  std::vector<int64_t> order(3, -7);
+  const std::vector<int64_t> rows{0, 3, 1}, cols{0, 0, 0};
+  Status s = cpu::slots_from_coo<int32_t>(3, 4, 3, rows.data(), cols.data(), ri.data(), ci.data(), order.data());
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("rows[1]=3"), std::string::npos) << s.message();
+  EXPECT_EQ(ri, std::vector<int32_t>(3, -7)) << "outputs untouched on error";
+
+  const std::vector<int64_t> rows2{0, 1, 0}, cols2{2, 2, 2};
+  s = cpu::slots_from_coo<int32_t>(3, 4, 3, rows2.data(), cols2.data(), ri.data(), ci.data(), order.data());
+  EXPECT_EQ(s.code(), StatusCode::kDuplicateEntry);
+  EXPECT_NE(s.message().find("(0, 2)"), std::string::npos) << s.message();
+
+  const std::vector<int64_t> cols3{0, -1, 0};
+  s = cpu::slots_from_coo<int32_t>(3, 4, 3, rows.data(), cols3.data(), ri.data(), ci.data(), order.data());
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+
+  EXPECT_EQ(cpu::slots_from_coo<int32_t>(1, 2, 3, rows.data(), cols.data(), ri.data(), ci.data(), order.data()).code(),
+            StatusCode::kInvalidArgument);  // nnz > rows*cols
+  EXPECT_EQ(cpu::slots_from_coo<uint16_t>(70000, 2, 0, nullptr, nullptr, nullptr, nullptr, nullptr).code(),
+            StatusCode::kInvalidArgument);  // does not fit 16-bit indices
+}
+
+TEST(BuildViews, MatchesDefinitionWithEmptyRowsAndColumns) {
+  auto p = random_pattern<uint16_t>(40, 23, 300, 11, {0, 7, 39});
+  const int64_t nnz = p.row_idx.size();
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int32_t s = p.row_ptr[r]; s < p.row_ptr[r + 1]; ++s) EXPECT_EQ(p.row_idx[s], r);
+  EXPECT_EQ(p.row_ptr[0], 0);
+  EXPECT_EQ(p.row_ptr[p.m], nnz);
+  EXPECT_EQ(p.row_ptr[1], p.row_ptr[0]) << "row 0 is empty";
+  std::vector<int> seen(nnz, 0);
+  for (int64_t c = 0; c < p.k; ++c)
+    for (int32_t j = p.col_ptr[c]; j < p.col_ptr[c + 1]; ++j) {
+      const int32_t s = p.csc_perm[j];
+      ++seen[s];
+      EXPECT_EQ(p.col_idx[s], c);
+      if (j > p.col_ptr[c]) EXPECT_LT(p.csc_perm[j - 1], s) << "rows ascend within a column";
+    }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), nnz);
+}
+
+TEST(BuildViews, EmptyPattern) {
+  std::vector<int32_t> rp(4, -1), cp(3, -1);
+  ASSERT_TRUE(cpu::build_views<int32_t>(3, 2, 0, nullptr, nullptr, rp.data(), cp.data(), nullptr).ok());
+  EXPECT_EQ(rp, std::vector<int32_t>(4, 0));
+  EXPECT_EQ(cp, std::vector<int32_t>(3, 0));
+}
+
+TEST(DenseTopk, LargestMagnitudesTiesToSmallerPosition) {
+  const std::vector<float> w{0.5f, -3.f, 0.f, 1.f, 1.f, 2.f, -1.f, 0.25f};
+  std::vector<int64_t> pos(4);
+  ASSERT_TRUE(cpu::dense_topk_positions<float>(2, 4, w.data(), 4, pos.data()).ok());
+  EXPECT_EQ(pos, (std::vector<int64_t>{1, 3, 4, 5}));
+  std::vector<float> bad = w;
+  bad[6] = INFINITY;
+  Status s = cpu::dense_topk_positions<float>(2, 4, bad.data(), 4, pos.data());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("(1, 2)"), std::string::npos) << s.message();
+  EXPECT_EQ(cpu::dense_topk_positions<float>(2, 4, w.data(), 9, pos.data()).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace snack::test

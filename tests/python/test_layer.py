@@ -1,0 +1,290 @@
+"""SparseLinear: construction, forward/backward against Dense+Mask, autograd, checkpoints, conversions."""
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import snack
+from helpers import rel_error
+
+
+def dense_mask_reference(layer: snack.SparseLinear):
+    """The Dense+Mask twin of a layer, in float64 on the CPU: (weight, mask, bias)."""
+    w = layer.to_dense().detach().double().cpu().requires_grad_()
+    b = layer.bias.detach().double().cpu().requires_grad_() if layer.bias is not None else None
+    return w, layer.mask().cpu(), b
+
+
+@pytest.mark.parametrize("shape", [(13,), (1, 13), (4, 13), (2, 3, 13), (2, 1, 5, 13)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_forward_backward_match_dense_mask(device, shape, dtype, bias):
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(13, 9, bias=bias, density=0.3, device=device, dtype=dtype)
+    x = torch.randn(*shape, dtype=dtype, device=device, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (*shape[:-1], 9) and y.dtype == dtype
+    grad = torch.randn_like(y)
+    y.backward(grad)
+
+    w, mask, b = dense_mask_reference(layer)
+    x64 = x.detach().double().cpu().requires_grad_()
+    y64 = nn.functional.linear(x64, w * mask, b)
+    y64.backward(grad.double().cpu())
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert rel_error(y, y64) < tol
+    assert rel_error(x.grad, x64.grad) < tol
+    assert rel_error(layer.values.grad, w.grad[layer.row_idx.long().cpu(), layer.col_idx.long().cpu()]) < tol
+    if bias:
+        assert rel_error(layer.bias.grad, b.grad) < tol
+
+
+def test_gradcheck(device):
+    torch.manual_seed(1)
+    layer = snack.SparseLinear(11, 7, density=0.4, device=device, dtype=torch.float64)
+    x = torch.randn(2, 3, 11, dtype=torch.float64, device=device, requires_grad=True)
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+
+    def fn(x, values, bias):
+        return snack.sparse_linear(x, values, bias, *pattern)
+
+    assert torch.autograd.gradcheck(fn, (x, layer.values, layer.bias))
+
+
+def test_gradcheck_empty_rows_and_no_bias(device):
+    rows = torch.tensor([0, 0, 3, 4, 4, 4])
+    cols = torch.tensor([1, 4, 0, 2, 3, 5])
+    values = torch.randn(6, dtype=torch.float64)
+    layer = snack.SparseLinear.from_coo(rows, cols, values, out_features=6, in_features=7).to(device)
+    x = torch.randn(5, 7, dtype=torch.float64, device=device, requires_grad=True)
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    assert torch.autograd.gradcheck(lambda x, v: snack.sparse_linear(x, v, None, *pattern), (x, layer.values))
+
+
+def test_density_and_sparsity():
+    a = snack.SparseLinear(100, 50, density=0.1)
+    b = snack.SparseLinear(100, 50, sparsity=0.9)
+    assert a.nnz == b.nnz == 500 and abs(a.density - 0.1) < 1e-12
+    assert a.values.shape == (500,) and a.row_idx.dtype == torch.uint16
+    assert snack.SparseLinear(10, 10, density=1.0).nnz == 100
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"density": 0.1, "sparsity": 0.9}, {"density": 0.0}, {"density": 1.5},
+                                    {"sparsity": 1.0}, {"sparsity": -0.1}])
+def test_bad_density(kwargs):
+    with pytest.raises(ValueError, match="density|sparsity"):
+        snack.SparseLinear(10, 10, **kwargs)
+
+
+def test_bad_features():
+    with pytest.raises(ValueError, match="positive"):
+        snack.SparseLinear(0, 10, density=0.5)
+
+
+def test_index_dtype_selection():
+    assert snack.SparseLinear(65536, 2, density=1e-4).row_idx.dtype == torch.uint16
+    assert snack.SparseLinear(65537, 2, density=1e-4).row_idx.dtype == torch.int32
+    assert snack.SparseLinear(30, 20, density=0.5, index_dtype=torch.int32).row_idx.dtype == torch.int32
+    with pytest.raises(ValueError, match="int32"):
+        snack.SparseLinear(70000, 2, density=1e-4, index_dtype=torch.uint16)
+    with pytest.raises(TypeError, match="index_dtype"):
+        snack.SparseLinear(30, 20, density=0.5, index_dtype=torch.int64)
+
+
+def test_generator_determinism():
+    a = snack.SparseLinear(40, 30, density=0.2, generator=torch.Generator().manual_seed(7))
+    b = snack.SparseLinear(40, 30, density=0.2, generator=torch.Generator().manual_seed(7))
+    c = snack.SparseLinear(40, 30, density=0.2, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a.row_idx, b.row_idx) and torch.equal(a.values, b.values)
+    assert not (torch.equal(a.row_idx, c.row_idx) and torch.equal(a.col_idx, c.col_idx))
+
+
+def test_init_scale():
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(1000, 1000, density=0.04)
+    bound = 1 / (0.04 * 1000) ** 0.5
+    assert layer.values.abs().max() <= bound and layer.values.abs().max() > 0.9 * bound
+
+
+def test_from_dense_linear_topk(device):
+    torch.manual_seed(2)
+    linear = nn.Linear(20, 12).to(device)
+    layer = snack.SparseLinear.from_dense(linear, density=0.25)
+    assert layer.nnz == 60
+    w = linear.weight.detach()
+    keep = torch.zeros(240, dtype=torch.bool, device=device)
+    keep[w.abs().flatten().topk(60).indices] = True
+    assert torch.equal(layer.mask().flatten(), keep)
+    assert torch.equal(layer.to_dense(), w * keep.view(12, 20))
+    assert torch.equal(layer.bias, linear.bias)
+    x = torch.randn(3, 20, device=device)
+    assert rel_error(layer(x), nn.functional.linear(x, w * keep.view(12, 20), linear.bias)) < 1e-5
+
+
+def test_from_dense_mask_and_weight(device):
+    w = torch.randn(8, 10, device=device, dtype=torch.float64)
+    mask = torch.rand(8, 10, device=device) < 0.5
+    layer = snack.SparseLinear.from_dense(w, mask=mask)
+    assert layer.bias is None and layer.values.dtype == torch.float64
+    assert torch.equal(layer.mask(), mask) and torch.equal(layer.to_dense(), w * mask)
+    with pytest.raises(ValueError, match="not both"):
+        snack.SparseLinear.from_dense(w, 0.5, mask=mask)
+    with pytest.raises(ValueError, match="mask shape"):
+        snack.SparseLinear.from_dense(w, mask=mask[:, :5])
+    with pytest.raises(ValueError, match="2-D"):
+        snack.SparseLinear.from_dense(w[0], 0.5)
+
+
+def test_to_linear_and_back(device):
+    layer = snack.SparseLinear(15, 6, density=0.5, device=device)
+    linear = layer.to_linear()
+    x = torch.randn(4, 15, device=device)
+    assert rel_error(layer(x), linear(x)) < 1e-6
+    again = snack.SparseLinear.from_dense(linear, mask=layer.mask())
+    assert torch.equal(again.values, layer.values) and torch.equal(again.row_idx, layer.row_idx)
+
+
+def test_from_coo_sorts_and_validates(device):
+    rows = torch.tensor([2, 0, 1, 0])
+    cols = torch.tensor([1, 3, 0, 0])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0], device=device)
+    layer = snack.SparseLinear.from_coo(rows, cols, values, 3, 4)
+    assert layer.row_idx.tolist() == [0, 0, 1, 2] and layer.col_idx.tolist() == [0, 3, 0, 1]
+    assert layer.values.tolist() == [4.0, 2.0, 3.0, 1.0]
+    with pytest.raises(IndexError, match=r"rows\[1\]=3"):
+        snack.SparseLinear.from_coo(torch.tensor([0, 3]), torch.tensor([0, 0]), values[:2], 3, 4)
+    with pytest.raises(IndexError, match=r"cols\[0\]=-1"):
+        snack.SparseLinear.from_coo(torch.tensor([0, 1]), torch.tensor([-1, 0]), values[:2], 3, 4)
+    with pytest.raises(ValueError, match=r"\(0, 1\) appears more than once"):
+        snack.SparseLinear.from_coo(torch.tensor([0, 1, 0]), torch.tensor([1, 1, 1]), values[:3], 3, 4)
+    with pytest.raises(ValueError, match="one entry per position"):
+        snack.SparseLinear.from_coo(rows, cols, values[:3], 3, 4)
+    with pytest.raises(ValueError, match="same|elements"):
+        snack.ops.slots_from_coo(torch.tensor([0, 1]), torch.tensor([0]), 3, 4)
+    with pytest.raises(TypeError, match="integer"):
+        snack.ops.slots_from_coo(torch.tensor([0.0]), torch.tensor([0]), 3, 4)
+
+
+def test_from_dense_errors(device):
+    w = torch.randn(3, 4, device=device)
+    with pytest.raises(ValueError, match="nnz=13"):
+        snack.ops.slots_from_dense(w, 13)
+    bad = w.clone()
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"non-finite entry at \(1, 2\)"):
+        snack.SparseLinear.from_dense(bad, 0.5)
+
+
+def test_op_argument_errors(device):
+    layer = snack.SparseLinear(10, 6, density=0.5, device=device)
+    with pytest.raises(ValueError, match="in_features=10"):
+        layer(torch.randn(3, 9, device=device))
+    with pytest.raises(TypeError, match="dtype"):
+        layer(torch.randn(3, 10, device=device, dtype=torch.float64))
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    with pytest.raises(ValueError, match="values has 5 elements"):
+        snack.ops.spmm(torch.randn(3, 10, device=device), layer.values[:5], *pattern, None)
+    with pytest.raises(ValueError, match="bias has 5"):
+        snack.ops.spmm(torch.randn(3, 10, device=device), layer.values, *pattern, torch.randn(5, device=device))
+    with pytest.raises(TypeError, match="int32"):
+        snack.ops.spmm(torch.randn(3, 10, device=device), layer.values, layer.row_idx, layer.col_idx,
+                       layer.row_ptr.long(), layer.col_ptr, layer.csc_perm, None)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        snack.ops.spmm(torch.randn(3, 10, device=device).half(), layer.values.half(), *pattern, None)
+
+
+@pytest.mark.cuda
+def test_wrong_device():
+    layer = snack.SparseLinear(10, 6, density=0.5, device="cuda")
+    with pytest.raises(ValueError, match="cpu"):
+        layer(torch.randn(3, 10))
+
+
+def test_state_dict_round_trip(device):
+    torch.manual_seed(3)
+    layer = snack.SparseLinear(30, 20, density=0.2, device=device)
+    sd = layer.state_dict()
+    assert set(sd) == {"values", "bias", "row_idx", "col_idx"}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    other = snack.SparseLinear(30, 20, density=0.2, generator=torch.Generator().manual_seed(99))
+    values_param = other.values
+    other.load_state_dict(torch.load(buf))
+    assert other.values is values_param, "the Parameter keeps its identity"
+    for name in ("values", "bias", "row_idx", "col_idx", "row_ptr", "col_ptr", "csc_perm"):
+        assert torch.equal(getattr(other, name).cpu(), getattr(layer, name).cpu()), name
+    x = torch.randn(4, 30)
+    assert torch.equal(other(x), layer(x.to(device)).cpu())
+
+
+def test_load_state_dict_rejects_bad_pattern_and_keeps_layer():
+    layer = snack.SparseLinear(8, 5, density=0.3)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    sd = layer.state_dict()
+    bad = dict(sd)
+    bad["col_idx"] = sd["col_idx"].clone()
+    bad["col_idx"][0] = 8  # out of range: in_features=8
+    with pytest.raises(IndexError, match="outside"):
+        layer.load_state_dict(bad)
+    dup = dict(sd)
+    dup["row_idx"], dup["col_idx"] = sd["row_idx"].clone(), sd["col_idx"].clone()
+    dup["row_idx"][1], dup["col_idx"][1] = dup["row_idx"][0], dup["col_idx"][0]
+    with pytest.raises(ValueError, match="more than once"):
+        layer.load_state_dict(dup)
+    for k, v in layer.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(RuntimeError, match="nnz"):
+        snack.SparseLinear(8, 5, density=0.5).load_state_dict(sd)
+
+
+def test_load_unsorted_checkpoint_sorts_values():
+    layer = snack.SparseLinear(6, 4, density=0.5)
+    sd = layer.state_dict()
+    perm = torch.randperm(layer.nnz)
+    shuffled = {**sd, "values": sd["values"][perm], "row_idx": sd["row_idx"][perm], "col_idx": sd["col_idx"][perm]}
+    other = snack.SparseLinear(6, 4, density=0.5)
+    other.load_state_dict(shuffled)
+    assert torch.equal(other.to_dense(), layer.to_dense())
+
+
+def test_to_dtype_keeps_indices(device):
+    layer = snack.SparseLinear(12, 7, density=0.5).to(device)
+    layer64 = layer.to(torch.float64)
+    assert layer64.values.dtype == torch.float64 and layer64.row_idx.dtype == torch.uint16
+    assert layer64.row_ptr.dtype == torch.int32 and layer64.values.device.type == device.type
+    x = torch.randn(3, 12, dtype=torch.float64, device=device)
+    assert rel_error(layer64(x), x @ layer64.to_dense().T + layer64.bias) < 1e-12
+
+
+@pytest.mark.cuda
+def test_state_dict_across_devices():
+    layer = snack.SparseLinear(25, 14, density=0.3)
+    gpu = snack.SparseLinear(25, 14, density=0.3, device="cuda")
+    gpu.load_state_dict(layer.state_dict())
+    assert gpu.values.device.type == "cuda" and torch.equal(gpu.to_dense().cpu(), layer.to_dense())
+    back = snack.SparseLinear(25, 14, density=0.3)
+    back.load_state_dict(gpu.state_dict())
+    assert torch.equal(back.to_dense(), layer.to_dense())
+    x = torch.randn(5, 25)
+    assert rel_error(gpu(x.cuda()), layer(x)) < 1e-6
+
+
+def test_training_reduces_loss(device):
+    torch.manual_seed(4)
+    teacher = snack.SparseLinear(32, 8, density=0.25, device=device)
+    student = snack.SparseLinear.from_dense(teacher.to_dense().detach() * 0, mask=teacher.mask(),
+                                            bias=torch.zeros(8, device=device))
+    opt = torch.optim.Adam(student.parameters(), lr=0.05)
+    x = torch.randn(256, 32, device=device)
+    target = teacher(x).detach()
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = ((student(x) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.05 * losses[0]

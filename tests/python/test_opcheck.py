@@ -1,0 +1,64 @@
+"""torch.library.opcheck on every operator (schema, autograd registration, fake kernels, AOT dispatch),
+and the layer under torch.compile(fullgraph=True)."""
+
+import pytest
+import torch
+
+import snack
+from helpers import Pattern, ops, rel_error
+
+
+def sample_pattern(device, dtype=torch.float32, itype=None):
+    return Pattern(11, 13, 40, device=device, dtype=dtype, index_dtype=itype, seed=3, empty_rows=2)
+
+
+@pytest.mark.parametrize("itype", [torch.uint16, torch.int32])
+def test_opcheck_compute_ops(device, itype):
+    p = sample_pattern(device, itype=itype)
+    x, dy = p.randn(5, 13, seed=1), p.randn(5, 11, seed=2)
+    bias = p.randn(11, seed=3)
+    torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, bias))
+    torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, None))
+    torch.library.opcheck(ops.spmm_t.default, (dy, p.values, *p.tensors))
+    torch.library.opcheck(ops.sddmm.default, (dy, x, *p.tensors))
+    torch.library.opcheck(ops.bias_grad.default, (dy,))
+
+
+@pytest.mark.parametrize("shape", [(5, 13), (2, 3, 13)])
+def test_opcheck_sparse_linear(device, shape):
+    p = sample_pattern(device, dtype=torch.float64)
+    x = p.randn(*shape, seed=4).requires_grad_()
+    values = p.values.clone().requires_grad_()
+    bias = p.randn(11, seed=5).requires_grad_()
+    torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, *p.tensors))
+    torch.library.opcheck(ops.sparse_linear.default, (x, values, None, *p.tensors))
+
+
+def test_opcheck_topology_ops(device):
+    rows = torch.tensor([3, 0, 2, 0], device=device)
+    cols = torch.tensor([1, 2, 0, 0], device=device)
+    torch.library.opcheck(ops.slots_from_coo.default, (rows, cols, 4, 3), {"index_dtype": torch.int32})
+    dense = torch.randn(6, 7, device=device)
+    torch.library.opcheck(ops.slots_from_dense.default, (dense, 10))
+    torch.library.opcheck(ops.slots_from_mask.default, (dense > 0,),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    r, c, _ = ops.slots_from_coo(rows, cols, 4, 3)
+    torch.library.opcheck(ops.build_views.default, (r, c, 4, 3))
+    torch.library.opcheck(ops.random_slots.default, (5, 6, 7), {"device": device},
+                          test_utils=("test_schema", "test_autograd_registration"))
+
+
+def test_compile_fullgraph_forward_backward(device):
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    layer = snack.SparseLinear(24, 10, density=0.3, device=device)
+    model = torch.nn.Sequential(layer, torch.nn.ReLU(), torch.nn.Linear(10, 3).to(device))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 5, 24, device=device)
+    out, ref = compiled(x), model(x)
+    assert rel_error(out, ref) < 1e-6
+    out.sum().backward()
+    g_compiled = layer.values.grad.clone()
+    layer.values.grad = None
+    ref.sum().backward()
+    assert rel_error(g_compiled, layer.values.grad) < 1e-6

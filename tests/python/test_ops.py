@@ -1,0 +1,155 @@
+"""Every operator against a float64 dense reference, on odd sizes, both index widths, CPU and CUDA."""
+
+import itertools
+
+import pytest
+import torch
+
+from helpers import ODD_SHAPES, Pattern, ops, poison_cache, rel_error, tolerance
+
+DTYPES = [torch.float32, torch.float64]
+INDEX_DTYPES = [torch.uint16, torch.int32]
+
+
+def cases():
+    for shape, dtype, itype in itertools.product(ODD_SHAPES, DTYPES, INDEX_DTYPES):
+        yield pytest.param(shape, dtype, itype, id=f"{'x'.join(map(str, shape))}-{str(dtype)[6:]}-{str(itype)[6:]}")
+
+
+@pytest.mark.parametrize("shape,dtype,itype", list(cases()))
+def test_spmm_forward(device, shape, dtype, itype):
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device=device, dtype=dtype, index_dtype=itype, empty_rows=empty)
+    x = p.randn(n, k, seed=2)
+    bias = p.randn(m, seed=3)
+    for b in (None, bias):
+        poison_cache(device)
+        y = ops.spmm(x, p.values, *p.tensors, b)
+        ref = x.double().cpu() @ p.dense64.T
+        if b is not None:
+            ref = ref + b.double().cpu()
+        assert y.shape == (n, m) and y.dtype == dtype and y.device == device
+        assert rel_error(y, ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("shape,dtype,itype", list(cases()))
+def test_spmm_transposed(device, shape, dtype, itype):
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device=device, dtype=dtype, index_dtype=itype, empty_rows=empty)
+    dy = p.randn(n, m, seed=4)
+    poison_cache(device)
+    dx = ops.spmm_t(dy, p.values, *p.tensors)
+    assert dx.shape == (n, k)
+    assert rel_error(dx, dy.double().cpu() @ p.dense64) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("shape,dtype,itype", list(cases()))
+def test_sddmm(device, shape, dtype, itype):
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device=device, dtype=dtype, index_dtype=itype, empty_rows=empty)
+    dy, x = p.randn(n, m, seed=5), p.randn(n, k, seed=6)
+    poison_cache(device)
+    dv = ops.sddmm(dy, x, *p.tensors)
+    full = dy.double().cpu().T @ x.double().cpu()
+    ref = full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]
+    assert dv.shape == (p.nnz,)
+    assert rel_error(dv, ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,m", [(1, 1), (3, 7), (257, 33), (0, 5)])
+def test_bias_grad(device, dtype, n, m):
+    dy = torch.randn(n, m, dtype=torch.float64).to(device, dtype)
+    poison_cache(device)
+    db = ops.bias_grad(dy)
+    assert rel_error(db, dy.double().cpu().sum(0)) < tolerance(dtype)
+
+
+def test_batch_zero(device):
+    p = Pattern(6, 5, 10, device=device)
+    assert ops.spmm(p.randn(0, 5), p.values, *p.tensors, None).shape == (0, 6)
+    assert ops.spmm_t(p.randn(0, 6), p.values, *p.tensors).shape == (0, 5)
+    dv = ops.sddmm(p.randn(0, 6), p.randn(0, 5), *p.tensors)
+    assert torch.equal(dv.cpu(), torch.zeros(10))
+
+
+def test_non_contiguous_inputs(device):
+    p = Pattern(20, 30, 100, device=device)
+    big = p.randn(7, 60)
+    x = big[:, ::2]
+    assert not x.is_contiguous()
+    y = ops.spmm(x, p.values, *p.tensors, None)
+    assert rel_error(y, x.double().cpu() @ p.dense64.T) < 1e-5
+
+
+def test_deterministic(device):
+    p = Pattern(300, 50, 1500, device=device)
+    x = p.randn(33, 50)
+    dy = p.randn(33, 300)
+    a = [ops.spmm(x, p.values, *p.tensors, None) for _ in range(3)]
+    b = [ops.spmm_t(dy, p.values, *p.tensors) for _ in range(3)]
+    c = [ops.sddmm(dy, x, *p.tensors) for _ in range(3)]
+    for runs in (a, b, c):
+        for r in runs[1:]:
+            assert torch.equal(r, runs[0])
+
+
+def test_build_views_match_definition(device):
+    p = Pattern(40, 23, 300, device=device, empty_rows=7)
+    rows, cols = p.row_idx.long().cpu(), p.col_idx.long().cpu()
+    key = rows * p.k + cols
+    assert torch.all(key[1:] > key[:-1]), "slots must be sorted row-major and unique"
+    assert torch.equal(p.row_ptr.cpu().long(), torch.searchsorted(rows, torch.arange(p.m + 1)))
+    perm = p.csc_perm.long().cpu()
+    assert torch.equal(perm.sort().values, torch.arange(p.nnz))
+    ccols, crows = cols[perm], rows[perm]
+    ckey = ccols * p.m + crows
+    assert torch.all(ckey[1:] > ckey[:-1]), "CSC view must be column-major with ascending rows"
+    assert torch.equal(p.col_ptr.cpu().long(), torch.searchsorted(ccols, torch.arange(p.k + 1)))
+
+
+def test_slots_from_dense_topk_and_ties(device):
+    w = torch.tensor([[0.5, -3.0, 0.0, 1.0], [1.0, 2.0, -1.0, 0.25]], device=device)
+    r, c, pos = ops.slots_from_dense(w, 4)
+    # |w| sorted: 3.0 (0,1), 2.0 (1,1), then three ties at 1.0: (0,3), (1,0), (1,2) -> smaller positions win.
+    assert pos.tolist() == [1, 3, 4, 5]
+    assert r.tolist() == [0, 0, 1, 1] and c.tolist() == [1, 3, 0, 1]
+
+
+def test_slots_from_dense_random(device):
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(37, 41, generator=gen, dtype=torch.float64).to(device)
+    nnz = 300
+    _, _, pos = ops.slots_from_dense(w, nnz)
+    ref = torch.topk(w.abs().flatten().cpu(), nnz).indices.sort().values
+    assert torch.equal(pos.cpu(), ref)
+
+
+def test_slots_from_mask(device):
+    mask = torch.rand(13, 17, generator=torch.Generator().manual_seed(0)) < 0.3
+    r, c, pos = ops.slots_from_mask(mask.to(device))
+    assert torch.equal(pos.cpu(), mask.flatten().nonzero().flatten())
+    assert torch.equal(r.long().cpu() * 17 + c.long().cpu(), pos.cpu())
+
+
+@pytest.mark.parametrize("m,k,nnz", [(50, 40, 100), (50, 40, 1900), (7, 3, 21), (9, 9, 0), (1000, 3000, 30000)])
+def test_random_slots(device, m, k, nnz):
+    gen = torch.Generator(device=device).manual_seed(5)
+    r, c = ops.random_slots(m, k, nnz, generator=gen, device=device)
+    assert r.device == device and r.numel() == nnz
+    key = r.long().cpu() * k + c.long().cpu()
+    assert torch.all(key[1:] > key[:-1]) and (key.numel() == 0 or (key[0] >= 0 and key[-1] < m * k))
+    gen2 = torch.Generator(device=device).manual_seed(5)
+    r2, c2 = ops.random_slots(m, k, nnz, generator=gen2, device=device)
+    assert torch.equal(r, r2) and torch.equal(c, c2), "same seed, same pattern"
+
+
+def test_random_slots_uniform():
+    # Each of 20 positions should be chosen with probability 5/20 over many draws.
+    counts = torch.zeros(20)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2000):
+        r, c = ops.random_slots(4, 5, 5, generator=gen)
+        counts[r.long() * 5 + c.long()] += 1
+    freq = counts / 2000
+    assert torch.all((freq - 0.25).abs() < 0.04), freq
