@@ -1,0 +1,45 @@
+// Trains a two-layer network with snack::SparseLinear (90% sparse) in libtorch to imitate a random
+// sparse teacher, on the GPU when there is one. Exits non-zero if the loss does not fall.
+#include <snack/torch/sparse_linear.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+
+struct StudentImpl : torch::nn::Module {
+  StudentImpl()
+      : hidden(register_module("hidden", snack::SparseLinear(snack::SparseLinearOptions(256, 512).density(0.1).seed(1)))),
+        out(register_module("out", snack::SparseLinear(snack::SparseLinearOptions(512, 16).density(0.1).seed(2)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return out(torch::relu(hidden(x))); }
+  snack::SparseLinear hidden, out;
+};
+TORCH_MODULE(Student);
+
+int main() {
+  torch::manual_seed(0);
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  snack::SparseLinear teacher(snack::SparseLinearOptions(256, 16).density(0.2).seed(7));
+  teacher->to(device);
+  Student student;
+  student->to(device);
+  torch::optim::AdamW optimizer(student->parameters(), torch::optim::AdamWOptions(3e-3));
+
+  const torch::Tensor x = torch::randn({1024, 256}, device);
+  const torch::Tensor target = teacher->forward(x).detach();
+  float first = 0, last = 0;
+  for (int step = 0; step < 200; ++step) {
+    optimizer.zero_grad();
+    torch::Tensor loss = torch::mse_loss(student->forward(x), target);
+    loss.backward();
+    optimizer.step();
+    last = loss.item<float>();
+    if (step == 0) first = last;
+    if (step % 50 == 0 || step == 199) std::printf("step %3d  loss %.5f\n", step, last);
+  }
+  std::printf("device %s, hidden layer: %lld of %d connections stored\n", device.str().c_str(),
+              static_cast<long long>(student->hidden->nnz()), 256 * 512);
+  if (!(last < 0.5f * first)) {
+    std::fprintf(stderr, "loss did not fall enough: %.5f -> %.5f\n", first, last);
+    return 1;
+  }
+  return 0;
+}
