@@ -1,0 +1,125 @@
+"""Shared benchmark machinery: provenance header, cold-L2 CUDA-event timing, bandwidth ceiling, reports."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def gpu_slug() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def git_commit() -> str:
+    env = os.environ.get("SNACK_COMMIT")
+    if env:
+        return env
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=root, text=True).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, text=True)
+        return sha + ("+dirty" if dirty.strip() else "")
+    except Exception:
+        return "unknown"
+
+
+def provenance() -> dict[str, str]:
+    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {
+        "gpu": torch.cuda.get_device_name() if props else "none",
+        "sms": str(props.multi_processor_count) if props else "-",
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+class ColdTimer:
+    """Times one GPU launch sequence with CUDA events after flushing L2 (writes 2x the L2 size)."""
+
+    def __init__(self) -> None:
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self.flush_buf = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.float32, device="cuda")
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def median_us(self, fn: Callable[[], object], reps: int = 30, warmup: int = 3) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            self.flush_buf.fill_(1.0)
+            self.start.record()
+            fn()
+            self.end.record()
+            self.end.synchronize()
+            times.append(self.start.elapsed_time(self.end) * 1e3)
+        return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written) in GB/s: the ceiling for memory-bound ops."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64 = out.double()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    denom = ref.norm().item()
+    return (out64 - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def geomean(values: Iterable[float]) -> float:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def write_csv(path: Path, header: dict[str, str], columns: list[str], rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for key, value in header.items():
+            f.write(f"# {key}: {value}\n")
+        f.write(",".join(columns) + "\n")
+        for row in rows:
+            f.write(",".join(_fmt(row.get(c, "")) for c in columns) + "\n")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.1f}"
+    return str(v)
+
+
+def progress(iterable, total: int, desc: str):
+    try:
+        from tqdm import tqdm
+        return tqdm(iterable, total=total, desc=desc, mininterval=2.0)
+    except ImportError:  # pragma: no cover
+        return iterable

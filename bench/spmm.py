@@ -1,0 +1,234 @@
+"""Forward SpMM benchmark: snack against dense, Dense+Mask and cuSPARSE (through torch.sparse).
+
+    python bench/spmm.py                 # the full grid of the issue (about 10 minutes on an H200)
+    python bench/spmm.py --quick         # a few rows, to check the set-up
+
+Every implementation gets the same inputs in one process; each result is checked against a float64
+reference before it is timed; times are medians of CUDA-event timings of single calls with a cold L2
+(2x L2 written between calls). Writes bench/results/spmm_<gpu>.csv, .md and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import snack  # noqa: E402
+
+SHAPES = [(768, 3072), (3072, 768), (4096, 4096), (5000, 5000), (16384, 4096)]
+NS = [1, 8, 16, 32, 128]
+SPARSITIES = [0.8, 0.9, 0.95, 0.99]
+PATTERNS = ["uniform", "powerlaw"]
+BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
+COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
+
+
+def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Generator):
+    """Row indices, column indices (sorted slots) and the dense mask of a benchmark pattern."""
+    density = 1.0 - sparsity
+    if pattern == "uniform":
+        nnz = snack.layer.nnz_for_density(m, k, density)
+        rows, cols = snack.ops.random_slots(m, k, nnz, generator=gen, device=torch.device("cuda"))
+        return rows, cols
+    # Power-law row lengths (a few very long rows, many short ones), same expected nnz.
+    ranks = torch.randperm(m, generator=gen, device="cuda").double() + 1
+    weight = ranks.pow(-0.8)
+    p = torch.clamp(weight * (density * m / weight.sum()), max=1.0)
+    for _ in range(20):  # rescale the uncapped rows so the total stays at density * m * k
+        deficit = density * m - p.sum()
+        free = p < 1.0
+        if deficit.abs() < 1e-6 or not free.any():
+            break
+        p[free] = torch.clamp(p[free] * (1 + deficit / p[free].sum()), max=1.0)
+    mask = torch.rand(m, k, generator=gen, device="cuda", dtype=torch.float32) < p[:, None].float()
+    rows, cols, _ = snack.ops.slots_from_mask(mask)
+    return rows, cols
+
+
+def floor_us(m: int, k: int, n: int, nnz: int, bandwidth_gbs: float) -> float:
+    """Fewest bytes of the forward with 32-bit CSR (values, column indices, row pointers, X, Y) over bandwidth."""
+    nbytes = nnz * (4 + 4) + 4 * (m + 1) + 4 * n * k + 4 * n * m
+    return nbytes / (bandwidth_gbs * 1e9) * 1e6
+
+
+def build_impls(layer_tensors, dense_w, mask, x, bias=None):
+    values, row_idx, col_idx, row_ptr, col_ptr, csc_perm = layer_tensors
+    m, k = dense_w.shape
+    csr = torch.sparse_csr_tensor(row_ptr, col_idx.int(), values, (m, k))
+    coo = torch.sparse_coo_tensor(torch.stack([row_idx.long(), col_idx.long()]), values, (m, k)).coalesce()
+    xt = x.t()
+    impls = {
+        "snack": lambda: snack.ops.spmm(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, None),
+        "dense": lambda: x @ dense_w.t(),
+        "dense_mask": lambda: x @ (dense_w * mask).t(),
+        "cusparse_csr": lambda: torch.sparse.mm(csr, xt).t(),
+        "cusparse_coo": lambda: torch.sparse.mm(coo, xt).t(),
+    }
+    return impls
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
+    parser.add_argument("--ns", default=None, help="e.g. 1,16")
+    parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
+    parser.add_argument("--patterns", default=None, help="uniform,powerlaw")
+    parser.add_argument("--impls", default=None, help="subset of implementations to time")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/spmm.py needs a CUDA GPU")
+        return 1
+
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    ns = [int(v) for v in args.ns.split(",")] if args.ns else NS
+    sparsities = [float(v) for v in args.sparsities.split(",")] if args.sparsities else SPARSITIES
+    patterns = args.patterns.split(",") if args.patterns else PATTERNS
+    if args.quick:
+        shapes, ns, sparsities, patterns = [(4096, 4096), (16384, 4096)], [1, 16, 128], [0.9, 0.99], ["uniform"]
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    info = common.provenance()
+    bandwidth = common.copy_bandwidth_gbs()
+    info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s (device-to-device copy, read+write, measured in this run)"
+    info["method"] = f"median of {args.reps} single calls, CUDA events, L2 flushed before each call; fp32"
+    timer = common.ColdTimer()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows_out, failures = [], []
+    configs = list(itertools.product(shapes, sparsities, patterns))
+    for (m, k), sparsity, pattern in common.progress(configs, len(configs), "spmm"):
+        row_idx, col_idx = make_pattern(m, k, sparsity, pattern, gen)
+        nnz = row_idx.numel()
+        row_ptr, col_ptr, csc_perm = snack.ops.build_views(row_idx, col_idx, m, k)
+        values = torch.randn(nnz, device="cuda", generator=gen)
+        dense_w = torch.zeros(m, k, device="cuda")
+        dense_w[row_idx.long(), col_idx.long()] = values
+        mask = (dense_w != 0).float()
+        w64 = dense_w.double()
+        for n in ns:
+            x = torch.randn(n, k, device="cuda", generator=gen)
+            ref = x.double() @ w64.t()
+            impls = build_impls((values, row_idx, col_idx, row_ptr, col_ptr, csc_perm), dense_w, mask, x)
+            if args.impls:
+                impls = {k_: v for k_, v in impls.items() if k_ in args.impls.split(",")}
+            fl = floor_us(m, k, n, nnz, bandwidth)
+            for name, fn in impls.items():
+                err = common.rel_error(fn(), ref)
+                if not err < 1e-5:
+                    failures.append(f"{name} {m}x{k} N={n} s={sparsity} {pattern}: rel error {err:.2e}")
+                    continue
+                us = timer.median_us(fn, reps=args.reps)
+                rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype="fp32",
+                                     impl=name, median_us=us, floor_us=fl))
+        del dense_w, mask, w64
+    slug = common.gpu_slug()
+    suffix = "_quick" if args.quick else ""
+    csv_path = args.out / f"spmm_{slug}{suffix}.csv"
+    common.write_csv(csv_path, info, COLUMNS, rows_out)
+    md = summarize(rows_out, info, failures)
+    (args.out / f"spmm_{slug}{suffix}.md").write_text(md)
+    plot(rows_out, args.out / f"spmm_{slug}{suffix}.png", info)
+    print(md)
+    print(f"wrote {csv_path}")
+    return 1 if failures else 0
+
+
+def index(rows):
+    table = {}
+    for r in rows:
+        table[(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"], r["impl"])] = r
+    return table
+
+
+def summarize(rows, info, failures) -> str:
+    t = index(rows)
+    keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"]) for r in rows},
+                  key=lambda c: (c[4], c[0] * c[1], c[0], c[3], c[2]))
+    impls = ["snack"] + [b for b in BASELINES]
+    lines = ["# Forward SpMM benchmark", ""]
+    lines += [f"- {k}: {v}" for k, v in info.items()]
+    lines += ["", "Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time.", ""]
+    lines.append("| M x K | N | sparsity | pattern | floor | " + " | ".join(impls) +
+                 " | %floor | vs dense | vs D+M | vs csr |")
+    lines.append("|" + "---|" * (4 + 1 + len(impls) + 4))
+    for key in keys:
+        cells = [t.get(key + (i,)) for i in impls]
+        snack_row = t.get(key + ("snack",))
+        if snack_row is None:
+            continue
+        s = snack_row["median_us"]
+
+        def ratio(name):
+            r = t.get(key + (name,))
+            return f"{r['median_us'] / s:.2f}x" if r else "-"
+
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | {snack_row['floor_us']:.1f} | " +
+                     " | ".join(f"{c['median_us']:.1f}" if c else "-" for c in cells) +
+                     f" | {100 * snack_row['floor_us'] / s:.0f}% | {ratio('dense')} | {ratio('dense_mask')} | "
+                     f"{ratio('cusparse_csr')} |")
+    lines += ["", "## Targets (fp32, uniform pattern, sparsity 0.9-0.99)", ""]
+    target_keys = [k for k in keys if k[4] == "uniform" and k[3] >= 0.9 and (k + ("snack",)) in t]
+
+    def speedups(base):
+        return [t[k + (base,)]["median_us"] / t[k + ("snack",)]["median_us"] for k in target_keys if (k + (base,)) in t]
+
+    g_csr, g_dm = common.geomean(speedups("cusparse_csr")), common.geomean(speedups("dense_mask"))
+    vs_dense = speedups("dense")
+    slower = [k for k in target_keys if (k + ("dense",)) in t and
+              t[k + ("snack",)]["median_us"] > t[k + ("dense",)]["median_us"]]
+    big = [k for k in target_keys if k[0] == 16384 and k[1] == 4096 and k[2] <= 16]
+    floors = [t[k + ("snack",)]["floor_us"] / t[k + ("snack",)]["median_us"] for k in big]
+    lines.append(f"- geomean speedup over cusparse_csr: **{g_csr:.2f}x** (target >= 3x) "
+                 f"{'met' if g_csr >= 3 else 'MISSED'}")
+    lines.append(f"- geomean speedup over dense_mask: **{g_dm:.2f}x** (target >= 5x) {'met' if g_dm >= 5 else 'MISSED'}")
+    lines.append(f"- slower than dense in {len(slower)} of {len(vs_dense)} rows (target: none) "
+                 f"{'met' if not slower else 'MISSED: ' + ', '.join(f'{k[0]}x{k[1]} N={k[2]} s={k[3]}' for k in slower)}")
+    if floors:
+        lines.append(f"- % of floor on 16384x4096, N <= 16: min {100 * min(floors):.0f}%, "
+                     f"max {100 * max(floors):.0f}% (target >= 60%) {'met' if min(floors) >= 0.6 else 'MISSED'}")
+    if failures:
+        lines += ["", "## Correctness failures (not timed)", ""] + [f"- {f}" for f in failures]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: Path, info) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    t = index(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, base in zip(axes, ["dense_mask", "cusparse_csr"]):
+        for n in sorted({r["N"] for r in rows}):
+            xs, ys = [], []
+            for s in sorted({r["sparsity"] for r in rows}):
+                keys = [k for k in t if k[2] == n and k[3] == s and k[4] == "uniform" and k[5] == "snack"]
+                sp = [t[k[:5] + (base,)]["median_us"] / t[k]["median_us"] for k in keys if (k[:5] + (base,)) in t]
+                if sp:
+                    xs.append(s)
+                    ys.append(common.geomean(sp))
+            ax.plot(xs, ys, marker="o", label=f"N={n}")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("sparsity")
+        ax.set_ylabel(f"speedup of snack over {base} (geomean over shapes)")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"snack forward SpMM, fp32, uniform pattern - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Everything one lent-GPU call does, in order: build and install snack from source with the
+# machine's own torch, run the C++ and Python GPU suites, run them under compute-sanitizer, run the
+# demo and the libtorch example on the GPU, then the benchmarks named in SNACK_BENCH.
+# Logs and result files go to $OUT (default /tmp/snack-gpu). Stages are separated so that one
+# failure does not hide the others; the exit code is non-zero when any stage failed.
+#   SNACK_STAGES="build ctest pytest sanitize demo example bench"   (default: all)
+#   SNACK_BENCH="python bench/spmm.py --quick"                       (commands, ';'-separated)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/snack-gpu}
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+STAGES=${SNACK_STAGES:-"build ctest pytest sanitize demo example bench"}
+PY=${PYTHON:-python3}
+failed=()
+
+stage() {  # stage NAME COMMAND...
+  local name=$1; shift
+  [[ " $STAGES " == *" $name "* ]] || return 0
+  echo "=== [$name] $(date -u +%H:%M:%S) $*" | tee -a "$LOG"
+  local t0=$SECONDS
+  if ! "$@" >>"$LOG" 2>&1; then failed+=("$name"); echo "=== [$name] FAILED" | tee -a "$LOG"; fi
+  echo "=== [$name] $((SECONDS - t0)) s" | tee -a "$LOG"
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  git log -1 --format='commit %H %s' 2>/dev/null || true
+} >>"$LOG" 2>&1
+
+[ -x /usr/local/cuda/bin/nvcc ] && export CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+TORCH_LIB=$("$PY" -c "import torch, os; print(os.path.dirname(torch.__file__) + '/lib')")
+NV_LIB=$("$PY" -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null || true)
+export LD_LIBRARY_PATH="${NV_LIB}:${TORCH_LIB}:${LD_LIBRARY_PATH:-}"
+
+build() {
+  "$PY" -m pip install --no-build-isolation --no-deps --config-settings=cmake.define.SNACK_REQUIRE_CUDA=ON \
+    --config-settings=cmake.define.SNACK_PTXAS_VERBOSE=ON -v . > "$OUT/build_verbose.txt" 2>&1 || { tail -50 "$OUT/build_verbose.txt"; return 1; }
+  grep -A2 "Compiling entry function '_ZN5snack" "$OUT/build_verbose.txt" | grep -E "entry|Used|spill" | head -200
+  rm -f "$OUT/build_verbose.txt"
+  "$PY" -c "import snack; print('snack from', snack.__file__)"
+}
+
+# The C++ core tests: built here if GoogleTest is installed, else the binary carried in .devbuild/.
+ctest_binary() {
+  if [ -e /usr/include/gtest/gtest.h ]; then
+    cmake -S . -B build/ctest -G Ninja -DSNACK_BUILD_TESTS=ON -DSNACK_BUILD_TORCH=OFF >/dev/null &&
+      cmake --build build/ctest >/dev/null && echo build/ctest/tests/cpp/snack_core_tests
+  elif [ -x .devbuild/snack_core_tests ]; then
+    echo .devbuild/snack_core_tests
+  fi
+}
+
+run_ctest() {
+  local bin; bin=$(ctest_binary)
+  [ -n "$bin" ] || { echo "no C++ test binary"; return 1; }
+  "$bin" --gtest_brief=1
+}
+
+sanitize() {
+  local bin; bin=$(ctest_binary)
+  local rc=0
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$bin" --gtest_brief=1 || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 "$bin" --gtest_brief=1 --gtest_filter='Cuda*' || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x tests/python -k "cuda" \
+    -p no:cacheprovider ${SNACK_SANITIZE_PYTEST_ARGS:-} || rc=1
+  return $rc
+}
+
+example() {
+  local prefix; prefix=$("$PY" -c 'import torch, snack; print(torch.utils.cmake_prefix_path + ";" + snack.cmake_prefix_path)')
+  cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null &&
+    cmake --build build/example >/dev/null && ./build/example/train_sparse_linear
+}
+
+bench() {
+  local rc=0
+  IFS=';' read -ra cmds <<< "${SNACK_BENCH:-$PY bench/spmm.py --quick}"
+  for c in "${cmds[@]}"; do echo "--- $c"; eval "$c --out $OUT" || rc=1; done
+  return $rc
+}
+
+stage build build
+stage ctest run_ctest
+stage pytest "$PY" -m pytest -q -ra tests/python -p no:cacheprovider
+stage sanitize sanitize
+stage demo "$PY" -m snack.demo --epochs 20
+stage example example
+stage bench bench
+
+echo "=== failed stages: ${failed[*]:-none}" | tee -a "$LOG"
+grep -E "^(=== |[0-9]+ passed|FAILED|ERROR)" "$LOG" | tail -40
+[ ${#failed[@]} -eq 0 ]
