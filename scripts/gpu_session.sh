@@ -42,6 +42,9 @@ build() {
   grep -A2 "Compiling entry function '_ZN5snack" "$OUT/build_verbose.txt" | grep -E "entry|Used|spill" | head -200
   rm -f "$OUT/build_verbose.txt"
   "$PY" -c "import snack; print('snack from', snack.__file__)"
+  env | grep -E "FLAGS=" || true
+  # libstdc++ must be shared with libtorch (see CMakeLists.txt)
+  ldd "$("$PY" -c 'import snack; print(snack.LIBRARY_PATH)')" | grep -q "libstdc++" || { echo "libsnack_torch.so does not link libstdc++.so dynamically"; return 1; }
 }
 
 # The C++ core tests: built here if GoogleTest is installed, else the binary carried in .devbuild/.
@@ -65,8 +68,8 @@ sanitize() {
   local rc=0
   compute-sanitizer --tool memcheck --error-exitcode 9 "$bin" --gtest_brief=1 || rc=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$bin" --gtest_brief=1 --gtest_filter='Cuda*' || rc=1
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x tests/python -k "cuda" \
-    -p no:cacheprovider ${SNACK_SANITIZE_PYTEST_ARGS:-} || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -k "cuda" -p no:cacheprovider \
+    ${SNACK_SANITIZE_PYTEST_ARGS:-tests/python} || rc=1
   return $rc
 }
 
