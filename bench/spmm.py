@@ -2,6 +2,7 @@
 
     python bench/spmm.py                 # the full grid of the issue (about 10 minutes on an H200)
     python bench/spmm.py --quick         # a few rows, to check the set-up
+    python bench/spmm.py --variants      # also each snack kernel variant, forced (impl snack_<variant>)
 
 Every implementation gets the same inputs in one process; each result is checked against a float64
 reference before it is timed; times are medians of CUDA-event timings of single calls with a cold L2
@@ -57,7 +58,7 @@ def floor_us(m: int, k: int, n: int, nnz: int, bandwidth_gbs: float) -> float:
     return nbytes / (bandwidth_gbs * 1e9) * 1e6
 
 
-def build_impls(layer_tensors, dense_w, mask, x, bias=None):
+def build_impls(layer_tensors, dense_w, mask, x, variants=()):
     values, row_idx, col_idx, row_ptr, col_ptr, csc_perm = layer_tensors
     m, k = dense_w.shape
     csr = torch.sparse_csr_tensor(row_ptr, col_idx.int(), values, (m, k))
@@ -70,12 +71,16 @@ def build_impls(layer_tensors, dense_w, mask, x, bias=None):
         "cusparse_csr": lambda: torch.sparse.mm(csr, xt).t(),
         "cusparse_coo": lambda: torch.sparse.mm(coo, xt).t(),
     }
+    for v in variants:
+        impls[f"snack_{v}"] = (lambda v: lambda: snack.ops.spmm(x, values, row_idx, col_idx, row_ptr, col_ptr,
+                                                                csc_perm, None, v))(v)
     return impls
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
+    parser.add_argument("--variants", action="store_true", help="also time every snack kernel variant")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
     info["method"] = f"median of {args.reps} single calls, CUDA events, L2 flushed before each call; fp32"
     timer = common.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows_out, failures = [], []
+    rows_out, failures, skipped = [], [], []
     configs = list(itertools.product(shapes, sparsities, patterns))
     for (m, k), sparsity, pattern in common.progress(configs, len(configs), "spmm"):
         row_idx, col_idx = make_pattern(m, k, sparsity, pattern, gen)
@@ -116,12 +121,17 @@ def main(argv=None) -> int:
         for n in ns:
             x = torch.randn(n, k, device="cuda", generator=gen)
             ref = x.double() @ w64.t()
-            impls = build_impls((values, row_idx, col_idx, row_ptr, col_ptr, csc_perm), dense_w, mask, x)
+            impls = build_impls((values, row_idx, col_idx, row_ptr, col_ptr, csc_perm), dense_w, mask, x,
+                                snack.SPMM_VARIANTS if args.variants else ())
             if args.impls:
                 impls = {k_: v for k_, v in impls.items() if k_ in args.impls.split(",")}
             fl = floor_us(m, k, n, nnz, bandwidth)
             for name, fn in impls.items():
-                err = common.rel_error(fn(), ref)
+                try:
+                    err = common.rel_error(fn(), ref)
+                except ValueError as exc:  # a forced variant that cannot run this shape
+                    skipped.append(f"{name} {m}x{k} N={n}: {exc}")
+                    continue
                 if not err < 1e-5:
                     failures.append(f"{name} {m}x{k} N={n} s={sparsity} {pattern}: rel error {err:.2e}")
                     continue
@@ -134,6 +144,8 @@ def main(argv=None) -> int:
     csv_path = args.out / f"spmm_{slug}{suffix}.csv"
     common.write_csv(csv_path, info, COLUMNS, rows_out)
     md = summarize(rows_out, info, failures)
+    if skipped:
+        md += f"\n{len(skipped)} forced-variant runs were not possible (shared memory too small), e.g. {skipped[0]}\n"
     (args.out / f"spmm_{slug}{suffix}.md").write_text(md)
     plot(rows_out, args.out / f"spmm_{slug}{suffix}.png", info)
     print(md)

@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/snack-gpu}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-STAGES=${SNACK_STAGES:-"build ctest pytest sanitize demo example bench"}
+STAGES=${SNACK_STAGES:-"build ctest pytest bench sanitize demo example"}
 PY=${PYTHON:-python3}
 failed=()
 
@@ -89,10 +89,10 @@ bench() {
 stage build build
 stage ctest run_ctest
 stage pytest "$PY" -m pytest -q -ra tests/python -p no:cacheprovider
-stage sanitize sanitize
+stage bench bench
+stage sanitize timeout "${SNACK_SANITIZE_TIMEOUT:-1200}" bash -c "$(declare -f ctest_binary sanitize); PY=$PY; sanitize"
 stage demo "$PY" -m snack.demo --epochs 20
 stage example example
-stage bench bench
 
 echo "=== failed stages: ${failed[*]:-none}" | tee -a "$LOG"
 grep -E "^(=== |[0-9]+ passed|FAILED|ERROR)" "$LOG" | tail -40

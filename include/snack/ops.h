@@ -15,8 +15,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "snack/pattern.h"
+#include "snack/spmm_plan.h"
 #include "snack/status.h"
 
 namespace snack {
@@ -60,6 +62,23 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
+
+/// Plans a product with `out_dim` outputs per batch row, `in_dim` inputs, `nnz` entries and batch
+/// `n`, for values of `value_bytes` bytes: the forward is (w.rows, w.cols), the transposed product
+/// (w.cols, w.rows). `requested` forces a variant (kAuto: choose). Uses the current device's limits.
+SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size_t value_bytes,
+                   SpmmVariant requested = SpmmVariant::kAuto);
+/// One line saying which kernel a plan runs and why.
+std::string describe(const SpmmPlan& plan);
+
+/// The two products with an explicit plan. `workspace` must hold plan.workspace_bytes bytes of
+/// device memory (may be null when that is 0) and stays in use until the work on `stream` is done.
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
+                    const SpmmPlan& plan, void* workspace, Stream stream);
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
+                       const SpmmPlan& plan, void* workspace, Stream stream);
 
 }  // namespace cuda
 }  // namespace snack

@@ -8,6 +8,7 @@ kernels. See the README for the design and the benchmarks.
 from pathlib import Path
 
 from ._ops import LIBRARY_PATH, default_index_dtype, ops
+from .kernels import DETERMINISTIC_VARIANTS, SPMM_VARIANTS, explain, set_spmm_variant, spmm_variant
 from .layer import SparseLinear, sparse_linear
 
 __version__ = "0.1.0"
@@ -15,4 +16,5 @@ __version__ = "0.1.0"
 #: Prefix for CMake's ``find_package(snack)`` (C++/libtorch users), like ``torch.utils.cmake_prefix_path``.
 cmake_prefix_path = str(Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH"]
+__all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH",
+           "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS"]

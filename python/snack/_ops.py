@@ -42,12 +42,12 @@ def _index_dtype(out_features, in_features, index_dtype):
 
 
 @torch.library.register_fake("snack::spmm")
-def _spmm_fake(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias):
+def _spmm_fake(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, variant="auto"):
     return values.new_empty((x.shape[0], row_ptr.shape[0] - 1))
 
 
 @torch.library.register_fake("snack::spmm_t")
-def _spmm_t_fake(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm):
+def _spmm_t_fake(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, variant="auto"):
     return values.new_empty((dy.shape[0], col_ptr.shape[0] - 1))
 
 

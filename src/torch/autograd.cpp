@@ -19,18 +19,26 @@ at::Tensor call_spmm(const at::Tensor& x, const at::Tensor& values, const std::o
                      const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm", "").typed<at::Tensor(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
-  return op.call(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias);
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, "auto");
 }
 
 using PatternOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                              const at::Tensor&, const at::Tensor&, const at::Tensor&);
 
-at::Tensor call_pattern_op(const char* name, const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_idx,
-                           const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
-                           const at::Tensor& csc_perm) {
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<PatternOp>();
-  return op.call(a, b, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+at::Tensor call_spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tensor& row_idx,
+                       const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                       const at::Tensor& csc_perm) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm_t", "").typed<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "auto");
+}
+
+at::Tensor call_sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                      const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sddmm", "").typed<PatternOp>();
+  return op.call(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
 }
 
 at::Tensor call_bias_grad(const at::Tensor& dy) {
@@ -81,11 +89,9 @@ class SparseLinearFunction : public torch::autograd::Function<SparseLinearFuncti
     const at::Tensor dy = grad_outputs[0].reshape({-1, out_features}).contiguous();
     at::Tensor dx, dvalues, dbias;
     if (ctx->needs_input_grad(0))
-      dx = call_pattern_op("snack::spmm_t", dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm)
-               .view(x.sizes());
+      dx = call_spmm_t(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm).view(x.sizes());
     if (ctx->needs_input_grad(1))
-      dvalues = call_pattern_op("snack::sddmm", dy, flatten_input(x, in_features), row_idx, col_idx, row_ptr,
-                                col_ptr, csc_perm);
+      dvalues = call_sddmm(dy, flatten_input(x, in_features), row_idx, col_idx, row_ptr, col_ptr, csc_perm);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) dbias = call_bias_grad(dy);
     return {dx, dvalues, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

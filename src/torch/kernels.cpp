@@ -2,6 +2,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <string>
+
 #include "binding_utils.h"
 #include "snack/ops.h"
 #include "snack/topology.h"
@@ -46,6 +49,62 @@ Status on_device(const at::Tensor& t, CpuFn&& cpu_fn, [[maybe_unused]] CudaFn&& 
   TORCH_CHECK_NOT_IMPLEMENTED(false, "snack.", op, ": no implementation for device ", t.device());
 }
 
+std::atomic<int> g_default_variant{static_cast<int>(SpmmVariant::kAuto)};
+
+SpmmVariant resolve_variant(const std::string& name, bool transposed, const char* op) {
+  SpmmVariant v = SpmmVariant::kAuto;
+  TORCH_CHECK_VALUE(parse_spmm_variant(name, &v), "snack.", op, ": unknown variant '", name,
+                    "' (expected auto, warp_row, smem_x, global_xt or coo_atomic)");
+  if (v == SpmmVariant::kAuto) v = static_cast<SpmmVariant>(g_default_variant.load());
+  // The process default may name a forward-only kernel; the transposed product then plans itself.
+  if (transposed && v == SpmmVariant::kCooAtomic) {
+    TORCH_CHECK_VALUE(name == "auto", "snack.", op, ": coo_atomic runs only the forward product");
+    v = SpmmVariant::kAuto;
+  }
+  return v;
+}
+
+void set_default_spmm_variant(const std::string& name) {
+  SpmmVariant v = SpmmVariant::kAuto;
+  TORCH_CHECK_VALUE(parse_spmm_variant(name, &v), "snack.set_default_spmm_variant: unknown variant '", name, "'");
+  g_default_variant.store(static_cast<int>(v));
+}
+
+#ifdef SNACK_WITH_CUDA
+// Plans a CUDA product and allocates its workspace from PyTorch's caching allocator.
+struct PlannedProduct {
+  SpmmPlan plan;
+  at::Tensor workspace;
+  void* workspace_ptr() const { return workspace.defined() ? workspace.data_ptr() : nullptr; }
+};
+
+PlannedProduct plan_product(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, const at::Tensor& values,
+                            SpmmVariant variant) {
+  PlannedProduct p;
+  c10::cuda::CUDAGuard guard(values.device());
+  p.plan = cuda::plan_spmm(out_dim, in_dim, nnz, n, values.element_size(), variant);
+  if (p.plan.workspace_bytes > 0)
+    p.workspace = at::empty({int64_t(p.plan.workspace_bytes)}, values.options().dtype(at::kByte));
+  return p;
+}
+#endif
+
+std::string explain_spmm(const at::Tensor& values, const at::Tensor& row_ptr, const at::Tensor& col_ptr, int64_t n,
+                         bool transposed, const std::string& variant) {
+  const char* op = "explain_spmm";
+  const SpmmVariant v = resolve_variant(variant, transposed, op);
+  const int64_t rows = row_ptr.size(0) - 1, cols = col_ptr.size(0) - 1;
+  if (!values.is_cuda()) return "cpu: reference loops (one output at a time, fixed order)";
+#ifdef SNACK_WITH_CUDA
+  const PlannedProduct p = transposed ? plan_product(cols, rows, values.size(0), n, values, v)
+                                      : plan_product(rows, cols, values.size(0), n, values, v);
+  return cuda::describe(p.plan);
+#else
+  (void)v;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "snack.", op, ": built without CUDA");
+#endif
+}
+
 template <typename Fn>
 void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
   check_value_dtype(values, op);
@@ -55,7 +114,8 @@ void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
                 const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                const std::optional<at::Tensor>& bias) {
+                const std::optional<at::Tensor>& bias, c10::string_view variant_name) {
+  const SpmmVariant variant = resolve_variant(std::string(variant_name), false, "spmm");
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   check_pattern(p, values, "spmm");
   check_dense(x, values, p.cols(), "x", "spmm");
@@ -75,7 +135,15 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
                          values, [&] { return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>()); },
-                         [&](Stream s) { return cuda::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), s); },
+                         [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+                           const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant);
+                           return cuda::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
+#else
+                           (void)s;
+                           return Status::Ok();
+#endif
+                         },
                          "spmm");
                    }),
                    "spmm");
@@ -84,7 +152,9 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
 }
 
 at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
-                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                  c10::string_view variant_name) {
+  const SpmmVariant variant = resolve_variant(std::string(variant_name), true, "spmm_t");
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   check_pattern(p, values, "spmm_t");
   check_dense(dy, values, p.rows(), "dy", "spmm_t");
@@ -95,7 +165,15 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
                          values, [&] { return cpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>()); },
-                         [&](Stream s) { return cuda::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), s); },
+                         [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+                           const PlannedProduct p = plan_product(w.cols, w.rows, w.nnz, dyc.size(0), values, variant);
+                           return cuda::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
+#else
+                           (void)s;
+                           return Status::Ok();
+#endif
+                         },
                          "spmm_t");
                    }),
                    "spmm_t");
@@ -378,5 +456,9 @@ TORCH_LIBRARY_IMPL(snack, CUDA, m) {
 }
 #endif
 
-// random_slots has no tensor inputs and is built from ATen ops: it runs wherever `device` says.
-TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) { m.impl("random_slots", &snack::binding::random_slots); }
+// No tensor inputs, or only metadata of them: these run wherever they are called.
+TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
+  m.impl("random_slots", &snack::binding::random_slots);
+  m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
+  m.impl("explain_spmm", &snack::binding::explain_spmm);
+}

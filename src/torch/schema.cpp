@@ -8,12 +8,13 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(snack, m) {
-  // Y = X W^T (+ bias): x [N, K] -> [N, M].
+  // Y = X W^T (+ bias): x [N, K] -> [N, M]. variant: "auto" (the process default, see
+  // set_default_spmm_variant) or a CUDA kernel variant: warp_row, smem_x, global_xt, coo_atomic.
   m.def("spmm(Tensor x, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm, Tensor? bias) -> Tensor");
-  // dX = dY W: dy [N, M] -> [N, K].
+        "Tensor csc_perm, Tensor? bias, str variant=\"auto\") -> Tensor");
+  // dX = dY W: dy [N, M] -> [N, K]. Same kernels as spmm, over the CSC view (coo_atomic excluded).
   m.def("spmm_t(Tensor dy, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm) -> Tensor");
+        "Tensor csc_perm, str variant=\"auto\") -> Tensor");
   // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.
   m.def("sddmm(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm) -> Tensor");
@@ -22,6 +23,12 @@ TORCH_LIBRARY(snack, m) {
   // The layer: x [..., K] -> [..., M], differentiable in x, values and bias.
   m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, Tensor row_ptr, "
         "Tensor col_ptr, Tensor csc_perm) -> Tensor");
+
+  // Which kernel spmm (or spmm_t when transposed) runs for a batch of n rows on this weight, and why.
+  m.def("explain_spmm(Tensor values, Tensor row_ptr, Tensor col_ptr, int n, bool transposed=False, "
+        "str variant=\"auto\") -> str");
+  // Sets the variant that "auto" means for this process (for A/B runs); "auto" restores the planner.
+  m.def("set_default_spmm_variant(str variant) -> ()");
 
   // ---- Topology: building patterns (validating, so they synchronise once with the device) ----
   // Sorts COO positions into slots; values_sorted = values[order]. index_dtype: uint16 / int32 / None (auto).

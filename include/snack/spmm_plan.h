@@ -1,0 +1,35 @@
+// How the CUDA forward SpMM (and the transposed SpMM, which reuses it) is run: which kernel
+// variant, with which batch tile and lane layout. Chosen by plan_spmm() from the shape; every
+// variant can also be forced, for benchmarks and tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace snack {
+
+enum class SpmmVariant : int {
+  kAuto = 0,   ///< let plan_spmm() choose
+  kWarpRow,    ///< reference: a warp per row, X read row-major from global memory
+  kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch
+  kGlobalXT,   ///< X transposed once into a [K, Npad] workspace, read through L1; lanes along the batch
+  kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
+               ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
+};
+
+/// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "coo_atomic").
+const char* spmm_variant_name(SpmmVariant v);
+/// Parses a name; returns false for an unknown name.
+bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
+
+struct SpmmPlan {
+  SpmmVariant variant = SpmmVariant::kWarpRow;
+  int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128)
+  int lanes_per_row = 32;      ///< lanes of a warp that split one row's slots
+  size_t smem_bytes = 0;       ///< dynamic shared memory per block
+  size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT)
+  std::string reason;          ///< why this plan, for snack.explain()
+};
+
+}  // namespace snack

@@ -1,0 +1,317 @@
+// Planning and launching of the CUDA SpMM kernels (forward and transposed).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "../common/op_checks.h"
+#include "cuda_utils.cuh"
+#include "snack/ops.h"
+#include "spmm_kernels.cuh"
+
+namespace snack {
+
+const char* spmm_variant_name(SpmmVariant v) {
+  switch (v) {
+    case SpmmVariant::kAuto: return "auto";
+    case SpmmVariant::kWarpRow: return "warp_row";
+    case SpmmVariant::kSmemX: return "smem_x";
+    case SpmmVariant::kGlobalXT: return "global_xt";
+    case SpmmVariant::kCooAtomic: return "coo_atomic";
+  }
+  return "unknown";
+}
+
+bool parse_spmm_variant(const std::string& name, SpmmVariant* out) {
+  for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
+                        SpmmVariant::kCooAtomic}) {
+    if (name == spmm_variant_name(v)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace cuda {
+namespace {
+
+using detail::check_launch;
+using detail::CscView;
+using detail::CsrView;
+using detail::kSpmmWarps;
+
+struct DeviceLimits {
+  int sms = 0;
+  size_t smem_per_block = 0;  // opt-in maximum of dynamic shared memory per block
+  size_t smem_per_sm = 0;
+};
+
+// Queried once per device; cudaDeviceGetAttribute does not synchronise.
+Status device_limits(DeviceLimits* out) {
+  static std::mutex mutex;
+  static DeviceLimits cache[64];
+  int dev = 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mutex);
+  DeviceLimits& l = cache[dev & 63];
+  if (l.sms == 0) {
+    int sms = 0, per_block = 0, per_sm = 0;
+    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm)};
+  }
+  *out = l;
+  return Status::Ok();
+}
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v && p < 128) p <<= 1;
+  return p;
+}
+
+size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
+  return size_t(batch_tile) * size_t(in_dim | 1) * value_bytes;
+}
+
+template <typename T, typename View, int NPAD, bool kSmem>
+Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                   int64_t n0, const T* bias, T* out, Stream stream) {
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kSmem>;
+  const int rows_per_warp = (32 / std::min(NPAD, 32)) / plan.lanes_per_row;
+  const int64_t warps = detail::ceil_div(out_dim, rows_per_warp);
+  int64_t blocks = detail::ceil_div(warps, kSpmmWarps);
+  int per_sm = 2048 / (kSpmmWarps * 32);
+  if (kSmem) {
+    if (plan.smem_bytes > 48 * 1024) {
+      SNACK_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+    }
+    per_sm = std::max<int>(1, std::min<int>(per_sm, int(limits.smem_per_sm / (plan.smem_bytes + 1024))));
+  }
+  // Persistent-style grid: every block stages the input tile once, then strides over the rows.
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(limits.sms) * per_sm));
+  kernel<<<unsigned(blocks), kSpmmWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
+      view, out_dim, in_dim, in, n, n0, bias, out, plan.lanes_per_row);
+  return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
+}
+
+template <typename T, typename View, bool kSmem>
+Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                        int64_t n0, const T* bias, T* out, Stream stream) {
+  switch (plan.batch_tile) {
+    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    default:
+      if constexpr (!kSmem) {
+        if (plan.batch_tile == 64)
+          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+        if (plan.batch_tile == 128)
+          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+      }
+      return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
+  }
+}
+
+// Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
+template <typename T, typename View>
+Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                const T* bias, T* out, void* workspace, Stream stream) {
+  if (n == 0 || out_dim == 0) return Status::Ok();
+  switch (plan.variant) {
+    case SpmmVariant::kWarpRow: {
+      const unsigned grid = detail::grid_for(out_dim, kSpmmWarps);
+      if (n == 1)
+        detail::spmm_warp_row_kernel<T, View, 1><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out);
+      else if (n <= 4)
+        detail::spmm_warp_row_kernel<T, View, 4><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out);
+      else
+        detail::spmm_warp_row_kernel<T, View, 8><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out);
+      return check_launch("spmm_warp_row_kernel");
+    }
+    case SpmmVariant::kSmemX:
+      for (int64_t n0 = 0; n0 < n; n0 += plan.batch_tile)
+        SNACK_RETURN_IF_ERROR(
+            (launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream)));
+      return Status::Ok();
+    case SpmmVariant::kGlobalXT: {
+      if (workspace == nullptr && plan.workspace_bytes > 0) return InvalidArgument("global_xt needs a workspace");
+      T* in_t = static_cast<T*>(workspace);
+      for (int64_t n0 = 0; n0 < n; n0 += plan.batch_tile) {
+        const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)));
+        detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, n0, in_dim, plan.batch_tile, in_t);
+        SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
+        SNACK_RETURN_IF_ERROR(
+            (launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, n0, bias, out, stream)));
+      }
+      return Status::Ok();
+    }
+    default:
+      return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
+  }
+}
+
+}  // namespace
+
+SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size_t value_bytes,
+                   SpmmVariant requested) {
+  SpmmPlan plan;
+  DeviceLimits limits;
+  if (!device_limits(&limits).ok()) limits = DeviceLimits{1, 48 * 1024, 48 * 1024};
+  const double avg = out_dim > 0 ? double(nnz) / double(out_dim) : 0.0;
+  const int tile_small = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
+  const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= limits.smem_per_block;
+  SpmmVariant v = requested;
+  if (v == SpmmVariant::kAuto) {
+    if (n <= 32 && smem_fits) {
+      v = SpmmVariant::kSmemX;
+      plan.reason = "batch tile of X (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
+                    ") fits in shared memory";
+    } else {
+      v = SpmmVariant::kGlobalXT;
+      plan.reason = n > 32 ? "batch > 32: lanes along the batch, X transposed once and read through L1"
+                           : "batch tile of X does not fit in shared memory: X transposed once, read through L1";
+    }
+  } else {
+    plan.reason = "forced";
+  }
+  plan.variant = v;
+  switch (v) {
+    case SpmmVariant::kSmemX:
+      plan.batch_tile = tile_small;
+      plan.smem_bytes = smem_for(tile_small, in_dim, value_bytes);
+      break;
+    case SpmmVariant::kGlobalXT:
+      plan.batch_tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 128)));
+      plan.workspace_bytes = size_t(in_dim) * plan.batch_tile * value_bytes;
+      break;
+    case SpmmVariant::kWarpRow:
+      plan.batch_tile = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
+      break;
+    default:
+      plan.batch_tile = 1;
+      break;
+  }
+  // Lanes that split one row: enough that each has about two entries, at most the free lanes.
+  const int free_lanes = 32 / std::min(plan.batch_tile, 32);
+  int lanes = 1;
+  while (lanes < free_lanes && lanes * 2 <= avg) lanes <<= 1;
+  plan.lanes_per_row = (v == SpmmVariant::kWarpRow) ? 32 : lanes;
+  return plan;
+}
+
+std::string describe(const SpmmPlan& plan) {
+  std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
+                  ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
+  if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
+  if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
+  return s + "): " + plan.reason;
+}
+
+Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool forward) {
+  if (plan.variant == SpmmVariant::kAuto) return InvalidArgument("plan the product first (variant auto)");
+  if (plan.variant == SpmmVariant::kCooAtomic && !forward)
+    return InvalidArgument("coo_atomic runs only the forward product");
+  if (plan.variant == SpmmVariant::kSmemX) {
+    DeviceLimits limits;
+    SNACK_RETURN_IF_ERROR(device_limits(&limits));
+    if (plan.batch_tile > 32 || smem_for(plan.batch_tile, in_dim, value_bytes) > limits.smem_per_block)
+      return InvalidArgument("smem_x: a " + std::to_string(plan.batch_tile) + " x " + std::to_string(in_dim) +
+                             " tile of X does not fit in shared memory");
+  }
+  return Status::Ok();
+}
+
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
+                    const SpmmPlan& plan, void* workspace, Stream stream) {
+  using snack::detail::required_if;
+  SNACK_RETURN_IF_ERROR(snack::detail::check_op(
+      w, n, values, {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}}));
+  SNACK_RETURN_IF_ERROR(check_plan(plan, w.cols, sizeof(T), true));
+  if (n == 0 || w.rows == 0) return Status::Ok();
+  if (plan.variant == SpmmVariant::kCooAtomic) {
+    detail::fill_rows_kernel<T><<<detail::grid_for(n * w.rows, 256, 4096), 256, 0, stream>>>(y, bias, n, w.rows);
+    SNACK_RETURN_IF_ERROR(check_launch("fill_rows_kernel"));
+    if (w.nnz == 0) return Status::Ok();
+    const unsigned gx = unsigned(detail::ceil_div(w.nnz, 256 * detail::kCooItems));
+    for (int64_t b0 = 0; b0 < n; b0 += 65535) {
+      const unsigned gy = unsigned(std::min<int64_t>(65535, n - b0));
+      detail::spmm_coo_atomic_kernel<T, Index><<<dim3(gx, gy), 256, 0, stream>>>(w, values, x, b0, y);
+      SNACK_RETURN_IF_ERROR(check_launch("spmm_coo_atomic_kernel"));
+    }
+    return Status::Ok();
+  }
+  CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
+  return run_plan<T>(plan, view, w.rows, w.cols, x, n, bias, y, workspace, stream);
+}
+
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
+                       const SpmmPlan& plan, void* workspace, Stream stream) {
+  using snack::detail::required_if;
+  SNACK_RETURN_IF_ERROR(snack::detail::check_op(
+      w, n, values, {{"dy", required_if(n * w.rows > 0, dy)}, {"dx", required_if(n * w.cols > 0, dx)}}));
+  SNACK_RETURN_IF_ERROR(check_plan(plan, w.rows, sizeof(T), false));
+  CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
+  return run_plan<T>(plan, view, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace, stream);
+}
+
+namespace {
+// The plan-free entry points: plan automatically, take the workspace from cudaMallocAsync.
+struct AsyncWorkspace {
+  void* ptr = nullptr;
+  Stream stream;
+  explicit AsyncWorkspace(Stream s) : stream(s) {}
+  ~AsyncWorkspace() {
+    if (ptr) (void)cudaFreeAsync(ptr, stream);
+  }
+  Status reserve(size_t bytes) {
+    if (bytes == 0) return Status::Ok();
+    return detail::cuda_status(cudaMallocAsync(&ptr, bytes, stream), "cudaMallocAsync(spmm workspace)");
+  }
+};
+}  // namespace
+
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
+                    Stream stream) {
+  const SpmmPlan plan = plan_spmm(w.rows, w.cols, w.nnz, n, sizeof(T), SpmmVariant::kAuto);
+  AsyncWorkspace ws(stream);
+  SNACK_RETURN_IF_ERROR(ws.reserve(plan.workspace_bytes));
+  return spmm_forward(w, values, x, n, bias, y, plan, ws.ptr, stream);
+}
+
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx, Stream stream) {
+  const SpmmPlan plan = plan_spmm(w.cols, w.rows, w.nnz, n, sizeof(T), SpmmVariant::kAuto);
+  AsyncWorkspace ws(stream);
+  SNACK_RETURN_IF_ERROR(ws.reserve(plan.workspace_bytes));
+  return spmm_transposed(w, values, dy, n, dx, plan, ws.ptr, stream);
+}
+
+#define SNACK_INSTANTIATE_SPMM(T, Index)                                                                         \
+  template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
+                                         const SpmmPlan&, void*, Stream);                                        \
+  template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*,          \
+                                            const SpmmPlan&, void*, Stream);                                     \
+  template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
+                                         Stream);                                                                \
+  template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);
+
+SNACK_INSTANTIATE_SPMM(float, uint16_t)
+SNACK_INSTANTIATE_SPMM(float, int32_t)
+SNACK_INSTANTIATE_SPMM(double, uint16_t)
+SNACK_INSTANTIATE_SPMM(double, int32_t)
+
+}  // namespace cuda
+}  // namespace snack

@@ -1,0 +1,238 @@
+// The SpMM kernels shared by the forward (Y = X W^T over the CSR view) and the transposed product
+// (dX = dY W over the CSC view). A "view" says, for output row o, where its entries are and which
+// input column and value each has; the kernels never care which of the two products they compute.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "cuda_utils.cuh"
+#include "snack/pattern.h"
+
+namespace snack::cuda::detail {
+
+// Rows of W (forward): entries s in [row_ptr[o], row_ptr[o+1]), input column col_idx[s], value values[s].
+template <typename T, typename Index>
+struct CsrView {
+  const int32_t* __restrict__ ptr;
+  const Index* __restrict__ idx;
+  const T* __restrict__ values;
+  __device__ __forceinline__ int64_t input(int32_t e) const { return int64_t(idx[e]); }
+  __device__ __forceinline__ T value(int32_t e) const { return values[e]; }
+};
+
+// Columns of W (transposed product): entries j in [col_ptr[o], col_ptr[o+1]) are slots csc_perm[j],
+// whose input is the row of the slot.
+template <typename T, typename Index>
+struct CscView {
+  const int32_t* __restrict__ ptr;
+  const int32_t* __restrict__ perm;
+  const Index* __restrict__ idx;  // row_idx
+  const T* __restrict__ values;
+  __device__ __forceinline__ int64_t input(int32_t e) const { return int64_t(idx[perm[e]]); }
+  __device__ __forceinline__ T value(int32_t e) const { return values[perm[e]]; }
+};
+
+// Reads V consecutive elements (16-byte vectors where V allows; the caller guarantees alignment).
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&out)[V]) {
+  if constexpr (std::is_same_v<T, float> && V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(p + j));
+      out[j] = q.x; out[j + 1] = q.y; out[j + 2] = q.z; out[j + 3] = q.w;
+    }
+  } else if constexpr (std::is_same_v<T, float> && V == 2) {
+    const float2 q = __ldg(reinterpret_cast<const float2*>(p));
+    out[0] = q.x; out[1] = q.y;
+  } else if constexpr (std::is_same_v<T, double> && V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      const double2 q = __ldg(reinterpret_cast<const double2*>(p + j));
+      out[j] = q.x; out[j + 1] = q.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = to_accum(__ldg(p + j));
+  }
+}
+
+constexpr int kSpmmWarps = 8;  // warps per block of the row kernels
+constexpr int kUnroll = 4;     // entries per lane loaded before use (loads in flight)
+
+// out[n, o] = sum_e value(e) * in[n, input(e)] (+ bias[o]) for n in [n0, n0 + NPAD) ∩ [0, n).
+//
+// Lanes: GN = min(NPAD, 32) lanes along the batch, each holding V = NPAD / GN batch rows;
+// the other 32 / GN lanes split the entries of an output row (or of `rows_per_warp` rows).
+// kSmem: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
+//        with an odd row stride, so the GN lanes reading one entry hit GN distinct banks.
+// !kSmem: `in_t` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
+//        are contiguous, read with vector loads through L1.
+template <typename T, typename View, int NPAD, bool kSmem>
+__global__ void __launch_bounds__(kSpmmWarps * 32)
+    spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n, int64_t n0,
+                     const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row) {
+  using A = accum_t<T>;
+  constexpr int GN = NPAD < 32 ? NPAD : 32;
+  constexpr int V = NPAD / GN;
+  constexpr int GS = 32 / GN;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* xs = reinterpret_cast<T*>(smem_raw);
+  const int64_t stride = in_dim | 1;
+
+  if constexpr (kSmem) {
+    const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
+    for (int64_t r = 0; r < NPAD; ++r) {
+      const T* src = in + (n0 + r) * in_dim;
+      for (int64_t c = threadIdx.x; c < in_dim; c += blockDim.x) xs[r * stride + c] = r < rows_here ? src[c] : T(0);
+    }
+    __syncthreads();
+  }
+
+  const int lane = threadIdx.x & 31;
+  const int lane_n = lane % GN;        // which batch rows
+  const int lane_s = lane / GN;        // which entries (0..GS-1)
+  const int sub = lane_s / lanes_per_row;  // which of the warp's rows
+  const int lane_e = lane_s % lanes_per_row;
+  const int rows_per_warp = GS / lanes_per_row;
+  const int64_t warp_global = int64_t(blockIdx.x) * kSpmmWarps + (threadIdx.x >> 5);
+  const int64_t warp_count = int64_t(gridDim.x) * kSpmmWarps;
+
+  for (int64_t o_base = warp_global * rows_per_warp; o_base < out_dim; o_base += warp_count * rows_per_warp) {
+    const int64_t o = o_base + sub;
+    const bool row_ok = o < out_dim;
+    const int32_t begin = row_ok ? view.ptr[o] : 0;
+    const int32_t end = row_ok ? view.ptr[o + 1] : 0;
+    A acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = A(0);
+
+    for (int32_t e0 = begin + lane_e; e0 < end; e0 += kUnroll * lanes_per_row) {
+      A val[kUnroll];
+      int64_t col[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int32_t e = e0 + u * lanes_per_row;
+        const bool ok = e < end;
+        val[u] = ok ? to_accum(view.value(e)) : A(0);
+        col[u] = ok ? view.input(e) : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if constexpr (kSmem) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n + GN * j) * stride + col[u]]);
+        } else {
+          A x[V];
+          load_vec<T, V>(in + col[u] * NPAD + lane_n * V, x);
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] += val[u] * x[j];
+        }
+      }
+    }
+    // Sum over the lanes that split this row: their lane ids differ in the bits GN .. GN*lanes_per_row.
+    for (int offset = GN; offset < GN * lanes_per_row; offset <<= 1) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
+    }
+    if (row_ok && lane_e == 0) {
+      const A b = bias ? to_accum(bias[o]) : A(0);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int64_t nn = n0 + (kSmem ? lane_n + GN * j : lane_n * V + j);
+        if (nn < n) out[nn * out_dim + o] = from_accum<T>(acc[j] + b);
+      }
+    }
+  }
+}
+
+// in_t[c, j] = in[n0 + j, c] for j < NPAD (zero where n0 + j >= n): the batch tile, transposed.
+template <typename T>
+__global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64_t n0, int64_t in_dim, int npad,
+                                      T* __restrict__ in_t) {
+  __shared__ T tile[32][33];
+  const int64_t c0 = int64_t(blockIdx.x) * 32;
+  const int64_t j0 = int64_t(blockIdx.y) * 32;
+  for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+    const int64_t j = j0 + dy, c = c0 + threadIdx.x;
+    tile[dy][threadIdx.x] = (j < npad && n0 + j < n && c < in_dim) ? in[(n0 + j) * in_dim + c] : T(0);
+  }
+  __syncthreads();
+  for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+    const int64_t c = c0 + dy, j = j0 + threadIdx.x;
+    if (c < in_dim && j < npad) in_t[c * npad + j] = tile[threadIdx.x][dy];
+  }
+}
+
+// Reference layout: one warp per output row, lanes split its entries, NT batch rows at a time read
+// straight from the row-major input. Simple and general; the benchmarks keep it as a baseline.
+template <typename T, typename View, int NT>
+__global__ void __launch_bounds__(kSpmmWarps * 32)
+    spmm_warp_row_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
+                         const T* __restrict__ bias, T* __restrict__ out) {
+  using A = accum_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * kSpmmWarps;
+  for (int64_t o = int64_t(blockIdx.x) * kSpmmWarps + (threadIdx.x >> 5); o < out_dim; o += warps) {
+    const int32_t begin = view.ptr[o], end = view.ptr[o + 1];
+    const A b = bias ? to_accum(bias[o]) : A(0);
+    for (int64_t n0 = 0; n0 < n; n0 += NT) {
+      A acc[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) acc[j] = A(0);
+      for (int32_t e = begin + lane; e < end; e += 32) {
+        const A v = to_accum(view.value(e));
+        const int64_t c = view.input(e);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (n0 + j < n) acc[j] += v * to_accum(in[(n0 + j) * in_dim + c]);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[j] = warp_sum(acc[j]);
+        if (lane == j && n0 + j < n) out[(n0 + j) * out_dim + o] = from_accum<T>(acc[j] + b);
+      }
+    }
+  }
+}
+
+// out[n, o] = bias[o] (or 0): the starting value of the atomic COO kernel.
+template <typename T>
+__global__ void fill_rows_kernel(T* __restrict__ out, const T* __restrict__ bias, int64_t n, int64_t out_dim) {
+  const int64_t total = n * out_dim, step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
+    out[i] = bias ? bias[i % out_dim] : T(0);
+}
+
+// SNACK-style COO SpMM: blockIdx.y is the batch row, so the batch rows spread over the SMs; the
+// slots are split evenly (no load imbalance from long rows). Each thread sums kCooItems
+// consecutive slots and flushes one atomicAdd per row it touched, so contention does not grow
+// with N. Float atomics make the result order-dependent: opt-in only.
+constexpr int kCooItems = 8;
+template <typename T, typename Index>
+__global__ void __launch_bounds__(256)
+    spmm_coo_atomic_kernel(SlotPattern<Index> w, const T* __restrict__ values, const T* __restrict__ x,
+                           int64_t batch_offset, T* __restrict__ y) {
+  using A = accum_t<T>;
+  const int64_t nb = batch_offset + blockIdx.y;
+  const T* xrow = x + nb * w.cols;
+  T* yrow = y + nb * w.rows;
+  const int64_t first = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kCooItems;
+  if (first >= w.nnz) return;
+  const int64_t last = first + kCooItems < w.nnz ? first + kCooItems : w.nnz;
+  int64_t row = w.row_idx[first];
+  A acc = 0;
+  for (int64_t s = first; s < last; ++s) {
+    const int64_t r = w.row_idx[s];
+    if (r != row) {
+      atomicAdd(yrow + row, from_accum<T>(acc));
+      acc = 0;
+      row = r;
+    }
+    acc += to_accum(values[s]) * to_accum(xrow[w.col_idx[s]]);
+  }
+  atomicAdd(yrow + row, from_accum<T>(acc));
+}
+
+}  // namespace snack::cuda::detail

@@ -1,0 +1,94 @@
+"""Every CUDA SpMM variant, forced through the override, against float64 on the odd-size suite;
+bitwise-equal repeated runs for the deterministic ones; the planner's choices."""
+
+import pytest
+import torch
+
+import snack
+from helpers import ODD_SHAPES, Pattern, ops, poison_cache, rel_error, tolerance
+
+pytestmark = pytest.mark.cuda
+
+# Odd sizes plus shapes that exercise each path: batch tiles up to 128, N > 128 (several tiles),
+# and an input dimension too large for the shared-memory tile.
+SHAPES = ODD_SHAPES + [(40, 70, 100, 900, 3), (17, 300, 130, 1000, 2), (64, 9000, 9, 3000, 5),
+                       (8, 40000, 2, 500, 0)]
+
+
+def variant_cases(transposed):
+    variants = snack.DETERMINISTIC_VARIANTS + (() if transposed else ("coo_atomic",))
+    for shape in SHAPES:
+        for variant in variants:
+            for dtype in (torch.float32, torch.float64):
+                yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
+
+
+def fits(variant, n, in_dim, dtype):
+    """smem_x runs only where a batch tile of X fits in shared memory (the planner never picks it otherwise)."""
+    if variant != "smem_x":
+        return True
+    tile = 1
+    while tile < min(n, 32):
+        tile *= 2
+    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    return tile * (in_dim | 1) * (8 if dtype == torch.float64 else 4) <= limit
+
+
+@pytest.mark.parametrize("shape,variant,dtype", list(variant_cases(False)))
+def test_forward_variant(shape, variant, dtype):
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
+    x, bias = p.randn(n, k, seed=7), p.randn(m, seed=8)
+    if not fits(variant, n, k, dtype):
+        with pytest.raises(ValueError, match="shared memory"):
+            ops.spmm(x, p.values, *p.tensors, bias, variant)
+        return
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, *p.tensors, bias, variant)
+    ref = x.double().cpu() @ p.dense64.T + bias.double().cpu()
+    assert rel_error(y, ref) < tolerance(dtype)
+    if variant != "coo_atomic":
+        for _ in range(3):
+            assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant), y), "not bitwise reproducible"
+
+
+@pytest.mark.parametrize("shape,variant,dtype", list(variant_cases(True)))
+def test_transposed_variant(shape, variant, dtype):
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty)
+    dy = p.randn(n, m, seed=9)
+    if not fits(variant, n, m, dtype):
+        with pytest.raises(ValueError, match="shared memory"):
+            ops.spmm_t(dy, p.values, *p.tensors, variant)
+        return
+    poison_cache(torch.device("cuda"))
+    dx = ops.spmm_t(dy, p.values, *p.tensors, variant)
+    assert rel_error(dx, dy.double().cpu() @ p.dense64) < tolerance(dtype)
+    for _ in range(3):
+        assert torch.equal(ops.spmm_t(dy, p.values, *p.tensors, variant), dx)
+
+
+def test_coo_atomic_is_forward_only():
+    p = Pattern(10, 12, 40, device="cuda")
+    with pytest.raises(ValueError, match="forward"):
+        ops.spmm_t(p.randn(3, 10), p.values, *p.tensors, "coo_atomic")
+
+
+def test_unknown_variant():
+    p = Pattern(10, 12, 40, device="cuda")
+    with pytest.raises(ValueError, match="unknown variant"):
+        ops.spmm(p.randn(3, 12), p.values, *p.tensors, None, "fastest")
+
+
+def test_explain_and_override():
+    layer = snack.SparseLinear(4096, 1024, density=0.1, device="cuda")
+    assert snack.explain(layer, 1).startswith("smem_x")
+    assert snack.explain(layer, 128).startswith("global_xt")
+    assert "forced" in snack.explain(layer, 8, variant="warp_row")
+    assert "batch tile" in snack.explain(layer, 16, transposed=True)
+    x = torch.randn(8, 4096, device="cuda")
+    ref = layer(x)
+    with snack.spmm_variant("warp_row"):
+        assert snack.explain(layer, 8).startswith("warp_row")
+        assert rel_error(layer(x), ref.double()) < 1e-5
+    assert snack.explain(layer, 8).startswith("smem_x")
