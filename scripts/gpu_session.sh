@@ -43,8 +43,15 @@ build() {
   rm -f "$OUT/build_verbose.txt"
   "$PY" -c "import snack; print('snack from', snack.__file__)"
   env | grep -E "FLAGS=" || true
-  # libstdc++ must be shared with libtorch (see CMakeLists.txt)
-  ldd "$("$PY" -c 'import snack; print(snack.LIBRARY_PATH)')" | grep -q "libstdc++" || { echo "libsnack_torch.so does not link libstdc++.so dynamically"; return 1; }
+  # libstdc++ must be shared with libtorch (see src/torch/CMakeLists.txt)
+  local lib; lib=$("$PY" -c 'import snack; print(snack.LIBRARY_PATH)')
+  readelf -d "$lib" | grep NEEDED
+  readelf -d "$lib" | grep -q "NEEDED.*libstdc++" || { echo "libsnack_torch.so does not need libstdc++.so"; return 1; }
+  "$PY" -c "import torch, snack
+try:
+    snack.ops.random_slots(70000, 2, 1, index_dtype=torch.uint16)
+except ValueError as e:
+    print('C++ errors reach Python:', str(e)[:60])"
 }
 
 # The C++ core tests: built here if GoogleTest is installed, else the binary carried in .devbuild/.

@@ -83,10 +83,11 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kSmem>;
-  const int rows_per_warp = (32 / std::min(NPAD, 32)) / plan.lanes_per_row;
+  constexpr int kWarps = kSmem ? detail::kSpmmSmemWarps : kSpmmWarps;
+  const int rows_per_warp = detail::TileLayout<NPAD>::GS / plan.lanes_per_row;
   const int64_t warps = detail::ceil_div(out_dim, rows_per_warp);
-  int64_t blocks = detail::ceil_div(warps, kSpmmWarps);
-  int per_sm = 2048 / (kSpmmWarps * 32);
+  int64_t blocks = detail::ceil_div(warps, kWarps);
+  int per_sm = 2048 / (kWarps * 32);
   if (kSmem) {
     if (plan.smem_bytes > 48 * 1024) {
       SNACK_CUDA_RETURN_IF_ERROR(
@@ -96,7 +97,7 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   }
   // Persistent-style grid: every block stages the input tile once, then strides over the rows.
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(limits.sms) * per_sm));
-  kernel<<<unsigned(blocks), kSpmmWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
+  kernel<<<unsigned(blocks), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
       view, out_dim, in_dim, in, n, n0, bias, out, plan.lanes_per_row);
   return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
 }
@@ -202,7 +203,8 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       break;
   }
   // Lanes that split one row: enough that each has about two entries, at most the free lanes.
-  const int free_lanes = 32 / std::min(plan.batch_tile, 32);
+  const int vec = std::min(plan.batch_tile, 4);
+  const int free_lanes = 32 / (plan.batch_tile / vec);
   int lanes = 1;
   while (lanes < free_lanes && lanes * 2 <= avg) lanes <<= 1;
   plan.lanes_per_row = (v == SpmmVariant::kWarpRow) ? 32 : lanes;

@@ -18,7 +18,7 @@ struct CsrView {
   const int32_t* __restrict__ ptr;
   const Index* __restrict__ idx;
   const T* __restrict__ values;
-  __device__ __forceinline__ int64_t input(int32_t e) const { return int64_t(idx[e]); }
+  __device__ __forceinline__ int32_t input(int32_t e) const { return int32_t(idx[e]); }
   __device__ __forceinline__ T value(int32_t e) const { return values[e]; }
 };
 
@@ -30,7 +30,7 @@ struct CscView {
   const int32_t* __restrict__ perm;
   const Index* __restrict__ idx;  // row_idx
   const T* __restrict__ values;
-  __device__ __forceinline__ int64_t input(int32_t e) const { return int64_t(idx[perm[e]]); }
+  __device__ __forceinline__ int32_t input(int32_t e) const { return int32_t(idx[perm[e]]); }
   __device__ __forceinline__ T value(int32_t e) const { return values[perm[e]]; }
 };
 
@@ -58,25 +58,37 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
   }
 }
 
-constexpr int kSpmmWarps = 8;  // warps per block of the row kernels
-constexpr int kUnroll = 4;     // entries per lane loaded before use (loads in flight)
+constexpr int kSpmmWarps = 8;       // warps per block of the global-memory row kernels
+constexpr int kSpmmSmemWarps = 32;  // the shared-memory variant runs one large block per SM
+constexpr int kUnroll = 8;          // entries per lane loaded before use: the loads in flight
+
+// Lane layout of a batch tile: V consecutive batch rows per lane (4 where possible, so one entry's
+// inputs come in 16-byte vectors), GN lanes along the batch, GS = 32 / GN lanes along the entries.
+template <int NPAD>
+struct TileLayout {
+  static constexpr int V = NPAD < 4 ? NPAD : 4;
+  static constexpr int GN = NPAD / V;
+  static constexpr int GS = 32 / GN;
+  static_assert(GN >= 1 && GN <= 32 && GN * GS == 32, "batch tile must be a power of two in [1, 128]");
+};
 
 // out[n, o] = sum_e value(e) * in[n, input(e)] (+ bias[o]) for n in [n0, n0 + NPAD) ∩ [0, n).
 //
-// Lanes: GN = min(NPAD, 32) lanes along the batch, each holding V = NPAD / GN batch rows;
-// the other 32 / GN lanes split the entries of an output row (or of `rows_per_warp` rows).
+// Lanes: see TileLayout; the GS lanes along the entries split one output row (or `rows_per_warp`
+// rows) and keep kUnroll entries each in flight.
 // kSmem: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
-//        with an odd row stride, so the GN lanes reading one entry hit GN distinct banks.
+//        with an odd row stride; one large block per SM strides over the rows.
 // !kSmem: `in_t` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
 //        are contiguous, read with vector loads through L1.
 template <typename T, typename View, int NPAD, bool kSmem>
-__global__ void __launch_bounds__(kSpmmWarps * 32)
+__global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kSmem ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n, int64_t n0,
                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row) {
   using A = accum_t<T>;
-  constexpr int GN = NPAD < 32 ? NPAD : 32;
-  constexpr int V = NPAD / GN;
-  constexpr int GS = 32 / GN;
+  constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
+  constexpr int V = TileLayout<NPAD>::V;
+  constexpr int GN = TileLayout<NPAD>::GN;
+  constexpr int GS = TileLayout<NPAD>::GS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);
   const int64_t stride = in_dim | 1;
@@ -96,8 +108,8 @@ __global__ void __launch_bounds__(kSpmmWarps * 32)
   const int sub = lane_s / lanes_per_row;  // which of the warp's rows
   const int lane_e = lane_s % lanes_per_row;
   const int rows_per_warp = GS / lanes_per_row;
-  const int64_t warp_global = int64_t(blockIdx.x) * kSpmmWarps + (threadIdx.x >> 5);
-  const int64_t warp_count = int64_t(gridDim.x) * kSpmmWarps;
+  const int64_t warp_global = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t warp_count = int64_t(gridDim.x) * kWarps;
 
   for (int64_t o_base = warp_global * rows_per_warp; o_base < out_dim; o_base += warp_count * rows_per_warp) {
     const int64_t o = o_base + sub;
@@ -110,7 +122,7 @@ __global__ void __launch_bounds__(kSpmmWarps * 32)
 
     for (int32_t e0 = begin + lane_e; e0 < end; e0 += kUnroll * lanes_per_row) {
       A val[kUnroll];
-      int64_t col[kUnroll];
+      int32_t col[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int32_t e = e0 + u * lanes_per_row;
@@ -122,10 +134,10 @@ __global__ void __launch_bounds__(kSpmmWarps * 32)
       for (int u = 0; u < kUnroll; ++u) {
         if constexpr (kSmem) {
 #pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n + GN * j) * stride + col[u]]);
+          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n * V + j) * stride + col[u]]);
         } else {
           A x[V];
-          load_vec<T, V>(in + col[u] * NPAD + lane_n * V, x);
+          load_vec<T, V>(in + int64_t(col[u]) * NPAD + lane_n * V, x);
 #pragma unroll
           for (int j = 0; j < V; ++j) acc[j] += val[u] * x[j];
         }
@@ -140,7 +152,7 @@ __global__ void __launch_bounds__(kSpmmWarps * 32)
       const A b = bias ? to_accum(bias[o]) : A(0);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const int64_t nn = n0 + (kSmem ? lane_n + GN * j : lane_n * V + j);
+        const int64_t nn = n0 + lane_n * V + j;
         if (nn < n) out[nn * out_dim + o] = from_accum<T>(acc[j] + b);
       }
     }
