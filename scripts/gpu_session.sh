@@ -46,12 +46,24 @@ build() {
   # libstdc++ must be shared with libtorch (see src/torch/CMakeLists.txt)
   local lib; lib=$("$PY" -c 'import snack; print(snack.LIBRARY_PATH)')
   readelf -d "$lib" | grep NEEDED
-  readelf -d "$lib" | grep -q "NEEDED.*libstdc++" || { echo "libsnack_torch.so does not need libstdc++.so"; return 1; }
-  "$PY" -c "import torch, snack
+  echo "libstdc++ symbols defined in our library: $(nm -D --defined-only "$lib" | grep -c ' _ZNS[io]' || true)"
+  echo "libstdc++ symbols defined in libc10.so: $(nm -D --defined-only "$TORCH_LIB/libc10.so" | grep -c ' _ZNS[io]' || true)"
+  grep -h -A2 "build src/torch/libsnack_torch.so" build/*/build.ninja | grep -E "LINK_FLAGS|LINK_LIBRARIES" | cut -c1-600
+  local ok=1
+  readelf -d "$lib" | grep -q "NEEDED.*libstdc++" || { echo "libsnack_torch.so does not need libstdc++.so"; ok=0; }
+  "$PY" - <<'PY' || ok=0
+import torch, snack
 try:
     snack.ops.random_slots(70000, 2, 1, index_dtype=torch.uint16)
 except ValueError as e:
-    print('C++ errors reach Python:', str(e)[:60])"
+    print("C++ errors reach Python:", str(e)[:60])
+PY
+  if [ $ok = 0 ] && [ -f .devbuild/libsnack_torch.so ]; then
+    echo "FALLBACK: using the library built on the development machine for the rest of this session"
+    cp .devbuild/libsnack_torch.so "$lib"
+    return 1
+  fi
+  [ $ok = 1 ]
 }
 
 # The C++ core tests: built here if GoogleTest is installed, else the binary carried in .devbuild/.

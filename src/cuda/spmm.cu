@@ -79,7 +79,7 @@ size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
 
 template <typename T, typename View, int NPAD, bool kSmem>
 Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                   int64_t n0, const T* bias, T* out, Stream stream) {
+                   const T* bias, T* out, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kSmem>;
@@ -95,29 +95,33 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
     }
     per_sm = std::max<int>(1, std::min<int>(per_sm, int(limits.smem_per_sm / (plan.smem_bytes + 1024))));
   }
-  // Persistent-style grid: every block stages the input tile once, then strides over the rows.
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(limits.sms) * per_sm));
-  kernel<<<unsigned(blocks), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
-      view, out_dim, in_dim, in, n, n0, bias, out, plan.lanes_per_row);
+  // Persistent-style grid: every block stages its batch tile once, then strides over the rows;
+  // grid.y runs the batch tiles side by side.
+  const int64_t tiles = detail::ceil_div(n, NPAD);
+  if (tiles > 65535) return InvalidArgument("batch too large: " + std::to_string(n) + " rows");
+  const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
+  kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
+      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row);
   return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
 }
 
 template <typename T, typename View, bool kSmem>
 Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                        int64_t n0, const T* bias, T* out, Stream stream) {
+                        const T* bias, T* out, Stream stream) {
   switch (plan.batch_tile) {
-    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
-    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
-    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
-    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
-    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
-    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
     default:
       if constexpr (!kSmem) {
         if (plan.batch_tile == 64)
-          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
         if (plan.batch_tile == 128)
-          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream);
+          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
       }
       return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
   }
@@ -140,21 +144,17 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
       return check_launch("spmm_warp_row_kernel");
     }
     case SpmmVariant::kSmemX:
-      for (int64_t n0 = 0; n0 < n; n0 += plan.batch_tile)
-        SNACK_RETURN_IF_ERROR(
-            (launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, n0, bias, out, stream)));
-      return Status::Ok();
+      return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
     case SpmmVariant::kGlobalXT: {
-      if (workspace == nullptr && plan.workspace_bytes > 0) return InvalidArgument("global_xt needs a workspace");
+      const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
+      if (plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T) || workspace == nullptr)
+        return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
       T* in_t = static_cast<T*>(workspace);
-      for (int64_t n0 = 0; n0 < n; n0 += plan.batch_tile) {
-        const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)));
-        detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, n0, in_dim, plan.batch_tile, in_t);
-        SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
-        SNACK_RETURN_IF_ERROR(
-            (launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, n0, bias, out, stream)));
-      }
-      return Status::Ok();
+      const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
+                       unsigned(tiles));
+      detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
+      SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
+      return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, stream);
     }
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
@@ -173,14 +173,16 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= limits.smem_per_block;
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
-    if (n <= 32 && smem_fits) {
+    // Measured on the H200 (bench/results/spmm_nvidia_h200.md): staging X in shared memory wins
+    // for a batch of up to 4 rows; from 8 rows the transposed X read through L1 is faster.
+    if (n <= 4 && smem_fits) {
       v = SpmmVariant::kSmemX;
-      plan.reason = "batch tile of X (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
+      plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
     } else {
       v = SpmmVariant::kGlobalXT;
-      plan.reason = n > 32 ? "batch > 32: lanes along the batch, X transposed once and read through L1"
-                           : "batch tile of X does not fit in shared memory: X transposed once, read through L1";
+      plan.reason = n > 4 ? "batch > 4: X transposed once, 16-byte vectors of it read through L1"
+                          : "X tile does not fit in shared memory: X transposed once, read through L1";
     }
   } else {
     plan.reason = "forced";
@@ -191,10 +193,20 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       plan.batch_tile = tile_small;
       plan.smem_bytes = smem_for(tile_small, in_dim, value_bytes);
       break;
-    case SpmmVariant::kGlobalXT:
-      plan.batch_tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 128)));
-      plan.workspace_bytes = size_t(in_dim) * plan.batch_tile * value_bytes;
+    case SpmmVariant::kGlobalXT: {
+      // The largest batch tile that still gives every SM enough warps (few output rows, large
+      // batch: split the batch into more tiles rather than leave SMs idle).
+      int tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 128)));
+      while (tile > 8) {
+        const int64_t rows_per_warp = std::max<int64_t>(1, (32 / (tile / std::min(tile, 4))) / std::max<int64_t>(1, int64_t(avg / 2)));
+        const int64_t warps = (out_dim + rows_per_warp - 1) / rows_per_warp * ((n + tile - 1) / tile);
+        if (warps >= int64_t(limits.sms) * 32) break;
+        tile >>= 1;
+      }
+      plan.batch_tile = tile;
+      plan.workspace_bytes = size_t(in_dim) * size_t((n + tile - 1) / tile * tile) * value_bytes;
       break;
+    }
     case SpmmVariant::kWarpRow:
       plan.batch_tile = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
       break;

@@ -82,7 +82,7 @@ struct TileLayout {
 //        are contiguous, read with vector loads through L1.
 template <typename T, typename View, int NPAD, bool kSmem>
 __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kSmem ? 1 : 4)
-    spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n, int64_t n0,
+    spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row) {
   using A = accum_t<T>;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
@@ -92,6 +92,9 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);
   const int64_t stride = in_dim | 1;
+  // blockIdx.y picks the batch tile: rows n0 .. n0 + NPAD of the batch.
+  const int64_t n0 = int64_t(blockIdx.y) * NPAD;
+  if constexpr (!kSmem) in += int64_t(blockIdx.y) * in_dim * NPAD;  // this tile's transposed input
 
   if constexpr (kSmem) {
     const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
@@ -159,13 +162,15 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   }
 }
 
-// in_t[c, j] = in[n0 + j, c] for j < NPAD (zero where n0 + j >= n): the batch tile, transposed.
+// in_t[t, c, j] = in[t * npad + j, c] (zero past the batch): every batch tile t = blockIdx.z, transposed.
 template <typename T>
-__global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64_t n0, int64_t in_dim, int npad,
+__global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64_t in_dim, int npad,
                                       T* __restrict__ in_t) {
   __shared__ T tile[32][33];
   const int64_t c0 = int64_t(blockIdx.x) * 32;
   const int64_t j0 = int64_t(blockIdx.y) * 32;
+  const int64_t n0 = int64_t(blockIdx.z) * npad;
+  in_t += int64_t(blockIdx.z) * in_dim * npad;
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
     const int64_t j = j0 + dy, c = c0 + threadIdx.x;
     tile[dy][threadIdx.x] = (j < npad && n0 + j < n && c < in_dim) ? in[(n0 + j) * in_dim + c] : T(0);

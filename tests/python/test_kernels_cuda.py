@@ -91,4 +91,5 @@ def test_explain_and_override():
     with snack.spmm_variant("warp_row"):
         assert snack.explain(layer, 8).startswith("warp_row")
         assert rel_error(layer(x), ref.double()) < 1e-5
-    assert snack.explain(layer, 8).startswith("smem_x")
+    assert snack.explain(layer, 8).startswith("global_xt")
+    assert snack.explain(layer, 2).startswith("smem_x")
