@@ -27,6 +27,7 @@ struct SpmmPlan {
   SpmmVariant variant = SpmmVariant::kWarpRow;
   int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128)
   int lanes_per_row = 32;      ///< lanes of a warp that split one row's slots
+  int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT)
   std::string reason;          ///< why this plan, for snack.explain()

@@ -77,6 +77,12 @@ size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
   return size_t(batch_tile) * size_t(in_dim | 1) * value_bytes;
 }
 
+// Dynamic shared memory the smem_x variant may use, next to the kernel's static buffers.
+size_t smem_budget(const DeviceLimits& limits) {
+  return limits.smem_per_block > detail::kRowsKernelStaticSmem ? limits.smem_per_block - detail::kRowsKernelStaticSmem
+                                                                : 0;
+}
+
 template <typename T, typename View, int NPAD, bool kSmem>
 Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                    const T* bias, T* out, Stream stream) {
@@ -102,7 +108,7 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
-      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row);
+      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold);
   return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
 }
 
@@ -170,7 +176,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   if (!device_limits(&limits).ok()) limits = DeviceLimits{1, 48 * 1024, 48 * 1024};
   const double avg = out_dim > 0 ? double(nnz) / double(out_dim) : 0.0;
   const int tile_small = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
-  const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= limits.smem_per_block;
+  const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= smem_budget(limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
     // Measured on the H200 (bench/results/spmm_nvidia_h200.md): staging X in shared memory wins
@@ -220,6 +226,8 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   int lanes = 1;
   while (lanes < free_lanes && lanes * 2 <= avg) lanes <<= 1;
   plan.lanes_per_row = (v == SpmmVariant::kWarpRow) ? 32 : lanes;
+  // A row this long is summed by a whole block rather than one warp (skewed row lengths).
+  plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
 }
 
@@ -238,7 +246,7 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
   if (plan.variant == SpmmVariant::kSmemX) {
     DeviceLimits limits;
     SNACK_RETURN_IF_ERROR(device_limits(&limits));
-    if (plan.batch_tile > 32 || smem_for(plan.batch_tile, in_dim, value_bytes) > limits.smem_per_block)
+    if (plan.batch_tile > 32 || smem_for(plan.batch_tile, in_dim, value_bytes) > smem_budget(limits))
       return InvalidArgument("smem_x: a " + std::to_string(plan.batch_tile) + " x " + std::to_string(in_dim) +
                              " tile of X does not fit in shared memory");
   }

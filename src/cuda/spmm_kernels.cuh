@@ -61,6 +61,9 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
 constexpr int kSpmmWarps = 8;       // warps per block of the global-memory row kernels
 constexpr int kSpmmSmemWarps = 32;  // the shared-memory variant runs one large block per SM
 constexpr int kUnroll = 8;          // entries per lane loaded before use: the loads in flight
+constexpr int kLongPerWarp = 8;     // long rows a warp can hand to its block (see spmm_rows_kernel)
+// Static shared memory of the row kernels (long-row lists and partial sums), at most this much.
+constexpr size_t kRowsKernelStaticSmem = 12 * 1024;
 
 // Lane layout of a batch tile: V consecutive batch rows per lane (4 where possible, so one entry's
 // inputs come in 16-byte vectors), GN lanes along the batch, GS = 32 / GN lanes along the entries.
@@ -83,7 +86,7 @@ struct TileLayout {
 template <typename T, typename View, int NPAD, bool kSmem>
 __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kSmem ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
-                     const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row) {
+                     const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold) {
   using A = accum_t<T>;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
   constexpr int V = TileLayout<NPAD>::V;
@@ -106,30 +109,34 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   }
 
   const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int lane_n = lane % GN;        // which batch rows
   const int lane_s = lane / GN;        // which entries (0..GS-1)
   const int sub = lane_s / lanes_per_row;  // which of the warp's rows
   const int lane_e = lane_s % lanes_per_row;
   const int rows_per_warp = GS / lanes_per_row;
-  const int64_t warp_global = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int leader = sub * lanes_per_row * GN;  // first lane of this row's lanes
+  const int64_t warp_global = int64_t(blockIdx.x) * kWarps + warp;
   const int64_t warp_count = int64_t(gridDim.x) * kWarps;
 
-  for (int64_t o_base = warp_global * rows_per_warp; o_base < out_dim; o_base += warp_count * rows_per_warp) {
-    const int64_t o = o_base + sub;
-    const bool row_ok = o < out_dim;
-    const int32_t begin = row_ok ? view.ptr[o] : 0;
-    const int32_t end = row_ok ? view.ptr[o + 1] : 0;
-    A acc[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] = A(0);
+  // Rows longer than long_threshold would keep one warp busy long after the others: each warp
+  // defers up to kLongPerWarp of them, and the whole block sums each deferred row afterwards
+  // (every warp a slice, then a fixed-order reduction), so the result stays deterministic.
+  __shared__ int32_t long_rows[kWarps * kLongPerWarp];
+  __shared__ int long_count[kWarps];
+  __shared__ A partial[kWarps][NPAD];
+  if (lane == 0) long_count[warp] = 0;
+  __syncwarp();
 
-    for (int32_t e0 = begin + lane_e; e0 < end; e0 += kUnroll * lanes_per_row) {
+  // Sum of value(e) * in[., input(e)] over e = first, first + step, ... < last, for this lane's batch rows.
+  auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
+    for (int32_t e0 = first; e0 < last; e0 += kUnroll * step) {
       A val[kUnroll];
       int32_t col[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int32_t e = e0 + u * lanes_per_row;
-        const bool ok = e < end;
+        const int32_t e = e0 + u * step;
+        const bool ok = e < last;
         val[u] = ok ? to_accum(view.value(e)) : A(0);
         col[u] = ok ? view.input(e) : 0;
       }
@@ -146,18 +153,74 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
         }
       }
     }
+  };
+  auto write_row = [&](int64_t o, const A (&acc)[V]) {
+    const A b = bias ? to_accum(bias[o]) : A(0);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t nn = n0 + lane_n * V + j;
+      if (nn < n) out[nn * out_dim + o] = from_accum<T>(acc[j] + b);
+    }
+  };
+
+  for (int64_t o_base = warp_global * rows_per_warp; o_base < out_dim; o_base += warp_count * rows_per_warp) {
+    const int64_t o = o_base + sub;
+    const bool row_ok = o < out_dim;
+    int32_t begin = row_ok ? view.ptr[o] : 0;
+    int32_t end = row_ok ? view.ptr[o + 1] : 0;
+    bool deferred = false;
+    const bool is_long = row_ok && end - begin > long_threshold;
+    const unsigned longs = __ballot_sync(0xffffffffu, is_long && lane == leader);
+    if (longs) {  // warp-uniform
+      const int have = long_count[warp];
+      const int rank = __popc(longs & ((1u << leader) - 1u));
+      deferred = is_long && have + rank < kLongPerWarp;
+      if (deferred && lane == leader) long_rows[warp * kLongPerWarp + have + rank] = int32_t(o);
+      __syncwarp();
+      if (lane == 0) long_count[warp] = min(kLongPerWarp, have + __popc(longs));
+      __syncwarp();
+      if (deferred) end = begin;  // still takes part in the shuffles below
+    }
+    A acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = A(0);
+    accumulate(begin + lane_e, end, lanes_per_row, acc);
     // Sum over the lanes that split this row: their lane ids differ in the bits GN .. GN*lanes_per_row.
     for (int offset = GN; offset < GN * lanes_per_row; offset <<= 1) {
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
     }
-    if (row_ok && lane_e == 0) {
-      const A b = bias ? to_accum(bias[o]) : A(0);
+    if (row_ok && !deferred && lane_e == 0) write_row(o, acc);
+  }
+
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {
+    for (int i = 0; i < long_count[w]; ++i) {  // block-uniform
+      const int64_t o = long_rows[w * kLongPerWarp + i];
+      const int32_t begin = view.ptr[o], end = view.ptr[o + 1];
+      const int32_t slice = (end - begin + kWarps - 1) / kWarps;
+      const int32_t lo = begin + warp * slice;
+      const int32_t hi = min(end, lo + slice);
+      A acc[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const int64_t nn = n0 + lane_n * V + j;
-        if (nn < n) out[nn * out_dim + o] = from_accum<T>(acc[j] + b);
+      for (int j = 0; j < V; ++j) acc[j] = A(0);
+      accumulate(lo + lane_s, hi, GS, acc);
+      for (int offset = GN; offset < 32; offset <<= 1) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
       }
+      if (lane_s == 0) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) partial[warp][lane_n * V + j] = acc[j];
+      }
+      __syncthreads();
+      if (threadIdx.x < NPAD) {
+        A total = bias ? to_accum(bias[o]) : A(0);
+        for (int k = 0; k < kWarps; ++k) total += partial[k][threadIdx.x];
+        const int64_t nn = n0 + threadIdx.x;
+        if (nn < n) out[nn * out_dim + o] = from_accum<T>(total);
+      }
+      __syncthreads();
     }
   }
 }

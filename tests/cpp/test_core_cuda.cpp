@@ -88,6 +88,23 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
   }
 }
 
+TEST(CudaOpsLongRows, BlockSplitRowsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t n : {1, 5, 16}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    auto p = skewed_pattern<int32_t>(96, 3000, 4, 2000, uint32_t(n));
+    DevicePattern<int32_t> d(p);
+    const auto x64 = random_dense(n * p.k, 7), dy64 = random_dense(n * p.m, 8);
+    DeviceArray<float> values(cast<float>(p.values)), x(cast<float>(x64)), dy(cast<float>(dy64));
+    DeviceArray<float> y(n * p.m), dx(n * p.k);
+    ASSERT_TRUE((cuda::spmm_forward<float, int32_t>(d.w, values.ptr, x.ptr, n, nullptr, y.ptr, nullptr).ok()));
+    ASSERT_TRUE((cuda::spmm_transposed<float, int32_t>(d.w, values.ptr, dy.ptr, n, dx.ptr, nullptr).ok()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_LT(rel_error(y.host(), ref_forward(p.dense, p.m, p.k, x64, n, nullptr)), 1e-5);
+    EXPECT_LT(rel_error(dx.host(), ref_transposed(p.dense, p.m, p.k, dy64, n)), 1e-5);
+  }
+}
+
 TEST(CudaTopology, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   auto p = random_pattern<uint16_t>(300, 211, 4000, 5, {0, 17, 299});

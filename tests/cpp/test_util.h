@@ -38,9 +38,12 @@ struct HostPattern {
   }
 };
 
-// nnz random distinct positions (rows listed in `empty_rows` stay empty), random values.
 template <typename Index>
-HostPattern<Index> random_pattern(int64_t m, int64_t k, int64_t nnz, uint32_t seed, std::vector<int64_t> empty_rows = {}) {
+HostPattern<Index> pattern_from(int64_t m, int64_t k, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                                const std::vector<double>& vals);
+
+template <typename Index>
+HostPattern<Index> random_pattern_impl(int64_t m, int64_t k, int64_t nnz, uint32_t seed, std::vector<int64_t> empty_rows) {
   std::mt19937_64 rng(seed);
   std::vector<int64_t> allowed;
   for (int64_t r = 0; r < m; ++r) {
@@ -57,7 +60,42 @@ HostPattern<Index> random_pattern(int64_t m, int64_t k, int64_t nnz, uint32_t se
   std::normal_distribution<double> normal;
   std::vector<double> vals(nnz);
   for (auto& v : vals) v = normal(rng);
+  return pattern_from<Index>(m, k, rows, cols, vals);
+}
 
+// nnz random distinct positions (rows listed in `empty_rows` stay empty), random values.
+template <typename Index>
+HostPattern<Index> random_pattern(int64_t m, int64_t k, int64_t nnz, uint32_t seed, std::vector<int64_t> empty_rows = {}) {
+  return random_pattern_impl<Index>(m, k, nnz, seed, std::move(empty_rows));
+}
+
+// The first `full_rows` rows completely filled, plus `extra` random positions below them: row
+// lengths far above the average (the kernels split such rows over a whole block).
+template <typename Index>
+HostPattern<Index> skewed_pattern(int64_t m, int64_t k, int64_t full_rows, int64_t extra, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> rows, cols, rest;
+  for (int64_t r = 0; r < full_rows; ++r)
+    for (int64_t c = 0; c < k; ++c) {
+      rows.push_back(r);
+      cols.push_back(c);
+    }
+  for (int64_t p = full_rows * k; p < m * k; ++p) rest.push_back(p);
+  std::shuffle(rest.begin(), rest.end(), rng);
+  for (int64_t i = 0; i < extra && i < int64_t(rest.size()); ++i) {
+    rows.push_back(rest[i] / k);
+    cols.push_back(rest[i] % k);
+  }
+  std::normal_distribution<double> normal;
+  std::vector<double> vals(rows.size());
+  for (auto& v : vals) v = normal(rng);
+  return pattern_from<Index>(m, k, rows, cols, vals);
+}
+
+template <typename Index>
+HostPattern<Index> pattern_from(int64_t m, int64_t k, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                                const std::vector<double>& vals) {
+  const int64_t nnz = static_cast<int64_t>(rows.size());
   HostPattern<Index> p;
   p.m = m;
   p.k = k;

@@ -35,9 +35,10 @@ def random_positions(m: int, k: int, nnz: int, gen: torch.Generator, empty_rows:
 class Pattern:
     """A pattern built through snack's own constructor, with its dense float64 twin."""
 
-    def __init__(self, m, k, nnz, *, device, dtype=torch.float32, index_dtype=None, seed=0, empty_rows=0):
+    def __init__(self, m, k, nnz, *, device, dtype=torch.float32, index_dtype=None, seed=0, empty_rows=0,
+                 positions=None):
         gen = torch.Generator().manual_seed(seed)
-        rows, cols = random_positions(m, k, nnz, gen, empty_rows)
+        rows, cols = positions if positions is not None else random_positions(m, k, nnz, gen, empty_rows)
         values = torch.randn(rows.numel(), generator=gen, dtype=torch.float64)
         self.m, self.k = m, k
         self.row_idx, self.col_idx, order = ops.slots_from_coo(rows.to(device), cols.to(device), m, k,
@@ -78,3 +79,16 @@ def poison_cache(device: torch.device, numel: int = 1 << 20) -> None:
     """Fills memory the allocator is about to hand out with NaN, so that unwritten outputs show."""
     t = torch.full((numel,), float("nan"), device=device)
     del t
+
+
+def skewed_positions(m: int, k: int, dense_rows: int, nnz_rest: int, seed: int = 0, transpose: bool = False):
+    """A few completely full rows (or columns, with transpose=True) plus random positions elsewhere:
+    row lengths far above the average, as in power-law patterns."""
+    gen = torch.Generator().manual_seed(seed)
+    if transpose:
+        cols, rows = skewed_positions(k, m, dense_rows, nnz_rest, seed)
+        return rows, cols
+    full = torch.arange(dense_rows * k)
+    rest = dense_rows * k + torch.randperm((m - dense_rows) * k, generator=gen)[:nnz_rest]
+    pos = torch.cat([full, rest])
+    return pos // k, pos % k

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import snack
-from helpers import ODD_SHAPES, Pattern, ops, poison_cache, rel_error, tolerance
+from helpers import ODD_SHAPES, Pattern, ops, poison_cache, rel_error, skewed_positions, tolerance
 
 pytestmark = pytest.mark.cuda
 
@@ -93,3 +93,26 @@ def test_explain_and_override():
         assert rel_error(layer(x), ref.double()) < 1e-5
     assert snack.explain(layer, 8).startswith("global_xt")
     assert snack.explain(layer, 2).startswith("smem_x")
+
+
+@pytest.mark.parametrize("variant", snack.DETERMINISTIC_VARIANTS)
+@pytest.mark.parametrize("n", [1, 3, 16, 40])
+def test_long_rows_split_over_a_block(variant, n):
+    # Rows of 5000 entries next to rows of ~10: the kernels hand the long rows to a whole block.
+    m, k = 300, 5000
+    rows, cols = skewed_positions(m, k, dense_rows=11, nnz_rest=3000, seed=n)
+    p = Pattern(m, k, rows.numel(), device="cuda", positions=(rows, cols))
+    x, bias = p.randn(n, k, seed=3), p.randn(m, seed=4)
+    if not fits(variant, n, k, torch.float32):
+        return
+    y = ops.spmm(x, p.values, *p.tensors, bias, variant)
+    assert rel_error(y, x.double().cpu() @ p.dense64.T + bias.double().cpu()) < 1e-5
+    assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant), y)
+    # The transposed product walks columns: make a few columns long instead.
+    rows_t, cols_t = skewed_positions(k, m, dense_rows=11, nnz_rest=3000, seed=n, transpose=True)
+    q = Pattern(k, m, rows_t.numel(), device="cuda", positions=(rows_t, cols_t))
+    dy = q.randn(n, k, seed=5)
+    if fits(variant, n, k, torch.float32):
+        dx = ops.spmm_t(dy, q.values, *q.tensors, variant)
+        assert rel_error(dx, dy.double().cpu() @ q.dense64) < 1e-5
+        assert torch.equal(ops.spmm_t(dy, q.values, *q.tensors, variant), dx)
