@@ -73,7 +73,7 @@ def build_impls(layer_tensors, dense_w, mask, x, variants=()):
     }
     for v in variants:
         impls[f"snack_{v}"] = (lambda v: lambda: snack.ops.spmm(x, values, row_idx, col_idx, row_ptr, col_ptr,
-                                                                csc_perm, None, v))(v)
+                                                                csc_perm, None, variant=v))(v)
     return impls
 
 

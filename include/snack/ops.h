@@ -4,7 +4,7 @@
 // held in the slots of a SlotPattern with one value per slot; activations are row-major with
 // N rows: X is `N x K`, Y and dY are `N x M`. Every array is dense and contiguous.
 //
-//   spmm_forward    Y[n, r]  = sum_{s in row r} v[s] * X[n, col(s)] (+ bias[r])
+//   spmm_forward    Y[n, r]  = act(sum_{s in row r} v[s] * X[n, col(s)] (+ bias[r]))
 //   spmm_transposed dX[n, c] = sum_{s in col c} v[s] * dY[n, row(s)]        (dX = dY W)
 //   sddmm           dv[s]    = sum_n dY[n, row(s)] * X[n, col(s)]            (dW at the slots)
 //   bias_grad       db[r]    = sum_n dY[n, r]
@@ -22,12 +22,21 @@
 #include "snack/status.h"
 
 namespace snack {
+
+/// Elementwise function fused into the forward's epilogue: y = act(x W^T + b).
+/// kGELU is the exact (erf) GELU, as torch.nn.functional.gelu with approximate="none".
+enum class Activation : int { kNone = 0, kReLU = 1, kGELU = 2 };
+/// "none", "relu", "gelu".
+const char* activation_name(Activation act);
+/// Parses a name; returns false for an unknown name.
+bool parse_activation(const std::string& name, Activation* out);
+
 namespace cpu {
 
-/// Y = X W^T (+ bias). x: [n, w.cols]; bias: [w.rows] or nullptr; y: [n, w.rows].
+/// Y = act(X W^T (+ bias)). x: [n, w.cols]; bias: [w.rows] or nullptr; y: [n, w.rows].
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias,
-                    T* y);
+                    T* y, Activation act = Activation::kNone);
 
 /// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks the CSC view.
 template <typename T, typename Index>
@@ -50,7 +59,7 @@ namespace cuda {
 /// the launch failed; errors raised asynchronously by a kernel surface at the next synchronisation.
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias,
-                    T* y, Stream stream);
+                    T* y, Stream stream, Activation act = Activation::kNone);
 
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
@@ -75,7 +84,7 @@ std::string describe(const SpmmPlan& plan);
 /// device memory (may be null when that is 0) and stays in use until the work on `stream` is done.
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
-                    const SpmmPlan& plan, void* workspace, Stream stream);
+                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act = Activation::kNone);
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
                        const SpmmPlan& plan, void* workspace, Stream stream);

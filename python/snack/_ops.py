@@ -42,7 +42,7 @@ def _index_dtype(out_features, in_features, index_dtype):
 
 
 @torch.library.register_fake("snack::spmm")
-def _spmm_fake(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, variant="auto"):
+def _spmm_fake(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation="none", variant="auto"):
     return values.new_empty((x.shape[0], row_ptr.shape[0] - 1))
 
 
@@ -62,7 +62,7 @@ def _bias_grad_fake(dy):
 
 
 @torch.library.register_fake("snack::sparse_linear")
-def _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm):
+def _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation="none"):
     return values.new_empty((*x.shape[:-1], row_ptr.shape[0] - 1))
 
 

@@ -14,10 +14,15 @@ _PATTERN_BUFFERS = ("row_idx", "col_idx")
 _VIEW_BUFFERS = ("row_ptr", "col_ptr", "csc_perm")
 
 
+ACTIVATIONS = ("none", "relu", "gelu")
+
+
 def sparse_linear(x: Tensor, values: Tensor, bias: Optional[Tensor], row_idx: Tensor, col_idx: Tensor,
-                  row_ptr: Tensor, col_ptr: Tensor, csc_perm: Tensor) -> Tensor:
-    """Functional form of :class:`SparseLinear`: ``x [..., K] -> [..., M]``, differentiable in x, values, bias."""
-    return ops.sparse_linear(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm)
+                  row_ptr: Tensor, col_ptr: Tensor, csc_perm: Tensor, activation: str = "none") -> Tensor:
+    """Functional form of :class:`SparseLinear`: ``act(x W^T + b)``, ``x [..., K] -> [..., M]``,
+    differentiable in x, values and bias. ``activation``: "none", "relu" or "gelu" (exact), fused into
+    the kernel's epilogue (GELU is fused at inference; under autograd it keeps its pre-activation)."""
+    return ops.sparse_linear(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation)
 
 
 def _resolve_density(density: Optional[float], sparsity: Optional[float]) -> float:
@@ -29,6 +34,13 @@ def _resolve_density(density: Optional[float], sparsity: Optional[float]) -> flo
     if not (isinstance(given, (int, float)) and 0.0 < value <= 1.0):
         raise ValueError(f"SparseLinear: {name}={given!r} gives a density outside (0, 1]")
     return float(value)
+
+
+def _check_activation(activation: Optional[str]) -> str:
+    name = "none" if activation is None else activation
+    if name not in ACTIVATIONS:
+        raise ValueError(f"SparseLinear: activation must be None, 'relu' or 'gelu', got {activation!r}")
+    return name
 
 
 def nnz_for_density(out_features: int, in_features: int, density: float) -> int:
@@ -54,6 +66,8 @@ class SparseLinear(nn.Module):
         device, dtype: as for ``nn.Linear``; dtype float32 or float64.
         index_dtype: force ``torch.uint16`` or ``torch.int32`` slot indices (default: smallest fitting).
         generator: ``torch.Generator`` for the random pattern and initial values (CPU or the layer's device).
+        activation: ``None`` (default), ``"relu"`` or ``"gelu"``: applied to the output, fused into the
+            forward kernel (not part of ``nn.Linear``; use it in place of a following ReLU/GELU module).
 
     The pattern is drawn uniformly at random without replacement. Values and bias are drawn from
     ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with the *effective* fan-in ``density * in_features``,
@@ -64,8 +78,9 @@ class SparseLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, density: Optional[float] = None,
                  sparsity: Optional[float] = None, device=None, dtype=None, index_dtype: Optional[torch.dtype] = None,
-                 generator: Optional[torch.Generator] = None) -> None:
+                 generator: Optional[torch.Generator] = None, activation: Optional[str] = None) -> None:
         super().__init__()
+        self.activation = _check_activation(activation)
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"SparseLinear: in_features and out_features must be positive, got {in_features} and "
                              f"{out_features}")
@@ -148,6 +163,7 @@ class SparseLinear(nn.Module):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features, layer.out_features = int(in_features), int(out_features)
+        layer.activation = "none"
         layer._register_pattern(row_idx, col_idx)
         layer.values = nn.Parameter(weight.reshape(-1).index_select(0, positions).clone())
         layer.bias = nn.Parameter(bias.detach().clone().to(weight)) if bias is not None else None
@@ -166,6 +182,7 @@ class SparseLinear(nn.Module):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features, layer.out_features = int(in_features), int(out_features)
+        layer.activation = "none"
         layer._register_pattern(row_idx, col_idx)
         layer.values = nn.Parameter(values.detach().index_select(0, order).clone())
         layer.bias = nn.Parameter(bias.detach().clone().to(values)) if bias is not None else None
@@ -174,7 +191,7 @@ class SparseLinear(nn.Module):
     # ---- the layer -------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
         return ops.sparse_linear(x, self.values, self.bias, self.row_idx, self.col_idx, self.row_ptr, self.col_ptr,
-                                 self.csc_perm)
+                                 self.csc_perm, self.activation)
 
     @property
     def nnz(self) -> int:
@@ -196,7 +213,7 @@ class SparseLinear(nn.Module):
         return mask
 
     def to_linear(self) -> nn.Linear:
-        """A dense ``nn.Linear`` computing the same function."""
+        """A dense ``nn.Linear`` with the same weight and bias (the fused activation, if any, is not part of it)."""
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
                            device=self.values.device, dtype=self.values.dtype)
         with torch.no_grad():
@@ -206,8 +223,9 @@ class SparseLinear(nn.Module):
         return linear
 
     def extra_repr(self) -> str:
+        act = f", activation={self.activation}" if self.activation != "none" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"nnz={self.nnz}, density={self.density:.4g}, index_dtype={self.row_idx.dtype}")
+                f"nnz={self.nnz}, density={self.density:.4g}, index_dtype={self.row_idx.dtype}{act}")
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "../common/op_checks.h"
+#include "snack/activation_math.h"
 #include "snack/ops.h"
 
 namespace snack::cpu {
@@ -13,7 +14,7 @@ using detail::required_if;
 
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias,
-                    T* y) {
+                    T* y, Activation act) {
   SNACK_RETURN_IF_ERROR(check_op(w, n, values,
                                  {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}}));
   for (int64_t i = 0; i < n; ++i) {
@@ -22,7 +23,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     for (int64_t r = 0; r < w.rows; ++r) {
       T acc = T(0);
       for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) acc += values[s] * xrow[w.col_idx[s]];
-      yrow[r] = bias ? acc + bias[r] : acc;
+      yrow[r] = apply_activation(bias ? acc + bias[r] : acc, act);
     }
   }
   return Status::Ok();
@@ -72,7 +73,8 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias) {
 }
 
 #define SNACK_INSTANTIATE_CPU_OPS(T, Index)                                                                  \
-  template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*); \
+  template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
+                                         Activation);                                                            \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);     \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);
 

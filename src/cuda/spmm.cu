@@ -85,7 +85,7 @@ size_t smem_budget(const DeviceLimits& limits) {
 
 template <typename T, typename View, int NPAD, bool kSmem>
 Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                   const T* bias, T* out, Stream stream) {
+                   const T* bias, T* out, Activation act, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kSmem>;
@@ -108,26 +108,26 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
-      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold);
+      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold, act);
   return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
 }
 
 template <typename T, typename View, bool kSmem>
 Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                        const T* bias, T* out, Stream stream) {
+                        const T* bias, T* out, Activation act, Stream stream) {
   switch (plan.batch_tile) {
-    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
-    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
-    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
-    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
-    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
-    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     default:
       if constexpr (!kSmem) {
         if (plan.batch_tile == 64)
-          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
         if (plan.batch_tile == 128)
-          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       }
       return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
   }
@@ -136,21 +136,21 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
 template <typename T, typename View>
 Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                const T* bias, T* out, void* workspace, Stream stream) {
+                const T* bias, T* out, void* workspace, Stream stream, Activation act) {
   if (n == 0 || out_dim == 0) return Status::Ok();
   switch (plan.variant) {
     case SpmmVariant::kWarpRow: {
       const unsigned grid = detail::grid_for(out_dim, kSpmmWarps);
       if (n == 1)
-        detail::spmm_warp_row_kernel<T, View, 1><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out);
+        detail::spmm_warp_row_kernel<T, View, 1><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out, act);
       else if (n <= 4)
-        detail::spmm_warp_row_kernel<T, View, 4><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out);
+        detail::spmm_warp_row_kernel<T, View, 4><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out, act);
       else
-        detail::spmm_warp_row_kernel<T, View, 8><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out);
+        detail::spmm_warp_row_kernel<T, View, 8><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out, act);
       return check_launch("spmm_warp_row_kernel");
     }
     case SpmmVariant::kSmemX:
-      return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, stream);
+      return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
       const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
       if (plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T) || workspace == nullptr)
@@ -160,7 +160,7 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
                        unsigned(tiles));
       detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
       SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
-      return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, stream);
+      return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
     }
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
@@ -255,7 +255,7 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
 
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
-                    const SpmmPlan& plan, void* workspace, Stream stream) {
+                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, values, {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}}));
@@ -271,10 +271,14 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
       detail::spmm_coo_atomic_kernel<T, Index><<<dim3(gx, gy), 256, 0, stream>>>(w, values, x, b0, y);
       SNACK_RETURN_IF_ERROR(check_launch("spmm_coo_atomic_kernel"));
     }
+    if (act != Activation::kNone) {
+      detail::activation_kernel<T><<<detail::grid_for(n * w.rows, 256, 4096), 256, 0, stream>>>(y, n * w.rows, act);
+      SNACK_RETURN_IF_ERROR(check_launch("activation_kernel"));
+    }
     return Status::Ok();
   }
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
-  return run_plan<T>(plan, view, w.rows, w.cols, x, n, bias, y, workspace, stream);
+  return run_plan<T>(plan, view, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }
 
 template <typename T, typename Index>
@@ -285,7 +289,8 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
       w, n, values, {{"dy", required_if(n * w.rows > 0, dy)}, {"dx", required_if(n * w.cols > 0, dx)}}));
   SNACK_RETURN_IF_ERROR(check_plan(plan, w.rows, sizeof(T), false));
   CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
-  return run_plan<T>(plan, view, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace, stream);
+  return run_plan<T>(plan, view, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace, stream,
+                     Activation::kNone);
 }
 
 namespace {
@@ -306,11 +311,11 @@ struct AsyncWorkspace {
 
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
-                    Stream stream) {
+                    Stream stream, Activation act) {
   const SpmmPlan plan = plan_spmm(w.rows, w.cols, w.nnz, n, sizeof(T), SpmmVariant::kAuto);
   AsyncWorkspace ws(stream);
   SNACK_RETURN_IF_ERROR(ws.reserve(plan.workspace_bytes));
-  return spmm_forward(w, values, x, n, bias, y, plan, ws.ptr, stream);
+  return spmm_forward(w, values, x, n, bias, y, plan, ws.ptr, stream, act);
 }
 
 template <typename T, typename Index>
@@ -323,11 +328,11 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 
 #define SNACK_INSTANTIATE_SPMM(T, Index)                                                                         \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
-                                         const SpmmPlan&, void*, Stream);                                        \
+                                         const SpmmPlan&, void*, Stream, Activation);                            \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*,          \
                                             const SpmmPlan&, void*, Stream);                                     \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
-                                         Stream);                                                                \
+                                         Stream, Activation);                                                    \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);
 
 SNACK_INSTANTIATE_SPMM(float, uint16_t)

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cuda_utils.cuh"
+#include "snack/activation_math.h"
 #include "snack/pattern.h"
 
 namespace snack::cuda::detail {
@@ -86,7 +87,8 @@ struct TileLayout {
 template <typename T, typename View, int NPAD, bool kSmem>
 __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kSmem ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
-                     const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold) {
+                     const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold,
+                     Activation act) {
   using A = accum_t<T>;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
   constexpr int V = TileLayout<NPAD>::V;
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int64_t nn = n0 + lane_n * V + j;
-      if (nn < n) out[nn * out_dim + o] = from_accum<T>(acc[j] + b);
+      if (nn < n) out[nn * out_dim + o] = from_accum<T>(apply_activation(acc[j] + b, act));
     }
   };
 
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
         A total = bias ? to_accum(bias[o]) : A(0);
         for (int k = 0; k < kWarps; ++k) total += partial[k][threadIdx.x];
         const int64_t nn = n0 + threadIdx.x;
-        if (nn < n) out[nn * out_dim + o] = from_accum<T>(total);
+        if (nn < n) out[nn * out_dim + o] = from_accum<T>(apply_activation(total, act));
       }
       __syncthreads();
     }
@@ -250,7 +252,7 @@ __global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64
 template <typename T, typename View, int NT>
 __global__ void __launch_bounds__(kSpmmWarps * 32)
     spmm_warp_row_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
-                         const T* __restrict__ bias, T* __restrict__ out) {
+                         const T* __restrict__ bias, T* __restrict__ out, Activation act) {
   using A = accum_t<T>;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * kSpmmWarps;
@@ -271,10 +273,18 @@ __global__ void __launch_bounds__(kSpmmWarps * 32)
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         acc[j] = warp_sum(acc[j]);
-        if (lane == j && n0 + j < n) out[(n0 + j) * out_dim + o] = from_accum<T>(acc[j] + b);
+        if (lane == j && n0 + j < n) out[(n0 + j) * out_dim + o] = from_accum<T>(apply_activation(acc[j] + b, act));
       }
     }
   }
+}
+
+// out = act(out), elementwise: the epilogue of the atomic COO kernel, which cannot fuse it.
+template <typename T>
+__global__ void activation_kernel(T* __restrict__ out, int64_t count, Activation act) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += step)
+    out[i] = from_accum<T>(apply_activation(to_accum(out[i]), act));
 }
 
 // out[n, o] = bias[o] (or 0): the starting value of the atomic COO kernel.

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "binding_utils.h"
+#include "snack/ops.h"
 
 namespace snack::binding {
 namespace {
@@ -16,11 +17,11 @@ using torch::autograd::variable_list;
 
 at::Tensor call_spmm(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
                      const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
-                     const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+                     const at::Tensor& col_ptr, const at::Tensor& csc_perm, c10::string_view activation) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm", "").typed<at::Tensor(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view)>();
-  return op.call(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, "auto");
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view, c10::string_view)>();
+  return op.call(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation, "auto");
 }
 
 using PatternOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -61,24 +62,46 @@ std::vector<int64_t> output_shape(const at::Tensor& x, int64_t out_features) {
   return shape;
 }
 
+Activation parse_act(c10::string_view name) {
+  Activation act = Activation::kNone;
+  TORCH_CHECK_VALUE(parse_activation(std::string(name), &act), "snack.sparse_linear: unknown activation '", name,
+                    "' (expected none, relu or gelu)");
+  return act;
+}
+
+// The fused forward, below autograd (also inference under autograd when nothing needs a gradient).
 at::Tensor sparse_linear_forward(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
                                  const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
-                                 const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+                                 const at::Tensor& col_ptr, const at::Tensor& csc_perm, c10::string_view activation) {
+  parse_act(activation);
   const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
   const at::Tensor y2d = call_spmm(flatten_input(x, in_features), values, bias, row_idx, col_idx, row_ptr, col_ptr,
-                                   csc_perm);
+                                   csc_perm, activation);
   return y2d.view(output_shape(x, out_features));
 }
 
 class SparseLinearFunction : public torch::autograd::Function<SparseLinearFunction> {
  public:
+  // ReLU is fused and its gradient mask comes from the output. GELU's gradient needs the
+  // pre-activation, so under autograd it is computed unfused and the pre-activation is saved.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& values,
                             const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
                             const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
-                            const at::Tensor& csc_perm) {
-    ctx->save_for_backward({x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm});
+                            const at::Tensor& csc_perm, c10::string_view activation) {
+    const Activation act = parse_act(activation);
     ctx->saved_data["has_bias"] = bias.has_value();
-    return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+    ctx->saved_data["activation"] = static_cast<int64_t>(act);
+    at::Tensor y, saved_activation;
+    if (act == Activation::kGELU) {
+      const at::Tensor z = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "none");
+      y = at::gelu(z);
+      saved_activation = z;
+    } else {
+      y = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+      if (act == Activation::kReLU) saved_activation = y;
+    }
+    ctx->save_for_backward({x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, saved_activation});
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -86,21 +109,33 @@ class SparseLinearFunction : public torch::autograd::Function<SparseLinearFuncti
     const at::Tensor &x = saved[0], &values = saved[1], &row_idx = saved[2], &col_idx = saved[3],
                      &row_ptr = saved[4], &col_ptr = saved[5], &csc_perm = saved[6];
     const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
-    const at::Tensor dy = grad_outputs[0].reshape({-1, out_features}).contiguous();
+    at::Tensor grad = grad_outputs[0];
+    switch (static_cast<Activation>(ctx->saved_data["activation"].toInt())) {
+      case Activation::kReLU: grad = grad * saved[7].gt(0).to(grad.scalar_type()); break;
+      case Activation::kGELU: grad = at::gelu_backward(grad, saved[7]); break;
+      default: break;
+    }
+    const at::Tensor dy = grad.reshape({-1, out_features}).contiguous();
     at::Tensor dx, dvalues, dbias;
     if (ctx->needs_input_grad(0))
       dx = call_spmm_t(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm).view(x.sizes());
     if (ctx->needs_input_grad(1))
       dvalues = call_sddmm(dy, flatten_input(x, in_features), row_idx, col_idx, row_ptr, col_ptr, csc_perm);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) dbias = call_bias_grad(dy);
-    return {dx, dvalues, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dvalues, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor sparse_linear_autograd(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
                                   const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
-                                  const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
-  return SparseLinearFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+                                  const at::Tensor& col_ptr, const at::Tensor& csc_perm, c10::string_view activation) {
+  const bool needs_grad = at::GradMode::is_enabled() &&
+                          (x.requires_grad() || values.requires_grad() || (bias && bias->requires_grad()));
+  if (!needs_grad) {  // inference: the fully fused kernel, nothing saved
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+  }
+  return SparseLinearFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
 }
 
 }  // namespace

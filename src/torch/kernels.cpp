@@ -114,8 +114,12 @@ void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
                 const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                const std::optional<at::Tensor>& bias, c10::string_view variant_name) {
+                const std::optional<at::Tensor>& bias, c10::string_view activation_name,
+                c10::string_view variant_name) {
   const SpmmVariant variant = resolve_variant(std::string(variant_name), false, "spmm");
+  Activation act = Activation::kNone;
+  TORCH_CHECK_VALUE(parse_activation(std::string(activation_name), &act), "snack.spmm: unknown activation '",
+                    activation_name, "' (expected none, relu or gelu)");
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   check_pattern(p, values, "spmm");
   check_dense(x, values, p.cols(), "x", "spmm");
@@ -134,11 +138,11 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
     const T* b = bias ? bias->data_ptr<T>() : nullptr;
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
-                         values, [&] { return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>()); },
+                         values, [&] { return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), act); },
                          [&](Stream s) {
 #ifdef SNACK_WITH_CUDA
                            const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant);
-                           return cuda::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
+                           return cuda::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s, act);
 #else
                            (void)s;
                            return Status::Ok();

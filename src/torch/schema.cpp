@@ -8,10 +8,11 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(snack, m) {
-  // Y = X W^T (+ bias): x [N, K] -> [N, M]. variant: "auto" (the process default, see
-  // set_default_spmm_variant) or a CUDA kernel variant: warp_row, smem_x, global_xt, coo_atomic.
+  // Y = act(X W^T (+ bias)): x [N, K] -> [N, M]. activation: none, relu, gelu (exact). variant: "auto"
+  // (the process default, see set_default_spmm_variant) or a CUDA kernel variant: warp_row, smem_x,
+  // global_xt, coo_atomic.
   m.def("spmm(Tensor x, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm, Tensor? bias, str variant=\"auto\") -> Tensor");
+        "Tensor csc_perm, Tensor? bias, str activation=\"none\", str variant=\"auto\") -> Tensor");
   // dX = dY W: dy [N, M] -> [N, K]. Same kernels as spmm, over the CSC view (coo_atomic excluded).
   m.def("spmm_t(Tensor dy, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, str variant=\"auto\") -> Tensor");
@@ -20,9 +21,9 @@ TORCH_LIBRARY(snack, m) {
         "Tensor csc_perm) -> Tensor");
   // db = dy.sum(0): dy [N, M] -> [M].
   m.def("bias_grad(Tensor dy) -> Tensor");
-  // The layer: x [..., K] -> [..., M], differentiable in x, values and bias.
+  // The layer: act(x W^T + b), x [..., K] -> [..., M], differentiable in x, values and bias.
   m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, Tensor row_ptr, "
-        "Tensor col_ptr, Tensor csc_perm) -> Tensor");
+        "Tensor col_ptr, Tensor csc_perm, str activation=\"none\") -> Tensor");
 
   // Which kernel spmm (or spmm_t when transposed) runs for a batch of n rows on this weight, and why.
   m.def("explain_spmm(Tensor values, Tensor row_ptr, Tensor col_ptr, int n, bool transposed=False, "

@@ -49,10 +49,10 @@ void SparseLinearImpl::reset() {
 torch::Tensor SparseLinearImpl::forward(const torch::Tensor& x) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sparse_linear", "").typed<at::Tensor(
       const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>();
   std::optional<at::Tensor> b;
   if (bias.defined()) b = bias;
-  return op.call(x, values, b, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+  return op.call(x, values, b, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "none");
 }
 
 torch::Tensor SparseLinearImpl::to_dense() const {

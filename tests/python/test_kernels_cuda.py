@@ -41,15 +41,15 @@ def test_forward_variant(shape, variant, dtype):
     x, bias = p.randn(n, k, seed=7), p.randn(m, seed=8)
     if not fits(variant, n, k, dtype):
         with pytest.raises(ValueError, match="shared memory"):
-            ops.spmm(x, p.values, *p.tensors, bias, variant)
+            ops.spmm(x, p.values, *p.tensors, bias, variant=variant)
         return
     poison_cache(torch.device("cuda"))
-    y = ops.spmm(x, p.values, *p.tensors, bias, variant)
+    y = ops.spmm(x, p.values, *p.tensors, bias, variant=variant)
     ref = x.double().cpu() @ p.dense64.T + bias.double().cpu()
     assert rel_error(y, ref) < tolerance(dtype)
     if variant != "coo_atomic":
         for _ in range(3):
-            assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant), y), "not bitwise reproducible"
+            assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant=variant), y), "not bitwise reproducible"
 
 
 @pytest.mark.parametrize("shape,variant,dtype", list(variant_cases(True)))
@@ -77,7 +77,7 @@ def test_coo_atomic_is_forward_only():
 def test_unknown_variant():
     p = Pattern(10, 12, 40, device="cuda")
     with pytest.raises(ValueError, match="unknown variant"):
-        ops.spmm(p.randn(3, 12), p.values, *p.tensors, None, "fastest")
+        ops.spmm(p.randn(3, 12), p.values, *p.tensors, None, variant="fastest")
 
 
 def test_explain_and_override():
@@ -105,9 +105,9 @@ def test_long_rows_split_over_a_block(variant, n):
     x, bias = p.randn(n, k, seed=3), p.randn(m, seed=4)
     if not fits(variant, n, k, torch.float32):
         return
-    y = ops.spmm(x, p.values, *p.tensors, bias, variant)
+    y = ops.spmm(x, p.values, *p.tensors, bias, variant=variant)
     assert rel_error(y, x.double().cpu() @ p.dense64.T + bias.double().cpu()) < 1e-5
-    assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant), y)
+    assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant=variant), y)
     # The transposed product walks columns: make a few columns long instead.
     rows_t, cols_t = skewed_positions(k, m, dense_rows=11, nnz_rest=3000, seed=n, transpose=True)
     q = Pattern(k, m, rows_t.numel(), device="cuda", positions=(rows_t, cols_t))
@@ -116,3 +116,14 @@ def test_long_rows_split_over_a_block(variant, n):
         dx = ops.spmm_t(dy, q.values, *q.tensors, variant)
         assert rel_error(dx, dy.double().cpu() @ q.dense64) < 1e-5
         assert torch.equal(ops.spmm_t(dy, q.values, *q.tensors, variant), dx)
+
+
+@pytest.mark.parametrize("variant", snack.SPMM_VARIANTS)
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_activation_every_variant(variant, activation):
+    p = Pattern(70, 90, 900, device="cuda", empty_rows=4)
+    x, bias = p.randn(6, 90, seed=1), p.randn(70, seed=2)
+    y = ops.spmm(x, p.values, *p.tensors, bias, activation=activation, variant=variant)
+    z = x.double().cpu() @ p.dense64.T + bias.double().cpu()
+    ref = torch.relu(z) if activation == "relu" else torch.nn.functional.gelu(z)
+    assert rel_error(y, ref) < 1e-5

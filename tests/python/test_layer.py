@@ -288,3 +288,38 @@ def test_training_reduces_loss(device):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.05 * losses[0]
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_fused_activation_forward_backward(device, activation):
+    torch.manual_seed(5)
+    layer = snack.SparseLinear(40, 24, density=0.3, device=device, dtype=torch.float64, activation=activation)
+    assert f"activation={activation}" in repr(layer)
+    x = torch.randn(3, 7, 40, dtype=torch.float64, device=device, requires_grad=True)
+    y = layer(x)
+    act = torch.relu if activation == "relu" else torch.nn.functional.gelu
+    w, mask, b = dense_mask_reference(layer)
+    x64 = x.detach().cpu().requires_grad_()
+    ref = act(nn.functional.linear(x64, w * mask, b))
+    assert rel_error(y, ref) < 1e-12
+    with torch.no_grad():  # the fully fused inference path
+        assert rel_error(layer(x), ref) < 1e-12
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    ref.backward(grad.cpu())
+    assert rel_error(x.grad, x64.grad) < 1e-12
+    assert rel_error(layer.values.grad, w.grad[layer.row_idx.long().cpu(), layer.col_idx.long().cpu()]) < 1e-12
+    assert rel_error(layer.bias.grad, b.grad) < 1e-12
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    xs = torch.randn(2, 40, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, v, b: snack.sparse_linear(x, v, b, *pattern, activation=activation),
+                                    (xs, layer.values, layer.bias))
+
+
+def test_bad_activation():
+    with pytest.raises(ValueError, match="activation"):
+        snack.SparseLinear(4, 4, density=0.5, activation="tanh")
+    layer = snack.SparseLinear(4, 4, density=0.5)
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    with pytest.raises(ValueError, match="unknown activation"):
+        snack.sparse_linear(torch.randn(2, 4), layer.values, None, *pattern, activation="swish")

@@ -19,6 +19,7 @@ def test_opcheck_compute_ops(device, itype):
     bias = p.randn(11, seed=3)
     torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, bias))
     torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, None))
+    torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, bias), {"activation": "gelu"})
     torch.library.opcheck(ops.spmm_t.default, (dy, p.values, *p.tensors))
     torch.library.opcheck(ops.sddmm.default, (dy, x, *p.tensors))
     torch.library.opcheck(ops.bias_grad.default, (dy,))
@@ -32,6 +33,8 @@ def test_opcheck_sparse_linear(device, shape):
     bias = p.randn(11, seed=5).requires_grad_()
     torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, *p.tensors))
     torch.library.opcheck(ops.sparse_linear.default, (x, values, None, *p.tensors))
+    for activation in ("relu", "gelu"):
+        torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, *p.tensors), {"activation": activation})
 
 
 def test_opcheck_topology_ops(device):

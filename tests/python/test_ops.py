@@ -32,6 +32,18 @@ def test_spmm_forward(device, shape, dtype, itype):
         assert rel_error(y, ref) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+def test_spmm_fused_activation(device, shape, activation):
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device=device, empty_rows=empty)
+    x, bias = p.randn(n, k, seed=2), p.randn(m, seed=3)
+    y = ops.spmm(x, p.values, *p.tensors, bias, activation=activation)
+    z = x.double().cpu() @ p.dense64.T + bias.double().cpu()
+    ref = torch.relu(z) if activation == "relu" else torch.nn.functional.gelu(z)
+    assert rel_error(y, ref) < 1e-5
+
+
 @pytest.mark.parametrize("shape,dtype,itype", list(cases()))
 def test_spmm_transposed(device, shape, dtype, itype):
     m, k, n, nnz, empty = shape
