@@ -69,6 +69,15 @@ template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues,
              Stream stream);
 
+/// SDDMM with a caller-provided workspace of sddmm_workspace_bytes() bytes (for n >= 4 it holds dY
+/// and X transposed; 0 bytes, workspace may be null, for n < 4).
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
+             Stream stream);
+/// Batch size from which sddmm transposes its operands (and needs a workspace).
+inline constexpr int64_t kSddmmVectorMinBatch = 4;
+size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes);
+
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
 

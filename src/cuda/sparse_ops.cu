@@ -2,9 +2,12 @@
 // live in spmm.cu. Each output is reduced by one thread in a fixed order: bitwise reproducible.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "../common/op_checks.h"
 #include "cuda_utils.cuh"
 #include "snack/ops.h"
+#include "spmm_kernels.cuh"
 
 namespace snack::cuda {
 namespace {
@@ -15,6 +18,7 @@ using detail::from_accum;
 using detail::grid_for;
 using detail::to_accum;
 using detail::warp_sum;
+using detail::ceil_div;
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
@@ -33,6 +37,62 @@ __global__ void __launch_bounds__(kThreads) sddmm_thread_slot_kernel(SlotPattern
   }
 }
 
+// dv[s] = <dy_t[row(s)], x_t[col(s)]> with both operands transposed to rows of np (a multiple of 4)
+// batch values, so one slot's two vectors are contiguous: G lanes per slot read them as 16-byte
+// vectors, 32 / G slots per warp, and a fixed butterfly sums the G lanes (deterministic).
+// Consecutive slots share a row, so dy_t[row] is reused from L1.
+template <typename T, typename Index, int G>
+__global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Index> w, const T* __restrict__ dy_t,
+                                                                const T* __restrict__ x_t, int64_t np,
+                                                                T* __restrict__ dvalues) {
+  using A = accum_t<T>;
+  constexpr int kSlotsPerWarp = 32 / G;
+  constexpr int kUnrollSlots = 4;
+  const int lane = threadIdx.x & 31, g = lane % G, slot_lane = lane / G;
+  const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warp_count = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  const int64_t per_step = int64_t(kSlotsPerWarp) * kUnrollSlots;
+  for (int64_t s0 = warp_global * per_step; s0 < w.nnz; s0 += warp_count * per_step) {
+    A acc[kUnrollSlots];
+    int64_t r[kUnrollSlots], c[kUnrollSlots];
+#pragma unroll
+    for (int u = 0; u < kUnrollSlots; ++u) {
+      const int64_t slot = s0 + u * kSlotsPerWarp + slot_lane;
+      const bool ok = slot < w.nnz;
+      r[u] = ok ? int64_t(w.row_idx[slot]) : 0;
+      c[u] = ok ? int64_t(w.col_idx[slot]) : 0;
+      acc[u] = A(0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnrollSlots; ++u) {
+      for (int64_t k = 4 * g; k < np; k += 4 * G) {
+        A a[4], b[4];
+        detail::load_vec<T, 4>(dy_t + r[u] * np + k, a);
+        detail::load_vec<T, 4>(x_t + c[u] * np + k, b);
+        acc[u] += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnrollSlots; ++u) {
+#pragma unroll
+      for (int offset = 1; offset < G; offset <<= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], offset);
+      const int64_t slot = s0 + u * kSlotsPerWarp + slot_lane;
+      if (g == 0 && slot < w.nnz) dvalues[slot] = from_accum<T>(acc[u]);
+    }
+  }
+}
+
+template <typename T, typename Index, int G>
+Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, T* dvalues,
+                           Stream stream) {
+  const int64_t warps = ceil_div(w.nnz, int64_t(32 / G) * 4);
+  sddmm_vector_kernel<T, Index, G><<<grid_for(warps * 32, kThreads, 132 * 8), kThreads, 0, stream>>>(w, dy_t, x_t, np,
+                                                                                                      dvalues);
+  return check_launch("sddmm_vector_kernel");
+}
+
+int64_t sddmm_padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m,
                                                              T* __restrict__ dbias) {
@@ -46,15 +106,57 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
 
 }  // namespace
 
+size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes) {
+  if (n < kSddmmVectorMinBatch) return 0;
+  return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
+}
+
 template <typename T, typename Index>
-Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, Stream stream) {
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
+             Stream stream) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, required_if(w.nnz > 0, dvalues),
       {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
   if (w.nnz == 0) return Status::Ok();
-  sddmm_thread_slot_kernel<T, Index><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, dvalues);
-  return check_launch("sddmm_thread_slot_kernel");
+  if (n < kSddmmVectorMinBatch) {
+    sddmm_thread_slot_kernel<T, Index><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, dvalues);
+    return check_launch("sddmm_thread_slot_kernel");
+  }
+  if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
+  // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one vector kernel.
+  const int64_t np = sddmm_padded_batch(n);
+  T* dy_t = static_cast<T*>(workspace);
+  T* x_t = dy_t + w.rows * np;
+  const dim3 block(32, 8);
+  detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.rows, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
+                                     stream>>>(dy, n, w.rows, int(np), dy_t);
+  SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(dy)"));
+  detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.cols, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
+                                     stream>>>(x, n, w.cols, int(np), x_t);
+  SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
+  const int64_t lanes = std::min<int64_t>(32, np / 4);
+  switch (lanes) {
+    case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, dvalues, stream);
+    case 2: return launch_sddmm_vector<T, Index, 2>(w, dy_t, x_t, np, dvalues, stream);
+    case 3:
+    case 4: return launch_sddmm_vector<T, Index, 4>(w, dy_t, x_t, np, dvalues, stream);
+    case 5: case 6: case 7:
+    case 8: return launch_sddmm_vector<T, Index, 8>(w, dy_t, x_t, np, dvalues, stream);
+    default:
+      if (lanes <= 16) return launch_sddmm_vector<T, Index, 16>(w, dy_t, x_t, np, dvalues, stream);
+      return launch_sddmm_vector<T, Index, 32>(w, dy_t, x_t, np, dvalues, stream);
+  }
+}
+
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, Stream stream) {
+  const size_t bytes = sddmm_workspace_bytes(w.rows, w.cols, n, sizeof(T));
+  void* ws = nullptr;
+  if (bytes > 0) SNACK_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&ws, bytes, stream));
+  const Status status = sddmm(w, dy, x, n, dvalues, ws, stream);
+  if (ws) (void)cudaFreeAsync(ws, stream);
+  return status;
 }
 
 template <typename T>
@@ -68,7 +170,8 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
 }
 
 #define SNACK_INSTANTIATE_CUDA_OPS(T, Index)                                                                     \
-  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);
+  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
+  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, void*, Stream);
 
 SNACK_INSTANTIATE_CUDA_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(float, int32_t)

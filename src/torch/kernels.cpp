@@ -201,7 +201,16 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
                          dy, [&] { return cpu::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>()); },
-                         [&](Stream s) { return cuda::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>(), s); },
+                         [&](Stream s) {
+#ifdef SNACK_WITH_CUDA
+                           const size_t bytes = cuda::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T));
+                           at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
+                           return cuda::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>(), ws.defined() ? ws.data_ptr() : nullptr, s);
+#else
+                           (void)s;
+                           return Status::Ok();
+#endif
+                         },
                          "sddmm");
                    }),
                    "sddmm");

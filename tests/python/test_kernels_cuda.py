@@ -127,3 +127,16 @@ def test_activation_every_variant(variant, activation):
     z = x.double().cpu() @ p.dense64.T + bias.double().cpu()
     ref = torch.relu(z) if activation == "relu" else torch.nn.functional.gelu(z)
     assert rel_error(y, ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 16, 64, 130])
+def test_sddmm_paths(n, dtype):
+    # n < 4: one thread per slot; n >= 4: dY and X transposed, vector dot products per slot.
+    p = Pattern(90, 300, 4000, device="cuda", dtype=dtype, empty_rows=7)
+    dy, x = p.randn(n, 90, seed=1), p.randn(n, 300, seed=2)
+    poison_cache(torch.device("cuda"))
+    dv = ops.sddmm(dy, x, *p.tensors)
+    full = dy.double().cpu().T @ x.double().cpu()
+    assert rel_error(dv, full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]) < tolerance(dtype)
+    assert torch.equal(ops.sddmm(dy, x, *p.tensors), dv)
