@@ -1,0 +1,302 @@
+"""One layer's training step, and the backward kernels alone, against dense, Dense+Mask and torch.sparse.
+
+    python bench/layer.py            # the issue's grid (a few minutes on an H200)
+    python bench/layer.py --quick    # two shapes, to check the set-up
+
+Step = forward + backward + optimizer step (SGD with momentum, AdamW) of one layer on an input of N
+rows, for: snack (SparseLinear), dense (nn.Linear), dense_mask (a dense weight times a fixed 0/1
+mask, as dynamic-sparse-training code does it) and torch_sparse (a COO weight built from a values
+Parameter and torch.sparse.mm, as a user would write it). Per step: GPU time (CUDA events around a
+warm step; and the replay of a captured CUDA graph where capture works), the wall time a user sees
+(many steps back to back, divided), and peak memory (torch.cuda.max_memory_allocated over a step,
+minus what was allocated before the layer existed: parameters, gradients, optimizer state, indices,
+activations). Backward kernels: dX (transposed SpMM) against cuSPARSE on the transposed CSR, and dW
+(SDDMM) against torch.sparse.sampled_addmm, cold L2, checked against float64 first.
+Writes bench/results/layer_<gpu>.{csv,md} and backward_<gpu>.{csv,md}, and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import snack  # noqa: E402
+
+SHAPES = [(4096, 4096), (5000, 5000), (16384, 4096)]
+NS = [1, 16, 128]
+SPARSITIES = [0.9, 0.95, 0.99]
+IMPLS = ["snack", "dense", "dense_mask", "torch_sparse"]
+OPTIMIZERS = ["sgd", "adamw"]
+LAYER_COLUMNS = ["M", "K", "N", "sparsity", "dtype", "impl", "optimizer", "gpu_us", "graph_us", "wall_us", "peak_mib"]
+BACKWARD_COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
+
+
+class DenseMask(nn.Module):
+    def __init__(self, weight, mask, bias):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone())
+        self.bias = nn.Parameter(bias.clone())
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight * self.mask, self.bias)
+
+
+class TorchSparse(nn.Module):
+    def __init__(self, indices, values, bias, shape):
+        super().__init__()
+        self.values = nn.Parameter(values.clone())
+        self.bias = nn.Parameter(bias.clone())
+        self.register_buffer("indices", indices)
+        self.shape = shape
+
+    def forward(self, x):
+        w = torch.sparse_coo_tensor(self.indices, self.values, self.shape, is_coalesced=True)
+        return torch.sparse.mm(w, x.t()).t() + self.bias
+
+
+def make_layer(impl, ref: snack.SparseLinear):
+    m, k = ref.out_features, ref.in_features
+    if impl == "snack":
+        return snack.SparseLinear.from_dense(ref.to_dense().detach(), mask=ref.mask(), bias=ref.bias.detach())
+    if impl == "dense":
+        lin = nn.Linear(k, m, device="cuda")
+        with torch.no_grad():
+            lin.weight.copy_(ref.to_dense())
+            lin.bias.copy_(ref.bias)
+        return lin
+    if impl == "dense_mask":
+        return DenseMask(ref.to_dense().detach(), ref.mask().float(), ref.bias.detach())
+    indices = torch.stack([ref.row_idx.long(), ref.col_idx.long()])
+    return TorchSparse(indices, ref.values.detach(), ref.bias.detach(), (m, k))
+
+
+def make_optimizer(name, params, capturable=False):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-3, capturable=capturable)
+
+
+def time_layer(impl, ref, n, opt_name, steps=20):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    layer = make_layer(impl, ref)
+    opt = make_optimizer(opt_name, layer.parameters())
+    x = torch.randn(n, ref.in_features, device="cuda")
+    target = torch.randn(n, ref.out_features, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = ((layer(x) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu = []
+    for _ in range(steps):
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) * 1e3)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps * 1e6
+    graph_us = float("nan")
+    try:
+        layer_g = make_layer(impl, ref)
+        opt_g = make_optimizer(opt_name, layer_g.parameters(), capturable=True)
+
+        def gstep():
+            opt_g.zero_grad(set_to_none=False)
+            ((layer_g(x) - target) ** 2).mean().backward()
+            opt_g.step()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                gstep()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gstep()
+        for _ in range(3):
+            graph.replay()
+        times = []
+        for _ in range(steps):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        graph_us = statistics.median(times)
+        del graph, layer_g, opt_g
+    except Exception as exc:  # capture unsupported for this implementation
+        print(f"  (no CUDA graph for {impl}/{opt_name}: {type(exc).__name__})")
+    del layer, opt
+    return statistics.median(gpu), graph_us, wall, peak
+
+
+def backward_rows(ref, n, sparsity, timer, bandwidth):
+    m, k, nnz = ref.out_features, ref.in_features, ref.nnz
+    pattern = (ref.row_idx, ref.col_idx, ref.row_ptr, ref.col_ptr, ref.csc_perm)
+    values = ref.values.detach()
+    dy = torch.randn(n, m, device="cuda")
+    x = torch.randn(n, k, device="cuda")
+    dense64 = ref.to_dense().detach().double()
+    wt_csr = ref.to_dense().detach().t().contiguous().to_sparse_csr()
+    w_csr = ref.to_dense().detach().to_sparse_csr()
+    rows = []
+    floor_dx = (nnz * 12 + 4 * (k + 1) + 4 * n * (m + k)) / (bandwidth * 1e3)
+    floor_dw = (nnz * 12 + 4 * n * (m + k)) / (bandwidth * 1e3)
+    ref_dx = dy.double() @ dense64
+    full = dy.double().t() @ x.double()
+    ref_dw = full[ref.row_idx.long(), ref.col_idx.long()]
+    cands = {
+        ("dx", "snack"): (lambda: snack.ops.spmm_t(dy, values, *pattern), ref_dx),
+        ("dx", "cusparse_csr"): (lambda: torch.sparse.mm(wt_csr, dy.t()).t(), ref_dx),
+        ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, *pattern), ref_dw),
+        ("dw", "cusparse_sddmm"): (lambda: torch.sparse.sampled_addmm(w_csr, dy.t().contiguous(), x, beta=0.0).values(),
+                                   ref_dw),
+    }
+    for (op, impl), (fn, ref_out) in cands.items():
+        err = common.rel_error(fn(), ref_out)
+        if not err < 1e-5:
+            print(f"  {op}/{impl} {m}x{k} N={n}: rel error {err:.2e}, not timed")
+            continue
+        rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
+                         median_us=timer.median_us(fn, reps=20), floor_us=floor_dx if op == "dx" else floor_dw))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/layer.py needs a CUDA GPU")
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
+    info = common.provenance()
+    bandwidth = common.copy_bandwidth_gbs()
+    info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s"
+    info["method"] = ("layer: median of 20 warm steps (CUDA events), CUDA-graph replay median, wall = 20 steps "
+                      "back to back / 20, peak = max_memory_allocated over one step minus memory before the layer; "
+                      "backward kernels: median of 20 cold-L2 calls")
+    timer = common.ColdTimer()
+    layer_rows, back_rows = [], []
+    configs = list(itertools.product(shapes, sparsities))
+    gen = torch.Generator().manual_seed(0)
+    for (m, k), sparsity in common.progress(configs, len(configs), "layer"):
+        ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
+        for n in ns:
+            for impl, opt_name in itertools.product(IMPLS, OPTIMIZERS):
+                gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name)
+                layer_rows.append(dict(M=m, K=k, N=n, sparsity=sparsity, dtype="fp32", impl=impl, optimizer=opt_name,
+                                       gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
+            back_rows += backward_rows(ref, n, sparsity, timer, bandwidth)
+        del ref
+    slug = common.gpu_slug() + ("_quick" if args.quick else "")
+    common.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
+    common.write_csv(args.out / f"backward_{slug}.csv", info, BACKWARD_COLUMNS, back_rows)
+    md = summarize(layer_rows, back_rows, info)
+    (args.out / f"layer_{slug}.md").write_text(md)
+    plot(layer_rows, args.out / f"layer_{slug}.png", info)
+    print(md)
+    return 0
+
+
+def summarize(layer_rows, back_rows, info) -> str:
+    lines = ["# One-layer training step and backward kernels", ""] + [f"- {k}: {v}" for k, v in info.items()] + [""]
+    t = {(r["M"], r["K"], r["N"], r["sparsity"], r["impl"], r["optimizer"]): r for r in layer_rows}
+    keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["optimizer"]) for r in layer_rows})
+    lines.append("GPU us per step (events) / graph-replay us / wall us / peak MiB. Speedups: GPU time of the baseline "
+                 "over snack's.")
+    lines.append("")
+    lines.append("| M x K | N | sparsity | opt | snack | dense | dense_mask | torch_sparse | vs dense | vs D+M | "
+                 "memory vs dense |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for key in keys:
+        cells, snack_row = [], t.get(key[:4] + ("snack", key[4]))
+        for impl in IMPLS:
+            r = t.get(key[:4] + (impl, key[4]))
+            cells.append(f"{r['gpu_us']:.0f} / {r['graph_us']:.0f} / {r['wall_us']:.0f} / {r['peak_mib']:.1f}" if r else "-")
+        d, dm = t.get(key[:4] + ("dense", key[4])), t.get(key[:4] + ("dense_mask", key[4]))
+        sp = lambda b: f"{b['gpu_us'] / snack_row['gpu_us']:.2f}x" if b and snack_row else "-"  # noqa: E731
+        mem = f"{100 * (1 - snack_row['peak_mib'] / d['peak_mib']):.0f}% less" if d and snack_row else "-"
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | " + " | ".join(cells) +
+                     f" | {sp(d)} | {sp(dm)} | {mem} |")
+    target = t.get((16384, 4096, 16, 0.9, "snack", "adamw"))
+    if target:
+        d, dm = t[(16384, 4096, 16, 0.9, "dense", "adamw")], t[(16384, 4096, 16, 0.9, "dense_mask", "adamw")]
+        lines += ["", "## Targets (16384x4096, N=16, 90%, AdamW)", "",
+                  f"- GPU time vs Dense+Mask: {dm['gpu_us'] / target['gpu_us']:.2f}x (target >= 8x)",
+                  f"- GPU time vs dense: {d['gpu_us'] / target['gpu_us']:.2f}x (target >= 3.7x)",
+                  f"- peak memory vs dense: {100 * (1 - target['peak_mib'] / d['peak_mib']):.0f}% less (target >= 80%)"]
+    b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r for r in back_rows}
+    lines += ["", "## Backward kernels (cold L2, median us)", "",
+              "| op | M x K | N | sparsity | floor | snack | cuSPARSE | speedup |", "|---|---|---|---|---|---|---|---|"]
+    ratios = {"dx": [], "dw": []}
+    for key in sorted({k[:5] for k in b}):
+        s = b.get(key + ("snack",))
+        c = b.get(key + ("cusparse_csr" if key[0] == "dx" else "cusparse_sddmm",))
+        if not s:
+            continue
+        if c:
+            ratios[key[0]].append(c["median_us"] / s["median_us"])
+        lines.append(f"| {key[0]} | {key[1]}x{key[2]} | {key[3]} | {key[4]} | {s['floor_us']:.1f} | {s['median_us']:.1f} | "
+                     f"{c['median_us'] if c else float('nan'):.1f} | {c['median_us'] / s['median_us'] if c else float('nan'):.2f}x |")
+    lines += ["", f"- dX geomean speedup over cuSPARSE: {common.geomean(ratios['dx']):.2f}x (target >= 3x)",
+              f"- dW geomean speedup over cuSPARSE sampled_addmm: {common.geomean(ratios['dw']):.2f}x (target >= 3x)"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(layer_rows, path, info):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9]
+    labels = sorted({(r["M"], r["K"], r["N"]) for r in sel})
+    for ax, field, title in zip(axes, ["gpu_us", "peak_mib"], ["GPU us per step (AdamW, 90%)", "peak MiB (AdamW, 90%)"]):
+        width = 0.8 / len(IMPLS)
+        for i, impl in enumerate(IMPLS):
+            vals = [next((r[field] for r in sel if (r["M"], r["K"], r["N"]) == lab and r["impl"] == impl), 0) for lab in labels]
+            ax.bar([j + i * width for j in range(len(labels))], vals, width, label=impl)
+        ax.set_xticks([j + 0.4 for j in range(len(labels))])
+        ax.set_xticklabels([f"{m}x{k}\nN={n}" for m, k, n in labels], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"one layer, fwd+bwd+step - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
