@@ -164,8 +164,11 @@ def backward_rows(ref, n, sparsity, timer, bandwidth):
     dy = torch.randn(n, m, device="cuda")
     x = torch.randn(n, k, device="cuda")
     dense64 = ref.to_dense().detach().double()
-    wt_csr = ref.to_dense().detach().t().contiguous().to_sparse_csr()
-    w_csr = ref.to_dense().detach().to_sparse_csr()
+    # cuSPARSE operands built from the pattern itself (a dense round trip would drop exact zeros):
+    # W in CSR, and W^T in CSR = W's CSC view.
+    w_csr = torch.sparse_csr_tensor(ref.row_ptr, ref.col_idx.int(), values, (m, k))
+    perm = ref.csc_perm.long()
+    wt_csr = torch.sparse_csr_tensor(ref.col_ptr, ref.row_idx.int()[perm], values[perm], (k, m))
     rows = []
     floor_dx = (nnz * 12 + 4 * (k + 1) + 4 * n * (m + k)) / (bandwidth * 1e3)
     floor_dw = (nnz * 12 + 4 * n * (m + k)) / (bandwidth * 1e3)
@@ -193,12 +196,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
+    parser.add_argument("--ns", default=None, help="e.g. 1,16")
+    parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/layer.py needs a CUDA GPU")
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
+    if args.shapes:
+        shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")]
+    if args.ns:
+        ns = [int(v) for v in args.ns.split(",")]
+    if args.sparsities:
+        sparsities = [float(v) for v in args.sparsities.split(",")]
     info = common.provenance()
     bandwidth = common.copy_bandwidth_gbs()
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s"
@@ -218,14 +230,19 @@ def main(argv=None) -> int:
                                        gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
             back_rows += backward_rows(ref, n, sparsity, timer, bandwidth)
         del ref
+        md = write_results(args, info, layer_rows, back_rows)  # after every shape: a cut-off run keeps its rows
+    print(md)
+    return 0
+
+
+def write_results(args, info, layer_rows, back_rows) -> str:
     slug = common.gpu_slug() + ("_quick" if args.quick else "")
     common.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
     common.write_csv(args.out / f"backward_{slug}.csv", info, BACKWARD_COLUMNS, back_rows)
     md = summarize(layer_rows, back_rows, info)
     (args.out / f"layer_{slug}.md").write_text(md)
     plot(layer_rows, args.out / f"layer_{slug}.png", info)
-    print(md)
-    return 0
+    return md
 
 
 def summarize(layer_rows, back_rows, info) -> str:
