@@ -26,6 +26,11 @@ cmake -S . -B build/ctest -G Ninja -DSNACK_BUILD_TESTS=ON -DSNACK_BUILD_TORCH=OF
 cmake --build build/ctest
 ctest --test-dir build/ctest --output-on-failure
 
+echo "== C++ core tests, CPU-only build (no CUDA compiler used)"
+cmake -S . -B build/ctest-cpu -G Ninja -DSNACK_BUILD_TESTS=ON -DSNACK_BUILD_TORCH=OFF -DSNACK_ENABLE_CUDA=OFF >/dev/null
+cmake --build build/ctest-cpu
+ctest --test-dir build/ctest-cpu --output-on-failure
+
 echo "== libtorch example against the installed package"
 prefix=$("$PY" -c 'import torch, snack; print(torch.utils.cmake_prefix_path + ";" + snack.cmake_prefix_path)')
 cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

@@ -40,4 +40,13 @@ Status check_dims_fit(int64_t m, int64_t k, int64_t nnz) {
   return Status::Ok();
 }
 
+// Arguments of dense_topk_positions (both backends).
+inline Status check_topk(int64_t m, int64_t k, int64_t count, const void* dense, const void* positions) {
+  if (m < 0 || k < 0) return InvalidArgument("dense_topk_positions: negative dimensions");
+  if (count < 0 || count > m * k)
+    return InvalidArgument("nnz=" + std::to_string(count) + " must lie in [0, rows*cols=" + std::to_string(m * k) + "]");
+  if (count > 0 && (!dense || !positions)) return InvalidArgument("dense_topk_positions: null array");
+  return Status::Ok();
+}
+
 }  // namespace snack::detail

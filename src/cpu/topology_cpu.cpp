@@ -84,12 +84,9 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
 
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions) {
-  if (m < 0 || k < 0) return InvalidArgument("dense_topk_positions: negative dimensions");
-  const int64_t total = m * k;
-  if (count < 0 || count > total)
-    return InvalidArgument("nnz=" + std::to_string(count) + " must lie in [0, rows*cols=" + std::to_string(total) + "]");
+  SNACK_RETURN_IF_ERROR(detail::check_topk(m, k, count, dense, positions));
   if (count == 0) return Status::Ok();
-  if (!dense || !positions) return InvalidArgument("dense_topk_positions: null array");
+  const int64_t total = m * k;
   for (int64_t i = 0; i < total; ++i)
     if (!std::isfinite(static_cast<double>(dense[i])))
       return InvalidArgument("dense weight has a non-finite entry at (" + std::to_string(i / k) + ", " +

@@ -12,28 +12,6 @@
 
 namespace snack {
 
-const char* spmm_variant_name(SpmmVariant v) {
-  switch (v) {
-    case SpmmVariant::kAuto: return "auto";
-    case SpmmVariant::kWarpRow: return "warp_row";
-    case SpmmVariant::kSmemX: return "smem_x";
-    case SpmmVariant::kGlobalXT: return "global_xt";
-    case SpmmVariant::kCooAtomic: return "coo_atomic";
-  }
-  return "unknown";
-}
-
-bool parse_spmm_variant(const std::string& name, SpmmVariant* out) {
-  for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
-                        SpmmVariant::kCooAtomic}) {
-    if (name == spmm_variant_name(v)) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
-}
-
 namespace cuda {
 namespace {
 

@@ -30,10 +30,45 @@ class TorchCudaAllocator final : public DeviceAllocator {
   void deallocate(void* ptr, Stream) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
 };
 
-TorchCudaAllocator& torch_allocator() {
+DeviceAllocator& torch_allocator() {
   static TorchCudaAllocator allocator;
   return allocator;
 }
+
+namespace gpu = ::snack::cuda;
+#else
+// A CPU-only build: the CUDA branches below still compile, and on_device never takes them.
+DeviceAllocator& torch_allocator() {
+  struct NoDevice final : DeviceAllocator {
+    void* allocate(size_t, Stream) override { return nullptr; }
+    void deallocate(void*, Stream) override {}
+  };
+  static NoDevice allocator;
+  return allocator;
+}
+
+namespace gpu {
+inline Status unsupported() { return Status(StatusCode::kUnsupported, "snack was built without CUDA"); }
+template <typename... Args>
+Status spmm_forward(Args&&...) { return unsupported(); }
+template <typename... Args>
+Status spmm_transposed(Args&&...) { return unsupported(); }
+template <typename... Args>
+Status sddmm(Args&&...) { return unsupported(); }
+template <typename... Args>
+Status bias_grad(Args&&...) { return unsupported(); }
+template <typename Index, typename... Args>
+Status slots_from_coo(Args&&...) { return unsupported(); }
+template <typename Index, typename... Args>
+Status slots_from_positions(Args&&...) { return unsupported(); }
+template <typename Index, typename... Args>
+Status build_views(Args&&...) { return unsupported(); }
+template <typename T, typename... Args>
+Status dense_topk_positions(Args&&...) { return unsupported(); }
+inline size_t sddmm_workspace_bytes(int64_t, int64_t, int64_t, size_t) { return 0; }
+inline SpmmPlan plan_spmm(int64_t, int64_t, int64_t, int64_t, size_t, SpmmVariant) { return SpmmPlan(); }
+inline std::string describe(const SpmmPlan&) { return "built without CUDA"; }
+}  // namespace gpu
 #endif
 
 // Runs `cpu_fn()` or `cuda_fn(stream)` for the device of `t`, with that device current.
@@ -70,7 +105,6 @@ void set_default_spmm_variant(const std::string& name) {
   g_default_variant.store(static_cast<int>(v));
 }
 
-#ifdef SNACK_WITH_CUDA
 // Plans a CUDA product and allocates its workspace from PyTorch's caching allocator.
 struct PlannedProduct {
   SpmmPlan plan;
@@ -81,13 +115,12 @@ struct PlannedProduct {
 PlannedProduct plan_product(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, const at::Tensor& values,
                             SpmmVariant variant) {
   PlannedProduct p;
-  c10::cuda::CUDAGuard guard(values.device());
-  p.plan = cuda::plan_spmm(out_dim, in_dim, nnz, n, values.element_size(), variant);
+  const c10::DeviceGuard guard(values.device());
+  p.plan = gpu::plan_spmm(out_dim, in_dim, nnz, n, values.element_size(), variant);
   if (p.plan.workspace_bytes > 0)
     p.workspace = at::empty({int64_t(p.plan.workspace_bytes)}, values.options().dtype(at::kByte));
   return p;
 }
-#endif
 
 std::string explain_spmm(const at::Tensor& values, const at::Tensor& row_ptr, const at::Tensor& col_ptr, int64_t n,
                          bool transposed, const std::string& variant) {
@@ -95,14 +128,9 @@ std::string explain_spmm(const at::Tensor& values, const at::Tensor& row_ptr, co
   const SpmmVariant v = resolve_variant(variant, transposed, op);
   const int64_t rows = row_ptr.size(0) - 1, cols = col_ptr.size(0) - 1;
   if (!values.is_cuda()) return "cpu: reference loops (one output at a time, fixed order)";
-#ifdef SNACK_WITH_CUDA
   const PlannedProduct p = transposed ? plan_product(cols, rows, values.size(0), n, values, v)
                                       : plan_product(rows, cols, values.size(0), n, values, v);
-  return cuda::describe(p.plan);
-#else
-  (void)v;
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "snack.", op, ": built without CUDA");
-#endif
+  return gpu::describe(p.plan);
 }
 
 template <typename Fn>
@@ -140,13 +168,8 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
                      return on_device(
                          values, [&] { return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), act); },
                          [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
                            const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant);
-                           return cuda::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s, act);
-#else
-                           (void)s;
-                           return Status::Ok();
-#endif
+                           return gpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s, act);
                          },
                          "spmm");
                    }),
@@ -170,13 +193,8 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
                      return on_device(
                          values, [&] { return cpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>()); },
                          [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
                            const PlannedProduct p = plan_product(w.cols, w.rows, w.nnz, dyc.size(0), values, variant);
-                           return cuda::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
-#else
-                           (void)s;
-                           return Status::Ok();
-#endif
+                           return gpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
                          },
                          "spmm_t");
                    }),
@@ -202,14 +220,9 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
                      return on_device(
                          dy, [&] { return cpu::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>()); },
                          [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
-                           const size_t bytes = cuda::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T));
+                           const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T));
                            at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
-                           return cuda::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>(), ws.defined() ? ws.data_ptr() : nullptr, s);
-#else
-                           (void)s;
-                           return Status::Ok();
-#endif
+                           return gpu::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>(), ws.defined() ? ws.data_ptr() : nullptr, s);
                          },
                          "sddmm");
                    }),
@@ -227,7 +240,7 @@ at::Tensor bias_grad(const at::Tensor& dy) {
     using T = decltype(tag);
     throw_if_error(on_device(
                        dy, [&] { return cpu::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>()); },
-                       [&](Stream s) { return cuda::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>(), s); },
+                       [&](Stream s) { return gpu::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>(), s); },
                        "bias_grad"),
                    "bias_grad");
   });
@@ -275,12 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& 
             rows,
             [&] { return cpu::slots_from_coo<Index>(out_features, in_features, nnz, r64.data_ptr<int64_t>(), c64.data_ptr<int64_t>(), ri, ci, order.data_ptr<int64_t>()); },
             [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
-              return cuda::slots_from_coo<Index>(out_features, in_features, nnz, r64.data_ptr<int64_t>(), c64.data_ptr<int64_t>(), ri, ci, order.data_ptr<int64_t>(), torch_allocator(), s);
-#else
-              (void)s;
-              return Status::Ok();
-#endif
+              return gpu::slots_from_coo<Index>(out_features, in_features, nnz, r64.data_ptr<int64_t>(), c64.data_ptr<int64_t>(), ri, ci, order.data_ptr<int64_t>(), torch_allocator(), s);
             },
             op),
         op);
@@ -302,12 +310,7 @@ std::pair<at::Tensor, at::Tensor> slots_from_positions(const at::Tensor& positio
     throw_if_error(on_device(
                        positions, [&] { return cpu::slots_from_positions<Index>(out_features, in_features, nnz, pos, ri, ci); },
                        [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
-                         return cuda::slots_from_positions<Index>(out_features, in_features, nnz, pos, ri, ci, s);
-#else
-                         (void)s;
-                         return Status::Ok();
-#endif
+                         return gpu::slots_from_positions<Index>(out_features, in_features, nnz, pos, ri, ci, s);
                        },
                        op),
                    op);
@@ -332,12 +335,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor
     throw_if_error(on_device(
                        d, [&] { return cpu::dense_topk_positions<T>(m, k, d.data_ptr<T>(), nnz, positions.data_ptr<int64_t>()); },
                        [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
-                         return cuda::dense_topk_positions<T>(m, k, d.data_ptr<T>(), nnz, positions.data_ptr<int64_t>(), torch_allocator(), s);
-#else
-                         (void)s;
-                         return Status::Ok();
-#endif
+                         return gpu::dense_topk_positions<T>(m, k, d.data_ptr<T>(), nnz, positions.data_ptr<int64_t>(), torch_allocator(), s);
                        },
                        op),
                    op);
@@ -427,12 +425,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
     throw_if_error(on_device(
                        row_idx, [&] { return cpu::build_views<Index>(out_features, in_features, nnz, ri, ci, rp, cp, perm); },
                        [&](Stream s) {
-#ifdef SNACK_WITH_CUDA
-                         return cuda::build_views<Index>(out_features, in_features, nnz, ri, ci, rp, cp, perm, torch_allocator(), s);
-#else
-                         (void)s;
-                         return Status::Ok();
-#endif
+                         return gpu::build_views<Index>(out_features, in_features, nnz, ri, ci, rp, cp, perm, torch_allocator(), s);
                        },
                        op),
                    op);

@@ -1,0 +1,50 @@
+// Names of the enums that the Python API passes as strings (activations, SpMM variants).
+#include <string>
+
+#include "snack/ops.h"
+#include "snack/spmm_plan.h"
+
+namespace snack {
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::kNone: return "none";
+    case Activation::kReLU: return "relu";
+    case Activation::kGELU: return "gelu";
+  }
+  return "unknown";
+}
+
+bool parse_activation(const std::string& name, Activation* out) {
+  for (Activation a : {Activation::kNone, Activation::kReLU, Activation::kGELU}) {
+    if (name == activation_name(a)) {
+      *out = a;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* spmm_variant_name(SpmmVariant v) {
+  switch (v) {
+    case SpmmVariant::kAuto: return "auto";
+    case SpmmVariant::kWarpRow: return "warp_row";
+    case SpmmVariant::kSmemX: return "smem_x";
+    case SpmmVariant::kGlobalXT: return "global_xt";
+    case SpmmVariant::kCooAtomic: return "coo_atomic";
+  }
+  return "unknown";
+}
+
+bool parse_spmm_variant(const std::string& name, SpmmVariant* out) {
+  for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
+                        SpmmVariant::kCooAtomic}) {
+    if (name == spmm_variant_name(v)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace snack
