@@ -14,7 +14,8 @@ from .layer import SparseLinear, sparse_linear
 __version__ = "0.1.0"
 
 #: Prefix for CMake's ``find_package(snack)`` (C++/libtorch users), like ``torch.utils.cmake_prefix_path``.
-cmake_prefix_path = str(Path(__file__).resolve().parent / "share" / "cmake")
+#: Next to the installed library (in an editable install that is site-packages, not the source tree).
+cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "cmake")
 
 __all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH",
            "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS"]

@@ -7,6 +7,7 @@ kernels live in C++. This module only adds the shape functions that tracing need
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -18,11 +19,13 @@ def _find_library() -> Path:
     override = os.environ.get("SNACK_TORCH_LIBRARY")
     candidates = [Path(override)] if override else []
     candidates.append(Path(__file__).resolve().parent / "lib" / _LIBRARY_NAME)
+    # An editable install keeps the Python files here and installs the library into site-packages.
+    candidates += [Path(entry) / "snack" / "lib" / _LIBRARY_NAME for entry in sys.path if entry]
     for path in candidates:
         if path.is_file():
             return path
     raise ImportError(
-        f"snack: cannot find {_LIBRARY_NAME} (looked in {', '.join(map(str, candidates))}). "
+        f"snack: cannot find {_LIBRARY_NAME} (looked next to the package and in sys.path). "
         "Install the package with `pip install --no-build-isolation .` or point SNACK_TORCH_LIBRARY at a build."
     )
 
