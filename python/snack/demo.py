@@ -1,6 +1,6 @@
 """The main job: train a truly sparse MLP on a real dataset, and compare it with its dense twin.
 
-    python -m snack.demo [--density 0.1] [--epochs 40] [--hidden 1024] [--device cuda|cpu]
+    python -m snack.demo [--density 0.1] [--epochs 40] [--hidden 1024] [--device cuda|cpu] [--dst set|rigl]
 
 The dataset is scikit-learn's handwritten digits (1797 8x8 images, 10 classes), which ships inside
 the scikit-learn package: nothing is downloaded. The script prints test accuracy, the memory of
@@ -77,11 +77,17 @@ StepHook = Callable[[int, nn.Module, torch.optim.Optimizer], None]
 
 
 def train(name: str, model: nn.Module, train_set, test_set, *, epochs: int, batch: int, lr: float, seed: int,
-          log_every: int = 10, after_step: Optional[StepHook] = None) -> RunResult:
+          log_every: int = 10, after_step: Optional[StepHook] = None, dst: Optional[str] = None) -> RunResult:
     """AdamW training with a fixed batch order; `after_step(step, model, optimizer)` runs after each
-    optimizer step (the place where dynamic sparse training will update the topology)."""
+    optimizer step. `dst` ("set" or "rigl") attaches a snack.dst.DSTScheduler to the optimizer."""
     x_train, y_train = train_set
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    scheduler = None
+    if dst is not None:
+        steps_per_epoch = (x_train.shape[0] + batch - 1) // batch
+        scheduler = snack.dst.DSTScheduler(model, optimizer, algorithm=dst, update_every=max(1, steps_per_epoch // 2),
+                                           end=int(0.75 * epochs * steps_per_epoch), drop_fraction=0.3,
+                                           generator=torch.Generator(device=x_train.device).manual_seed(seed))
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(seed)
     sync = torch.cuda.synchronize if x_train.is_cuda else (lambda: None)
@@ -105,7 +111,9 @@ def train(name: str, model: nn.Module, train_set, test_set, *, epochs: int, batc
                 after_step(step, model, optimizer)
             step += 1
         if (epoch + 1) % log_every == 0 or epoch + 1 == epochs:
-            print(f"  [{name}] epoch {epoch + 1:3d}  loss {loss.item():.4f}  test acc {evaluate(model, test_set):.2%}")
+            moved = f"  moved {sum(r['moved'] for r in scheduler.report())}" if scheduler is not None else ""
+            print(f"  [{name}] epoch {epoch + 1:3d}  loss {loss.item():.4f}  test acc {evaluate(model, test_set):.2%}"
+                  f"{moved}")
     weights = sum(m.nnz if isinstance(m, snack.SparseLinear) else m.weight.numel()
                   for m in model.modules() if isinstance(m, (snack.SparseLinear, nn.Linear)))
     return RunResult(name, evaluate(model, test_set), training_state_bytes(model, optimizer),
@@ -129,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-dense", action="store_true", help="skip the dense comparison run")
+    parser.add_argument("--dst", choices=["set", "rigl"], default=None,
+                        help="dynamic sparse training: prune and regrow 30%% (cosine-decayed) twice per epoch")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -136,8 +146,9 @@ def main(argv=None) -> int:
     print(f"snack demo on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}): "
           f"digits, {train_set[0].shape[0]} train / {test_set[0].shape[0]} test, MLP 64-{args.hidden}-{args.hidden}-10")
     common = dict(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, log_every=max(1, args.epochs // 4))
-    results = [train(f"sparse d={args.density:g}", make_mlp(64, args.hidden, 10, args.density, device, args.seed),
-                     train_set, test_set, **common)]
+    label = f"sparse d={args.density:g}" + (f" {args.dst}" if args.dst else "")
+    results = [train(label, make_mlp(64, args.hidden, 10, args.density, device, args.seed), train_set, test_set,
+                     dst=args.dst, **common)]
     if not args.no_dense:
         results.append(train("dense", make_mlp(64, args.hidden, 10, None, device, args.seed), train_set, test_set,
                              **common))

@@ -48,4 +48,18 @@ TORCH_LIBRARY(snack, m) {
   // CSR row pointers and CSC view of sorted slots (no synchronisation).
   m.def("build_views(Tensor row_idx, Tensor col_idx, int out_features, int in_features)"
         " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
+
+  // ---- Dynamic sparse training (topology_update.cpp): nnz never changes ----
+  // The k slots of lowest score (ties: lower slot), ascending.
+  m.def("prune_slots(Tensor score, int k) -> Tensor");
+  // k distinct absent positions, uniformly at random, ascending.
+  m.def("sample_absent(Tensor row_idx, Tensor col_idx, int out_features, int in_features, int k, *, "
+        "Generator? generator=None) -> Tensor");
+  // The k absent positions of largest |dy^T x| (ties: smaller position), block_rows rows at a time.
+  m.def("topk_absent_gradient(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, int k, int block_rows)"
+        " -> Tensor");
+  // Slots `drop` freed and refilled with positions `grow`: the new sorted slot arrays and, per new
+  // slot, the old slot it came from (-1 = grown). Validates before returning anything.
+  m.def("replace_slots(Tensor row_idx, Tensor col_idx, Tensor drop, Tensor grow, int out_features, "
+        "int in_features) -> (Tensor row_idx, Tensor col_idx, Tensor source)");
 }

@@ -1,0 +1,189 @@
+"""Dynamic sparse training: prune and regrow the connections of SparseLinear layers during training.
+
+The topology work runs in C++ operators (``snack.ops.prune_slots``, ``sample_absent``,
+``topk_absent_gradient``, ``replace_slots``) on the layer's device; this module decides when and how
+much. ``DSTScheduler`` attaches to the user's optimizer with ``register_step_post_hook`` (no
+monkey-patching) and carries the optimizer state of every moved connection along.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Union
+
+import torch
+from torch import nn
+
+from ._ops import ops
+from .layer import SparseLinear
+
+__all__ = ["DSTRule", "SET", "RigL", "DSTScheduler", "prune_magnitude", "grow_random", "grow_gradient"]
+
+
+def prune_magnitude(layer: SparseLinear, k: int, score: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Slots of the k smallest |value| (or smallest ``score``), ties to the lower slot."""
+    return ops.prune_slots(layer.values.detach().abs() if score is None else score, k)
+
+
+def grow_random(layer: SparseLinear, k: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """k absent positions drawn uniformly without replacement (SET)."""
+    return ops.sample_absent(layer.row_idx, layer.col_idx, layer.out_features, layer.in_features, k,
+                             generator=generator)
+
+
+def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor, block_rows: int = 1024) -> torch.Tensor:
+    """The k absent positions of largest |dense gradient| = |dY^T X| (RigL), in row blocks."""
+    x2 = x.reshape(-1, layer.in_features).to(layer.values.dtype)
+    dy2 = dy.reshape(-1, layer.out_features).to(layer.values.dtype)
+    return ops.topk_absent_gradient(dy2, x2, layer.row_idx, layer.col_idx, k, block_rows)
+
+
+class DSTRule:
+    """A prune-and-grow rule. Subclass and override ``prune`` and/or ``grow``.
+
+    ``needs_gradient``: the scheduler captures the layer's input and output gradient on the step
+    before an update and passes them to ``grow`` as ``x`` and ``dy``."""
+
+    needs_gradient = False
+
+    def prune(self, layer: SparseLinear, k: int) -> torch.Tensor:
+        return prune_magnitude(layer, k)
+
+    def grow(self, layer: SparseLinear, k: int, *, generator=None, x=None, dy=None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SET(DSTRule):
+    """Prune by magnitude, regrow uniformly at random (Mocanu et al. 2018)."""
+
+    def grow(self, layer, k, *, generator=None, x=None, dy=None):
+        return grow_random(layer, k, generator)
+
+
+class RigL(DSTRule):
+    """Prune by magnitude, regrow by |dense gradient| (Evci et al. 2020)."""
+
+    needs_gradient = True
+
+    def grow(self, layer, k, *, generator=None, x=None, dy=None):
+        if x is None or dy is None:
+            raise RuntimeError("RigL needs the input and output gradient of the step before the update")
+        return grow_gradient(layer, k, x, dy)
+
+
+_SCHEDULES = ("cosine", "constant", "linear")
+
+
+class DSTScheduler:
+    """Updates the topology of every SparseLinear of ``model`` every ``update_every`` optimizer steps
+    between ``start`` and ``end``: prunes ``fraction(step)`` of each layer's connections and regrows as
+    many, where ``fraction`` follows ``drop_schedule`` from ``drop_fraction`` ("cosine" decays it to 0
+    at ``end``, "linear" likewise, "constant" keeps it; or a callable(step) -> fraction).
+
+    Call nothing yourself: the scheduler runs after each ``optimizer.step()``. ``step()`` (also called
+    by the hook) returns whether the topology changed at this step. ``state_dict()``/``load_state_dict``
+    make a resumed run follow the same topology path.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 algorithm: Union[str, DSTRule] = "set", update_every: int = 100, start: int = 0,
+                 end: Optional[int] = None, drop_fraction: float = 0.3,
+                 drop_schedule: Union[str, Callable[[int], float]] = "cosine", grow_init="zero",
+                 generator: Optional[torch.Generator] = None) -> None:
+        if isinstance(algorithm, str):
+            rules = {"set": SET, "rigl": RigL}
+            if algorithm not in rules:
+                raise ValueError(f"algorithm must be 'set', 'rigl' or a DSTRule, got {algorithm!r}")
+            algorithm = rules[algorithm]()
+        if not isinstance(algorithm, DSTRule):
+            raise TypeError("algorithm must be 'set', 'rigl' or a DSTRule instance")
+        if update_every <= 0:
+            raise ValueError("update_every must be positive")
+        if not 0.0 <= drop_fraction <= 1.0:
+            raise ValueError(f"drop_fraction must lie in [0, 1], got {drop_fraction}")
+        if not callable(drop_schedule) and drop_schedule not in _SCHEDULES:
+            raise ValueError(f"drop_schedule must be one of {_SCHEDULES} or a callable")
+        self.layers = {name: m for name, m in model.named_modules() if isinstance(m, SparseLinear)}
+        if not self.layers:
+            raise ValueError("DSTScheduler: the model has no SparseLinear layer (use snack.sparsify first)")
+        self.optimizer, self.rule = optimizer, algorithm
+        self.update_every, self.start, self.end = update_every, start, end
+        self.drop_fraction, self.drop_schedule, self.grow_init = drop_fraction, drop_schedule, grow_init
+        self.generator = generator
+        self.steps = 0
+        self.last_moved = {name: 0 for name in self.layers}
+        self._captured = {}
+        self._hooks = [optimizer.register_step_post_hook(lambda opt, args, kwargs: self.step())]
+        if self.rule.needs_gradient:
+            for name, layer in self.layers.items():
+                self._hooks.append(layer.register_forward_hook(self._capture_hook(name)))
+
+    # ---- schedule ---------------------------------------------------------------------------------
+    def fraction(self, step: int) -> float:
+        if callable(self.drop_schedule):
+            return float(self.drop_schedule(step))
+        if self.drop_schedule == "constant" or self.end is None:
+            return self.drop_fraction
+        progress = min(1.0, max(0.0, (step - self.start) / max(1, self.end - self.start)))
+        if self.drop_schedule == "linear":
+            return self.drop_fraction * (1.0 - progress)
+        return self.drop_fraction * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def is_update_step(self, step: int) -> bool:
+        return (step >= self.start and (self.end is None or step < self.end) and step > 0
+                and step % self.update_every == 0)
+
+    # ---- gradient capture for gradient-based growth ------------------------------------------------
+    def _capture_hook(self, name):
+        def hook(module, inputs, output):
+            if not self.is_update_step(self.steps + 1) or not torch.is_grad_enabled():
+                return
+            x = inputs[0].detach()
+
+            def keep_grad(grad):
+                self._captured[name] = (x, grad.detach())
+
+            output.register_hook(keep_grad)
+        return hook
+
+    # ---- the update -------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Counts an optimizer step; updates the topology when the schedule says so. Returns whether it did."""
+        self.steps += 1
+        if not self.is_update_step(self.steps):
+            return False
+        fraction = self.fraction(self.steps)
+        changed = False
+        for name, layer in self.layers.items():
+            k = int(fraction * layer.nnz)
+            k = min(k, layer.nnz, layer.out_features * layer.in_features - layer.nnz)
+            if k <= 0:
+                self.last_moved[name] = 0
+                continue
+            x, dy = self._captured.get(name, (None, None))
+            drop = self.rule.prune(layer, k)
+            grow = self.rule.grow(layer, k, generator=self.generator, x=x, dy=dy)
+            self.last_moved[name] = layer.update_topology(drop, grow, optimizer=self.optimizer, init=self.grow_init)
+            changed = True
+        self._captured.clear()
+        return changed
+
+    def report(self) -> list[dict]:
+        return [{"layer": name, "nnz": layer.nnz, "density": layer.density, "moved": self.last_moved[name]}
+                for name, layer in self.layers.items()]
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "last_moved": dict(self.last_moved),
+                "generator": self.generator.get_state() if self.generator is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        self.last_moved.update(state.get("last_moved", {}))
+        if state.get("generator") is not None and self.generator is not None:
+            self.generator.set_state(state["generator"])
+
+    def remove(self) -> None:
+        """Detaches the scheduler from the optimizer and the layers."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []

@@ -1,0 +1,105 @@
+"""snack.sparsify: replace a model's dense linear layers by SparseLinear at a global density."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from ._ops import ops
+from .layer import SparseLinear
+
+Selector = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
+
+
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    # Hugging Face GPT-2's Conv1D: y = x @ weight + bias with weight [in, out]. Matched by name so that
+    # transformers stays optional.
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(module, "weight", None) is not None
+
+
+def _selected(name: str, module: nn.Module, selector: Selector, default: bool) -> bool:
+    if selector is None:
+        return default
+    if callable(selector):
+        return bool(selector(name, module))
+    patterns = [selector] if isinstance(selector, str) else list(selector)
+    return any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def erk_densities(shapes: dict[str, tuple[int, int]], density: float) -> dict[str, float]:
+    """Erdos-Renyi-Kernel densities: proportional to (in + out) / (in * out), capped at 1, scaled so
+    that the total number of connections is density * (all weights)."""
+    total = sum(o * i for o, i in shapes.values())
+    budget = density * total
+    dense: set[str] = set()
+    while True:
+        free = {n: (o + i) / (o * i) for n, (o, i) in shapes.items() if n not in dense}
+        remaining = budget - sum(shapes[n][0] * shapes[n][1] for n in dense)
+        scale = remaining / sum(raw * shapes[n][0] * shapes[n][1] for n, raw in free.items())
+        over = [n for n, raw in free.items() if raw * scale > 1.0]
+        if not over:
+            return {n: (1.0 if n in dense else free[n] * scale) for n in shapes}
+        dense.update(over)
+
+
+def _nnz_per_layer(shapes: dict[str, tuple[int, int]], densities: dict[str, float], density: float) -> dict[str, int]:
+    """Integer connection counts that add up exactly to round(density * total) (largest remainder)."""
+    total = sum(o * i for o, i in shapes.values())
+    target = int(round(density * total))
+    exact = {n: densities[n] * shapes[n][0] * shapes[n][1] for n in shapes}
+    nnz = {n: min(int(exact[n]), shapes[n][0] * shapes[n][1]) for n in shapes}
+    order = sorted(shapes, key=lambda n: (-(exact[n] - int(exact[n])), n))
+    i = 0
+    while sum(nnz.values()) < target:
+        n = order[i % len(order)]
+        if nnz[n] < shapes[n][0] * shapes[n][1]:
+            nnz[n] += 1
+        i += 1
+    return nnz
+
+
+def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", include: Selector = None,
+             exclude: Selector = None, generator: Optional[torch.Generator] = None) -> dict[str, float]:
+    """Replaces every selected ``nn.Linear`` (and Hugging Face ``Conv1D``) of ``model`` by a SparseLinear.
+
+    The layers together keep ``round(density * total weights)`` connections exactly, spread by
+    ``distribution``: "erk" (Erdos-Renyi-Kernel, the usual choice for DST) or "uniform". Each layer's
+    connections are drawn uniformly at random (``generator``) and keep the dense layer's values and
+    bias, so a freshly initialised model keeps its initial scale. ``include``/``exclude``: module-name
+    patterns (fnmatch), lists of them, or callables(name, module). Returns {module name: density}.
+    """
+    if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
+        raise ValueError(f"sparsify: density must lie in (0, 1], got {density!r}")
+    if distribution not in ("erk", "uniform"):
+        raise ValueError(f"sparsify: distribution must be 'erk' or 'uniform', got {distribution!r}")
+    targets = {}
+    for name, module in model.named_modules():
+        if isinstance(module, SparseLinear) or not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)):
+            continue
+        if _selected(name, module, include, True) and not _selected(name, module, exclude, False):
+            targets[name] = module
+    if not targets:
+        raise ValueError("sparsify: the model has no nn.Linear (or Conv1D) layer to sparsify with these filters")
+    shapes = {}
+    for name, module in targets.items():
+        w = module.weight
+        shapes[name] = (w.shape[1], w.shape[0]) if _is_hf_conv1d(module) else (w.shape[0], w.shape[1])
+    densities = erk_densities(shapes, density) if distribution == "erk" else {n: float(density) for n in shapes}
+    counts = _nnz_per_layer(shapes, densities, density)
+    result = {}
+    for name, module in targets.items():
+        out_f, in_f = shapes[name]
+        weight = module.weight.detach()
+        weight = weight.t() if _is_hf_conv1d(module) else weight
+        rows, cols = ops.random_slots(out_f, in_f, counts[name], generator=generator, device=weight.device)
+        rows, cols = rows.long(), cols.long()
+        sparse = SparseLinear.from_coo(rows, cols, weight[rows, cols], out_f, in_f,
+                                       bias=module.bias.detach() if module.bias is not None else None)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, sparse)
+        result[name] = counts[name] / float(out_f * in_f)
+    return result

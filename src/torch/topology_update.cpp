@@ -1,0 +1,160 @@
+// Dynamic sparse training primitives on the fixed-nnz slots, built from ATen operations so that
+// they run wherever the layer lives (CPU or CUDA): choose slots to prune, choose absent positions to
+// grow (uniformly, or by |dY^T X| in row blocks), and rebuild the sorted slot arrays with the
+// permutation that per-slot tensors (values, gradients, optimizer state) must follow.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "binding_utils.h"
+
+namespace snack::binding {
+namespace {
+
+at::Tensor slot_keys(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t in_features) {
+  return row_idx.to(at::kLong) * in_features + col_idx.to(at::kLong);
+}
+
+void check_slot_arrays(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op) {
+  check_1d(row_idx, "row_idx", op);
+  check_1d(col_idx, "col_idx", op);
+  TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx and col_idx lengths differ");
+}
+
+// The k slots of lowest score; ties go to the lower slot index (stable sort): deterministic.
+at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
+  const char* op = "prune_slots";
+  check_1d(score, "score", op);
+  TORCH_CHECK_VALUE(k >= 0 && k <= score.size(0), "snack.", op, ": k=", k, " must lie in [0, nnz=", score.size(0), "]");
+  TORCH_CHECK_VALUE(!at::isnan(score).any().item<bool>(), "snack.", op, ": score has NaN entries");
+  const at::Tensor order = std::get<1>(at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  return std::get<0>(at::sort(order.slice(0, 0, k)));
+}
+
+// k distinct positions drawn uniformly at random among the positions not in the pattern.
+at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features,
+                         int64_t in_features, int64_t k, std::optional<at::Generator> generator) {
+  const char* op = "sample_absent";
+  check_slot_arrays(row_idx, col_idx, op);
+  const int64_t total = out_features * in_features, nnz = row_idx.size(0);
+  TORCH_CHECK_VALUE(k >= 0 && k <= total - nnz, "snack.", op, ": cannot grow k=", k, " connections: only ",
+                    total - nnz, " positions are absent");
+  const at::Device device = row_idx.device();
+  const at::Device draw_device = generator ? generator->device() : device;
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(draw_device);
+  const at::Tensor present = slot_keys(row_idx, col_idx, in_features).to(draw_device);  // ascending
+  at::Tensor found = at::empty({0}, opts);
+  if (2 * (nnz + k) > total) {
+    // Dense enough: enumerate the absent positions and take a random subset.
+    at::Tensor all = at::ones({total}, opts.dtype(at::kBool));
+    all.index_fill_(0, present, false);
+    const at::Tensor absent = at::nonzero(all).reshape({-1});
+    found = absent.index_select(0, at::randperm(absent.size(0), generator, opts).slice(0, 0, k));
+  } else {
+    // Draw with replacement, drop present positions and repeats, repeat until enough; then a
+    // uniformly random subset of the distinct draws (symmetric in the absent positions).
+    while (found.size(0) < k) {
+      const int64_t missing = k - found.size(0);
+      at::Tensor draws = at::randint(0, total, {missing + missing / 4 + 16}, generator, opts);
+      if (nnz > 0) {
+        const at::Tensor at_or_after = at::searchsorted(present, draws).clamp_max(nnz - 1);
+        draws = draws.masked_select(present.index_select(0, at_or_after).ne(draws));
+      }
+      found = std::get<0>(at::_unique2(at::cat({found, draws}), /*sorted=*/true));
+    }
+    if (found.size(0) > k) found = found.index_select(0, at::randperm(found.size(0), generator, opts).slice(0, 0, k));
+  }
+  return std::get<0>(at::sort(found)).to(device);
+}
+
+// The k absent positions of largest |(dY^T X)[r, c]|, computed `block_rows` output rows at a time so
+// that memory stays at block_rows x in_features. Ties go to the smaller position.
+at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx,
+                                const at::Tensor& col_idx, int64_t k, int64_t block_rows) {
+  const char* op = "topk_absent_gradient";
+  check_slot_arrays(row_idx, col_idx, op);
+  TORCH_CHECK_VALUE(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0), "snack.", op,
+                    ": dy [N, out_features] and x [N, in_features] must be 2-D with the same N");
+  TORCH_CHECK_VALUE(block_rows > 0, "snack.", op, ": block_rows must be positive");
+  const int64_t m = dy.size(1), kin = x.size(1), nnz = row_idx.size(0);
+  TORCH_CHECK_VALUE(k >= 0 && k <= m * kin - nnz, "snack.", op, ": cannot grow k=", k, " connections: only ",
+                    m * kin - nnz, " positions are absent");
+  const auto long_opts = row_idx.options().dtype(at::kLong);
+  if (k == 0) return at::empty({0}, long_opts);
+  const at::Tensor present = slot_keys(row_idx, col_idx, kin);
+  at::Tensor best_scores = at::empty({0}, dy.options().dtype(at::kDouble));
+  at::Tensor best_pos = at::empty({0}, long_opts);
+  const at::Tensor dyt = dy.t();
+  for (int64_t r0 = 0; r0 < m; r0 += block_rows) {
+    const int64_t r1 = std::min(m, r0 + block_rows);
+    at::Tensor score = at::mm(dyt.slice(0, r0, r1), x).abs().to(at::kDouble).reshape({-1});  // [(r1-r0) * kin]
+    // Present positions of these rows cannot grow.
+    const at::Tensor in_block = present.ge(r0 * kin).logical_and(present.lt(r1 * kin));
+    score.index_fill_(0, present.masked_select(in_block) - r0 * kin, -1.0);
+    const int64_t keep = std::min<int64_t>(k, score.size(0));
+    // Stable descending sort: equal scores keep ascending positions.
+    auto [vals, idx] = at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/true);
+    best_scores = at::cat({best_scores, vals.slice(0, 0, keep)});
+    best_pos = at::cat({best_pos, idx.slice(0, 0, keep) + r0 * kin});
+    // Merge: candidates are in ascending block order, so a stable sort keeps smaller positions first.
+    auto [merged, order] = at::sort(best_scores, /*stable=*/true, /*dim=*/0, /*descending=*/true);
+    best_scores = merged.slice(0, 0, k);
+    best_pos = best_pos.index_select(0, order.slice(0, 0, k));
+  }
+  TORCH_CHECK_VALUE(best_scores.size(0) == k && best_scores.ge(0).all().item<bool>(), "snack.", op,
+                    ": not enough absent positions");
+  return std::get<0>(at::sort(best_pos));
+}
+
+// Frees the slots `drop` and fills them with the positions `grow`; returns the new sorted slot
+// arrays and, for every new slot, the old slot it came from (-1 for a grown connection).
+// Validates everything first: on error nothing is returned and nothing was changed.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& row_idx, const at::Tensor& col_idx,
+                                                             const at::Tensor& drop, const at::Tensor& grow,
+                                                             int64_t out_features, int64_t in_features) {
+  const char* op = "replace_slots";
+  check_slot_arrays(row_idx, col_idx, op);
+  check_1d(drop, "drop", op);
+  check_1d(grow, "grow", op);
+  const int64_t nnz = row_idx.size(0), k = drop.size(0), total = out_features * in_features;
+  TORCH_CHECK_VALUE(grow.size(0) == k, "snack.", op, ": drop has ", k, " slots but grow has ", grow.size(0),
+                    " positions (nnz never changes)");
+  const auto long_opts = row_idx.options().dtype(at::kLong);
+  const at::Tensor d = drop.to(long_opts), g = grow.to(long_opts);
+  if (k > 0) {
+    TORCH_CHECK_INDEX(d.min().item<int64_t>() >= 0 && d.max().item<int64_t>() < nnz, "snack.", op,
+                      ": drop slots must lie in [0, nnz=", nnz, ")");
+    TORCH_CHECK_INDEX(g.min().item<int64_t>() >= 0 && g.max().item<int64_t>() < total, "snack.", op,
+                      ": grow positions must lie in [0, out_features*in_features=", total, ")");
+  }
+  at::Tensor keep = at::ones({nnz}, long_opts.dtype(at::kBool));
+  keep.index_fill_(0, d, false);
+  TORCH_CHECK_VALUE(keep.sum().item<int64_t>() == nnz - k, "snack.", op, ": drop has repeated slots");
+  const at::Tensor keys = slot_keys(row_idx, col_idx, in_features);
+  const at::Tensor kept_keys = keys.masked_select(keep);  // ascending
+  const at::Tensor kept_src = at::arange(nnz, long_opts).masked_select(keep);
+  const at::Tensor g_sorted = std::get<0>(at::sort(g));
+  if (k > 1)
+    TORCH_CHECK_VALUE(g_sorted.slice(0, 1).ne(g_sorted.slice(0, 0, k - 1)).all().item<bool>(), "snack.", op,
+                      ": grow has repeated positions");
+  if (k > 0 && kept_keys.size(0) > 0) {
+    const at::Tensor idx = at::searchsorted(kept_keys, g_sorted).clamp_max(kept_keys.size(0) - 1);
+    TORCH_CHECK_VALUE(kept_keys.index_select(0, idx).ne(g_sorted).all().item<bool>(), "snack.", op,
+                      ": grow names a position that stays connected");
+  }
+  const at::Tensor all_keys = at::cat({kept_keys, g_sorted});
+  const at::Tensor all_src = at::cat({kept_src, at::full({k}, -1, long_opts)});
+  auto [new_keys, order] = at::sort(all_keys, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
+  const at::Tensor source = all_src.index_select(0, order);
+  const auto itype = row_idx.scalar_type();
+  return {at::div(new_keys, in_features, "floor").to(itype), at::remainder(new_keys, in_features).to(itype), source};
+}
+
+}  // namespace
+}  // namespace snack::binding
+
+TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
+  m.impl("prune_slots", &snack::binding::prune_slots);
+  m.impl("sample_absent", &snack::binding::sample_absent);
+  m.impl("topk_absent_gradient", &snack::binding::topk_absent_gradient);
+  m.impl("replace_slots", &snack::binding::replace_slots);
+}

@@ -1,0 +1,337 @@
+"""Dynamic sparse training: topology primitives, optimizer state following its connection, SET and
+RigL against a Dense+Mask reference of the same rules, sparsify, checkpoint/resume."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import snack
+from helpers import rel_error
+
+ops = snack.ops
+
+
+def dense_map(layer, per_slot):
+    out = torch.zeros(layer.out_features, layer.in_features, dtype=per_slot.dtype, device=per_slot.device)
+    out[layer.row_idx.long(), layer.col_idx.long()] = per_slot
+    return out
+
+
+# ---- primitives ------------------------------------------------------------------------------------
+def test_prune_slots_lowest_scores_ties_to_lower_slot(device):
+    score = torch.tensor([3.0, 1.0, 2.0, 1.0, 0.5, 1.0], device=device)
+    assert ops.prune_slots(score, 3).tolist() == [1, 3, 4]
+    assert ops.prune_slots(score, 0).numel() == 0
+    with pytest.raises(ValueError, match="k=7"):
+        ops.prune_slots(score, 7)
+
+
+@pytest.mark.parametrize("m,k,nnz,grow", [(30, 40, 100, 50), (6, 5, 20, 9), (50, 60, 10, 2990)])
+def test_sample_absent(device, m, k, nnz, grow):
+    layer = snack.SparseLinear(k, m, density=nnz / (m * k), device=device)
+    gen = torch.Generator(device=device).manual_seed(3)
+    pos = ops.sample_absent(layer.row_idx, layer.col_idx, m, k, grow, generator=gen)
+    present = set((layer.row_idx.long() * k + layer.col_idx.long()).tolist())
+    got = pos.tolist()
+    assert len(got) == grow == len(set(got)) and not present & set(got) and all(0 <= p < m * k for p in got)
+    again = ops.sample_absent(layer.row_idx, layer.col_idx, m, k, grow, generator=torch.Generator(device=device).manual_seed(3))
+    assert torch.equal(pos, again)
+    with pytest.raises(ValueError, match="absent"):
+        ops.sample_absent(layer.row_idx, layer.col_idx, m, k, m * k - layer.nnz + 1)
+
+
+def test_sample_absent_is_uniform():
+    layer = snack.SparseLinear.from_coo(torch.tensor([0, 1]), torch.tensor([0, 2]), torch.ones(2), 2, 3)
+    counts = torch.zeros(6)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3000):
+        counts[ops.sample_absent(layer.row_idx, layer.col_idx, 2, 3, 2, generator=gen)] += 1
+    freq = counts[[1, 2, 3, 4]] / 3000  # absent positions, each chosen with probability 2/4
+    assert counts[0] == 0 and counts[5] == 0 and torch.all((freq - 0.5).abs() < 0.05), freq
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 1024])
+def test_topk_absent_gradient_matches_dense(device, block_rows):
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(17, 11, density=0.3, device=device, dtype=torch.float64)
+    x = torch.randn(5, 17, dtype=torch.float64, device=device)
+    dy = torch.randn(5, 11, dtype=torch.float64, device=device)
+    got = snack.dst.grow_gradient(layer, 20, x, dy, block_rows=block_rows)
+    score = (dy.t() @ x).abs().flatten()
+    score[(layer.row_idx.long() * 17 + layer.col_idx.long())] = -1
+    ref = torch.sort(torch.sort(score, stable=True, descending=True).indices[:20]).values
+    assert torch.equal(got, ref)
+
+
+def test_topk_absent_gradient_ties_to_smaller_position():
+    layer = snack.SparseLinear.from_coo(torch.tensor([0]), torch.tensor([1]), torch.ones(1, dtype=torch.float64), 2, 3)
+    x = torch.ones(1, 3, dtype=torch.float64)
+    dy = torch.ones(1, 2, dtype=torch.float64)  # every |gradient| is 1
+    assert snack.dst.grow_gradient(layer, 3, x, dy, block_rows=1).tolist() == [0, 2, 3]
+
+
+# ---- update_topology ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_update_topology_moves_values_grads_and_optimizer_state(device, opt_name):
+    torch.manual_seed(1)
+    layer = snack.SparseLinear(30, 20, density=0.25, device=device, dtype=torch.float64)
+    values_param = layer.values
+    opt = (torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd"
+           else torch.optim.Adam(layer.parameters(), lr=0.1))
+    for _ in range(2):
+        opt.zero_grad()
+        layer(torch.randn(8, 30, dtype=torch.float64, device=device)).square().sum().backward()
+        opt.step()
+    states = {k: v.clone() for k, v in opt.state[layer.values].items() if torch.is_tensor(v) and v.shape == layer.values.shape}
+    assert states
+    before_w, before_g = layer.to_dense().detach().clone(), dense_map(layer, layer.values.grad)
+    before_s = {k: dense_map(layer, v) for k, v in states.items()}
+    drop = snack.dst.prune_magnitude(layer, 30)
+    dropped = set((layer.row_idx.long()[drop] * 30 + layer.col_idx.long()[drop]).tolist())
+    grow = snack.dst.grow_random(layer, 30, torch.Generator(device=device).manual_seed(2))
+    assert layer.update_topology(drop, grow, optimizer=opt) == 30
+    assert layer.values is values_param and layer.nnz == 150
+    after_w, after_g = layer.to_dense().detach(), dense_map(layer, layer.values.grad)
+    keys = (layer.row_idx.long() * 30 + layer.col_idx.long())
+    assert torch.all(keys[1:] > keys[:-1]), "slots stay sorted row-major"
+    new = torch.zeros(20 * 30, dtype=torch.bool, device=device)
+    new[grow] = True
+    new = new.view(20, 30)
+    kept = layer.mask() & ~new
+    assert torch.equal(after_w[kept], before_w[kept]) and torch.all(after_w[new] == 0)
+    assert torch.equal(after_g[kept], before_g[kept]) and torch.all(after_g[new] == 0)
+    for key, before in before_s.items():
+        after = dense_map(layer, opt.state[layer.values][key])
+        assert torch.equal(after[kept], before[kept]) and torch.all(after[new] == 0), key
+    removed = torch.zeros(600, dtype=torch.bool, device=device)
+    removed[list(dropped - set(grow.tolist()))] = True
+    assert not torch.any(layer.mask().flatten() & removed)
+    rp, cp, perm = ops.build_views(layer.row_idx, layer.col_idx, 20, 30)
+    assert torch.equal(rp, layer.row_ptr) and torch.equal(perm, layer.csc_perm)
+
+
+def test_update_topology_errors_leave_layer_unchanged(device):
+    layer = snack.SparseLinear(10, 8, density=0.3, device=device)
+    opt = torch.optim.Adam(layer.parameters())
+    snapshot = {k: v.clone() for k, v in layer.state_dict().items()}
+    present = (layer.row_idx.long() * 10 + layer.col_idx.long())
+    absent = torch.tensor([p for p in range(80) if p not in set(present.tolist())][:2], device=device)
+    cases = [
+        (torch.tensor([0, 0]), absent, "repeated slots"),
+        (torch.tensor([0, 1]), torch.stack([absent[0], absent[0]]), "repeated positions"),
+        (torch.tensor([0, 1]), torch.stack([absent[0], present[5]]), "stays connected"),
+        (torch.tensor([0, 99]), absent, "drop slots"),
+        (torch.tensor([0, 1]), torch.tensor([0, 80]), "grow positions"),
+        (torch.tensor([0]), absent, "nnz never changes"),
+    ]
+    for drop, grow, msg in cases:
+        with pytest.raises((ValueError, IndexError), match=msg):
+            layer.update_topology(drop.to(device), grow.to(device), optimizer=opt)
+        for k, v in layer.state_dict().items():
+            assert torch.equal(v, snapshot[k]), (msg, k)
+
+
+def test_update_topology_grow_init(device):
+    layer = snack.SparseLinear(10, 8, density=0.3, device=device)
+    drop = snack.dst.prune_magnitude(layer, 4)
+    grow = snack.dst.grow_random(layer, 4, torch.Generator(device=device).manual_seed(0))
+    layer.update_topology(drop, grow, init=lambda n, device, dtype: torch.full((n,), 0.5, device=device, dtype=dtype))
+    assert (layer.to_dense().flatten()[grow] == 0.5).all()
+    with pytest.raises(ValueError, match="grow init"):
+        layer.update_topology(snack.dst.prune_magnitude(layer, 1), snack.dst.grow_random(layer, 1), init="normal")
+
+
+# ---- schedulers against Dense+Mask references --------------------------------------------------------
+class DenseMaskRef:
+    """The same rule on a dense weight times a mask, with a dense AdamW: the reference."""
+
+    def __init__(self, layer, lr, wd):
+        self.w = nn.Parameter(layer.to_dense().detach().clone())
+        self.b = nn.Parameter(layer.bias.detach().clone())
+        self.mask = layer.mask().to(self.w.dtype)
+        self.opt = torch.optim.AdamW([self.w, self.b], lr=lr, weight_decay=wd)
+        self.grad_full = None
+
+    def step(self, x, target):
+        self.opt.zero_grad()
+        w_eff = self.w * self.mask
+        w_eff.retain_grad()
+        ((nn.functional.linear(x, w_eff, self.b) - target) ** 2).mean().backward()
+        self.grad_full = w_eff.grad.detach().clone()  # dY^T X, not masked
+        self.opt.step()
+
+    def update(self, k, algorithm, positions_for_set):
+        m, n = self.mask.shape
+        flat_mask = self.mask.flatten().bool()
+        active = flat_mask.nonzero().flatten()  # ascending = slot order
+        mag = (self.w.detach() * self.mask).abs().flatten()[active]
+        drop_pos = active[torch.sort(torch.sort(mag, stable=True).indices[:k]).values]
+        if algorithm == "set":
+            grow_pos = positions_for_set
+        else:
+            score = self.grad_full.abs().flatten().clone()
+            score[active] = -1
+            grow_pos = torch.sort(torch.sort(score, stable=True, descending=True).indices[:k]).values
+        new_mask = flat_mask.clone()
+        new_mask[drop_pos] = False
+        new_mask[grow_pos] = True
+        with torch.no_grad():
+            self.w.view(-1)[grow_pos] = 0
+            self.w.view(-1)[drop_pos] = 0
+            state = self.opt.state[self.w]
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key].view(-1)[grow_pos] = 0
+        self.mask = new_mask.view(m, n).to(self.w.dtype)
+
+
+@pytest.mark.parametrize("algorithm", ["set", "rigl"])
+def test_scheduler_matches_dense_mask_reference(device, algorithm):
+    dtype = torch.float64
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(24, 16, density=0.25, device=device, dtype=dtype)
+    ref = DenseMaskRef(layer, lr=1e-2, wd=0.01)
+    model = nn.Sequential(layer)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    gen = torch.Generator(device=device).manual_seed(7)
+    sched = snack.dst.DSTScheduler(model, opt, algorithm=algorithm, update_every=3, end=20, drop_fraction=0.3,
+                                   drop_schedule="cosine", generator=gen)
+    ref_gen = torch.Generator(device=device).manual_seed(7)
+    data = torch.Generator().manual_seed(5)
+    updates = 0
+    for step in range(1, 16):
+        x = torch.randn(8, 24, generator=data, dtype=dtype).to(device)
+        target = torch.randn(8, 16, generator=data, dtype=dtype).to(device)
+        # The reference's SET draws come from the same sampler and generator stream.
+        is_update = sched.is_update_step(step)
+        k = int(sched.fraction(step) * layer.nnz) if is_update else 0
+        set_positions = None
+        ref.step(x, target)
+        opt.zero_grad()
+        ((layer(x) - target) ** 2).mean().backward()
+        if is_update and algorithm == "set":
+            # sample_absent sees the pattern before the update, as the scheduler's grow does.
+            set_positions = ops.sample_absent(layer.row_idx, layer.col_idx, 16, 24, k, generator=ref_gen)
+        opt.step()  # runs the scheduler
+        if is_update:
+            ref.update(k, algorithm, set_positions)
+            updates += 1
+        assert torch.equal(layer.mask(), ref.mask.bool()), f"topology differs at step {step}"
+        rows, cols = layer.row_idx.long(), layer.col_idx.long()
+        assert rel_error(layer.values, ref.w.detach()[rows, cols]) < 1e-12, f"weights differ at step {step}"
+    assert updates == 5 and sched.report()[0]["nnz"] == layer.nnz
+
+
+def test_scheduler_schedules_and_errors():
+    layer = snack.SparseLinear(10, 10, density=0.5)
+    model, opt = nn.Sequential(layer), torch.optim.SGD(layer.parameters(), lr=0.1)
+    s = snack.dst.DSTScheduler(model, opt, drop_fraction=0.4, start=10, end=110, update_every=10)
+    assert s.fraction(10) == pytest.approx(0.4) and s.fraction(60) == pytest.approx(0.2) and s.fraction(110) < 1e-12
+    assert not s.is_update_step(5) and s.is_update_step(20) and not s.is_update_step(110)
+    s.remove()
+    lin = snack.dst.DSTScheduler(model, opt, drop_fraction=0.4, end=100, drop_schedule="linear")
+    assert lin.fraction(50) == pytest.approx(0.2)
+    lin.remove()
+    custom = snack.dst.DSTScheduler(model, opt, drop_schedule=lambda step: 0.125)
+    assert custom.fraction(3) == 0.125
+    custom.remove()
+    with pytest.raises(ValueError, match="SparseLinear"):
+        snack.dst.DSTScheduler(nn.Sequential(nn.Linear(3, 3)), opt)
+    with pytest.raises(ValueError, match="drop_fraction"):
+        snack.dst.DSTScheduler(model, opt, drop_fraction=1.5)
+    with pytest.raises(ValueError, match="algorithm"):
+        snack.dst.DSTScheduler(model, opt, algorithm="mest")
+
+
+def test_custom_rule():
+    class GrowFirstAbsent(snack.dst.DSTRule):
+        def grow(self, layer, k, *, generator=None, x=None, dy=None):
+            present = set((layer.row_idx.long() * layer.in_features + layer.col_idx.long()).tolist())
+            return torch.tensor([p for p in range(layer.out_features * layer.in_features) if p not in present][:k])
+
+    layer = snack.SparseLinear(8, 6, density=0.5)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    sched = snack.dst.DSTScheduler(nn.Sequential(layer), opt, algorithm=GrowFirstAbsent(), update_every=1,
+                                   drop_fraction=0.25, drop_schedule="constant")
+    layer(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    assert sched.last_moved and sched.report()[0]["moved"] == 6
+
+
+def test_resume_follows_the_same_topology_path():
+    def run(stop_at=None, resume=None):
+        torch.manual_seed(0)
+        layer = snack.SparseLinear(20, 12, density=0.3)
+        model = nn.Sequential(layer)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        gen = torch.Generator().manual_seed(11)
+        sched = snack.dst.DSTScheduler(model, opt, algorithm="set", update_every=2, drop_fraction=0.3,
+                                       drop_schedule="constant", generator=gen)
+        start = 0
+        if resume is not None:
+            model.load_state_dict(resume["model"])
+            opt.load_state_dict(resume["opt"])
+            sched.load_state_dict(resume["sched"])
+            start = resume["step"]
+        data = torch.Generator().manual_seed(3)
+        for step in range(12):
+            x = torch.randn(4, 20, generator=data)
+            if step < start:
+                continue
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            if stop_at is not None and step + 1 == stop_at:
+                return {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
+                        "sched": copy.deepcopy(sched.state_dict()), "step": stop_at}
+        return layer
+
+    full = run()
+    resumed = run(resume=run(stop_at=5))
+    assert torch.equal(full.row_idx, resumed.row_idx) and torch.equal(full.col_idx, resumed.col_idx)
+    assert torch.equal(full.values, resumed.values)
+
+
+# ---- sparsify --------------------------------------------------------------------------------------
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+@pytest.mark.parametrize("distribution", ["erk", "uniform"])
+def test_sparsify_meets_the_budget_exactly(distribution):
+    model = mlp()
+    dense = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    total = sum(w.numel() for w in dense.values())
+    densities = snack.sparsify(model, 0.1, distribution=distribution, generator=torch.Generator().manual_seed(0))
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, snack.SparseLinear)}
+    assert set(layers) == set(dense) == set(densities)
+    assert sum(lyr.nnz for lyr in layers.values()) == round(0.1 * total)
+    for name, layer in layers.items():
+        assert layer.density == pytest.approx(densities[name])
+        # values are the dense layer's values at the kept positions
+        assert torch.equal(layer.to_dense()[layer.mask()], dense[name][layer.mask()])
+    if distribution == "erk":
+        assert densities["4"] > densities["2"], "ERK gives small layers more density"
+    assert model(torch.randn(3, 64)).shape == (3, 10)
+
+
+def test_sparsify_filters_and_errors():
+    model = mlp()
+    out = snack.sparsify(model, 0.2, exclude="4")
+    assert set(out) == {"0", "2"} and isinstance(model[4], nn.Linear)
+    model = mlp()
+    assert set(snack.sparsify(model, 0.5, include=lambda name, m: m.in_features == 256)) == {"2", "4"}
+    with pytest.raises(ValueError, match="density"):
+        snack.sparsify(mlp(), 0.0)
+    with pytest.raises(ValueError, match="nothing|no nn.Linear"):
+        snack.sparsify(nn.Sequential(nn.ReLU()), 0.5)
+    with pytest.raises(ValueError, match="distribution"):
+        snack.sparsify(mlp(), 0.5, distribution="normal")
+
+
+def test_erk_densities_are_capped():
+    d = snack.sparsify.__globals__["erk_densities"]({"a": (4, 4), "b": (1000, 1000)}, 0.5)
+    assert d["a"] == 1.0 and math.isclose(d["b"] * 1e6 + 16, 0.5 * (1e6 + 16), rel_tol=1e-9)
