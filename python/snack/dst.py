@@ -74,6 +74,20 @@ class RigL(DSTRule):
 _SCHEDULES = ("cosine", "constant", "linear")
 
 
+def _agree_across_ranks(drop: torch.Tensor, grow: torch.Tensor):
+    """Under torch.distributed, every rank applies rank 0's decision, so that all ranks end each
+    update with the same topology (ranks see different batches, so their own scores differ)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return drop, grow
+    backend_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    both = torch.cat([drop.long(), grow.long()]).to(backend_device)
+    dist.broadcast(both, src=0)
+    both = both.to(drop.device)
+    return both[: drop.numel()], both[drop.numel():]
+
+
 class DSTScheduler:
     """Updates the topology of every SparseLinear of ``model`` every ``update_every`` optimizer steps
     between ``start`` and ``end``: prunes ``fraction(step)`` of each layer's connections and regrows as
@@ -82,7 +96,8 @@ class DSTScheduler:
 
     Call nothing yourself: the scheduler runs after each ``optimizer.step()``. ``step()`` (also called
     by the hook) returns whether the topology changed at this step. ``state_dict()``/``load_state_dict``
-    make a resumed run follow the same topology path.
+    make a resumed run follow the same topology path. Under ``torch.distributed`` (DDP) every rank
+    applies rank 0's prune/grow decision, so all ranks keep identical topologies.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -163,6 +178,7 @@ class DSTScheduler:
             x, dy = self._captured.get(name, (None, None))
             drop = self.rule.prune(layer, k)
             grow = self.rule.grow(layer, k, generator=self.generator, x=x, dy=dy)
+            drop, grow = _agree_across_ranks(drop, grow)
             self.last_moved[name] = layer.update_topology(drop, grow, optimizer=self.optimizer, init=self.grow_init)
             changed = True
         self._captured.clear()

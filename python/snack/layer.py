@@ -324,3 +324,20 @@ def _update_topology(self: "SparseLinear", drop: Tensor, grow: Tensor, *, optimi
 
 
 SparseLinear.update_topology = _update_topology
+
+
+def prepare_ddp(model: nn.Module) -> list[str]:
+    """Call before wrapping ``model`` in DistributedDataParallel.
+
+    DDP broadcasts every buffer from rank 0, and its backends cannot send uint16 tensors, so the
+    pattern buffers of SparseLinear layers (indices and derived views) are excluded from that
+    broadcast. Build the model identically on every rank (same seed) and let
+    ``snack.dst.DSTScheduler`` keep the topologies identical during training (it applies rank 0's
+    decisions everywhere). Returns the excluded buffer names.
+    """
+    names = [f"{prefix}.{buf}" if prefix else buf
+             for prefix, module in model.named_modules() if isinstance(module, SparseLinear)
+             for buf in _PATTERN_BUFFERS + _VIEW_BUFFERS]
+    existing = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, existing + names)
+    return names

@@ -335,3 +335,27 @@ def test_sparsify_filters_and_errors():
 def test_erk_densities_are_capped():
     d = snack.sparsify.__globals__["erk_densities"]({"a": (4, 4), "b": (1000, 1000)}, 0.5)
     assert d["a"] == 1.0 and math.isclose(d["b"] * 1e6 + 16, 0.5 * (1e6 + 16), rel_tol=1e-9)
+
+
+class Conv1D(nn.Module):
+    """Shaped like Hugging Face GPT-2's Conv1D: y = x @ weight + bias, weight [in, out]."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.randn(nf))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+def test_sparsify_hf_conv1d_layout():
+    torch.manual_seed(0)
+    model = nn.Sequential(Conv1D(12, 20))
+    dense_w, dense_b = model[0].weight.detach().clone(), model[0].bias.detach().clone()
+    snack.sparsify(model, 1.0)  # density 1: the same function in sparse form
+    layer = model[0]
+    assert isinstance(layer, snack.SparseLinear) and (layer.in_features, layer.out_features) == (20, 12)
+    x = torch.randn(3, 20)
+    assert rel_error(layer(x), x.double() @ dense_w.double() + dense_b.double()) < 1e-6
