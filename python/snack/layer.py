@@ -227,6 +227,49 @@ class SparseLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"nnz={self.nnz}, density={self.density:.4g}, index_dtype={self.row_idx.dtype}{act}")
 
+    # ---- dynamic sparse training -------------------------------------------------------------------
+    def update_topology(self, drop: Tensor, grow: Tensor, *, optimizer=None, init=None,
+                        state_reset: str = "zero") -> int:
+        """Frees the slots ``drop`` and reconnects them at the positions ``grow`` (linear ``row * in_features + col``).
+
+        nnz never changes. The slots are re-sorted, and the same permutation is applied in place to
+        ``values``, its gradient and every optimizer state tensor shaped like ``values`` (SGD momentum,
+        Adam's moments, ...), so parameters keep their identity and optimizers, schedulers and
+        checkpoints stay valid. Grown connections get values from ``init`` (zero by default) and their
+        optimizer state is reset (``state_reset="zero"``; ``"mean"`` uses the mean over the kept slots,
+        e.g. to keep Adam's second moment at the layer's scale). Everything is validated before anything
+        changes: a bad ``drop``/``grow`` raises and leaves layer and optimizer untouched.
+        Returns the number of connections moved.
+        """
+        if state_reset not in ("zero", "mean"):
+            raise ValueError(f"state_reset must be 'zero' or 'mean', got {state_reset!r}")
+        device = self.values.device
+        row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop.to(device), grow.to(device),
+                                                     self.out_features, self.in_features)
+        grown = source.lt(0)
+        gather = source.clamp_min(0)
+        # Initial values for every slot, used only where a connection was grown: no host sync here.
+        fresh = _init_new_values(self, self.nnz, init)
+
+        def remap(t: Tensor, fill: Tensor) -> None:
+            t.copy_(torch.where(grown, fill.to(t.dtype), t.index_select(0, gather)))
+
+        with torch.no_grad():
+            for state in _per_slot_state(optimizer, self.values):
+                if state_reset == "mean":
+                    kept = ~grown
+                    fill = (state.index_select(0, gather) * kept).sum() / kept.sum().clamp_min(1)
+                else:
+                    fill = state.new_zeros(())
+                remap(state, fill)
+            if self.values.grad is not None:
+                remap(self.values.grad, self.values.grad.new_zeros(()))
+            remap(self.values, fresh)
+            self.row_idx.copy_(row_idx)
+            self.col_idx.copy_(col_idx)
+        self._rebuild_views()
+        return int(drop.numel())
+
     # ---- checkpoints -----------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -255,9 +298,17 @@ class SparseLinear(nn.Module):
         self._rebuild_views()
 
 
+def _per_slot_state(optimizer, param: Tensor) -> list:
+    """The optimizer state tensors of `param` that hold one entry per slot (momentum, moments, ...)."""
+    if optimizer is None:
+        return []
+    return [v for v in optimizer.state.get(param, {}).values() if torch.is_tensor(v) and v.shape == param.shape]
+
+
 def _init_new_values(layer: "SparseLinear", count: int, init) -> Tensor:
-    """Values for `count` grown connections: "zero" (default), "uniform" (the layer's init bound), a
-    number, or a callable(count, device, dtype) -> Tensor."""
+    """`count` candidate values for grown connections: "zero" (default), "uniform" (the layer's init
+    bound), a number, or a callable(count, device, dtype) -> Tensor. update_topology asks for one per
+    slot and keeps those of the grown slots, so that it needs no host synchronisation."""
     kw = {"device": layer.values.device, "dtype": layer.values.dtype}
     if init is None or init == "zero":
         return torch.zeros(count, **kw)
@@ -274,56 +325,6 @@ def _init_new_values(layer: "SparseLinear", count: int, init) -> Tensor:
     raise ValueError(f"unknown grow init {init!r}: use 'zero', 'uniform', a number or a callable")
 
 
-def _update_topology(self: "SparseLinear", drop: Tensor, grow: Tensor, *, optimizer=None, init=None,
-                     state_reset: str = "zero") -> int:
-    """Frees the slots ``drop`` and reconnects them at the positions ``grow`` (linear ``row * in_features + col``).
-
-    nnz never changes. The slots are re-sorted, and the same permutation is applied in place to
-    ``values``, its gradient and every optimizer state tensor shaped like ``values`` (SGD momentum,
-    Adam's moments, ...), so parameters keep their identity and optimizers, schedulers and
-    checkpoints stay valid. Grown connections get values from ``init`` (zero by default) and their
-    optimizer state is reset (``state_reset="zero"``; ``"mean"`` uses the mean over the kept slots,
-    e.g. to keep Adam's second moment at the layer's scale). Everything is validated before anything
-    changes: a bad ``drop``/``grow`` raises and leaves layer and optimizer untouched.
-    Returns the number of connections moved.
-    """
-    if state_reset not in ("zero", "mean"):
-        raise ValueError(f"state_reset must be 'zero' or 'mean', got {state_reset!r}")
-    device = self.values.device
-    row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop.to(device), grow.to(device),
-                                                 self.out_features, self.in_features)
-    grown = source.lt(0)
-    count = int(grown.sum().item())
-    new_values = _init_new_values(self, count, init)
-    gather = source.clamp_min(0)
-
-    def remap(t: Tensor, fill) -> None:
-        moved = t.index_select(0, gather)
-        if isinstance(fill, Tensor):
-            moved[grown] = fill.to(moved.dtype)
-        else:
-            moved.masked_fill_(grown, fill)
-        t.copy_(moved)
-
-    with torch.no_grad():
-        states = []
-        if optimizer is not None:
-            for value in optimizer.state.get(self.values, {}).values():
-                if torch.is_tensor(value) and value.shape == self.values.shape:
-                    states.append(value)
-        for state in states:
-            kept_mean = state.index_select(0, gather)[~grown].mean() if state_reset == "mean" and count < self.nnz else 0.0
-            remap(state, float(kept_mean))
-        if self.values.grad is not None:
-            remap(self.values.grad, 0.0)
-        remap(self.values, new_values)
-        self.row_idx.copy_(row_idx)
-        self.col_idx.copy_(col_idx)
-    self._rebuild_views()
-    return count
-
-
-SparseLinear.update_topology = _update_topology
 
 
 def prepare_ddp(model: nn.Module) -> list[str]:

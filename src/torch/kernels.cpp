@@ -436,7 +436,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
 }  // namespace
 }  // namespace snack::binding
 
-TORCH_LIBRARY_IMPL(snack, CPU, m) {
+namespace {
+// The same kernels serve both backends: each op branches on its tensors' device.
+void register_device_kernels(torch::Library& m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
   m.impl("spmm_t", &spmm_t);
@@ -447,19 +449,11 @@ TORCH_LIBRARY_IMPL(snack, CPU, m) {
   m.impl("slots_from_mask", &slots_from_mask);
   m.impl("build_views", &build_views);
 }
+}  // namespace
 
+TORCH_LIBRARY_IMPL(snack, CPU, m) { register_device_kernels(m); }
 #ifdef SNACK_WITH_CUDA
-TORCH_LIBRARY_IMPL(snack, CUDA, m) {
-  using namespace snack::binding;
-  m.impl("spmm", &spmm);
-  m.impl("spmm_t", &spmm_t);
-  m.impl("sddmm", &sddmm);
-  m.impl("bias_grad", &bias_grad);
-  m.impl("slots_from_coo", &slots_from_coo);
-  m.impl("slots_from_dense", &slots_from_dense);
-  m.impl("slots_from_mask", &slots_from_mask);
-  m.impl("build_views", &build_views);
-}
+TORCH_LIBRARY_IMPL(snack, CUDA, m) { register_device_kernels(m); }
 #endif
 
 // No tensor inputs, or only metadata of them: these run wherever they are called.

@@ -134,6 +134,23 @@ def test_update_topology_errors_leave_layer_unchanged(device):
             assert torch.equal(v, snapshot[k]), (msg, k)
 
 
+def test_update_topology_state_reset_mean(device):
+    layer = snack.SparseLinear(12, 10, density=0.4, device=device, dtype=torch.float64)
+    opt = torch.optim.Adam(layer.parameters(), lr=0.1)
+    layer(torch.randn(4, 12, dtype=torch.float64, device=device)).square().sum().backward()
+    opt.step()
+    drop = snack.dst.prune_magnitude(layer, 6)
+    keep = torch.ones(layer.nnz, dtype=torch.bool, device=device)
+    keep[drop] = False
+    kept_mean = opt.state[layer.values]["exp_avg_sq"][keep].mean()
+    grow = snack.dst.grow_random(layer, 6, torch.Generator(device=device).manual_seed(1))
+    layer.update_topology(drop, grow, optimizer=opt, state_reset="mean")
+    sq = dense_map(layer, opt.state[layer.values]["exp_avg_sq"]).flatten()[grow]
+    assert torch.allclose(sq, kept_mean.expand_as(sq))
+    with pytest.raises(ValueError, match="state_reset"):
+        layer.update_topology(drop, grow, state_reset="keep")
+
+
 def test_update_topology_grow_init(device):
     layer = snack.SparseLinear(10, 8, density=0.3, device=device)
     drop = snack.dst.prune_magnitude(layer, 4)
