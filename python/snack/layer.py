@@ -229,7 +229,7 @@ class SparseLinear(nn.Module):
 
     # ---- dynamic sparse training -------------------------------------------------------------------
     def update_topology(self, drop: Tensor, grow: Tensor, *, optimizer=None, init=None,
-                        state_reset: str = "zero") -> int:
+                        state_reset: str = "zero", validate: bool = True) -> int:
         """Frees the slots ``drop`` and reconnects them at the positions ``grow`` (linear ``row * in_features + col``).
 
         nnz never changes. The slots are re-sorted, and the same permutation is applied in place to
@@ -239,13 +239,15 @@ class SparseLinear(nn.Module):
         optimizer state is reset (``state_reset="zero"``; ``"mean"`` uses the mean over the kept slots,
         e.g. to keep Adam's second moment at the layer's scale). Everything is validated before anything
         changes: a bad ``drop``/``grow`` raises and leaves layer and optimizer untouched.
-        Returns the number of connections moved.
+        ``validate=False`` skips those checks (and their host synchronisations) for ``drop``/``grow``
+        that come from snack's own primitives (``snack.dst.prune_magnitude``, ``grow_random``,
+        ``grow_gradient``). Returns the number of connections moved.
         """
         if state_reset not in ("zero", "mean"):
             raise ValueError(f"state_reset must be 'zero' or 'mean', got {state_reset!r}")
         device = self.values.device
         row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop.to(device), grow.to(device),
-                                                     self.out_features, self.in_features)
+                                                     self.out_features, self.in_features, validate)
         grown = source.lt(0)
         gather = source.clamp_min(0)
         # Initial values for every slot, used only where a connection was grown: no host sync here.

@@ -50,7 +50,7 @@ TORCH_LIBRARY(snack, m) {
         " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
 
   // ---- Dynamic sparse training (topology_update.cpp): nnz never changes ----
-  // The k slots of lowest score (ties: lower slot), ascending.
+  // The k slots of lowest score (ties: lower slot; NaN scores count as largest), ascending.
   m.def("prune_slots(Tensor score, int k) -> Tensor");
   // k distinct absent positions, uniformly at random, ascending.
   m.def("sample_absent(Tensor row_idx, Tensor col_idx, int out_features, int in_features, int k, *, "
@@ -59,7 +59,8 @@ TORCH_LIBRARY(snack, m) {
   m.def("topk_absent_gradient(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, int k, int block_rows)"
         " -> Tensor");
   // Slots `drop` freed and refilled with positions `grow`: the new sorted slot arrays and, per new
-  // slot, the old slot it came from (-1 = grown). Validates before returning anything.
+  // slot, the old slot it came from (-1 = grown). validate=True checks drop/grow first (host syncs);
+  // False trusts them (they come from prune_slots / sample_absent / topk_absent_gradient): no sync.
   m.def("replace_slots(Tensor row_idx, Tensor col_idx, Tensor drop, Tensor grow, int out_features, "
-        "int in_features) -> (Tensor row_idx, Tensor col_idx, Tensor source)");
+        "int in_features, bool validate=True) -> (Tensor row_idx, Tensor col_idx, Tensor source)");
 }

@@ -20,12 +20,12 @@ void check_slot_arrays(const at::Tensor& row_idx, const at::Tensor& col_idx, con
   TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx and col_idx lengths differ");
 }
 
-// The k slots of lowest score; ties go to the lower slot index (stable sort): deterministic.
+// The k slots of lowest score; ties go to the lower slot index (stable sort): deterministic. NaN
+// scores sort last (never pruned before a finite score). No host synchronisation.
 at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
   const char* op = "prune_slots";
   check_1d(score, "score", op);
   TORCH_CHECK_VALUE(k >= 0 && k <= score.size(0), "snack.", op, ": k=", k, " must lie in [0, nnz=", score.size(0), "]");
-  TORCH_CHECK_VALUE(!at::isnan(score).any().item<bool>(), "snack.", op, ": score has NaN entries");
   const at::Tensor order = std::get<1>(at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/false));
   return std::get<0>(at::sort(order.slice(0, 0, k)));
 }
@@ -100,8 +100,7 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
     best_scores = merged.slice(0, 0, k);
     best_pos = best_pos.index_select(0, order.slice(0, 0, k));
   }
-  TORCH_CHECK_VALUE(best_scores.size(0) == k && best_scores.ge(0).all().item<bool>(), "snack.", op,
-                    ": not enough absent positions");
+  // k <= the number of absent positions (checked above), so no present position (score -1) is among them.
   return std::get<0>(at::sort(best_pos));
 }
 
@@ -110,7 +109,8 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
 // Validates everything first: on error nothing is returned and nothing was changed.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& row_idx, const at::Tensor& col_idx,
                                                              const at::Tensor& drop, const at::Tensor& grow,
-                                                             int64_t out_features, int64_t in_features) {
+                                                             int64_t out_features, int64_t in_features,
+                                                             bool validate) {
   const char* op = "replace_slots";
   check_slot_arrays(row_idx, col_idx, op);
   check_1d(drop, "drop", op);
@@ -120,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
                     " positions (nnz never changes)");
   const auto long_opts = row_idx.options().dtype(at::kLong);
   const at::Tensor d = drop.to(long_opts), g = grow.to(long_opts);
-  if (k > 0) {
+  if (validate && k > 0) {
     TORCH_CHECK_INDEX(d.min().item<int64_t>() >= 0 && d.max().item<int64_t>() < nnz, "snack.", op,
                       ": drop slots must lie in [0, nnz=", nnz, ")");
     TORCH_CHECK_INDEX(g.min().item<int64_t>() >= 0 && g.max().item<int64_t>() < total, "snack.", op,
@@ -128,15 +128,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
   }
   at::Tensor keep = at::ones({nnz}, long_opts.dtype(at::kBool));
   keep.index_fill_(0, d, false);
-  TORCH_CHECK_VALUE(keep.sum().item<int64_t>() == nnz - k, "snack.", op, ": drop has repeated slots");
+  if (validate)
+    TORCH_CHECK_VALUE(keep.sum().item<int64_t>() == nnz - k, "snack.", op, ": drop has repeated slots");
+  // Kept slots keep their (ascending) order; a stable sort by the keep flag finds them without a
+  // data-dependent shape, so the trusted path never synchronises with the device.
   const at::Tensor keys = slot_keys(row_idx, col_idx, in_features);
-  const at::Tensor kept_keys = keys.masked_select(keep);  // ascending
-  const at::Tensor kept_src = at::arange(nnz, long_opts).masked_select(keep);
+  const at::Tensor kept_src =
+      std::get<1>(at::sort(keep.logical_not().to(at::kByte), /*stable=*/std::optional<bool>(true), 0, false))
+          .slice(0, 0, nnz - k);
+  const at::Tensor kept_keys = keys.index_select(0, kept_src);  // ascending
   const at::Tensor g_sorted = std::get<0>(at::sort(g));
-  if (k > 1)
+  if (validate && k > 1)
     TORCH_CHECK_VALUE(g_sorted.slice(0, 1).ne(g_sorted.slice(0, 0, k - 1)).all().item<bool>(), "snack.", op,
                       ": grow has repeated positions");
-  if (k > 0 && kept_keys.size(0) > 0) {
+  if (validate && k > 0 && kept_keys.size(0) > 0) {
     const at::Tensor idx = at::searchsorted(kept_keys, g_sorted).clamp_max(kept_keys.size(0) - 1);
     TORCH_CHECK_VALUE(kept_keys.index_select(0, idx).ne(g_sorted).all().item<bool>(), "snack.", op,
                       ": grow names a position that stays connected");
