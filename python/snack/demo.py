@@ -114,8 +114,8 @@ def train(name: str, model: nn.Module, train_set, test_set, *, epochs: int, batc
             moved = f"  moved {sum(r['moved'] for r in scheduler.report())}" if scheduler is not None else ""
             print(f"  [{name}] epoch {epoch + 1:3d}  loss {loss.item():.4f}  test acc {evaluate(model, test_set):.2%}"
                   f"{moved}")
-    weights = sum(m.nnz if isinstance(m, snack.SparseLinear) else m.weight.numel()
-                  for m in model.modules() if isinstance(m, (snack.SparseLinear, nn.Linear)))
+    weights = sum(m.nnz if isinstance(m, (snack.SparseLinear, snack.dst.DenseMaskLinear)) else m.weight.numel()
+                  for m in model.modules() if isinstance(m, (snack.SparseLinear, snack.dst.DenseMaskLinear, nn.Linear)))
     return RunResult(name, evaluate(model, test_set), training_state_bytes(model, optimizer),
                      1e3 * step_time / max(1, timed_steps), weights)
 
@@ -149,6 +149,13 @@ def main(argv=None) -> int:
     label = f"sparse d={args.density:g}" + (f" {args.dst}" if args.dst else "")
     results = [train(label, make_mlp(64, args.hidden, 10, args.density, device, args.seed), train_set, test_set,
                      dst=args.dst, **common)]
+    if args.dst:
+        # The Dense+Mask reference of the same DST run: same initial weights and masks, same rule and seed.
+        reference = make_mlp(64, args.hidden, 10, args.density, device, args.seed)
+        for i, module in enumerate(reference):
+            if isinstance(module, snack.SparseLinear):
+                reference[i] = snack.dst.DenseMaskLinear.from_sparse(module)
+        results.append(train(f"dense+mask {args.dst}", reference, train_set, test_set, dst=args.dst, **common))
     if not args.no_dense:
         results.append(train("dense", make_mlp(64, args.hidden, 10, None, device, args.seed), train_set, test_set,
                              **common))
@@ -156,10 +163,14 @@ def main(argv=None) -> int:
     print(f"\n{'model':<16}{'test acc':>10}{'weights':>12}{'params+grads+optim+indices':>30}{'ms/step':>10}")
     for r in results:
         print(f"{r.name:<16}{r.accuracy:>10.2%}{r.weights:>12,}{r.state_bytes / 2**20:>26.2f} MiB{r.step_ms:>10.3f}")
-    if len(results) == 2:
-        sparse, dense = results
+    sparse, dense = results[0], results[-1]
+    if dense.name == "dense":
         print(f"\nsparse training state is {1 - sparse.state_bytes / dense.state_bytes:.1%} smaller than dense; "
               f"accuracy {sparse.accuracy - dense.accuracy:+.2%} points")
+    if args.dst:
+        ref = results[1]
+        print(f"snack {args.dst} vs its Dense+Mask reference: accuracy {sparse.accuracy - ref.accuracy:+.2%} points, "
+              f"training state {1 - sparse.state_bytes / ref.state_bytes:.1%} smaller")
     return 0
 
 

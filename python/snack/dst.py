@@ -17,7 +17,77 @@ from torch import nn
 from ._ops import ops
 from .layer import SparseLinear
 
-__all__ = ["DSTRule", "SET", "RigL", "DSTScheduler", "prune_magnitude", "grow_random", "grow_gradient"]
+__all__ = ["DSTRule", "SET", "RigL", "DSTScheduler", "DenseMaskLinear", "prune_magnitude", "grow_random",
+           "grow_gradient"]
+
+
+class DenseMaskLinear(nn.Module):
+    """The Dense+Mask baseline of dynamic sparse training: a dense weight times a 0/1 mask.
+
+    What DST code usually does, kept here as a reference to compare with (no memory saved, dense
+    compute). It offers the slot interface of SparseLinear (``values``, ``row_idx``, ``col_idx``,
+    ``nnz``, ``update_topology``), so DSTScheduler and the rules drive it the same way: with the same
+    seeds it follows the same topology path as a SparseLinear built from the same weights.
+    """
+
+    def __init__(self, weight: torch.Tensor, mask: torch.Tensor, bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.weight = nn.Parameter((weight * mask).detach().clone())
+        self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
+        self.register_buffer("mask_", mask.detach().to(weight.dtype).clone())
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def from_sparse(cls, layer: SparseLinear) -> "DenseMaskLinear":
+        return cls(layer.to_dense().detach(), layer.mask(), layer.bias)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight * self.mask_, self.bias)
+
+    def _active(self) -> torch.Tensor:
+        return self.mask_.flatten().nonzero().flatten()  # ascending = the slot order of SparseLinear
+
+    @property
+    def row_idx(self):
+        return self._active() // self.in_features
+
+    @property
+    def col_idx(self):
+        return self._active() % self.in_features
+
+    @property
+    def values(self):
+        return self.weight.flatten()[self._active()]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.mask_.sum().item())
+
+    @property
+    def density(self) -> float:
+        return self.nnz / float(self.out_features * self.in_features)
+
+    def update_topology(self, drop, grow, *, optimizer=None, init=None, state_reset="zero", validate=True) -> int:
+        if init not in (None, "zero"):
+            raise ValueError("DenseMaskLinear grows connections at zero only")
+        active = self._active()
+        drop_pos = active[drop.to(active.device)]
+        grow_pos = grow.to(active.device)
+        with torch.no_grad():
+            flat_mask = self.mask_.view(-1)
+            flat_mask[drop_pos] = 0
+            if validate and bool(flat_mask[grow_pos].any()):
+                raise ValueError("grow names a position that stays connected")
+            flat_mask[grow_pos] = 1
+            self.weight.view(-1)[drop_pos] = 0
+            self.weight.view(-1)[grow_pos] = 0
+            state = optimizer.state.get(self.weight, {}) if optimizer is not None else {}
+            for value in state.values():
+                if torch.is_tensor(value) and value.shape == self.weight.shape:
+                    value.view(-1)[grow_pos] = 0
+            if self.weight.grad is not None:
+                self.weight.grad.view(-1)[grow_pos] = 0
+        return int(drop.numel())
 
 
 def prune_magnitude(layer: SparseLinear, k: int, score: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -118,7 +188,7 @@ class DSTScheduler:
             raise ValueError(f"drop_fraction must lie in [0, 1], got {drop_fraction}")
         if not callable(drop_schedule) and drop_schedule not in _SCHEDULES:
             raise ValueError(f"drop_schedule must be one of {_SCHEDULES} or a callable")
-        self.layers = {name: m for name, m in model.named_modules() if isinstance(m, SparseLinear)}
+        self.layers = {name: m for name, m in model.named_modules() if isinstance(m, (SparseLinear, DenseMaskLinear))}
         if not self.layers:
             raise ValueError("DSTScheduler: the model has no SparseLinear layer (use snack.sparsify first)")
         self.optimizer, self.rule = optimizer, algorithm
