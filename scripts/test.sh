@@ -40,5 +40,6 @@ cmake --build build/example
 echo "== Python tests"
 "$PY" -m pytest -q -ra tests/python
 
-echo "== demo (short run)"
+echo "== demo (short runs)"
 "$PY" -m snack.demo --epochs 2 --hidden 128
+"$PY" -m snack.demo --epochs 2 --hidden 128 --dst rigl --no-dense
