@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-export SNACK_EXTRA_PACKAGES="pytest expecttest matplotlib tqdm ${SNACK_EXTRA_PACKAGES:-}"
+# transformers and networkx: only the end-to-end examples (and their tiny test runs) use them.
+export SNACK_EXTRA_PACKAGES="pytest expecttest matplotlib tqdm transformers networkx ${SNACK_EXTRA_PACKAGES:-}"
 
 if [ ! -e /usr/include/gtest/gtest.h ] && [ ! -e /usr/local/include/gtest/gtest.h ]; then
   echo "== installing GoogleTest"
