@@ -52,10 +52,21 @@ template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues) {
   SNACK_RETURN_IF_ERROR(check_op(w, n, required_if(w.nnz > 0, dvalues),
                                  {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
+  if (n <= 1) {
+    for (int64_t s = 0; s < w.nnz; ++s) dvalues[s] = n == 1 ? dy[w.row_idx[s]] * x[w.col_idx[s]] : T(0);
+    return Status::Ok();
+  }
+  // Transposed copies make each slot's two vectors contiguous (same summation order as before).
+  std::vector<T> dyt(size_t(w.rows) * n), xt(size_t(w.cols) * n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < w.rows; ++r) dyt[r * n + i] = dy[i * w.rows + r];
+    for (int64_t c = 0; c < w.cols; ++c) xt[c * n + i] = x[i * w.cols + c];
+  }
   for (int64_t s = 0; s < w.nnz; ++s) {
-    const int64_t r = w.row_idx[s], c = w.col_idx[s];
+    const T* a = dyt.data() + int64_t(w.row_idx[s]) * n;
+    const T* b = xt.data() + int64_t(w.col_idx[s]) * n;
     T acc = T(0);
-    for (int64_t i = 0; i < n; ++i) acc += dy[i * w.rows + r] * x[i * w.cols + c];
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
     dvalues[s] = acc;
   }
   return Status::Ok();

@@ -2,7 +2,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <ATen/Parallel.h>
+
 #include <atomic>
+#include <vector>
 #include <string>
 
 #include "binding_utils.h"
@@ -70,6 +73,25 @@ inline SpmmPlan plan_spmm(int64_t, int64_t, int64_t, int64_t, size_t, SpmmVarian
 inline std::string describe(const SpmmPlan&) { return "built without CUDA"; }
 }  // namespace gpu
 #endif
+
+// Runs fn(begin, end) over [0, count) in chunks on PyTorch's intra-op threads (CPU backend);
+// every chunk writes a disjoint part of the output, so the result does not depend on the split.
+template <typename Fn>
+Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
+  if (count <= grain) return fn(int64_t{0}, count);
+  std::vector<Status> statuses(size_t(at::get_num_threads()) + 1);
+  std::atomic<int> failed{-1};
+  at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
+    Status st = fn(begin, end);
+    if (!st.ok()) {
+      int expected = -1;
+      const int slot = at::get_thread_num();
+      statuses[size_t(slot)] = std::move(st);
+      failed.compare_exchange_strong(expected, slot);
+    }
+  });
+  return failed.load() >= 0 ? statuses[size_t(failed.load())] : Status::Ok();
+}
 
 // Runs `cpu_fn()` or `cuda_fn(stream)` for the device of `t`, with that device current.
 template <typename CpuFn, typename CudaFn>
@@ -166,7 +188,13 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
     const T* b = bias ? bias->data_ptr<T>() : nullptr;
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
-                         values, [&] { return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), act); },
+                         values,
+                         [&] {
+                           return parallel_chunks(xc.size(0), 1, [&](int64_t n0, int64_t n1) {
+                             return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>() + n0 * w.cols, n1 - n0, b,
+                                                      y.data_ptr<T>() + n0 * w.rows, act);
+                           });
+                         },
                          [&](Stream s) {
                            const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant);
                            return gpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s, act);
@@ -191,7 +219,13 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
     using T = decltype(tag);
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
-                         values, [&] { return cpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>()); },
+                         values,
+                         [&] {
+                           return parallel_chunks(dyc.size(0), 1, [&](int64_t n0, int64_t n1) {
+                             return cpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>() + n0 * w.rows, n1 - n0,
+                                                         dx.data_ptr<T>() + n0 * w.cols);
+                           });
+                         },
                          [&](Stream s) {
                            const PlannedProduct p = plan_product(w.cols, w.rows, w.nnz, dyc.size(0), values, variant);
                            return gpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
@@ -218,7 +252,18 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
     using T = decltype(tag);
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
-                         dy, [&] { return cpu::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>()); },
+                         dy,
+                         [&] {
+                           // Slots split in chunks: a chunk is a pattern view over a contiguous slice of slots.
+                           return parallel_chunks(w.nnz, 4096, [&](int64_t s0, int64_t s1) {
+                             auto part = w;
+                             part.nnz = s1 - s0;
+                             part.row_idx = w.row_idx + s0;
+                             part.col_idx = w.col_idx + s0;
+                             part.csc_perm = w.csc_perm + s0;
+                             return cpu::sddmm(part, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>() + s0);
+                           });
+                         },
                          [&](Stream s) {
                            const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T));
                            at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
