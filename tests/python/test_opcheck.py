@@ -65,3 +65,18 @@ def test_compile_fullgraph_forward_backward(device):
     layer.values.grad = None
     ref.sum().backward()
     assert rel_error(g_compiled, layer.values.grad) < 1e-6
+
+
+def test_opcheck_dst_ops(device):
+    # Composite (ATen-built) operators with data-dependent output sizes: schema and autograd checks.
+    utils = ("test_schema", "test_autograd_registration")
+    layer = snack.SparseLinear(9, 7, density=0.4, device=device)
+    score = torch.rand(layer.nnz, device=device)
+    torch.library.opcheck(ops.prune_slots.default, (score, 3), test_utils=utils)
+    torch.library.opcheck(ops.sample_absent.default, (layer.row_idx, layer.col_idx, 7, 9, 4), test_utils=utils)
+    torch.library.opcheck(ops.topk_absent_gradient.default,
+                          (torch.randn(3, 7, device=device), torch.randn(3, 9, device=device), layer.row_idx,
+                           layer.col_idx, 4, 2), test_utils=utils)
+    drop = ops.prune_slots(score, 3)
+    grow = ops.sample_absent(layer.row_idx, layer.col_idx, 7, 9, 3)
+    torch.library.opcheck(ops.replace_slots.default, (layer.row_idx, layer.col_idx, drop, grow, 7, 9), test_utils=utils)
