@@ -40,17 +40,6 @@ LAYER_COLUMNS = ["M", "K", "N", "sparsity", "dtype", "impl", "optimizer", "gpu_u
 BACKWARD_COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
 
 
-class DenseMask(nn.Module):
-    def __init__(self, weight, mask, bias):
-        super().__init__()
-        self.weight = nn.Parameter(weight.clone())
-        self.bias = nn.Parameter(bias.clone())
-        self.register_buffer("mask", mask)
-
-    def forward(self, x):
-        return nn.functional.linear(x, self.weight * self.mask, self.bias)
-
-
 class TorchSparse(nn.Module):
     def __init__(self, indices, values, bias, shape):
         super().__init__()
@@ -75,7 +64,7 @@ def make_layer(impl, ref: snack.SparseLinear):
             lin.bias.copy_(ref.bias)
         return lin
     if impl == "dense_mask":
-        return DenseMask(ref.to_dense().detach(), ref.mask().float(), ref.bias.detach())
+        return snack.dst.DenseMaskLinear.from_sparse(ref)
     indices = torch.stack([ref.row_idx.long(), ref.col_idx.long()])
     return TorchSparse(indices, ref.values.detach(), ref.bias.detach(), (m, k))
 
