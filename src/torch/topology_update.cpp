@@ -30,40 +30,48 @@ at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
   return std::get<0>(at::sort(order.slice(0, 0, k)));
 }
 
-// k distinct positions drawn uniformly at random among the positions not in the pattern.
+// k distinct positions drawn uniformly at random among the positions not in the pattern, without
+// host synchronisation (so a whole SET update can be enqueued):
+// - sparse regime (absent positions at least a quarter of the matrix and at least 8k of them): draw
+//   8k + 2048 candidates with replacement, keep the absent, first-occurring ones, and take k of them
+//   by random keys. At least a quarter of the draws land on absent positions and few repeat, so the
+//   expected number of valid candidates exceeds k by 0.75k + 384, over 15 standard deviations for
+//   every k: falling short is astronomically unlikely, and an asynchronous device-side assertion
+//   would report it;
+// - otherwise (dense regime): random keys over the absent mask of the whole matrix, the k smallest.
+// Both choose a uniformly random k-subset of the absent positions (every step is symmetric in them).
 at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features,
                          int64_t in_features, int64_t k, std::optional<at::Generator> generator) {
   const char* op = "sample_absent";
   check_slot_arrays(row_idx, col_idx, op);
-  const int64_t total = out_features * in_features, nnz = row_idx.size(0);
-  TORCH_CHECK_VALUE(k >= 0 && k <= total - nnz, "snack.", op, ": cannot grow k=", k, " connections: only ",
-                    total - nnz, " positions are absent");
+  const int64_t total = out_features * in_features, nnz = row_idx.size(0), absent = total - nnz;
+  TORCH_CHECK_VALUE(k >= 0 && k <= absent, "snack.", op, ": cannot grow k=", k, " connections: only ", absent,
+                    " positions are absent");
   const at::Device device = row_idx.device();
   const at::Device draw_device = generator ? generator->device() : device;
   const auto opts = at::TensorOptions().dtype(at::kLong).device(draw_device);
+  if (k == 0) return at::empty({0}, opts.device(device));
   const at::Tensor present = slot_keys(row_idx, col_idx, in_features).to(draw_device);  // ascending
-  at::Tensor found = at::empty({0}, opts);
-  if (2 * (nnz + k) > total) {
-    // Dense enough: enumerate the absent positions and take a random subset.
-    at::Tensor all = at::ones({total}, opts.dtype(at::kBool));
-    all.index_fill_(0, present, false);
-    const at::Tensor absent = at::nonzero(all).reshape({-1});
-    found = absent.index_select(0, at::randperm(absent.size(0), generator, opts).slice(0, 0, k));
+  at::Tensor chosen;
+  if (4 * absent < total || 8 * k > absent) {
+    at::Tensor is_absent = at::ones({total}, opts.dtype(at::kBool));
+    if (nnz > 0) is_absent.index_fill_(0, present, false);
+    const at::Tensor keys = at::where(is_absent, at::rand({total}, generator, opts.dtype(at::kFloat)), 2.0f);
+    chosen = std::get<1>(at::topk(keys, k, 0, /*largest=*/false, /*sorted=*/false));
   } else {
-    // Draw with replacement, drop present positions and repeats, repeat until enough; then a
-    // uniformly random subset of the distinct draws (symmetric in the absent positions).
-    while (found.size(0) < k) {
-      const int64_t missing = k - found.size(0);
-      at::Tensor draws = at::randint(0, total, {missing + missing / 4 + 16}, generator, opts);
-      if (nnz > 0) {
-        const at::Tensor at_or_after = at::searchsorted(present, draws).clamp_max(nnz - 1);
-        draws = draws.masked_select(present.index_select(0, at_or_after).ne(draws));
-      }
-      found = std::get<0>(at::_unique2(at::cat({found, draws}), /*sorted=*/true));
+    const int64_t draws_n = 8 * k + 2048;
+    at::Tensor draws = std::get<0>(at::sort(at::randint(0, total, {draws_n}, generator, opts)));
+    at::Tensor valid = at::ones({draws_n}, opts.dtype(at::kBool));
+    valid.slice(0, 1).copy_(draws.slice(0, 1).ne(draws.slice(0, 0, draws_n - 1)));  // first occurrences
+    if (nnz > 0) {
+      const at::Tensor at_or_after = at::searchsorted(present, draws).clamp_max(nnz - 1);
+      valid.logical_and_(present.index_select(0, at_or_after).ne(draws));
     }
-    if (found.size(0) > k) found = found.index_select(0, at::randperm(found.size(0), generator, opts).slice(0, 0, k));
+    at::_assert_async(valid.sum().ge(k), "snack.sample_absent: too few absent candidates drawn");
+    const at::Tensor keys = at::where(valid, at::rand({draws_n}, generator, opts.dtype(at::kFloat)), 2.0f);
+    chosen = draws.index_select(0, std::get<1>(at::topk(keys, k, 0, /*largest=*/false, /*sorted=*/false)));
   }
-  return std::get<0>(at::sort(found)).to(device);
+  return std::get<0>(at::sort(chosen)).to(device);
 }
 
 // The k absent positions of largest |(dY^T X)[r, c]|, computed `block_rows` output rows at a time so

@@ -400,3 +400,19 @@ def test_dense_mask_linear_follows_the_same_path(algorithm):
     assert torch.equal(r0.long(), r1) and torch.equal(c0.long(), c1)
     assert rel_error(v0, v1) < 1e-12
     assert sum(r["moved"] for r in s0.report()) > 0
+
+
+def test_sample_absent_sparse_regime_is_uniform():
+    # 360 absent positions, k=5: the candidate-drawing path (no host synchronisation).
+    gen = torch.Generator().manual_seed(0)
+    rows, cols = ops.random_slots(20, 20, 40, generator=gen)
+    present = set((rows.long() * 20 + cols.long()).tolist())
+    counts = torch.zeros(400)
+    trials = 4000
+    for _ in range(trials):
+        got = ops.sample_absent(rows, cols, 20, 20, 5, generator=gen)
+        assert got.numel() == 5 and len(set(got.tolist())) == 5 and not present & set(got.tolist())
+        counts[got] += 1
+    absent = torch.tensor([p for p in range(400) if p not in present])
+    mean = trials * 5 / 360
+    assert torch.all((counts[absent] - mean).abs() < 5 * mean ** 0.5), counts[absent]
