@@ -42,7 +42,7 @@ def one_update_us(m, k, sparsity, fraction, algorithm, reps=5):
             grow = snack.dst.grow_random(layer, n_move, gen)
         else:
             grow = snack.dst.grow_gradient(layer, n_move, x, dy, block_rows=1024)
-        layer.update_topology(drop, grow, optimizer=opt)
+        layer.update_topology(drop, grow, optimizer=opt, validate=False)  # what DSTScheduler does for SET/RigL
         end.record()
         end.synchronize()
         if rep > 0:  # the first one pays for allocator warm-up
@@ -72,7 +72,7 @@ def main() -> int:
     target = [r for r in rows if r["M"] == 16384]
     lines += ["", f"- target: < 2000 us for 16384x4096 with no host synchronisation inside; measured "
               + ", ".join(f"{r['algorithm']} {r['update_us']:.0f} us" for r in target)
-              + " (the validating primitives synchronise a few times: see the issue notes)"]
+              + " (the prune/grow/replace path used here has no host synchronisation; timing ends with an event)"]
     (common.RESULTS_DIR / f"dst_{slug}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -94,10 +94,14 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   const at::Tensor dyt = dy.t();
   for (int64_t r0 = 0; r0 < m; r0 += block_rows) {
     const int64_t r1 = std::min(m, r0 + block_rows);
-    at::Tensor score = at::mm(dyt.slice(0, r0, r1), x).abs().to(at::kDouble).reshape({-1});  // [(r1-r0) * kin]
-    // Present positions of these rows cannot grow.
+    const int64_t block_size = (r1 - r0) * kin;
+    // One extra element past the block collects the present positions of other rows, so that
+    // marking this block's present positions needs no data-dependent shape (no synchronisation).
+    at::Tensor score = at::empty({block_size + 1}, dy.options().dtype(at::kDouble));
+    score.slice(0, 0, block_size).copy_(at::mm(dyt.slice(0, r0, r1), x).abs().reshape({-1}));
     const at::Tensor in_block = present.ge(r0 * kin).logical_and(present.lt(r1 * kin));
-    score.index_fill_(0, present.masked_select(in_block) - r0 * kin, -1.0);
+    score.index_fill_(0, at::where(in_block, present - r0 * kin, block_size), -1.0);  // present: cannot grow
+    score = score.slice(0, 0, block_size);
     const int64_t keep = std::min<int64_t>(k, score.size(0));
     // Stable descending sort: equal scores keep ascending positions.
     auto [vals, idx] = at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/true);
