@@ -416,3 +416,27 @@ def test_sample_absent_sparse_regime_is_uniform():
     absent = torch.tensor([p for p in range(400) if p not in present])
     mean = trials * 5 / 360
     assert torch.all((counts[absent] - mean).abs() < 5 * mean ** 0.5), counts[absent]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algorithm", ["set", "rigl"])
+def test_gpu_update_has_no_host_synchronisation(algorithm):
+    layer = snack.SparseLinear(256, 128, density=0.1, device="cuda")
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    x, dy = torch.randn(16, 256, device="cuda"), torch.randn(16, 128, device="cuda")
+    layer(x).square().mean().backward()
+    opt.step()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k = int(0.3 * layer.nnz)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        drop = snack.dst.prune_magnitude(layer, k)
+        grow = (snack.dst.grow_random(layer, k, gen) if algorithm == "set"
+                else snack.dst.grow_gradient(layer, k, x, dy, block_rows=64))
+        layer.update_topology(drop, grow, optimizer=opt, validate=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    keys = layer.row_idx.long() * 256 + layer.col_idx.long()
+    assert torch.all(keys[1:] > keys[:-1])
