@@ -46,6 +46,11 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues);
 
+/// The same SDDMM on transposed operands: dy_t [w.rows, n] and x_t [w.cols, n] (row-major), so one
+/// slot's two vectors are contiguous. Callers that split the slots over threads transpose once.
+template <typename T, typename Index>
+Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t n, T* dvalues);
+
 /// db[r] = sum_n dY[n, r]. dy: [n, m]; dbias: [m].
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias);

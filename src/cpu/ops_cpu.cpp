@@ -49,27 +49,30 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 }
 
 template <typename T, typename Index>
-Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues) {
+Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t n, T* dvalues) {
   SNACK_RETURN_IF_ERROR(check_op(w, n, required_if(w.nnz > 0, dvalues),
-                                 {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
-  if (n <= 1) {
-    for (int64_t s = 0; s < w.nnz; ++s) dvalues[s] = n == 1 ? dy[w.row_idx[s]] * x[w.col_idx[s]] : T(0);
-    return Status::Ok();
-  }
-  // Transposed copies make each slot's two vectors contiguous (same summation order as before).
-  std::vector<T> dyt(size_t(w.rows) * n), xt(size_t(w.cols) * n);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t r = 0; r < w.rows; ++r) dyt[r * n + i] = dy[i * w.rows + r];
-    for (int64_t c = 0; c < w.cols; ++c) xt[c * n + i] = x[i * w.cols + c];
-  }
+                                 {{"dy_t", required_if(n * w.rows > 0, dy_t)}, {"x_t", required_if(n * w.cols > 0, x_t)}}));
   for (int64_t s = 0; s < w.nnz; ++s) {
-    const T* a = dyt.data() + int64_t(w.row_idx[s]) * n;
-    const T* b = xt.data() + int64_t(w.col_idx[s]) * n;
+    const T* a = dy_t + int64_t(w.row_idx[s]) * n;
+    const T* b = x_t + int64_t(w.col_idx[s]) * n;
     T acc = T(0);
     for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
     dvalues[s] = acc;
   }
   return Status::Ok();
+}
+
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues) {
+  if (n <= 1) return sddmm_on_transposed(w, dy, x, n, dvalues);  // one row is its own transpose
+  SNACK_RETURN_IF_ERROR(check_op(w, n, required_if(w.nnz > 0, dvalues),
+                                 {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
+  std::vector<T> dy_t(size_t(w.rows) * n), x_t(size_t(w.cols) * n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < w.rows; ++r) dy_t[r * n + i] = dy[i * w.rows + r];
+    for (int64_t c = 0; c < w.cols; ++c) x_t[c * n + i] = x[i * w.cols + c];
+  }
+  return sddmm_on_transposed(w, dy_t.data(), x_t.data(), n, dvalues);
 }
 
 template <typename T>
@@ -87,7 +90,8 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias) {
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
                                          Activation);                                                            \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);     \
-  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);
+  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);                \
+  template Status sddmm_on_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);
 
 SNACK_INSTANTIATE_CPU_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CPU_OPS(float, int32_t)

@@ -254,14 +254,17 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
                      return on_device(
                          dy,
                          [&] {
-                           // Slots split in chunks: a chunk is a pattern view over a contiguous slice of slots.
+                           // Transpose once, then split the slots over threads: a chunk is a pattern
+                           // view over a contiguous slice of the slots.
+                           const at::Tensor dy_t = dyc.t().contiguous(), x_t = xc.t().contiguous();
                            return parallel_chunks(w.nnz, 4096, [&](int64_t s0, int64_t s1) {
                              auto part = w;
                              part.nnz = s1 - s0;
                              part.row_idx = w.row_idx + s0;
                              part.col_idx = w.col_idx + s0;
                              part.csc_perm = w.csc_perm + s0;
-                             return cpu::sddmm(part, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>() + s0);
+                             return cpu::sddmm_on_transposed(part, dy_t.data_ptr<T>(), x_t.data_ptr<T>(), xc.size(0),
+                                                             dv.data_ptr<T>() + s0);
                            });
                          },
                          [&](Stream s) {
