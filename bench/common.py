@@ -71,6 +71,20 @@ class ColdTimer:
         return statistics.median(times)
 
 
+def capture_graph(fn: Callable[[], object], warmup: int = 3) -> "torch.cuda.CUDAGraph":
+    """Runs `fn` `warmup` times on a side stream (as CUDA-graph capture requires), then captures it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth (bytes read + written) in GB/s: the ceiling for memory-bound ops."""
     a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()

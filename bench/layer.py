@@ -120,15 +120,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
             ((layer_g(x) - target) ** 2).mean().backward()
             opt_g.step()
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                gstep()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            gstep()
+        graph = common.capture_graph(gstep)
         for _ in range(3):
             graph.replay()
         times = []

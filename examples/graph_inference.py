@@ -86,15 +86,7 @@ def latency_us(model, features, device, reps):
                 model(features[i % features.shape[0]:][:1])
                 times.append((time.perf_counter() - t0) * 1e6)
             return statistics.median(times)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                model(x_static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            model(x_static)
+        graph = common.capture_graph(lambda: model(x_static))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for i in range(reps):
