@@ -48,7 +48,7 @@ def propagated_features(nodes: int, feats: int, hops: int, seed: int) -> torch.T
     dst = torch.cat([edges[1], edges[0], torch.arange(nodes)])
     deg = torch.bincount(src, minlength=nodes).float()
     weight = deg[src].rsqrt() * deg[dst].rsqrt()
-    adj = torch.sparse_coo_tensor(torch.stack([src, dst]), weight, (nodes, nodes)).coalesce()
+    adj = torch.sparse_coo_tensor(torch.stack([src, dst]), weight, (nodes, nodes), check_invariants=True).coalesce()
     gen = torch.Generator().manual_seed(seed)
     community = torch.repeat_interleave(torch.arange(blocks), torch.tensor(sizes))
     centroids = torch.randn(blocks, feats, generator=gen)
@@ -108,6 +108,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--tiny", action="store_true", help="width 256, 2 layers, 2000 nodes (tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results on a GPU)")
     args = parser.parse_args(argv)
     if args.tiny:
         args.widths, args.layers, args.nodes, args.reps, args.sparsities = "256", 2, 2000, 20, "0.9"
@@ -130,21 +131,54 @@ def main(argv=None) -> int:
                                  peak_mib=peak))
                 print(f"  width {width} s={sparsity} {impl:<10} {lat:9.1f} us  {peak:9.1f} MiB")
                 del model
-    if device.type == "cuda":
+    out = args.out if args.out is not None else (common.RESULTS_DIR if device.type == "cuda" else None)
+    if out is not None:
         info = common.provenance()
         info["graph"] = f"generated stochastic block model, {args.nodes} nodes, 20 communities, {hops} hops"
-        common.write_csv(common.RESULTS_DIR / f"graph_{common.gpu_slug()}.csv", info, COLUMNS, rows)
-        by = {(r["M"], r["sparsity"], r["impl"]): r for r in rows}
-        lines = ["# Batch-1 graph-style inference", ""] + [f"- {k}: {v}" for k, v in info.items()] + [""]
-        lines += ["| width | sparsity | snack us | Dense+Mask us | dense us | vs D+M | memory vs D+M |", "|---|---|---|---|---|---|---|"]
-        for (w, s, impl), r in sorted(by.items()):
-            if impl != "snack":
-                continue
-            d = by[(w, s, "dense_mask")]
-            lines.append(f"| {w} | {s} | {r['latency_us']:.1f} | {d['latency_us']:.1f} | {by[(w, s, 'dense')]['latency_us']:.1f} | "
-                         f"{d['latency_us'] / r['latency_us']:.1f}x | {d['peak_mib'] / max(r['peak_mib'], 1e-9):.1f}x less |")
-        lines += ["", "Targets at 99%: >= 10x faster than Dense+Mask, >= 3x less memory."]
-        (common.RESULTS_DIR / f"graph_{common.gpu_slug()}.md").write_text("\n".join(lines) + "\n")
+        info["model"] = (f"input {features.shape[1]} -> width (dense), {args.layers} hidden width x width layers "
+                         f"(the compared ones), width -> {classes} (dense); batch 1, CUDA-graph replay")
+        stem = out / f"graph_{common.gpu_slug()}"
+        common.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+        _report(stem, rows, info)
+    return 0
+
+
+def _report(stem: Path, rows, info) -> None:
+    by = {(r["M"], r["sparsity"], r["impl"]): r for r in rows}
+    lines = ["# Batch-1 graph-style inference", ""] + [f"- {k}: {v}" for k, v in info.items()] + [""]
+    lines += ["| width | sparsity | snack us | Dense+Mask us | dense us | speedup vs D+M | snack MiB | D+M MiB | "
+              "memory vs D+M |", "|---|---|---|---|---|---|---|---|---|"]
+    for (w, s, impl), r in sorted(by.items()):
+        if impl != "snack" or (w, s, "dense_mask") not in by:
+            continue
+        d = by[(w, s, "dense_mask")]
+        dense = by.get((w, s, "dense"), {"latency_us": float("nan")})
+        lines.append(f"| {w} | {s:g} | {r['latency_us']:.1f} | {d['latency_us']:.1f} | {dense['latency_us']:.1f} | "
+                     f"{d['latency_us'] / r['latency_us']:.1f}x | {r['peak_mib']:.1f} | {d['peak_mib']:.1f} | "
+                     f"{d['peak_mib'] / max(r['peak_mib'], 1e-9):.1f}x less |")
+    lines += ["", "Targets at 99%: >= 10x faster than Dense+Mask, >= 3x less memory."]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    widths = sorted({r["M"] for r in rows})
+    fig, axes = plt.subplots(1, len(widths), figsize=(5.5 * len(widths), 4), squeeze=False)
+    for ax, w in zip(axes[0], widths):
+        for impl in ("snack", "dense_mask", "dense"):
+            pts = sorted((r["sparsity"], r["latency_us"]) for r in rows if r["M"] == w and r["impl"] == impl)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.set_title(f"width {w}")
+        ax.set_xlabel("sparsity")
+        ax.set_ylabel("batch-1 latency (us)")
+        ax.set_yscale("log")
+        ax.legend()
+    fig.suptitle(f"graph-style inference - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=110)
     return 0
 
 

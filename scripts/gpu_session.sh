@@ -110,7 +110,13 @@ stage ctest run_ctest
 stage pytest "$PY" -m pytest -q -ra tests/python -p no:cacheprovider
 stage bench bench
 stage sanitize timeout "${SNACK_SANITIZE_TIMEOUT:-1200}" bash -c "$(declare -f ctest_binary sanitize); PY=$PY; sanitize"
-stage demo "$PY" -m snack.demo --epochs 20
+demo() {
+  "$PY" -m snack.demo --epochs 20 &&
+    "$PY" -m snack.demo --epochs 20 --dst set --no-dense &&
+    "$PY" -m snack.demo --epochs 20 --dst rigl --no-dense
+}
+
+stage demo demo
 stage example example
 
 echo "=== failed stages: ${failed[*]:-none}" | tee -a "$LOG"

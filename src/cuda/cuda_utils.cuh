@@ -41,6 +41,15 @@ __device__ __forceinline__ A warp_sum(A v) {
   return v;
 }
 
+struct DeviceLimits {
+  int sms = 0;
+  size_t smem_per_block = 0;  // opt-in maximum of dynamic shared memory per block, bytes
+  size_t smem_per_sm = 0;     // bytes
+};
+
+// The current device's limits, queried once per device (cudaDeviceGetAttribute does not synchronise).
+Status device_limits(DeviceLimits* out);
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Grid sizes are capped so that a grid-stride loop covers the rest (grid.x <= 2^31-1 anyway).

@@ -19,6 +19,8 @@ using detail::grid_for;
 using detail::to_accum;
 using detail::warp_sum;
 using detail::ceil_div;
+using detail::device_limits;
+using detail::DeviceLimits;
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
@@ -85,9 +87,12 @@ __global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Inde
 template <typename T, typename Index, int G>
 Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, T* dvalues,
                            Stream stream) {
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
   const int64_t warps = ceil_div(w.nnz, int64_t(32 / G) * 4);
-  sddmm_vector_kernel<T, Index, G><<<grid_for(warps * 32, kThreads, 132 * 8), kThreads, 0, stream>>>(w, dy_t, x_t, np,
-                                                                                                      dvalues);
+  // Eight resident blocks per SM; a grid-stride loop covers the rest.
+  const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
+  sddmm_vector_kernel<T, Index, G><<<blocks, kThreads, 0, stream>>>(w, dy_t, x_t, np, dvalues);
   return check_launch("sddmm_vector_kernel");
 }
 

@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <mutex>
 #include <string>
 
 #include "../common/op_checks.h"
@@ -16,39 +15,29 @@ namespace cuda {
 namespace {
 
 using detail::check_launch;
+using detail::device_limits;
+using detail::DeviceLimits;
 using detail::CscView;
 using detail::CsrView;
 using detail::kSpmmWarps;
-
-struct DeviceLimits {
-  int sms = 0;
-  size_t smem_per_block = 0;  // opt-in maximum of dynamic shared memory per block
-  size_t smem_per_sm = 0;
-};
-
-// Queried once per device; cudaDeviceGetAttribute does not synchronise.
-Status device_limits(DeviceLimits* out) {
-  static std::mutex mutex;
-  static DeviceLimits cache[64];
-  int dev = 0;
-  SNACK_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mutex);
-  DeviceLimits& l = cache[dev & 63];
-  if (l.sms == 0) {
-    int sms = 0, per_block = 0, per_sm = 0;
-    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm)};
-  }
-  *out = l;
-  return Status::Ok();
-}
 
 int next_pow2(int64_t v) {
   int p = 1;
   while (p < v && p < 128) p <<= 1;
   return p;
+}
+
+// Lanes of a warp along the entries for a batch tile (TileLayout<tile>::GS): the others hold
+// the tile's 4-wide vectors.
+int lanes_free_for(int batch_tile) { return 32 / (batch_tile / std::min(batch_tile, 4)); }
+
+// Lanes that split one output row: enough that each has about two entries, at most the free
+// lanes; the rest of the free lanes take further rows (rows per warp = free / this).
+int lanes_per_row_for(int batch_tile, double avg_row_length) {
+  const int free_lanes = lanes_free_for(batch_tile);
+  int lanes = 1;
+  while (lanes < free_lanes && lanes * 2 <= avg_row_length) lanes <<= 1;
+  return lanes;
 }
 
 size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
@@ -182,7 +171,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       // batch: split the batch into more tiles rather than leave SMs idle).
       int tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 128)));
       while (tile > 8) {
-        const int64_t rows_per_warp = std::max<int64_t>(1, (32 / (tile / std::min(tile, 4))) / std::max<int64_t>(1, int64_t(avg / 2)));
+        const int64_t rows_per_warp = lanes_free_for(tile) / lanes_per_row_for(tile, avg);
         const int64_t warps = (out_dim + rows_per_warp - 1) / rows_per_warp * ((n + tile - 1) / tile);
         if (warps >= int64_t(limits.sms) * 32) break;
         tile >>= 1;
@@ -198,12 +187,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       plan.batch_tile = 1;
       break;
   }
-  // Lanes that split one row: enough that each has about two entries, at most the free lanes.
-  const int vec = std::min(plan.batch_tile, 4);
-  const int free_lanes = 32 / (plan.batch_tile / vec);
-  int lanes = 1;
-  while (lanes < free_lanes && lanes * 2 <= avg) lanes <<= 1;
-  plan.lanes_per_row = (v == SpmmVariant::kWarpRow) ? 32 : lanes;
+  plan.lanes_per_row = (v == SpmmVariant::kWarpRow) ? 32 : lanes_per_row_for(plan.batch_tile, avg);
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
