@@ -120,8 +120,10 @@ class SparseLinear(nn.Module):
             for p in (self.values, self.bias):
                 if p is None:
                     continue
-                if generator is not None and generator.device != p.device:
-                    p.copy_(torch.empty(p.shape, dtype=p.dtype).uniform_(-bound, bound, generator=generator))
+                if generator is not None and not _same_device(generator.device, p.device):
+                    # Drawn where the generator lives (a CUDA generator says "cuda", the tensor "cuda:0").
+                    drawn = torch.empty(p.shape, dtype=p.dtype, device=generator.device)
+                    p.copy_(drawn.uniform_(-bound, bound, generator=generator))
                 else:
                     p.uniform_(-bound, bound, generator=generator)
 
@@ -327,6 +329,16 @@ def _init_new_values(layer: "SparseLinear", count: int, init) -> Tensor:
     raise ValueError(f"unknown grow init {init!r}: use 'zero', 'uniform', a number or a callable")
 
 
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """True when a and b name the same device ("cuda" means the current CUDA device)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
 def prepare_ddp(model: nn.Module) -> list[str]:

@@ -101,6 +101,21 @@ def test_generator_determinism():
     assert not (torch.equal(a.row_idx, c.row_idx) and torch.equal(a.col_idx, c.col_idx))
 
 
+@pytest.mark.parametrize("generator_device", ["cpu", "device"])
+def test_generator_on_either_device(device, generator_device):
+    """A generator on the layer's device (as "cuda", without an index) or on the CPU both work, and
+    the same seed gives the same layer."""
+    gen_device = device if generator_device == "device" else "cpu"
+    make = lambda seed: snack.SparseLinear(40, 30, density=0.2, device=device,  # noqa: E731
+                                           generator=torch.Generator(device=gen_device).manual_seed(seed))
+    a, b = make(3), make(3)
+    assert a.values.device.type == torch.device(device).type
+    assert torch.equal(a.row_idx, b.row_idx) and torch.equal(a.col_idx, b.col_idx)
+    assert torch.equal(a.values, b.values) and torch.equal(a.bias, b.bias)
+    bound = 1.0 / (0.2 * 40) ** 0.5
+    assert a.values.abs().max() <= bound and a.values.std() > bound / 4
+
+
 def test_init_scale():
     torch.manual_seed(0)
     layer = snack.SparseLinear(1000, 1000, density=0.04)
