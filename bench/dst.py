@@ -46,7 +46,7 @@ def one_update_us(m, k, sparsity, fraction, algorithm, reps=5):
             if algorithm == "set":
                 grow = snack.dst.grow_random(layer, n_move, gen)
             else:
-                grow = snack.dst.grow_gradient(layer, n_move, x, dy, block_rows=1024)
+                grow = snack.dst.grow_gradient(layer, n_move, x, dy)  # default blocks: about 2^23 scores
             layer.update_topology(drop, grow, optimizer=opt, validate=False)  # what DSTScheduler does for SET/RigL
             end.record()
         finally:

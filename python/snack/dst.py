@@ -101,8 +101,10 @@ def grow_random(layer: SparseLinear, k: int, generator: Optional[torch.Generator
                              generator=generator)
 
 
-def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor, block_rows: int = 1024) -> torch.Tensor:
-    """The k absent positions of largest |dense gradient| = |dY^T X| (RigL), in row blocks."""
+def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor, block_rows: int = 0) -> torch.Tensor:
+    """The k absent positions of largest |dense gradient| = |dY^T X| (RigL), ties to the smaller
+    position, computed ``block_rows`` output rows at a time (0: blocks of about 2^23 scores, 32 MiB
+    in fp32), so memory stays bounded however large the layer."""
     x2 = x.reshape(-1, layer.in_features).to(layer.values.dtype)
     dy2 = dy.reshape(-1, layer.out_features).to(layer.values.dtype)
     return ops.topk_absent_gradient(dy2, x2, layer.row_idx, layer.col_idx, k, block_rows)

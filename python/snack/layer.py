@@ -108,9 +108,16 @@ class SparseLinear(nn.Module):
             self.register_buffer(name, view, persistent=False)
 
     def _rebuild_views(self) -> None:
+        # In place where the buffers already fit: a captured CUDA graph keeps reading the same
+        # memory, so it stays valid across topology updates.
         views = ops.build_views(self.row_idx, self.col_idx, self.out_features, self.in_features)
         for name, view in zip(_VIEW_BUFFERS, views):
-            setattr(self, name, view)
+            current = getattr(self, name, None)
+            if (current is not None and current.shape == view.shape and current.dtype == view.dtype
+                    and current.device == view.device):
+                current.copy_(view)
+            else:
+                setattr(self, name, view)
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         """Re-draws values and bias uniformly in +-1/sqrt(density * in_features); the pattern stays."""

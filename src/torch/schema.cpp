@@ -50,12 +50,13 @@ TORCH_LIBRARY(snack, m) {
         " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
 
   // ---- Dynamic sparse training (topology_update.cpp): nnz never changes ----
-  // The k slots of lowest score (ties: lower slot; NaN scores count as largest), ascending.
+  // The k slots of lowest score (ties: lower slot; NaN scores count as +inf), ascending.
   m.def("prune_slots(Tensor score, int k) -> Tensor");
   // k distinct absent positions, uniformly at random, ascending.
   m.def("sample_absent(Tensor row_idx, Tensor col_idx, int out_features, int in_features, int k, *, "
         "Generator? generator=None) -> Tensor");
-  // The k absent positions of largest |dy^T x| (ties: smaller position), block_rows rows at a time.
+  // The k absent positions of largest |dy^T x| (ties: smaller position), ascending, block_rows rows
+  // at a time (0: about 2^23 scores per block).
   m.def("topk_absent_gradient(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, int k, int block_rows)"
         " -> Tensor");
   // Slots `drop` freed and refilled with positions `grow`: the new sorted slot arrays and, per new

@@ -5,6 +5,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cmath>
+#include <limits>
+#include <numeric>
+
 #include "binding_utils.h"
 
 namespace snack::binding {
@@ -20,26 +24,58 @@ void check_slot_arrays(const at::Tensor& row_idx, const at::Tensor& col_idx, con
   TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx and col_idx lengths differ");
 }
 
-// The k slots of lowest score; ties go to the lower slot index (stable sort): deterministic. NaN
-// scores sort last (never pruned before a finite score). No host synchronisation.
+// Indices (ascending) of the first k set entries of `mask`, which has at least k of them: a stable
+// sort by the cleared flag (one 8-bit radix pass on the GPU) instead of a data-dependent shape, so
+// no host synchronisation.
+at::Tensor first_k_set(const at::Tensor& mask, int64_t k) {
+  return std::get<1>(at::sort(mask.logical_not().to(at::kByte), /*stable=*/std::optional<bool>(true), 0, false))
+      .slice(0, 0, k);
+}
+
+// Mask of the k largest (or smallest) entries of a 1-D `score` without NaN, ties to the lower index:
+// every entry strictly beyond the k-th value, then the first ones equal to it. The k-th value comes
+// from a radix select (topk), not from a full sort.
+at::Tensor select_k_mask(const at::Tensor& score, int64_t k, bool largest) {
+  const at::Tensor top = std::get<0>(at::topk(score, k, 0, largest, /*sorted=*/false));
+  const at::Tensor kth = largest ? top.min() : top.max();
+  const at::Tensor beyond = largest ? score.gt(kth) : score.lt(kth);
+  const at::Tensor tie = score.eq(kth);
+  const at::Tensor need = beyond.sum().neg_().add_(k);
+  return beyond.logical_or_(tie.logical_and(tie.cumsum(0).le(need)));
+}
+
+// The k slots of lowest score; ties go to the lower slot index: deterministic. NaN scores count as
+// +inf (never pruned before a finite score). No host synchronisation.
 at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
   const char* op = "prune_slots";
   check_1d(score, "score", op);
   TORCH_CHECK_VALUE(k >= 0 && k <= score.size(0), "snack.", op, ": k=", k, " must lie in [0, nnz=", score.size(0), "]");
-  const at::Tensor order = std::get<1>(at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/false));
-  return std::get<0>(at::sort(order.slice(0, 0, k)));
+  if (k == 0) return at::empty({0}, score.options().dtype(at::kLong));
+  at::Tensor clean = score;
+  if (at::isFloatingType(score.scalar_type()))
+    clean = at::where(score.isnan(), std::numeric_limits<double>::infinity(), score);
+  return first_k_set(select_k_mask(clean, k, /*largest=*/false), k);
+}
+
+// A multiplier coprime with `total` (so x -> a x + b mod total permutes the positions), near the
+// golden ratio of `total` and small enough that a x never overflows 64 bits.
+int64_t scramble_multiplier(int64_t total) {
+  const int64_t cap = std::max<int64_t>(1, (int64_t{1} << 62) / std::max<int64_t>(1, total));
+  int64_t a = std::min<int64_t>(cap, std::max<int64_t>(1, int64_t(0.6180339887498949 * double(total)))) | 1;
+  while (std::gcd(a, total) != 1) a += 2;
+  return a;
 }
 
 // k distinct positions drawn uniformly at random among the positions not in the pattern, without
 // host synchronisation (so a whole SET update can be enqueued):
-// - sparse regime (absent positions at least a quarter of the matrix and at least 8k of them): draw
-//   8k + 2048 candidates with replacement, keep the absent, first-occurring ones, and take k of them
-//   by random keys. At least a quarter of the draws land on absent positions and few repeat, so the
-//   expected number of valid candidates exceeds k by 0.75k + 384, over 15 standard deviations for
-//   every k: falling short is astronomically unlikely, and an asynchronous device-side assertion
-//   would report it;
+// - sparse regime (absent positions at least a quarter of the matrix and at least 8k of them):
+//   draw D positions with replacement, keep each draw that is absent and the first occurrence of its
+//   value, and take the first k kept ones in draw order. The kept draws form a uniformly random
+//   sequence of distinct absent positions, so their first k are a uniformly random k-subset. D is
+//   sized so that the expected number kept exceeds k by 8 standard deviations plus 64 (the draws
+//   that repeat are paid for too): falling short is astronomically unlikely, and an asynchronous
+//   device-side assertion would report it;
 // - otherwise (dense regime): random keys over the absent mask of the whole matrix, the k smallest.
-// Both choose a uniformly random k-subset of the absent positions (every step is symmetric in them).
 at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features,
                          int64_t in_features, int64_t k, std::optional<at::Generator> generator) {
   const char* op = "sample_absent";
@@ -59,61 +95,102 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
     const at::Tensor keys = at::where(is_absent, at::rand({total}, generator, opts.dtype(at::kFloat)), 2.0f);
     chosen = std::get<1>(at::topk(keys, k, 0, /*largest=*/false, /*sorted=*/false));
   } else {
-    const int64_t draws_n = 8 * k + 2048;
-    at::Tensor draws = std::get<0>(at::sort(at::randint(0, total, {draws_n}, generator, opts)));
-    at::Tensor valid = at::ones({draws_n}, opts.dtype(at::kBool));
-    valid.slice(0, 1).copy_(draws.slice(0, 1).ne(draws.slice(0, 0, draws_n - 1)));  // first occurrences
+    const double kept_fraction = double(absent) / double(total);
+    const double wanted = (double(k) + 8.0 * std::sqrt(double(k)) + 64.0) / kept_fraction;
+    const int64_t draws_n = int64_t(std::ceil(wanted + 2.0 * wanted * wanted / double(total))) + 1024;
+    // 32-bit keys where positions fit: half the radix passes.
+    const auto key_type = total <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
+    // The draws go through a fixed affine permutation of the positions: a pattern drawn by
+    // random_slots from a generator seeded alike (the same seed for init and DST is common) would
+    // otherwise be drawn again, and almost every candidate would be present.
+    const at::Tensor draws =
+        at::randint(0, total, {draws_n}, generator, opts).mul_(scramble_multiplier(total)).add_(total / 3)
+            .remainder_(total).to(key_type);
+    auto [sorted, perm] = at::sort(draws, /*stable=*/std::optional<bool>(true), 0, false);
+    at::Tensor keep_sorted = at::ones({draws_n}, opts.dtype(at::kBool));
+    keep_sorted.slice(0, 1).copy_(sorted.slice(0, 1).ne(sorted.slice(0, 0, draws_n - 1)));  // first occurrences
     if (nnz > 0) {
-      const at::Tensor at_or_after = at::searchsorted(present, draws).clamp_max(nnz - 1);
-      valid.logical_and_(present.index_select(0, at_or_after).ne(draws));
+      const at::Tensor present_keys = present.to(key_type);
+      const at::Tensor at_or_after = at::searchsorted(present_keys, sorted).clamp_max(nnz - 1);
+      keep_sorted.logical_and_(present_keys.index_select(0, at_or_after).ne(sorted));
     }
-    at::_assert_async(valid.sum().ge(k), "snack.sample_absent: too few absent candidates drawn");
-    const at::Tensor keys = at::where(valid, at::rand({draws_n}, generator, opts.dtype(at::kFloat)), 2.0f);
-    chosen = draws.index_select(0, std::get<1>(at::topk(keys, k, 0, /*largest=*/false, /*sorted=*/false)));
+    const at::Tensor keep = at::empty({draws_n}, opts.dtype(at::kBool)).index_put_({perm}, keep_sorted);
+    at::_assert_async(keep.sum().ge(k), "snack.sample_absent: too few absent candidates drawn");
+    chosen = draws.index_select(0, first_k_set(keep, k));
   }
-  return std::get<0>(at::sort(chosen)).to(device);
+  return std::get<0>(at::sort(chosen)).to(at::kLong).to(device);
 }
 
-// The k absent positions of largest |(dY^T X)[r, c]|, computed `block_rows` output rows at a time so
-// that memory stays at block_rows x in_features. Ties go to the smaller position.
+// The k absent positions of largest |(dY^T X)[r, c]|, ties to the smaller position, computed
+// `block_rows` output rows at a time (0: blocks of about 2^23 scores) so that memory stays bounded
+// by the block. Two passes over the blocks (the block products are recomputed, which is cheap next
+// to ranking them): the first finds the k-th largest score with a running radix select, the second
+// takes every score above it and the first ties, in position order, into the output. Scores are
+// ranked in the gradient's precision (fp32 for fp32 layers). No host synchronisation.
 at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx,
                                 const at::Tensor& col_idx, int64_t k, int64_t block_rows) {
   const char* op = "topk_absent_gradient";
   check_slot_arrays(row_idx, col_idx, op);
   TORCH_CHECK_VALUE(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0), "snack.", op,
                     ": dy [N, out_features] and x [N, in_features] must be 2-D with the same N");
-  TORCH_CHECK_VALUE(block_rows > 0, "snack.", op, ": block_rows must be positive");
+  TORCH_CHECK_VALUE(block_rows >= 0, "snack.", op, ": block_rows must be positive (or 0 for the default)");
   const int64_t m = dy.size(1), kin = x.size(1), nnz = row_idx.size(0);
   TORCH_CHECK_VALUE(k >= 0 && k <= m * kin - nnz, "snack.", op, ": cannot grow k=", k, " connections: only ",
                     m * kin - nnz, " positions are absent");
   const auto long_opts = row_idx.options().dtype(at::kLong);
   if (k == 0) return at::empty({0}, long_opts);
+  const int64_t rows = block_rows > 0 ? block_rows : std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(1, kin));
+  const auto score_type = dy.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor dyt = dy.to(score_type).t(), xs = x.to(score_type);
   const at::Tensor present = slot_keys(row_idx, col_idx, kin);
-  at::Tensor best_scores = at::empty({0}, dy.options().dtype(at::kDouble));
-  at::Tensor best_pos = at::empty({0}, long_opts);
-  const at::Tensor dyt = dy.t();
-  for (int64_t r0 = 0; r0 < m; r0 += block_rows) {
-    const int64_t r1 = std::min(m, r0 + block_rows);
-    const int64_t block_size = (r1 - r0) * kin;
+
+  // |dY^T X| of rows [r0, r1) flattened, present positions set to -1 (never grown).
+  auto block_scores = [&](int64_t r0, int64_t r1) {
+    const int64_t size = (r1 - r0) * kin;
     // One extra element past the block collects the present positions of other rows, so that
-    // marking this block's present positions needs no data-dependent shape (no synchronisation).
-    at::Tensor score = at::empty({block_size + 1}, dy.options().dtype(at::kDouble));
-    score.slice(0, 0, block_size).copy_(at::mm(dyt.slice(0, r0, r1), x).abs().reshape({-1}));
+    // marking this block's present positions needs no data-dependent shape.
+    at::Tensor score = at::empty({size + 1}, dy.options().dtype(score_type));
+    at::Tensor body = score.slice(0, 0, size);
+    at::Tensor body_2d = body.view({r1 - r0, kin});
+    at::mm_out(body_2d, dyt.slice(0, r0, r1), xs);
+    body.abs_();
     const at::Tensor in_block = present.ge(r0 * kin).logical_and(present.lt(r1 * kin));
-    score.index_fill_(0, at::where(in_block, present - r0 * kin, block_size), -1.0);  // present: cannot grow
-    score = score.slice(0, 0, block_size);
-    const int64_t keep = std::min<int64_t>(k, score.size(0));
-    // Stable descending sort: equal scores keep ascending positions.
-    auto [vals, idx] = at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/true);
-    best_scores = at::cat({best_scores, vals.slice(0, 0, keep)});
-    best_pos = at::cat({best_pos, idx.slice(0, 0, keep) + r0 * kin});
-    // Merge: candidates are in ascending block order, so a stable sort keeps smaller positions first.
-    auto [merged, order] = at::sort(best_scores, /*stable=*/true, /*dim=*/0, /*descending=*/true);
-    best_scores = merged.slice(0, 0, k);
-    best_pos = best_pos.index_select(0, order.slice(0, 0, k));
+    score.index_fill_(0, at::where(in_block, present - r0 * kin, size), -1.0);
+    return body;
+  };
+
+  // Pass 1: the k-th largest score (absent scores are >= 0 > -1 and there are at least k of them).
+  at::Tensor best;
+  for (int64_t r0 = 0; r0 < m; r0 += rows) {
+    const int64_t r1 = std::min(m, r0 + rows);
+    const at::Tensor score = block_scores(r0, r1);
+    at::Tensor top = std::get<0>(at::topk(score, std::min(k, score.size(0)), 0, true, /*sorted=*/false));
+    if (best.defined()) {
+      top = at::cat({best, top});
+      top = std::get<0>(at::topk(top, std::min(k, top.size(0)), 0, true, /*sorted=*/false));
+    }
+    best = top;
   }
-  // k <= the number of absent positions (checked above), so no present position (score -1) is among them.
-  return std::get<0>(at::sort(best_pos));
+  const at::Tensor kth = best.min();
+  const at::Tensor ties_needed = best.gt(kth).sum().neg_().add_(k);
+
+  // Pass 2: positions above the k-th score and the first `ties_needed` equal to it, in position order.
+  const int64_t max_take = std::min(k, std::min(m, rows) * kin);
+  at::Tensor out = at::empty({k + max_take}, long_opts);
+  at::Tensor taken = at::zeros({1}, long_opts), ties_seen = at::zeros({}, long_opts);
+  for (int64_t r0 = 0; r0 < m; r0 += rows) {
+    const int64_t r1 = std::min(m, r0 + rows);
+    const at::Tensor score = block_scores(r0, r1);
+    const at::Tensor tie = score.eq(kth);
+    const at::Tensor take = score.gt(kth).logical_or_(tie.logical_and(tie.cumsum(0).add_(ties_seen).le(ties_needed)));
+    ties_seen.add_(tie.sum());
+    // The block's taken positions land at out[taken, ...); the entries after them are overwritten
+    // by the next block or fall past k.
+    const int64_t span = std::min(k, score.size(0));
+    out.index_copy_(0, at::arange(span, long_opts).add_(taken), first_k_set(take, span).add_(r0 * kin));
+    taken.add_(take.sum());
+  }
+  return out.slice(0, 0, k);
 }
 
 // Frees the slots `drop` and fills them with the positions `grow`; returns the new sorted slot
@@ -145,9 +222,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
   // Kept slots keep their (ascending) order; a stable sort by the keep flag finds them without a
   // data-dependent shape, so the trusted path never synchronises with the device.
   const at::Tensor keys = slot_keys(row_idx, col_idx, in_features);
-  const at::Tensor kept_src =
-      std::get<1>(at::sort(keep.logical_not().to(at::kByte), /*stable=*/std::optional<bool>(true), 0, false))
-          .slice(0, 0, nnz - k);
+  const at::Tensor kept_src = first_k_set(keep, nnz - k);
   const at::Tensor kept_keys = keys.index_select(0, kept_src);  // ascending
   const at::Tensor g_sorted = std::get<0>(at::sort(g));
   if (validate && k > 1)
@@ -158,10 +233,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
     TORCH_CHECK_VALUE(kept_keys.index_select(0, idx).ne(g_sorted).all().item<bool>(), "snack.", op,
                       ": grow names a position that stays connected");
   }
-  const at::Tensor all_keys = at::cat({kept_keys, g_sorted});
-  const at::Tensor all_src = at::cat({kept_src, at::full({k}, -1, long_opts)});
-  auto [new_keys, order] = at::sort(all_keys, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
-  const at::Tensor source = all_src.index_select(0, order);
+  // Merge the two ascending, disjoint key lists: a key's new slot is its index in its own list plus
+  // the number of keys of the other list below it. The zero/-1 fills only matter for an untrusted
+  // grow that names a kept position (validate=False): the arrays then stay in range.
+  at::Tensor new_keys = at::zeros({nnz}, long_opts);
+  at::Tensor source = at::full({nnz}, -1, long_opts);
+  const int64_t kept_n = nnz - k;
+  if (kept_n > 0) {
+    at::Tensor slot = at::arange(kept_n, long_opts);
+    if (k > 0) slot.add_(at::searchsorted(g_sorted, kept_keys));
+    new_keys.index_copy_(0, slot, kept_keys);
+    source.index_copy_(0, slot, kept_src);
+  }
+  if (k > 0) {
+    at::Tensor slot = at::arange(k, long_opts);
+    if (kept_n > 0) slot.add_(at::searchsorted(kept_keys, g_sorted));
+    new_keys.index_copy_(0, slot, g_sorted);
+  }
   const auto itype = row_idx.scalar_type();
   return {at::div(new_keys, in_features, "floor").to(itype), at::remainder(new_keys, in_features).to(itype), source};
 }

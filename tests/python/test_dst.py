@@ -29,6 +29,44 @@ def test_prune_slots_lowest_scores_ties_to_lower_slot(device):
         ops.prune_slots(score, 7)
 
 
+def test_prune_slots_nan_counts_as_inf(device):
+    score = torch.tensor([float("nan"), 1.0, float("inf"), 0.0, 2.0], device=device)
+    assert ops.prune_slots(score, 3).tolist() == [1, 3, 4]
+    assert ops.prune_slots(score, 4).tolist() == [0, 1, 3, 4]  # NaN and inf tie: the lower slot first
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_prune_slots_matches_stable_sort_with_many_ties(device, dtype):
+    gen = torch.Generator().manual_seed(5)
+    score = torch.randint(0, 7, (5001,), generator=gen).to(dtype).to(device)  # heavy ties
+    for k in (1, 700, 2500, 5001):
+        ref = torch.sort(torch.sort(score.cpu(), stable=True).indices[:k]).values
+        assert torch.equal(ops.prune_slots(score, k).cpu(), ref), k
+
+
+def test_sample_absent_many_positions_sparse_regime(device):
+    # 108000 absent positions, k = 13000 (the candidate-drawing path at scale): distinct and absent.
+    rows, cols = ops.random_slots(300, 400, 12000, generator=torch.Generator().manual_seed(1))
+    rows, cols = rows.to(device), cols.to(device)
+    gen = torch.Generator(device=device).manual_seed(2)
+    got = ops.sample_absent(rows, cols, 300, 400, 13000, generator=gen).cpu()
+    present = (rows.long() * 400 + cols.long()).cpu()
+    assert got.numel() == 13000 and torch.equal(got, torch.sort(got).values)
+    assert torch.unique(got).numel() == 13000 and not torch.isin(got, present).any()
+    assert got.min() >= 0 and got.max() < 300 * 400
+
+
+def test_sample_absent_with_the_pattern_seed(device):
+    # The pattern and the regrowth drawn from generators seeded alike (the same seed for the layer
+    # and for DST is common): the candidates must not replay the pattern's own draws.
+    for seed in range(20):
+        rows, cols = ops.random_slots(192, 64, 1229, generator=torch.Generator().manual_seed(seed))
+        rows, cols = rows.to(device), cols.to(device)
+        got = ops.sample_absent(rows, cols, 192, 64, 92, generator=torch.Generator(device=device).manual_seed(seed))
+        assert torch.unique(got).numel() == 92
+        assert not torch.isin(got.cpu(), (rows.long() * 64 + cols.long()).cpu()).any()
+
+
 @pytest.mark.parametrize("m,k,nnz,grow", [(30, 40, 100, 50), (6, 5, 20, 9), (50, 60, 10, 2990)])
 def test_sample_absent(device, m, k, nnz, grow):
     layer = snack.SparseLinear(k, m, density=nnz / (m * k), device=device)
@@ -53,7 +91,24 @@ def test_sample_absent_is_uniform():
     assert counts[0] == 0 and counts[5] == 0 and torch.all((freq - 0.5).abs() < 0.05), freq
 
 
-@pytest.mark.parametrize("block_rows", [1, 3, 1024])
+@pytest.mark.parametrize("block_rows", [0, 1, 7])
+def test_topk_absent_gradient_ties_at_zero_across_blocks(device, block_rows):
+    # Zero input columns give exactly-zero scores; k exceeds the non-zero ones, so the k-th score
+    # is a tie at 0 spread over every block: the smaller positions must win.
+    layer = snack.SparseLinear(24, 20, density=0.2, device=device, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(6, 24, device=device)
+    x[:, 5:] = 0
+    dy = torch.randn(6, 20, device=device)
+    score = (dy.t() @ x).abs().flatten()
+    score[layer.row_idx.long() * 24 + layer.col_idx.long()] = -1
+    k = 200
+    assert int((score > 0).sum()) < k
+    ref = torch.sort(torch.sort(score.cpu(), stable=True, descending=True).indices[:k]).values
+    got = snack.dst.grow_gradient(layer, k, x, dy, block_rows=block_rows)
+    assert torch.equal(got.cpu(), ref)
+
+
+@pytest.mark.parametrize("block_rows", [0, 1, 3, 1024])
 def test_topk_absent_gradient_matches_dense(device, block_rows):
     torch.manual_seed(0)
     layer = snack.SparseLinear(17, 11, density=0.3, device=device, dtype=torch.float64)

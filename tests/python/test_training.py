@@ -1,6 +1,8 @@
 """Training-step properties: AdamW trajectories equal Dense+Mask restricted to the mask, CUDA-graph
 capture of a whole step, and no dense-sized buffer during a step."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -71,6 +73,51 @@ def test_cuda_graph_capture_of_a_training_step():
     torch.cuda.synchronize()
     assert rel_error(captured.values, eager.values.detach().double()) < 1e-6
     assert rel_error(captured.bias, eager.bias.detach().double()) < 1e-6
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algorithm", ["set", "rigl"])
+def test_cuda_graph_stays_valid_across_topology_updates(algorithm):
+    """A captured step replays correctly after the topology changed: the update rewrites the slot
+    arrays, views and optimizer state in place."""
+    torch.manual_seed(5)
+    layer = snack.SparseLinear(96, 64, density=0.15, device="cuda")
+    twin = copy.deepcopy(layer)
+    x, target = torch.randn(8, 96, device="cuda"), torch.randn(8, 64, device="cuda")
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-2, capturable=True)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, capturable=True)
+
+    def step(lyr, o):
+        o.zero_grad(set_to_none=False)
+        ((lyr(x) - target) ** 2).mean().backward()
+        o.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(layer, opt)
+            step(twin, twin_opt)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(layer, opt)
+    graph.replay()
+    step(twin, twin_opt)
+    for update in range(3):
+        k = layer.nnz // 4
+        gen = torch.Generator(device="cuda").manual_seed(update)
+        drop = snack.dst.prune_magnitude(layer, k)
+        grow = (snack.dst.grow_random(layer, k, gen) if algorithm == "set"
+                else snack.dst.grow_gradient(layer, k, x, torch.randn(8, 64, device="cuda", generator=gen)))
+        for lyr, o in ((layer, opt), (twin, twin_opt)):
+            lyr.update_topology(drop, grow, optimizer=o)
+        graph.replay()
+        step(twin, twin_opt)
+        torch.cuda.synchronize()
+        assert torch.equal(layer.row_idx, twin.row_idx) and torch.equal(layer.col_idx, twin.col_idx)
+        assert rel_error(layer.values, twin.values.detach().double()) < 1e-6
+    assert rel_error(layer(x), twin(x).detach().double()) < 1e-6
 
 
 @pytest.mark.cuda
