@@ -23,16 +23,31 @@ import snack  # noqa: E402
 COLUMNS = ["M", "K", "sparsity", "fraction", "algorithm", "update_us"]
 
 
+def fresh_layer(m, k, sparsity, seed):
+    """A layer after one AdamW step (so the optimizer has state to move), its input and an output gradient."""
+    layer = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda",
+                               generator=torch.Generator(device="cuda").manual_seed(seed))
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    x = torch.randn(16, k, device="cuda")
+    layer(x).square().mean().backward()
+    opt.step()
+    return layer, opt, x, torch.randn(16, m, device="cuda")
+
+
+def update(layer, opt, x, dy, n_move, algorithm, gen):
+    """What DSTScheduler does for one layer with SET or RigL (trusted primitives: validate=False)."""
+    drop = snack.dst.prune_magnitude(layer, n_move)
+    if algorithm == "set":
+        grow = snack.dst.grow_random(layer, n_move, gen)
+    else:
+        grow = snack.dst.grow_gradient(layer, n_move, x, dy)  # default blocks: about 2^23 scores
+    layer.update_topology(drop, grow, optimizer=opt, validate=False)
+
+
 def one_update_us(m, k, sparsity, fraction, algorithm, reps=5):
     times = []
     for rep in range(reps + 1):
-        layer = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda",
-                                   generator=torch.Generator(device="cuda").manual_seed(rep))
-        opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
-        x = torch.randn(16, k, device="cuda")
-        layer(x).square().mean().backward()
-        opt.step()
-        dy = torch.randn(16, m, device="cuda")
+        layer, opt, x, dy = fresh_layer(m, k, sparsity, rep)
         gen = torch.Generator(device="cuda").manual_seed(rep)
         n_move = int(fraction * layer.nnz)
         torch.cuda.synchronize()
@@ -42,12 +57,7 @@ def one_update_us(m, k, sparsity, fraction, algorithm, reps=5):
         torch.cuda.set_sync_debug_mode("error" if rep == 0 else "default")
         try:
             start.record()
-            drop = snack.dst.prune_magnitude(layer, n_move)
-            if algorithm == "set":
-                grow = snack.dst.grow_random(layer, n_move, gen)
-            else:
-                grow = snack.dst.grow_gradient(layer, n_move, x, dy)  # default blocks: about 2^23 scores
-            layer.update_topology(drop, grow, optimizer=opt, validate=False)  # what DSTScheduler does for SET/RigL
+            update(layer, opt, x, dy, n_move, algorithm, gen)
             end.record()
         finally:
             torch.cuda.set_sync_debug_mode("default")
@@ -58,10 +68,37 @@ def one_update_us(m, k, sparsity, fraction, algorithm, reps=5):
     return statistics.median(times)
 
 
+def profile_update(m, k, sparsity, fraction, algorithm) -> str:
+    """torch.profiler over one update (after a warm-up one): where the time goes, op by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    lines = []
+    for rep in range(2):
+        layer, opt, x, dy = fresh_layer(m, k, sparsity, rep)
+        gen = torch.Generator(device="cuda").manual_seed(rep)
+        n_move = int(fraction * layer.nnz)
+        torch.cuda.synchronize()
+        if rep == 0:
+            update(layer, opt, x, dy, n_move, algorithm, gen)
+            torch.cuda.synchronize()
+            continue
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            update(layer, opt, x, dy, n_move, algorithm, gen)
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        kernel_us = sum(e.self_device_time_total for e in events)
+        lines.append(f"== {m}x{k} {sparsity:g} moved {fraction:g} {algorithm}: GPU kernel time {kernel_us:.0f} us "
+                     f"(sum of self device times)")
+        lines.append(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder")
     parser.add_argument("--reps", type=int, default=5, help="updates timed per configuration")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write dst_profile_<gpu>.txt: torch.profiler tables of one update at 16384x4096")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/dst.py needs a CUDA GPU")
@@ -86,6 +123,9 @@ def main(argv=None) -> int:
               + " (each configuration's first update ran under torch.cuda.set_sync_debug_mode('error'), which raises on "
               "any host synchronisation; timing ends with an event)"]
     (args.out / f"dst_{slug}.md").write_text("\n".join(lines) + "\n")
+    if args.profile:
+        text = "\n".join(profile_update(16384, 4096, 0.9, 0.3, a) for a in ("set", "rigl"))
+        (args.out / f"dst_profile_{slug}.txt").write_text("\n".join(f"# {k}: {v}" for k, v in info.items()) + "\n" + text + "\n")
     print("\n".join(lines))
     return 0
 
