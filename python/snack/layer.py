@@ -263,7 +263,12 @@ class SparseLinear(nn.Module):
         fresh = _init_new_values(self, self.nnz, init)
 
         def remap(t: Tensor, fill: Tensor) -> None:
-            t.copy_(torch.where(grown, fill.to(t.dtype), t.index_select(0, gather)))
+            moved = t.index_select(0, gather)
+            if fill.dim() == 0:
+                moved.masked_fill_(grown, fill.to(t.dtype))
+            else:
+                moved = torch.where(grown, fill.to(t.dtype), moved)
+            t.copy_(moved)
 
         with torch.no_grad():
             for state in _per_slot_state(optimizer, self.values):

@@ -14,8 +14,15 @@
 namespace snack::binding {
 namespace {
 
-at::Tensor slot_keys(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t in_features) {
-  return row_idx.to(at::kLong) * in_features + col_idx.to(at::kLong);
+// Linear positions row * in_features + col of the slots, in `type` (kInt only where they fit).
+at::Tensor slot_keys(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t in_features,
+                     at::ScalarType type = at::kLong) {
+  return row_idx.to(type) * in_features + col_idx.to(type);  // .to() may alias: no in-place ops
+}
+
+// The narrowest key type that holds every position of an out x in matrix.
+at::ScalarType position_type(int64_t total) {
+  return total <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
 }
 
 void check_slot_arrays(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op) {
@@ -24,12 +31,11 @@ void check_slot_arrays(const at::Tensor& row_idx, const at::Tensor& col_idx, con
   TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx and col_idx lengths differ");
 }
 
-// Indices (ascending) of the first k set entries of `mask`, which has at least k of them: a stable
-// sort by the cleared flag (one 8-bit radix pass on the GPU) instead of a data-dependent shape, so
-// no host synchronisation.
+// Indices (ascending) of the first k set entries of `mask`, which has at least k of them. A fixed
+// output size (nonzero_static: one stream compaction on the GPU) instead of a data-dependent shape,
+// so no host synchronisation.
 at::Tensor first_k_set(const at::Tensor& mask, int64_t k) {
-  return std::get<1>(at::sort(mask.logical_not().to(at::kByte), /*stable=*/std::optional<bool>(true), 0, false))
-      .slice(0, 0, k);
+  return at::nonzero_static(mask, k, /*fill_value=*/-1).reshape({k});
 }
 
 // Mask of the k largest (or smallest) entries of a 1-D `score` without NaN, ties to the lower index:
@@ -87,19 +93,18 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
   const at::Device draw_device = generator ? generator->device() : device;
   const auto opts = at::TensorOptions().dtype(at::kLong).device(draw_device);
   if (k == 0) return at::empty({0}, opts.device(device));
-  const at::Tensor present = slot_keys(row_idx, col_idx, in_features).to(draw_device);  // ascending
+  const auto key_type = position_type(total);  // 32-bit where positions fit: half the memory traffic
+  const at::Tensor present = slot_keys(row_idx, col_idx, in_features, key_type).to(draw_device);  // ascending
   at::Tensor chosen;
   if (4 * absent < total || 8 * k > absent) {
     at::Tensor is_absent = at::ones({total}, opts.dtype(at::kBool));
-    if (nnz > 0) is_absent.index_fill_(0, present, false);
+    if (nnz > 0) is_absent.index_fill_(0, present.to(at::kLong), false);
     const at::Tensor keys = at::where(is_absent, at::rand({total}, generator, opts.dtype(at::kFloat)), 2.0f);
     chosen = std::get<1>(at::topk(keys, k, 0, /*largest=*/false, /*sorted=*/false));
   } else {
     const double kept_fraction = double(absent) / double(total);
     const double wanted = (double(k) + 8.0 * std::sqrt(double(k)) + 64.0) / kept_fraction;
     const int64_t draws_n = int64_t(std::ceil(wanted + 2.0 * wanted * wanted / double(total))) + 1024;
-    // 32-bit keys where positions fit: half the radix passes.
-    const auto key_type = total <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
     // The draws go through a fixed affine permutation of the positions: a pattern drawn by
     // random_slots from a generator seeded alike (the same seed for init and DST is common) would
     // otherwise be drawn again, and almost every candidate would be present.
@@ -110,9 +115,8 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
     at::Tensor keep_sorted = at::ones({draws_n}, opts.dtype(at::kBool));
     keep_sorted.slice(0, 1).copy_(sorted.slice(0, 1).ne(sorted.slice(0, 0, draws_n - 1)));  // first occurrences
     if (nnz > 0) {
-      const at::Tensor present_keys = present.to(key_type);
-      const at::Tensor at_or_after = at::searchsorted(present_keys, sorted).clamp_max(nnz - 1);
-      keep_sorted.logical_and_(present_keys.index_select(0, at_or_after).ne(sorted));
+      const at::Tensor at_or_after = at::searchsorted(present, sorted).clamp_max(nnz - 1);
+      keep_sorted.logical_and_(present.index_select(0, at_or_after).ne(sorted));
     }
     const at::Tensor keep = at::empty({draws_n}, opts.dtype(at::kBool)).index_put_({perm}, keep_sorted);
     at::_assert_async(keep.sum().ge(k), "snack.sample_absent: too few absent candidates drawn");
@@ -147,15 +151,17 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   // |dY^T X| of rows [r0, r1) flattened, present positions set to -1 (never grown).
   auto block_scores = [&](int64_t r0, int64_t r1) {
     const int64_t size = (r1 - r0) * kin;
-    // One extra element past the block collects the present positions of other rows, so that
-    // marking this block's present positions needs no data-dependent shape.
-    at::Tensor score = at::empty({size + 1}, dy.options().dtype(score_type));
+    // A trash region past the block collects the present positions of other rows, so that marking
+    // this block's present positions needs no data-dependent shape; spread over kTrash elements,
+    // those writes do not all contend for one address.
+    constexpr int64_t kTrash = 4096;
+    at::Tensor score = at::empty({size + kTrash}, dy.options().dtype(score_type));
     at::Tensor body = score.slice(0, 0, size);
     at::Tensor body_2d = body.view({r1 - r0, kin});
     at::mm_out(body_2d, dyt.slice(0, r0, r1), xs);
     body.abs_();
     const at::Tensor in_block = present.ge(r0 * kin).logical_and(present.lt(r1 * kin));
-    score.index_fill_(0, at::where(in_block, present - r0 * kin, size), -1.0);
+    score.index_fill_(0, at::where(in_block, present - r0 * kin, present.remainder(kTrash).add_(size)), -1.0);
     return body;
   };
 
@@ -221,10 +227,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
     TORCH_CHECK_VALUE(keep.sum().item<int64_t>() == nnz - k, "snack.", op, ": drop has repeated slots");
   // Kept slots keep their (ascending) order; a stable sort by the keep flag finds them without a
   // data-dependent shape, so the trusted path never synchronises with the device.
-  const at::Tensor keys = slot_keys(row_idx, col_idx, in_features);
+  // 32-bit keys where positions fit: half the memory traffic of the searches and copies below.
+  const auto key_type = position_type(total);
+  const at::Tensor keys = slot_keys(row_idx, col_idx, in_features, key_type);
   const at::Tensor kept_src = first_k_set(keep, nnz - k);
   const at::Tensor kept_keys = keys.index_select(0, kept_src);  // ascending
-  const at::Tensor g_sorted = std::get<0>(at::sort(g));
+  const at::Tensor g_sorted = std::get<0>(at::sort(g.to(key_type)));
   if (validate && k > 1)
     TORCH_CHECK_VALUE(g_sorted.slice(0, 1).ne(g_sorted.slice(0, 0, k - 1)).all().item<bool>(), "snack.", op,
                       ": grow has repeated positions");
@@ -236,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
   // Merge the two ascending, disjoint key lists: a key's new slot is its index in its own list plus
   // the number of keys of the other list below it. The zero/-1 fills only matter for an untrusted
   // grow that names a kept position (validate=False): the arrays then stay in range.
-  at::Tensor new_keys = at::zeros({nnz}, long_opts);
+  at::Tensor new_keys = at::zeros({nnz}, long_opts.dtype(key_type));
   at::Tensor source = at::full({nnz}, -1, long_opts);
   const int64_t kept_n = nnz - k;
   if (kept_n > 0) {

@@ -29,6 +29,21 @@ def test_prune_slots_lowest_scores_ties_to_lower_slot(device):
         ops.prune_slots(score, 7)
 
 
+def test_update_is_the_same_with_int32_and_uint16_indices(device):
+    layers = [snack.SparseLinear(50, 40, density=0.2, device=device, index_dtype=t,
+                                 generator=torch.Generator().manual_seed(0)) for t in (torch.uint16, torch.int32)]
+    for step in range(3):
+        gen = [torch.Generator(device=device).manual_seed(step) for _ in layers]
+        for layer, g in zip(layers, gen):
+            drop = snack.dst.prune_magnitude(layer, 100)
+            layer.update_topology(drop, snack.dst.grow_random(layer, 100, g))
+        assert torch.equal(layers[0].row_idx.long(), layers[1].row_idx.long())
+        assert torch.equal(layers[0].col_idx.long(), layers[1].col_idx.long())
+        assert torch.equal(layers[0].values, layers[1].values)
+        keys = layers[1].row_idx.long() * 50 + layers[1].col_idx.long()
+        assert bool((keys[1:] > keys[:-1]).all())
+
+
 def test_prune_slots_nan_counts_as_inf(device):
     score = torch.tensor([float("nan"), 1.0, float("inf"), 0.0, 2.0], device=device)
     assert ops.prune_slots(score, 3).tolist() == [1, 3, 4]
