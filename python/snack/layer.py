@@ -263,12 +263,8 @@ class SparseLinear(nn.Module):
         fresh = _init_new_values(self, self.nnz, init)
 
         def remap(t: Tensor, fill: Tensor) -> None:
-            moved = t.index_select(0, gather)
-            if fill.dim() == 0:
-                moved.masked_fill_(grown, fill.to(t.dtype))
-            else:
-                moved = torch.where(grown, fill.to(t.dtype), moved)
-            t.copy_(moved)
+            # torch.where, not masked_fill_: a 0-dim CUDA fill value would be read on the host (a sync).
+            t.copy_(torch.where(grown, fill.to(t.dtype), t.index_select(0, gather)))
 
         with torch.no_grad():
             for state in _per_slot_state(optimizer, self.values):
