@@ -14,9 +14,9 @@ it is tied to the embedding), then trained with AdamW and snack.dst.DSTScheduler
 replaces each SparseLinear by snack.dst.DenseMaskLinear with the same weights, mask, rule and seed.
 
 Reports per run: peak training memory, step time (the wall time of an eager step, and on a GPU the
-GPU time of the whole step - forward, backward, AdamW - replayed from a captured CUDA graph; the
-topology updates run between replays and keep the graph valid because they rewrite the slots in
-place), tokens/s, the loss curve, batch-1 greedy generation latency per token and inference memory.
+GPU time of the whole step - forward, backward, AdamW - replayed from a captured CUDA graph, timed
+after training; topology updates rewrite the slots in place, so such a graph stays valid across
+them, see tests/python/test_training.py), tokens/s of the eager step, the loss curve, batch-1 greedy generation latency per token and inference memory.
 On a GPU it writes bench/results/gpt2_<gpu>.csv, .md and a plot (loss curves, memory bars) with
 every config of the invocation. transformers is needed by this example only.
 """
@@ -106,6 +106,10 @@ def run(impl, args, corpus, device):
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     model, _ = make_variant(args, impl, device)
+    if device.type == "cuda":
+        # Training peak from here: building the dense model and sparsifying it is not a training cost.
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = None
     if impl != "dense":
@@ -134,6 +138,8 @@ def run(impl, args, corpus, device):
     del logits, loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
     warm = times[len(times) // 4:] or times
     step_ms = 1e3 * sorted(warm)[len(warm) // 2]
+    if sched is not None:
+        sched.remove()  # its hooks on the layers would keep it, and the optimizer state, alive
     del opt, sched
     graph_ms = graphed_step_ms(model, x, y, args.lr) if device.type == "cuda" else float("nan")
     # Inference: drop training state, then greedy generation at batch 1 with the KV cache.
@@ -144,6 +150,7 @@ def run(impl, args, corpus, device):
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        before_generation = torch.cuda.memory_allocated()
     prompt = corpus[: min(32, args.block // 2)].long().to(device)[None]
     new_tokens = 8 if args.tiny else 64
     with torch.no_grad():
@@ -153,12 +160,14 @@ def run(impl, args, corpus, device):
         model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         sync()
     gen_ms = 1e3 * (time.perf_counter() - t0) / new_tokens
-    # Inference memory: the model's weights (and indices) plus what generation allocates.
-    infer = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else float("nan")
-    best_ms = min(step_ms, graph_ms) if graph_ms == graph_ms else step_ms
+    # Inference memory: the model's weights and indices plus what generation allocates (not the
+    # library workspaces a previous run left allocated).
+    model_bytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    infer = ((model_bytes + torch.cuda.max_memory_allocated() - before_generation) / 2**20
+             if device.type == "cuda" else float("nan"))
     row = dict(impl=impl, batch=args.batch, block=args.block, sparsity=args.sparsity, steps=args.steps,
                peak_mib=peak, step_ms=step_ms, graph_step_ms=graph_ms,
-               tokens_per_s=args.batch * args.block / (best_ms / 1e3),
+               tokens_per_s=args.batch * args.block / (step_ms / 1e3),
                final_loss=sum(losses[-5:]) / len(losses[-5:]), gen_ms_per_token=gen_ms, infer_mib=infer)
     del model
     gc.collect()
@@ -260,7 +269,7 @@ def main(argv=None) -> int:
     if out is not None:
         info = common.provenance()
         info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, {args.algorithm}, steps per config as listed, "
-                       f"update every {args.update_every}, AdamW lr {args.lr}, corpus stdlib sources")
+                       f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every steps // 4), AdamW lr {args.lr}, corpus stdlib sources")
         stem = out / f"gpt2_{common.gpu_slug()}"
         common.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
         _report(stem, rows, curves, info)

@@ -108,9 +108,14 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
     // The draws go through a fixed affine permutation of the positions: a pattern drawn by
     // random_slots from a generator seeded alike (the same seed for init and DST is common) would
     // otherwise be drawn again, and almost every candidate would be present.
-    const at::Tensor draws =
-        at::randint(0, total, {draws_n}, generator, opts).mul_(scramble_multiplier(total)).add_(total / 3)
-            .remainder_(total).to(key_type);
+    // 62 random bits reduced modulo total: a 32-bit draw modulo a range near 2^26 would favour
+    // some positions by about total / 2^32.
+    const at::Tensor draws = at::randint(0, int64_t{1} << 62, {draws_n}, generator, opts)
+                                 .remainder_(total)
+                                 .mul_(scramble_multiplier(total))
+                                 .add_(total / 3)
+                                 .remainder_(total)
+                                 .to(key_type);
     auto [sorted, perm] = at::sort(draws, /*stable=*/std::optional<bool>(true), 0, false);
     at::Tensor keep_sorted = at::ones({draws_n}, opts.dtype(at::kBool));
     keep_sorted.slice(0, 1).copy_(sorted.slice(0, 1).ne(sorted.slice(0, 0, draws_n - 1)));  // first occurrences
@@ -130,7 +135,8 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
 // by the block. Two passes over the blocks (the block products are recomputed, which is cheap next
 // to ranking them): the first finds the k-th largest score with a running radix select, the second
 // takes every score above it and the first ties, in position order, into the output. Scores are
-// ranked in the gradient's precision (fp32 for fp32 layers). No host synchronisation.
+// ranked in the gradient's precision (fp32 for fp32 layers); NaN scores count as 0. No host
+// synchronisation.
 at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx,
                                 const at::Tensor& col_idx, int64_t k, int64_t block_rows) {
   const char* op = "topk_absent_gradient";
@@ -159,7 +165,8 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
     at::Tensor body = score.slice(0, 0, size);
     at::Tensor body_2d = body.view({r1 - r0, kin});
     at::mm_out(body_2d, dyt.slice(0, r0, r1), xs);
-    body.abs_();
+    // NaN (from inf * 0 in x or dy) counts as 0: still a valid absent position, never above a number.
+    body.abs_().nan_to_num_(0.0);
     const at::Tensor in_block = present.ge(r0 * kin).logical_and(present.lt(r1 * kin));
     score.index_fill_(0, at::where(in_block, present - r0 * kin, present.remainder(kTrash).add_(size)), -1.0);
     return body;
@@ -196,6 +203,9 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
     out.index_copy_(0, at::arange(span, long_opts).add_(taken), first_k_set(take, span).add_(r0 * kin));
     taken.add_(take.sum());
   }
+  // Exactly k by construction (the blocks are recomputed bit for bit); a mismatch would leave
+  // filler in the output, so it is checked on the device.
+  at::_assert_async(taken.eq(k).all(), "snack.topk_absent_gradient: selected count differs from k");
   return out.slice(0, 0, k);
 }
 

@@ -44,6 +44,41 @@ def test_update_is_the_same_with_int32_and_uint16_indices(device):
         assert bool((keys[1:] > keys[:-1]).all())
 
 
+@pytest.mark.parametrize("m,n", [(65535, 32768), (65536, 32768), (100000, 100000)])
+def test_sample_and_replace_with_64_bit_positions(m, n):
+    # Matrices with 2^31 - 32768, 2^31 and 10^10 positions: 32-bit and 64-bit position keys.
+    total = m * n
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.unique(torch.cat([torch.randint(0, total, (5000,), generator=gen), torch.tensor([0, total - 1])]))
+    rows, cols = (pos // n).int(), (pos % n).int()
+    got = ops.sample_absent(rows, cols, m, n, 1000, generator=torch.Generator().manual_seed(3))
+    assert torch.unique(got).numel() == 1000 and not torch.isin(got, pos).any()
+    assert got.min() >= 0 and got.max() < total
+    new_rows, new_cols, source = ops.replace_slots(rows, cols, torch.arange(1000), got, m, n, True)
+    expected = torch.sort(torch.cat([pos[1000:], got])).values
+    assert torch.equal(new_rows.long() * n + new_cols.long(), expected)
+    kept = source >= 0
+    assert torch.equal(pos[source[kept]], (new_rows.long() * n + new_cols.long())[kept])
+
+
+def test_grow_gradient_with_nan_and_inf_gradients(device):
+    # NaN scores (inf * 0) count as 0 and inf scores rank first: the result stays k valid, distinct,
+    # absent positions (it feeds the trusted update path).
+    layer = snack.SparseLinear(16, 12, density=0.25, device=device, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(4, 16, device=device)
+    dy = torch.randn(4, 12, device=device)
+    x[0, 3], dy[0, :] = float("inf"), 0.0  # column 3: inf * 0 = NaN in every row
+    dy[1, 5] = float("inf")  # row 5: inf where x[1] is non-zero
+    for block_rows in (0, 1, 5):
+        got = snack.dst.grow_gradient(layer, 60, x, dy, block_rows=block_rows).cpu()
+        present = (layer.row_idx.long() * 16 + layer.col_idx.long()).cpu()
+        assert got.numel() == 60 and torch.unique(got).numel() == 60
+        assert not torch.isin(got, present).any() and got.min() >= 0 and got.max() < 16 * 12
+        inf_positions = torch.tensor([5 * 16 + c for c in range(16) if c != 3 and x[1, c] != 0])
+        absent_inf = inf_positions[~torch.isin(inf_positions, present)]
+        assert torch.isin(absent_inf, got).all()
+
+
 def test_prune_slots_nan_counts_as_inf(device):
     score = torch.tensor([float("nan"), 1.0, float("inf"), 0.0, 2.0], device=device)
     assert ops.prune_slots(score, 3).tolist() == [1, 3, 4]
