@@ -67,6 +67,24 @@ def test_compile_fullgraph_forward_backward(device):
     assert rel_error(g_compiled, layer.values.grad) < 1e-6
 
 
+@pytest.mark.cuda
+def test_compile_fullgraph_inductor_on_gpu():
+    """The default backend (Inductor, Triton on the GPU) around the custom ops, with no graph break."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    layer = snack.SparseLinear(40, 24, density=0.2, device="cuda", activation="relu")
+    model = torch.nn.Sequential(layer, torch.nn.Linear(24, 3).to("cuda"))
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(7, 40, device="cuda")
+    out, ref = compiled(x), model(x)
+    assert rel_error(out, ref) < 1e-5
+    out.square().sum().backward()
+    g_compiled = layer.values.grad.clone()
+    layer.values.grad = None
+    ref.square().sum().backward()
+    assert rel_error(g_compiled, layer.values.grad) < 1e-5
+
+
 def test_opcheck_dst_ops(device):
     # Composite (ATen-built) operators with data-dependent output sizes: schema and autograd checks.
     utils = ("test_schema", "test_autograd_registration")
