@@ -85,6 +85,22 @@ def capture_graph(fn: Callable[[], object], warmup: int = 3) -> "torch.cuda.CUDA
     return graph
 
 
+def replay_times_ms(graph: "torch.cuda.CUDAGraph", reps: int, before_each: Callable[[int], object] | None = None) -> list:
+    """GPU time (ms, CUDA events) of each of `reps` replays of `graph`; `before_each(i)` runs before
+    replay i, outside the timed region (to load a new input, say)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(reps):
+        if before_each is not None:
+            before_each(i)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth (bytes read + written) in GB/s: the ceiling for memory-bound ops."""
     a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     lines += [f"| {r['M']}x{r['K']} | {r['sparsity']} | {r['fraction']} | {r['algorithm']} | {r['update_us']:.0f} |"
               for r in rows]
     target = [r for r in rows if r["M"] == 16384]
-    lines += ["", f"- target: < 2000 us for 16384x4096 with no host synchronisation inside; measured "
+    lines += ["", "- target: < 2000 us for 16384x4096 with no host synchronisation inside; measured "
               + ", ".join(f"{r['algorithm']} {r['update_us']:.0f} us" for r in target)
               + " (each configuration's first update ran under torch.cuda.set_sync_debug_mode('error'), which raises on "
               "any host synchronisation; timing ends with an event)"]

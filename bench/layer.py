@@ -123,14 +123,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
         graph = common.capture_graph(gstep)
         for _ in range(3):
             graph.replay()
-        times = []
-        for _ in range(steps):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        graph_us = statistics.median(times)
+        graph_us = 1e3 * statistics.median(common.replay_times_ms(graph, steps))
         del graph, layer_g, opt_g
     except Exception as exc:  # capture unsupported for this implementation
         print(f"  (no CUDA graph for {impl}/{opt_name}: {type(exc).__name__})")

@@ -195,14 +195,7 @@ def graphed_step_ms(model, x, y, lr, reps: int = 20) -> float:
         print(f"  CUDA-graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
         torch.cuda.synchronize()
         return float("nan")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = common.replay_times_ms(graph, reps)
     del graph, opt
     for p in params:
         p.grad = None

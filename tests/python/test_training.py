@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import snack
-from helpers import rel_error
+from helpers import capture_graph, rel_error
 
 
 def make_pair(device, dtype, m=48, k=40, density=0.2, seed=0):
@@ -57,15 +57,7 @@ def test_cuda_graph_capture_of_a_training_step():
         ((layer(x) - target) ** 2).mean().backward()
         opt.step()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step(captured, opts[1])
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(captured, opts[1])
+    graph = capture_graph(lambda: step(captured, opts[1]), warmup=3)
     for _ in range(3):
         graph.replay()
     for _ in range(6):
@@ -92,16 +84,9 @@ def test_cuda_graph_stays_valid_across_topology_updates(algorithm):
         ((lyr(x) - target) ** 2).mean().backward()
         o.step()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step(layer, opt)
-            step(twin, twin_opt)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(layer, opt)
+    graph = capture_graph(lambda: step(layer, opt), warmup=2)
+    for _ in range(2):
+        step(twin, twin_opt)
     graph.replay()
     step(twin, twin_opt)
     for update in range(3):
