@@ -259,21 +259,22 @@ class SparseLinear(nn.Module):
                                                      self.out_features, self.in_features, validate)
         grown = source.lt(0)
         gather = source.clamp_min(0)
-        # Initial values for every slot, used only where a connection was grown: no host sync here.
+        # Values for grown connections (a scalar, or one per slot of which the grown ones are kept):
+        # no host sync here.
         fresh = _init_new_values(self, self.nnz, init)
 
-        def remap(t: Tensor, fill: Tensor) -> None:
+        def remap(t: Tensor, fill: Optional[Tensor]) -> None:
+            """t <- t[source], with `fill` at the grown slots (None: the mean over the kept ones)."""
+            moved = t.index_select(0, gather)
+            if fill is None:
+                kept = ~grown
+                fill = (moved * kept).sum() / kept.sum().clamp_min(1)
             # torch.where, not masked_fill_: a 0-dim CUDA fill value would be read on the host (a sync).
-            t.copy_(torch.where(grown, fill.to(t.dtype), t.index_select(0, gather)))
+            t.copy_(torch.where(grown, fill.to(t.dtype), moved))
 
         with torch.no_grad():
             for state in _per_slot_state(optimizer, self.values):
-                if state_reset == "mean":
-                    kept = ~grown
-                    fill = (state.index_select(0, gather) * kept).sum() / kept.sum().clamp_min(1)
-                else:
-                    fill = state.new_zeros(())
-                remap(state, fill)
+                remap(state, None if state_reset == "mean" else state.new_zeros(()))
             if self.values.grad is not None:
                 remap(self.values.grad, self.values.grad.new_zeros(()))
             remap(self.values, fresh)
@@ -318,12 +319,12 @@ def _per_slot_state(optimizer, param: Tensor) -> list:
 
 
 def _init_new_values(layer: "SparseLinear", count: int, init) -> Tensor:
-    """`count` candidate values for grown connections: "zero" (default), "uniform" (the layer's init
-    bound), a number, or a callable(count, device, dtype) -> Tensor. update_topology asks for one per
-    slot and keeps those of the grown slots, so that it needs no host synchronisation."""
+    """Values for grown connections: "zero" (default) or a number as a 0-dim tensor; "uniform" (the
+    layer's init bound) or a callable(count, device, dtype) -> Tensor as `count` candidates, one per
+    slot, of which update_topology keeps those of the grown slots (so it needs no host sync)."""
     kw = {"device": layer.values.device, "dtype": layer.values.dtype}
     if init is None or init == "zero":
-        return torch.zeros(count, **kw)
+        return torch.zeros((), **kw)
     if init == "uniform":
         bound = 1.0 / math.sqrt(max(1.0, layer.density * layer.in_features))
         return torch.empty(count, **kw).uniform_(-bound, bound)
@@ -333,10 +334,8 @@ def _init_new_values(layer: "SparseLinear", count: int, init) -> Tensor:
             raise ValueError(f"grow_init returned shape {tuple(out.shape)}, expected ({count},)")
         return out
     if isinstance(init, (int, float)):
-        return torch.full((count,), float(init), **kw)
+        return torch.full((), float(init), **kw)
     raise ValueError(f"unknown grow init {init!r}: use 'zero', 'uniform', a number or a callable")
-
-
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

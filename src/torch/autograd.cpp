@@ -62,18 +62,10 @@ std::vector<int64_t> output_shape(const at::Tensor& x, int64_t out_features) {
   return shape;
 }
 
-Activation parse_act(c10::string_view name) {
-  Activation act = Activation::kNone;
-  TORCH_CHECK_VALUE(parse_activation(std::string(name), &act), "snack.sparse_linear: unknown activation '", name,
-                    "' (expected none, relu or gelu)");
-  return act;
-}
-
 // The fused forward, below autograd (also inference under autograd when nothing needs a gradient).
 at::Tensor sparse_linear_forward(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
                                  const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
                                  const at::Tensor& col_ptr, const at::Tensor& csc_perm, c10::string_view activation) {
-  parse_act(activation);
   const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
   const at::Tensor y2d = call_spmm(flatten_input(x, in_features), values, bias, row_idx, col_idx, row_ptr, col_ptr,
                                    csc_perm, activation);
@@ -88,7 +80,7 @@ class SparseLinearFunction : public torch::autograd::Function<SparseLinearFuncti
                             const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
                             const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                             const at::Tensor& csc_perm, c10::string_view activation) {
-    const Activation act = parse_act(activation);
+    const Activation act = activation_arg(activation, "sparse_linear");
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->saved_data["activation"] = static_cast<int64_t>(act);
     at::Tensor y, saved_activation;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "snack/ops.h"
 #include "snack/pattern.h"
 #include "snack/status.h"
 
@@ -37,6 +38,14 @@ struct PatternTensors {
   int64_t cols() const { return col_ptr.size(0) - 1; }
   int64_t nnz() const { return row_idx.size(0); }
 };
+
+// The Activation named by a schema string argument; a clear error naming the op otherwise.
+inline Activation activation_arg(c10::string_view name, const char* op) {
+  Activation act = Activation::kNone;
+  TORCH_CHECK_VALUE(parse_activation(std::string(name), &act), "snack.", op, ": unknown activation '", name,
+                    "' (expected none, relu or gelu)");
+  return act;
+}
 
 inline void check_1d(const at::Tensor& t, const char* name, const char* op) {
   TORCH_CHECK_VALUE(t.dim() == 1, "snack.", op, ": ", name, " must be 1-D, got shape ", t.sizes());

@@ -150,9 +150,9 @@ std::string explain_spmm(const at::Tensor& values, const at::Tensor& row_ptr, co
   const SpmmVariant v = resolve_variant(variant, transposed, op);
   const int64_t rows = row_ptr.size(0) - 1, cols = col_ptr.size(0) - 1;
   if (!values.is_cuda()) return "cpu: reference loops (one output at a time, fixed order)";
-  const PlannedProduct p = transposed ? plan_product(cols, rows, values.size(0), n, values, v)
-                                      : plan_product(rows, cols, values.size(0), n, values, v);
-  return gpu::describe(p.plan);
+  const c10::DeviceGuard guard(values.device());
+  const int64_t out_dim = transposed ? cols : rows, in_dim = transposed ? rows : cols;
+  return gpu::describe(gpu::plan_spmm(out_dim, in_dim, values.size(0), n, values.element_size(), v));
 }
 
 template <typename Fn>
@@ -167,9 +167,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
                 const std::optional<at::Tensor>& bias, c10::string_view activation_name,
                 c10::string_view variant_name) {
   const SpmmVariant variant = resolve_variant(std::string(variant_name), false, "spmm");
-  Activation act = Activation::kNone;
-  TORCH_CHECK_VALUE(parse_activation(std::string(activation_name), &act), "snack.spmm: unknown activation '",
-                    activation_name, "' (expected none, relu or gelu)");
+  const Activation act = activation_arg(activation_name, "spmm");
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   check_pattern(p, values, "spmm");
   check_dense(x, values, p.cols(), "x", "spmm");

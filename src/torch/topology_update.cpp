@@ -38,6 +38,13 @@ at::Tensor first_k_set(const at::Tensor& mask, int64_t k) {
   return at::nonzero_static(mask, k, /*fill_value=*/-1).reshape({k});
 }
 
+// `beyond` (modified) or'ed with the first `ties_allowed` entries of `tie`, in index order: how a
+// k-selection keeps its ties deterministic (to the lower index) without a sort. ties_allowed is a
+// device scalar, so no host synchronisation.
+at::Tensor with_first_ties(at::Tensor beyond, const at::Tensor& tie, const at::Tensor& ties_allowed) {
+  return beyond.logical_or_(tie.logical_and(tie.cumsum(0).le(ties_allowed)));
+}
+
 // Mask of the k largest (or smallest) entries of a 1-D `score` without NaN, ties to the lower index:
 // every entry strictly beyond the k-th value, then the first ones equal to it. The k-th value comes
 // from a radix select (topk), not from a full sort.
@@ -45,9 +52,7 @@ at::Tensor select_k_mask(const at::Tensor& score, int64_t k, bool largest) {
   const at::Tensor top = std::get<0>(at::topk(score, k, 0, largest, /*sorted=*/false));
   const at::Tensor kth = largest ? top.min() : top.max();
   const at::Tensor beyond = largest ? score.gt(kth) : score.lt(kth);
-  const at::Tensor tie = score.eq(kth);
-  const at::Tensor need = beyond.sum().neg_().add_(k);
-  return beyond.logical_or_(tie.logical_and(tie.cumsum(0).le(need)));
+  return with_first_ties(beyond, score.eq(kth), beyond.sum().neg_().add_(k));
 }
 
 // The k slots of lowest score; ties go to the lower slot index: deterministic. NaN scores count as
@@ -195,7 +200,7 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
     const int64_t r1 = std::min(m, r0 + rows);
     const at::Tensor score = block_scores(r0, r1);
     const at::Tensor tie = score.eq(kth);
-    const at::Tensor take = score.gt(kth).logical_or_(tie.logical_and(tie.cumsum(0).add_(ties_seen).le(ties_needed)));
+    const at::Tensor take = with_first_ties(score.gt(kth), tie, ties_needed - ties_seen);
     ties_seen.add_(tie.sum());
     // The block's taken positions land at out[taken, ...); the entries after them are overwritten
     // by the next block or fall past k.
@@ -235,9 +240,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
   keep.index_fill_(0, d, false);
   if (validate)
     TORCH_CHECK_VALUE(keep.sum().item<int64_t>() == nnz - k, "snack.", op, ": drop has repeated slots");
-  // Kept slots keep their (ascending) order; a stable sort by the keep flag finds them without a
-  // data-dependent shape, so the trusted path never synchronises with the device.
-  // 32-bit keys where positions fit: half the memory traffic of the searches and copies below.
+  // Kept slots keep their (ascending) order; first_k_set finds them without a data-dependent shape,
+  // so the trusted path never synchronises with the device. 32-bit keys where positions fit: half the memory traffic of the searches and copies below.
   const auto key_type = position_type(total);
   const at::Tensor keys = slot_keys(row_idx, col_idx, in_features, key_type);
   const at::Tensor kept_src = first_k_set(keep, nnz - k);

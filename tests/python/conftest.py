@@ -1,7 +1,13 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import snack  # noqa: F401  (loads the operator library)
+
+# bench/ on the path: the tests share its helpers (bench/common.py) instead of copying them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

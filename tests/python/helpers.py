@@ -93,16 +93,3 @@ def skewed_positions(m: int, k: int, dense_rows: int, nnz_rest: int, seed: int =
     pos = torch.cat([full, rest])
     return pos // k, pos % k
 
-
-def capture_graph(fn, warmup: int) -> "torch.cuda.CUDAGraph":
-    """Runs `fn` `warmup` times on a side stream (as CUDA-graph capture requires), then captures one call."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph

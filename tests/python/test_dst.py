@@ -262,6 +262,18 @@ def test_update_topology_grow_init(device):
     grow = snack.dst.grow_random(layer, 4, torch.Generator(device=device).manual_seed(0))
     layer.update_topology(drop, grow, init=lambda n, device, dtype: torch.full((n,), 0.5, device=device, dtype=dtype))
     assert (layer.to_dense().flatten()[grow] == 0.5).all()
+    kept_before = layer.to_dense().flatten()
+    drop = snack.dst.prune_magnitude(layer, 3)
+    grow = snack.dst.grow_random(layer, 3, torch.Generator(device=device).manual_seed(1))
+    layer.update_topology(drop, grow, init=-0.25)
+    after = layer.to_dense().flatten()
+    assert (after[grow] == -0.25).all()
+    unchanged = layer.mask().flatten().bool()
+    unchanged[grow] = False
+    assert torch.equal(after[unchanged], kept_before[unchanged])
+    layer.update_topology(snack.dst.prune_magnitude(layer, 2),
+                          snack.dst.grow_random(layer, 2, torch.Generator(device=device).manual_seed(2)))
+    assert int((layer.values == 0).sum()) >= 2  # the default: grown at zero
     with pytest.raises(ValueError, match="grow init"):
         layer.update_topology(snack.dst.prune_magnitude(layer, 1), snack.dst.grow_random(layer, 1), init="normal")
 

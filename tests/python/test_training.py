@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 import snack
-from helpers import capture_graph, rel_error
+from common import capture_graph  # bench/common.py, on the path through conftest.py
+from helpers import rel_error
 
 
 def make_pair(device, dtype, m=48, k=40, density=0.2, seed=0):
