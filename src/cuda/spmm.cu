@@ -120,8 +120,11 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
       return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
       const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
-      if (plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T) || workspace == nullptr)
+      if (plan.batch_tile > 1 && (plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T) || workspace == nullptr))
         return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
+      // A one-row batch tile transposed is the row itself: the kernel reads X in place.
+      if (plan.batch_tile == 1)
+        return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       T* in_t = static_cast<T*>(workspace);
       const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
                        unsigned(tiles));
@@ -146,9 +149,14 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= smem_budget(limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
-    // Measured on the H200 (bench/results/spmm_nvidia_h200.md): staging X in shared memory wins
-    // for a batch of up to 4 rows; from 8 rows the transposed X read through L1 is faster.
-    if (n <= 4 && smem_fits) {
+    // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row is read in place
+    // through L1 (staging it in shared memory costs a round trip and a block barrier before the
+    // first product, about as long as the whole product at 99% sparsity); staging X in shared
+    // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster.
+    if (n == 1) {
+      v = SpmmVariant::kGlobalXT;
+      plan.reason = "batch of 1: X read in place through L1 (the transpose of one row is the row itself)";
+    } else if (n <= 4 && smem_fits) {
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
@@ -177,7 +185,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
         tile >>= 1;
       }
       plan.batch_tile = tile;
-      plan.workspace_bytes = size_t(in_dim) * size_t((n + tile - 1) / tile * tile) * value_bytes;
+      plan.workspace_bytes = tile == 1 ? 0 : size_t(in_dim) * size_t((n + tile - 1) / tile * tile) * value_bytes;
       break;
     }
     case SpmmVariant::kWarpRow:

@@ -82,7 +82,8 @@ def test_unknown_variant():
 
 def test_explain_and_override():
     layer = snack.SparseLinear(4096, 1024, density=0.1, device="cuda")
-    assert snack.explain(layer, 1).startswith("smem_x")
+    one_row = snack.explain(layer, 1)
+    assert one_row.startswith("global_xt") and "in place" in one_row and "workspace" not in one_row
     assert snack.explain(layer, 128).startswith("global_xt")
     assert "forced" in snack.explain(layer, 8, variant="warp_row")
     assert "batch tile" in snack.explain(layer, 16, transposed=True)
