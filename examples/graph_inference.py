@@ -9,7 +9,8 @@ on the concatenated hops, one node at a time. The graph here is GENERATED (a sto
 from networkx, 20 communities, features = community centroid + noise): no package on this machine
 ships a real graph large enough, and nothing is downloaded. The MLP: a dense input projection
 (hops x features -> width), `layers` hidden width x width layers that are SparseLinear (snack),
-a dense weight times a mask (Dense+Mask) or dense, and a dense classifier. Latency is the median of
+a dense weight times a mask (Dense+Mask) or dense, and a dense classifier. ReLU follows every
+layer; snack fuses it into its kernel (`SparseLinear(..., activation="relu")`). Latency is the median of
 batch-1 forwards replayed from a captured CUDA graph (plain calls on a CPU); memory is the peak
 allocated during inference. Writes bench/results/graph_<gpu>.csv and .md on a GPU.
 """
@@ -65,11 +66,13 @@ def make_model(impl, in_dim, width, layers, classes, sparsity, device, seed):
     hidden = []
     for _ in range(layers):
         if impl == "dense":
-            hidden.append(nn.Linear(width, width, device=device))
+            hidden += [nn.Linear(width, width, device=device), nn.ReLU()]
         else:
-            layer = snack.SparseLinear(width, width, sparsity=sparsity, device=device, generator=gen)
-            hidden.append(layer if impl == "snack" else snack.dst.DenseMaskLinear.from_sparse(layer))
-        hidden.append(nn.ReLU())
+            # snack fuses the ReLU into the kernel's epilogue (activation="relu"): one launch per
+            # layer. Dense+Mask gets the same weights and a separate ReLU, as PyTorch code would.
+            layer = snack.SparseLinear(width, width, sparsity=sparsity, device=device, generator=gen,
+                                       activation="relu")
+            hidden += [layer] if impl == "snack" else [snack.dst.DenseMaskLinear.from_sparse(layer), nn.ReLU()]
     return nn.Sequential(nn.Linear(in_dim, width, device=device), nn.ReLU(), *hidden,
                          nn.Linear(width, classes, device=device)).eval()
 
@@ -112,12 +115,23 @@ def main(argv=None) -> int:
     rows = []
     for width in map(int, args.widths.split(",")):
         for sparsity in map(float, args.sparsities.split(",")):
+            reference = None  # snack's answers for a few nodes, which Dense+Mask (same weights) must match
             for impl in ("snack", "dense_mask", "dense"):
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                     base = torch.cuda.memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
                 model = make_model(impl, features.shape[1], width, args.layers, classes, sparsity, device, seed=1)
+                if impl != "dense":
+                    with torch.no_grad():
+                        answers = model(features[:8]).double()
+                    if reference is None:
+                        reference = answers
+                    else:
+                        err = ((answers - reference).norm() / reference.norm().clamp_min(1e-30)).item()
+                        if not err < 1e-4:
+                            raise RuntimeError(f"snack and Dense+Mask disagree at width {width}, sparsity "
+                                               f"{sparsity}: relative error {err:.2e}")
                 lat = latency_us(model, features, device, args.reps)
                 peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else float("nan")
                 rows.append(dict(impl=impl, M=width, K=width, layers=args.layers, sparsity=sparsity, latency_us=lat,
