@@ -81,6 +81,78 @@ template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,
                             DeviceAllocator& alloc, Stream stream);
 
+// ---- Dynamic sparse training on the device (src/cuda/topology_update.cu) ----
+// No function below synchronises with the host, and every result is deterministic. They keep a
+// bitmap of one bit per position of the m x k matrix (m * k / 8 bytes: 1/32 of a dense fp32
+// weight) instead of sorting; callers pick them where that bitmap is affordable.
+
+/// 32-bit words of a bitmap with one bit per position of an m x k matrix.
+int64_t bitmap_words(int64_t m, int64_t k);
+
+/// bitmap [bitmap_words(m, k)] <- the positions of the slots (zeroed first).
+template <typename Index>
+Status mark_present(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, uint32_t* bitmap,
+                    Stream stream);
+
+/// Slots `drop` [count] (distinct, in [0, nnz)) freed and refilled with the positions `grow` [count]
+/// (distinct, absent, in [0, m*k)): the new row-major slot arrays new_row_idx/new_col_idx [nnz] and
+/// source [nnz], the old slot each new slot came from (-1 = grown). The inputs are trusted (the
+/// binding validates untrusted ones first). Scratch: the bitmap, its word offsets and nnz flags.
+template <typename Index>
+Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, int64_t count,
+                     const int64_t* drop, const int64_t* grow, Index* new_row_idx, Index* new_col_idx, int64_t* source,
+                     DeviceAllocator& alloc, Stream stream);
+
+/// `count` distinct positions absent from the pattern, uniformly at random, ascending, into
+/// positions [count]. random_bits [draws + 1]: independent random integers in [0, 2^62) from the
+/// caller's generator; random_bits[0] seeds the priorities, the others are candidate draws.
+/// draws == 0 makes every absent position a candidate (for dense patterns). The candidates are the
+/// distinct absent draws (scrambled by x -> (x * multiplier + offset) mod m*k, a permutation when
+/// multiplier is coprime with m*k); the `count` of lowest hash priority are kept, which is a
+/// uniform choice among them. candidate_count [1] receives how many candidates there were: fewer
+/// than `count` means the draws fell short, and the output is then incomplete (callers assert it).
+template <typename Index>
+Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                     const int64_t* random_bits, int64_t draws, int64_t multiplier, int64_t offset, int64_t count,
+                     int64_t* positions, int64_t* candidate_count, DeviceAllocator& alloc, Stream stream);
+
+/// What a TopkSelection ranks: the largest keys win, ties go to the smaller position.
+enum class SelectKey : int {
+  kAbsentMagnitude = 0,  ///< float scores, key |s| (NaN = 0); positions set in the bitmap are skipped
+  kLowestScore = 1,      ///< float scores, the lowest win (NaN = +inf, -0 = +0)
+};
+
+/// Exact top-k selection over float scores that arrive in blocks (an MSD radix select over 32-bit
+/// keys in three passes, then an ordered write), for scores too many to hold at once: every pass
+/// sees every block again, in the same order. Holds its device state; not thread-safe.
+///   for pass in 0..kPasses-1: for each block: histogram(pass, ...); then pick(pass)
+///   for each block: emit(...)  -> out [k] ascending positions (block's first_position + index)
+class TopkSelection {
+ public:
+  static constexpr int kPasses = 3;
+  /// k >= 1 of the keys to select; `bitmap` (kAbsentMagnitude only) marks the positions to skip.
+  TopkSelection(SelectKey mode, int64_t k, const uint32_t* bitmap, DeviceAllocator& alloc, Stream stream);
+  ~TopkSelection();
+  TopkSelection(const TopkSelection&) = delete;
+  TopkSelection& operator=(const TopkSelection&) = delete;
+  /// Allocates and resets the device state; call once before the passes.
+  Status begin();
+  /// Counts the keys of scores [count] (positions first_position ..) that match the digits picked so far.
+  Status histogram(int pass, const float* scores, int64_t count, int64_t first_position);
+  /// Fixes the pass's digit of the k-th key from the counts of every block.
+  Status pick(int pass);
+  /// Writes the selected positions of this block to out, after those of the blocks before it.
+  Status emit(const float* scores, int64_t count, int64_t first_position, int64_t* out);
+
+ private:
+  SelectKey mode_;
+  int64_t k_;
+  const uint32_t* bitmap_;
+  DeviceAllocator& alloc_;
+  Stream stream_;
+  void* state_ = nullptr;
+};
+
 /// An allocator over cudaMallocAsync/cudaFreeAsync, for users without a framework.
 DeviceAllocator& default_device_allocator();
 

@@ -8,6 +8,7 @@
 
 #include "../common/op_checks.h"
 #include "cuda_utils.cuh"
+#include "scratch.cuh"
 #include "snack/topology.h"
 
 namespace snack::cuda {
@@ -16,44 +17,14 @@ namespace {
 using detail::check_launch;
 using detail::cuda_status;
 using detail::grid_for;
+using detail::align_up;
+using detail::kAlign;
+using detail::ScratchBuffer;
 
 constexpr int kThreads = 256;
 constexpr int64_t kNoError = std::numeric_limits<int64_t>::max();
 // Error slots hold the smallest offending index; all bits set (the cudaMemset fill) means none.
 constexpr unsigned long long kNoErrorBits = ~0ull;
-
-// CUB wants its temporary storage aligned; scratch layouts leave this much slack for it.
-constexpr size_t kAlign = 256;
-void* align_up(void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
-  return reinterpret_cast<void*>((v + kAlign - 1) / kAlign * kAlign);
-}
-
-// Scratch memory from a DeviceAllocator, returned when it goes out of scope (stream-ordered).
-class ScratchBuffer {
- public:
-  ScratchBuffer(DeviceAllocator& alloc, Stream stream) : alloc_(alloc), stream_(stream) {}
-  ~ScratchBuffer() {
-    if (ptr_) alloc_.deallocate(ptr_, stream_);
-  }
-  ScratchBuffer(const ScratchBuffer&) = delete;
-  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
-
-  Status reserve(size_t bytes) {
-    if (ptr_) alloc_.deallocate(ptr_, stream_);
-    ptr_ = bytes ? alloc_.allocate(bytes, stream_) : nullptr;
-    if (bytes && !ptr_)
-      return Status(StatusCode::kCudaError, "out of device memory for " + std::to_string(bytes) + " scratch bytes");
-    return Status::Ok();
-  }
-  template <typename U>
-  U* as() const { return static_cast<U*>(ptr_); }
-
- private:
-  DeviceAllocator& alloc_;
-  Stream stream_;
-  void* ptr_ = nullptr;
-};
 
 // Number of low bits that hold every value in [0, bound).
 int bits_for(int64_t bound) {

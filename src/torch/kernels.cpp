@@ -9,6 +9,7 @@
 #include <string>
 
 #include "binding_utils.h"
+#include "device_context.h"
 #include "snack/ops.h"
 #include "snack/topology.h"
 
@@ -19,11 +20,11 @@
 #endif
 
 namespace snack::binding {
-namespace {
 
 #ifdef SNACK_WITH_CUDA
 Stream current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
 
+namespace {
 // Scratch memory of the core's CUDA topology functions, from PyTorch's caching allocator.
 class TorchCudaAllocator final : public DeviceAllocator {
  public:
@@ -32,13 +33,12 @@ class TorchCudaAllocator final : public DeviceAllocator {
   }
   void deallocate(void* ptr, Stream) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
 };
+}  // namespace
 
 DeviceAllocator& torch_allocator() {
   static TorchCudaAllocator allocator;
   return allocator;
 }
-
-namespace gpu = ::snack::cuda;
 #else
 // A CPU-only build: the CUDA branches below still compile, and on_device never takes them.
 DeviceAllocator& torch_allocator() {
@@ -49,7 +49,12 @@ DeviceAllocator& torch_allocator() {
   static NoDevice allocator;
   return allocator;
 }
+#endif
 
+namespace {
+#ifdef SNACK_WITH_CUDA
+namespace gpu = ::snack::cuda;
+#else
 namespace gpu {
 inline Status unsupported() { return Status(StatusCode::kUnsupported, "snack was built without CUDA"); }
 template <typename... Args>

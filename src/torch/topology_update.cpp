@@ -10,9 +10,49 @@
 #include <numeric>
 
 #include "binding_utils.h"
+#include "device_context.h"
+
+#ifdef SNACK_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "snack/topology.h"
+#endif
 
 namespace snack::binding {
 namespace {
+
+#ifdef SNACK_WITH_CUDA
+namespace gpu = ::snack::cuda;
+
+// Whether the device path may hold a bitmap of one bit per position (m*k/8 bytes): up to 64 bytes
+// per slot plus 64 MiB. Sparser or larger matrices take the ATen path, whose memory follows k.
+bool bitmap_affordable(int64_t total, int64_t nnz) {
+  return total < (int64_t{1} << 40) && total / 8 <= 64 * nnz + (int64_t{64} << 20);
+}
+
+// Calls fn(index_tag, row_idx, col_idx) with the slot arrays as uint16 or int32 (int64 arrays, as
+// the Dense+Mask reference passes them, are narrowed: the same positions take the same path).
+template <typename Fn>
+decltype(auto) with_device_indices(const at::Tensor& row_idx, const at::Tensor& col_idx, Fn&& fn) {
+  if (row_idx.scalar_type() == at::kUInt16 && col_idx.scalar_type() == at::kUInt16)
+    return fn(uint16_t{}, row_idx.contiguous(), col_idx.contiguous());
+  return fn(int32_t{}, row_idx.to(at::kInt).contiguous(), col_idx.to(at::kInt).contiguous());
+}
+
+// Runs the three radix passes and the ordered write of a selection over one block of scores.
+at::Tensor select_in_one_block(gpu::SelectKey mode, const at::Tensor& scores, int64_t k, const char* op) {
+  const at::Tensor s = scores.contiguous();
+  at::Tensor out = at::empty({k}, s.options().dtype(at::kLong));
+  gpu::TopkSelection selection(mode, k, nullptr, torch_allocator(), current_stream());
+  throw_if_error(selection.begin(), op);
+  for (int pass = 0; pass < gpu::TopkSelection::kPasses; ++pass) {
+    throw_if_error(selection.histogram(pass, s.data_ptr<float>(), s.numel(), 0), op);
+    throw_if_error(selection.pick(pass), op);
+  }
+  throw_if_error(selection.emit(s.data_ptr<float>(), s.numel(), 0, out.data_ptr<int64_t>()), op);
+  return out;
+}
+#endif
 
 // Linear positions row * in_features + col of the slots, in `type` (kInt only where they fit).
 at::Tensor slot_keys(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t in_features,
@@ -62,6 +102,12 @@ at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
   check_1d(score, "score", op);
   TORCH_CHECK_VALUE(k >= 0 && k <= score.size(0), "snack.", op, ": k=", k, " must lie in [0, nnz=", score.size(0), "]");
   if (k == 0) return at::empty({0}, score.options().dtype(at::kLong));
+#ifdef SNACK_WITH_CUDA
+  if (score.is_cuda() && score.scalar_type() == at::kFloat) {
+    const c10::cuda::CUDAGuard guard(score.device());
+    return select_in_one_block(gpu::SelectKey::kLowestScore, score, k, op);
+  }
+#endif
   at::Tensor clean = score;
   if (at::isFloatingType(score.scalar_type()))
     clean = at::where(score.isnan(), std::numeric_limits<double>::infinity(), score);
@@ -98,18 +144,47 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
   const at::Device draw_device = generator ? generator->device() : device;
   const auto opts = at::TensorOptions().dtype(at::kLong).device(draw_device);
   if (k == 0) return at::empty({0}, opts.device(device));
+  const bool dense_regime = 4 * absent < total || 8 * k > absent;
+  // Draws that keep, with overwhelming probability, at least k distinct absent positions: the
+  // expected number kept exceeds k by 8 standard deviations plus 64, and the repeats are paid for.
+  auto draw_count = [&] {
+    const double kept_fraction = double(absent) / double(total);
+    const double wanted = (double(k) + 8.0 * std::sqrt(double(k)) + 64.0) / kept_fraction;
+    return int64_t(std::ceil(wanted + 2.0 * wanted * wanted / double(total))) + 1024;
+  };
+#ifdef SNACK_WITH_CUDA
+  if (device.is_cuda() && bitmap_affordable(total, nnz)) {
+    // Device path: candidates are the distinct absent draws (every absent position in the dense
+    // regime), marked in a bitmap; the k of lowest hash priority are kept (src/cuda/topology_update.cu).
+    const c10::cuda::CUDAGuard guard(device);
+    const int64_t draws = dense_regime ? 0 : draw_count();
+    // 62 random bits per draw (reduced modulo total on the device: a 32-bit draw modulo a range
+    // near 2^26 would favour some positions by about total / 2^32); the first seeds the priorities.
+    const at::Tensor random_bits = at::randint(0, int64_t{1} << 62, {draws + 1}, generator, opts).to(device);
+    at::Tensor out = at::empty({k}, opts.device(device));
+    at::Tensor candidates = at::empty({1}, opts.device(device));
+    with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& rows, const at::Tensor& cols) {
+      using Index = decltype(tag);
+      throw_if_error(gpu::sample_absent<Index>(out_features, in_features, nnz, static_cast<const Index*>(rows.data_ptr()),
+                                               static_cast<const Index*>(cols.data_ptr()), random_bits.data_ptr<int64_t>(), draws,
+                                               scramble_multiplier(total), total / 3, k, out.data_ptr<int64_t>(),
+                                               candidates.data_ptr<int64_t>(), torch_allocator(), current_stream()),
+                     op);
+    });
+    at::_assert_async(candidates.ge(k).all(), "snack.sample_absent: too few absent candidates drawn");
+    return out;
+  }
+#endif
   const auto key_type = position_type(total);  // 32-bit where positions fit: half the memory traffic
   const at::Tensor present = slot_keys(row_idx, col_idx, in_features, key_type).to(draw_device);  // ascending
   at::Tensor chosen;
-  if (4 * absent < total || 8 * k > absent) {
+  if (dense_regime) {
     at::Tensor is_absent = at::ones({total}, opts.dtype(at::kBool));
     if (nnz > 0) is_absent.index_fill_(0, present.to(at::kLong), false);
     const at::Tensor keys = at::where(is_absent, at::rand({total}, generator, opts.dtype(at::kFloat)), 2.0f);
     chosen = std::get<1>(at::topk(keys, k, 0, /*largest=*/false, /*sorted=*/false));
   } else {
-    const double kept_fraction = double(absent) / double(total);
-    const double wanted = (double(k) + 8.0 * std::sqrt(double(k)) + 64.0) / kept_fraction;
-    const int64_t draws_n = int64_t(std::ceil(wanted + 2.0 * wanted * wanted / double(total))) + 1024;
+    const int64_t draws_n = draw_count();
     // The draws go through a fixed affine permutation of the positions: a pattern drawn by
     // random_slots from a generator seeded alike (the same seed for init and DST is common) would
     // otherwise be drawn again, and almost every candidate would be present.
@@ -157,6 +232,45 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   const int64_t rows = block_rows > 0 ? block_rows : std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(1, kin));
   const auto score_type = dy.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor dyt = dy.to(score_type).t(), xs = x.to(score_type);
+#ifdef SNACK_WITH_CUDA
+  if (dy.is_cuda() && score_type == at::kFloat && bitmap_affordable(m * kin, nnz)) {
+    // Device path: a bitmap of the present positions, and an exact radix select whose three
+    // passes and final ordered write each recompute the block products (src/cuda/topology_update.cu).
+    const c10::cuda::CUDAGuard guard(dy.device());
+    const Stream stream = current_stream();
+    at::Tensor bitmap = at::empty({gpu::bitmap_words(m, kin)}, dy.options().dtype(at::kInt));
+    auto* bits = reinterpret_cast<uint32_t*>(bitmap.data_ptr());
+    with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& r, const at::Tensor& c) {
+      using Index = decltype(tag);
+      throw_if_error(gpu::mark_present<Index>(m, kin, nnz, static_cast<const Index*>(r.data_ptr()),
+                                              static_cast<const Index*>(c.data_ptr()), bits, stream),
+                     op);
+    });
+    at::Tensor block = at::empty({std::min(m, rows), kin}, dy.options().dtype(at::kFloat));
+    auto block_scores = [&](int64_t r0, int64_t r1) {
+      at::Tensor body = block.slice(0, 0, r1 - r0);
+      at::mm_out(body, dyt.slice(0, r0, r1), xs);
+      return body;
+    };
+    at::Tensor out = at::empty({k}, long_opts);
+    gpu::TopkSelection selection(gpu::SelectKey::kAbsentMagnitude, k, bits, torch_allocator(), stream);
+    throw_if_error(selection.begin(), op);
+    for (int pass = 0; pass < gpu::TopkSelection::kPasses; ++pass) {
+      for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        const int64_t r1 = std::min(m, r0 + rows);
+        const at::Tensor score = block_scores(r0, r1);
+        throw_if_error(selection.histogram(pass, score.data_ptr<float>(), score.numel(), r0 * kin), op);
+      }
+      throw_if_error(selection.pick(pass), op);
+    }
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+      const int64_t r1 = std::min(m, r0 + rows);
+      const at::Tensor score = block_scores(r0, r1);
+      throw_if_error(selection.emit(score.data_ptr<float>(), score.numel(), r0 * kin, out.data_ptr<int64_t>()), op);
+    }
+    return out;
+  }
+#endif
   const at::Tensor present = slot_keys(row_idx, col_idx, kin);
 
   // |dY^T X| of rows [r0, r1) flattened, present positions set to -1 (never grown).
@@ -214,6 +328,33 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   return out.slice(0, 0, k);
 }
 
+#ifdef SNACK_WITH_CUDA
+// replace_slots on the device: the new pattern's bitmap read back in position order
+// (src/cuda/topology_update.cu). drop and grow are trusted here (validated before, or by the caller).
+// The zero fills only matter for an untrusted grow that names a kept position (validate=False):
+// the arrays then stay in range.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_on_device(const at::Tensor& row_idx, const at::Tensor& col_idx,
+                                                                 const at::Tensor& drop, const at::Tensor& grow,
+                                                                 int64_t out_features, int64_t in_features) {
+  const c10::cuda::CUDAGuard guard(row_idx.device());
+  const int64_t nnz = row_idx.size(0);
+  at::Tensor source = at::full({nnz}, -1, row_idx.options().dtype(at::kLong));
+  const at::Tensor d = drop.contiguous(), g = grow.contiguous();
+  return with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& r, const at::Tensor& c) {
+    using Index = decltype(tag);
+    at::Tensor new_rows = at::zeros({nnz}, r.options()), new_cols = at::zeros({nnz}, c.options());
+    throw_if_error(gpu::replace_slots<Index>(out_features, in_features, nnz, static_cast<const Index*>(r.data_ptr()),
+                                             static_cast<const Index*>(c.data_ptr()), d.size(0),
+                                             d.data_ptr<int64_t>(), g.data_ptr<int64_t>(),
+                                             static_cast<Index*>(new_rows.data_ptr()),
+                                             static_cast<Index*>(new_cols.data_ptr()), source.data_ptr<int64_t>(),
+                                             torch_allocator(), current_stream()),
+                   "replace_slots");
+    return std::make_tuple(new_rows.to(row_idx.scalar_type()), new_cols.to(col_idx.scalar_type()), source);
+  });
+}
+#endif
+
 // Frees the slots `drop` and fills them with the positions `grow`; returns the new sorted slot
 // arrays and, for every new slot, the old slot it came from (-1 for a grown connection).
 // Validates everything first: on error nothing is returned and nothing was changed.
@@ -236,6 +377,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
     TORCH_CHECK_INDEX(g.min().item<int64_t>() >= 0 && g.max().item<int64_t>() < total, "snack.", op,
                       ": grow positions must lie in [0, out_features*in_features=", total, ")");
   }
+  [[maybe_unused]] bool on_device = false;
+#ifdef SNACK_WITH_CUDA
+  on_device = row_idx.is_cuda() && bitmap_affordable(total, nnz);
+  if (on_device && !validate) return replace_on_device(row_idx, col_idx, d, g, out_features, in_features);
+#endif
   at::Tensor keep = at::ones({nnz}, long_opts.dtype(at::kBool));
   keep.index_fill_(0, d, false);
   if (validate)
@@ -255,6 +401,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
     TORCH_CHECK_VALUE(kept_keys.index_select(0, idx).ne(g_sorted).all().item<bool>(), "snack.", op,
                       ": grow names a position that stays connected");
   }
+#ifdef SNACK_WITH_CUDA
+  if (on_device) return replace_on_device(row_idx, col_idx, d, g, out_features, in_features);
+#endif
   // Merge the two ascending, disjoint key lists: a key's new slot is its index in its own list plus
   // the number of keys of the other list below it. The zero/-1 fills only matter for an untrusted
   // grow that names a kept position (validate=False): the arrays then stay in range.

@@ -557,3 +557,86 @@ def test_gpu_update_has_no_host_synchronisation(algorithm):
     torch.cuda.synchronize()
     keys = layer.row_idx.long() * 256 + layer.col_idx.long()
     assert torch.all(keys[1:] > keys[:-1])
+
+
+# ---- the device paths of the topology operators (bitmap + radix select, src/cuda/topology_update.cu) ----
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1, 31, 4096, 4097, 100_003])
+def test_prune_slots_on_device_matches_stable_sort(n):
+    # Many chunks of the ordered write, heavy ties, negative scores, -0.0 and NaN: the k lowest,
+    # ties to the lower slot, exactly as a stable sort orders them.
+    gen = torch.Generator().manual_seed(n)
+    score = (torch.randint(-50, 50, (n,), generator=gen).float() / 8)
+    score[torch.randint(0, n, (max(1, n // 50),), generator=gen)] = float("nan")
+    score[torch.randint(0, n, (max(1, n // 50),), generator=gen)] = -0.0
+    clean = torch.where(score.isnan(), torch.tensor(float("inf")), score)
+    order = torch.sort(clean, stable=True).indices
+    for k in sorted({1, n // 3 + 1, n // 2, n - 1, n} - {0}):
+        got = ops.prune_slots(score.cuda(), k).cpu()
+        assert torch.equal(got, torch.sort(order[:k]).values), k
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,k,density,validate", [(64, 48, 0.3, True), (300, 257, 0.1, False), (2048, 1500, 0.05, False),
+                                                   (40, 70000, 0.02, True)])
+def test_replace_slots_on_device_matches_the_cpu(m, k, density, validate):
+    gen = torch.Generator().manual_seed(m)
+    layer = snack.SparseLinear(k, m, density=density, generator=gen)
+    count = layer.nnz // 3
+    drop = ops.prune_slots(torch.rand(layer.nnz, generator=gen), count)
+    grow = ops.sample_absent(layer.row_idx, layer.col_idx, m, k, count, generator=gen)
+    want = ops.replace_slots(layer.row_idx, layer.col_idx, drop, grow, m, k, True)
+    got = ops.replace_slots(layer.row_idx.cuda(), layer.col_idx.cuda(), drop.cuda(), grow.cuda(), m, k, validate)
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
+    with pytest.raises(ValueError, match="stays connected"):
+        keys = layer.row_idx.long() * k + layer.col_idx.long()
+        kept = torch.ones(layer.nnz, dtype=torch.bool)
+        kept[drop] = False
+        bad = grow.clone()
+        bad[0] = keys[kept][0]
+        ops.replace_slots(layer.row_idx.cuda(), layer.col_idx.cuda(), drop.cuda(), bad.cuda(), m, k, True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,k,nnz,grow", [(20, 20, 40, 5), (12, 10, 100, 10)])
+def test_sample_absent_on_device_is_uniform(m, k, nnz, grow):
+    # (20, 20): the candidate-drawing path; (12, 10): dense, every absent position a candidate.
+    rows, cols = ops.random_slots(m, k, nnz, generator=torch.Generator().manual_seed(0))
+    rows, cols = rows.cuda(), cols.cuda()
+    present = set((rows.long() * k + cols.long()).tolist())
+    absent = torch.tensor([p for p in range(m * k) if p not in present])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    counts = torch.zeros(m * k)
+    trials = 3000
+    for _ in range(trials):
+        got = ops.sample_absent(rows, cols, m, k, grow, generator=gen).cpu()
+        assert torch.equal(got, torch.unique(got)) and got.numel() == grow
+        counts[got] += 1
+    assert counts.sum() == trials * grow and counts[list(present)].sum() == 0
+    mean = trials * grow / absent.numel()
+    assert torch.all((counts[absent] - mean).abs() < 5 * mean ** 0.5), counts[absent]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_rows", [0, 1, 5, 64])
+def test_topk_absent_gradient_on_device_is_a_top_k(block_rows):
+    # fp32 scores: the selection must be k distinct absent positions, ascending, none of which
+    # scores below an unselected absent position (the float64 scores decide, up to fp32 rounding).
+    torch.manual_seed(block_rows)
+    layer = snack.SparseLinear(300, 130, density=0.1, device="cuda")
+    x, dy = torch.randn(16, 300, device="cuda"), torch.randn(16, 130, device="cuda")
+    k = 5000
+    got = snack.dst.grow_gradient(layer, k, x, dy, block_rows=block_rows).cpu()
+    assert got.numel() == k and torch.equal(got, torch.unique(got))
+    score = (dy.double().t() @ x.double()).abs().flatten().cpu()
+    present = (layer.row_idx.long() * 300 + layer.col_idx.long()).cpu()
+    assert not torch.isin(got, present).any()
+    chosen = torch.zeros(score.numel(), dtype=torch.bool)
+    chosen[got] = True
+    chosen[present] = True
+    rest = score.clone()
+    rest[chosen] = -1
+    assert score[got].min() >= rest.max() * (1 - 1e-5)
+    again = snack.dst.grow_gradient(layer, k, x, dy, block_rows=block_rows).cpu()
+    assert torch.equal(got, again)
