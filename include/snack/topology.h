@@ -89,6 +89,11 @@ Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count,
 /// 32-bit words of a bitmap with one bit per position of an m x k matrix.
 int64_t bitmap_words(int64_t m, int64_t k);
 
+/// Whether that bitmap is worth keeping next to nnz slots: m*k/8 bytes within 64 bytes per slot
+/// plus 64 MiB (density above ~1/512 for large matrices). build_views uses it to pick its method;
+/// the binding takes the functions below only when it holds.
+bool bitmap_affordable(int64_t m, int64_t k, int64_t nnz);
+
 /// bitmap [bitmap_words(m, k)] <- the positions of the slots (zeroed first).
 template <typename Index>
 Status mark_present(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, uint32_t* bitmap,
@@ -115,6 +120,13 @@ template <typename Index>
 Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                      const int64_t* random_bits, int64_t draws, int64_t multiplier, int64_t offset, int64_t count,
                      int64_t* positions, int64_t* candidate_count, DeviceAllocator& alloc, Stream stream);
+
+/// out[s] = source[s] >= 0 ? in[source[s]] : fill[fill_per_slot ? s : 0] for s in [0, nnz): how a
+/// per-slot tensor (values, gradient, optimizer state) follows replace_slots' permutation. `out`
+/// must not alias `in`. T: float or double.
+template <typename T>
+Status gather_slots(int64_t nnz, const T* in, const int64_t* source, const T* fill, bool fill_per_slot, T* out,
+                    Stream stream);
 
 /// What a TopkSelection ranks: the largest keys win, ties go to the smaller position.
 enum class SelectKey : int {

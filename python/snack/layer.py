@@ -257,20 +257,17 @@ class SparseLinear(nn.Module):
         device = self.values.device
         row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop.to(device), grow.to(device),
                                                      self.out_features, self.in_features, validate)
-        grown = source.lt(0)
-        gather = source.clamp_min(0)
         # Values for grown connections (a scalar, or one per slot of which the grown ones are kept):
         # no host sync here.
         fresh = _init_new_values(self, self.nnz, init)
 
         def remap(t: Tensor, fill: Optional[Tensor]) -> None:
             """t <- t[source], with `fill` at the grown slots (None: the mean over the kept ones)."""
-            moved = t.index_select(0, gather)
             if fill is None:
-                kept = ~grown
-                fill = (moved * kept).sum() / kept.sum().clamp_min(1)
-            # torch.where, not masked_fill_: a 0-dim CUDA fill value would be read on the host (a sync).
-            t.copy_(torch.where(grown, fill.to(t.dtype), moved))
+                kept = source.ge(0)
+                fill = (t.index_select(0, source.clamp_min(0)) * kept).sum() / kept.sum().clamp_min(1)
+            # A 0-dim device tensor as the fill: never read on the host (no sync).
+            ops.remap_slots_(t, source, fill.to(t.dtype))
 
         with torch.no_grad():
             for state in _per_slot_state(optimizer, self.values):

@@ -5,13 +5,12 @@
 
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 
 #include <cstdint>
 #include <string>
 
 #include "../common/op_checks.h"
+#include "bitmap.cuh"
 #include "cuda_utils.cuh"
 #include "scratch.cuh"
 #include "snack/topology.h"
@@ -20,12 +19,17 @@ namespace snack::cuda {
 namespace {
 
 using detail::align_up;
+using detail::bit_rank;
+using detail::bit_set;
 using detail::check_launch;
 using detail::device_limits;
 using detail::DeviceLimits;
 using detail::grid_for;
 using detail::kAlign;
+using detail::scan_word_counts;
 using detail::ScratchBuffer;
+using detail::set_bit;
+using detail::WordPopcount;
 
 constexpr int kThreads = 256;
 
@@ -37,11 +41,6 @@ unsigned stride_grid(int64_t items) {
   const int sms = device_limits(&limits).ok() ? limits.sms : 132;
   return grid_for(items, kThreads * 4, int64_t(sms) * 8);
 }
-
-__device__ __forceinline__ bool bit_set(const uint32_t* bitmap, int64_t p) {
-  return (bitmap[p >> 5] >> (p & 31)) & 1u;
-}
-__device__ __forceinline__ void set_bit(uint32_t* bitmap, int64_t p) { atomicOr(bitmap + (p >> 5), 1u << (p & 31)); }
 
 // ---- bitmaps ------------------------------------------------------------------------------------
 // bitmap |= positions of the slots, except those with skip[s] != 0.
@@ -81,17 +80,6 @@ __device__ __forceinline__ uint32_t in_range_bits(int64_t w, int64_t total) {
   return left >= 32 ? ~0u : ((1u << left) - 1u);
 }
 
-struct WordPopcount {
-  const uint32_t* bitmap;
-  __host__ __device__ int64_t operator()(int64_t w) const {
-#ifdef __CUDA_ARCH__
-    return __popc(bitmap[w]);
-#else
-    return 0;
-#endif
-  }
-};
-
 // Candidate positions of sample_absent in word w: drawn, absent and in range.
 struct CandidateWord {
   const uint32_t* present;
@@ -107,38 +95,37 @@ struct CandidateWord {
   }
 };
 
-// offsets[w] = number of counted bits in words [0, w) (exclusive scan of per-word counts).
-template <typename WordCount>
-Status scan_word_counts(WordCount count_of, int64_t words, int64_t* offsets, void* temp, size_t* temp_bytes,
-                        Stream stream) {
-  auto counts = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), count_of);
-  return detail::cuda_status(cub::DeviceScan::ExclusiveSum(temp, *temp_bytes, counts, offsets, words, stream),
-                             "cub::DeviceScan::ExclusiveSum(word counts)");
-}
-
 // ---- replace_slots -------------------------------------------------------------------------------
-// Every set bit of the new bitmap becomes a slot, in position order: slot = offsets[w] + rank in word.
+// Every set bit of the new bitmap becomes a slot, in position order: slot = offsets[w] + rank in
+// word. A word spans at most a few rows, so the row is found once per word, not by a division per bit.
 template <typename Index>
 __global__ void slots_from_bitmap_kernel(int64_t k, int64_t words, const uint32_t* __restrict__ bitmap,
                                          const int64_t* __restrict__ offsets, Index* __restrict__ row_idx,
-                                         Index* __restrict__ col_idx, int64_t* __restrict__ source) {
+                                         Index* __restrict__ col_idx) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += stride) {
     uint32_t bits = bitmap[w];
+    if (!bits) continue;
     int64_t slot = offsets[w];
+    const int64_t first = w * 32;
+    int64_t row = first / k;
+    int64_t row_start = row * k;
     while (bits) {
       const int b = __ffs(bits) - 1;
       bits &= bits - 1;
-      const int64_t p = w * 32 + b;
-      row_idx[slot] = Index(p / k);
-      col_idx[slot] = Index(p % k);
-      source[slot] = -1;  // grown, unless a kept slot claims it below
+      const int64_t p = first + b;
+      while (p >= row_start + k) {
+        ++row;
+        row_start += k;
+      }
+      row_idx[slot] = Index(row);
+      col_idx[slot] = Index(p - row_start);
       ++slot;
     }
   }
 }
 
-// source[new slot of s] = s for every kept slot s.
+// source[new slot of s] = s for every kept slot s (the grown slots keep the -1 fill).
 template <typename Index>
 __global__ void kept_sources_kernel(int64_t k, int64_t nnz, const Index* __restrict__ row_idx,
                                     const Index* __restrict__ col_idx, const uint8_t* __restrict__ dropped,
@@ -147,9 +134,18 @@ __global__ void kept_sources_kernel(int64_t k, int64_t nnz, const Index* __restr
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride) {
     if (dropped[s]) continue;
-    const int64_t p = int64_t(row_idx[s]) * k + int64_t(col_idx[s]);
-    const int64_t w = p >> 5;
-    source[offsets[w] + __popc(bitmap[w] & ((1u << (p & 31)) - 1u))] = s;
+    source[bit_rank(bitmap, offsets, int64_t(row_idx[s]) * k + int64_t(col_idx[s]))] = s;
+  }
+}
+
+// ---- following the permutation ---------------------------------------------------------------------
+template <typename T>
+__global__ void gather_slots_kernel(int64_t nnz, const T* __restrict__ in, const int64_t* __restrict__ source,
+                                    const T* __restrict__ fill, bool fill_per_slot, T* __restrict__ out) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride) {
+    const int64_t from = source[s];
+    out[s] = from >= 0 ? in[from] : fill[fill_per_slot ? s : 0];
   }
 }
 
@@ -166,28 +162,42 @@ struct SelectState {
   longlong2 carry;      // (keys above the k-th, keys equal to it) in the blocks already emitted
 };
 
-// Keys: get(e, key) -> false when element e takes no part.
+// Keys: get(e, key) -> false when element e takes no part; get4(e0, key) does elements e0..e0+3
+// with one 16-byte load (returns the mask of those taking part).
 struct AbsentMagnitudeKeys {
   const float* __restrict__ scores;
   const uint32_t* __restrict__ bitmap;
   int64_t first_position;
-  __device__ __forceinline__ bool get(int64_t e, uint32_t& key) const {
+  __device__ __forceinline__ bool from(float v, int64_t e, uint32_t& key) const {
     if (bitmap && bit_set(bitmap, first_position + e)) return false;
-    const float s = fabsf(scores[e]);
+    const float s = fabsf(v);
     key = isnan(s) ? 0u : __float_as_uint(s);  // non-negative floats order like their bits
     return true;
+  }
+  __device__ __forceinline__ bool get(int64_t e, uint32_t& key) const { return from(scores[e], e, key); }
+  __device__ __forceinline__ unsigned get4(int64_t e0, uint32_t (&key)[4]) const {
+    const float4 v = *reinterpret_cast<const float4*>(scores + e0);
+    return unsigned(from(v.x, e0, key[0])) | unsigned(from(v.y, e0 + 1, key[1])) << 1 |
+           unsigned(from(v.z, e0 + 2, key[2])) << 2 | unsigned(from(v.w, e0 + 3, key[3])) << 3;
   }
 };
 
 struct LowestScoreKeys {
   const float* __restrict__ scores;
-  __device__ __forceinline__ bool get(int64_t e, uint32_t& key) const {
-    const float s = scores[e];
+  __device__ __forceinline__ static uint32_t from(float s) {
     uint32_t u = isnan(s) ? 0x7f800000u : __float_as_uint(s);  // NaN ranks as +inf
     if ((u << 1) == 0) u = 0;                                   // -0 ties with +0
     const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending like the floats
-    key = ~ordered;                                                        // the lowest score is the largest key
+    return ~ordered;                                                       // the lowest score is the largest key
+  }
+  __device__ __forceinline__ bool get(int64_t e, uint32_t& key) const {
+    key = from(scores[e]);
     return true;
+  }
+  __device__ __forceinline__ unsigned get4(int64_t e0, uint32_t (&key)[4]) const {
+    const float4 v = *reinterpret_cast<const float4*>(scores + e0);
+    key[0] = from(v.x), key[1] = from(v.y), key[2] = from(v.z), key[3] = from(v.w);
+    return 0xfu;
   }
 };
 
@@ -196,6 +206,11 @@ struct LowestPriorityKeys {
   __device__ __forceinline__ bool get(int64_t e, uint32_t& key) const {
     key = ~priority[e];
     return true;
+  }
+  __device__ __forceinline__ unsigned get4(int64_t e0, uint32_t (&key)[4]) const {
+    const uint4 v = *reinterpret_cast<const uint4*>(priority + e0);
+    key[0] = ~v.x, key[1] = ~v.y, key[2] = ~v.z, key[3] = ~v.w;
+    return 0xfu;
   }
 };
 
@@ -209,25 +224,44 @@ __global__ void select_init_kernel(SelectState* state, long long k) {
   }
 }
 
+// Four copies of the bins, one per group of warps: keys crowd into few bins (one exponent range),
+// and shared-memory atomics on one address serialise.
+constexpr int kBinCopies = 4;
 template <typename Keys>
 __global__ void __launch_bounds__(kThreads)
-    select_histogram_kernel(Keys keys, int64_t count, int pass, SelectState* __restrict__ state) {
-  __shared__ unsigned int bins[kMaxBins];
+    select_histogram_kernel(Keys keys, int64_t count, bool vector_loads, int pass, SelectState* __restrict__ state) {
+  __shared__ unsigned int bins[kBinCopies][kMaxBins];
   const int nbins = 1 << digit_bits(pass);
-  for (int i = threadIdx.x; i < nbins; i += blockDim.x) bins[i] = 0;
+  for (int i = threadIdx.x; i < kBinCopies * kMaxBins; i += blockDim.x) (&bins[0][0])[i] = 0;
   __syncthreads();
   const int shift = digit_shift(pass), high = shift + digit_bits(pass);
   const uint32_t prefix = state->prefix;
+  unsigned int* my_bins = bins[(threadIdx.x >> 5) % kBinCopies];
+  const int64_t groups = (count + 3) / 4;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
-    uint32_t key;
-    if (!keys.get(e, key)) continue;
-    if (high < 32 && (key >> high) != (prefix >> high)) continue;  // outside the bucket picked so far
-    atomicAdd(&bins[(key >> shift) & uint32_t(nbins - 1)], 1u);
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
+    const int64_t e0 = 4 * g;
+    uint32_t key[4];
+    unsigned valid = 0;
+    if (vector_loads && e0 + 3 < count) {
+      valid = keys.get4(e0, key);
+    } else {
+      for (int j = 0; j < 4; ++j)
+        if (e0 + j < count && keys.get(e0 + j, key[j])) valid |= 1u << j;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (!((valid >> j) & 1u)) continue;
+      if (high < 32 && (key[j] >> high) != (prefix >> high)) continue;  // outside the bucket picked so far
+      atomicAdd(&my_bins[(key[j] >> shift) & uint32_t(nbins - 1)], 1u);
+    }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < nbins; i += blockDim.x)
-    if (bins[i]) atomicAdd(&state->hist[pass][i], static_cast<unsigned long long>(bins[i]));
+  for (int i = threadIdx.x; i < nbins; i += blockDim.x) {
+    unsigned int total = 0;
+    for (int c = 0; c < kBinCopies; ++c) total += bins[c][i];
+    if (total) atomicAdd(&state->hist[pass][i], static_cast<unsigned long long>(total));
+  }
 }
 
 // The bucket of this pass that holds the `remaining`-th largest key: walk the bins from the top.
@@ -355,9 +389,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename Keys>
-Status select_histogram(const Keys& keys, int64_t count, int pass, SelectState* state, Stream stream) {
+Status select_histogram(const Keys& keys, int64_t count, bool vector_loads, int pass, SelectState* state,
+                        Stream stream) {
   if (count == 0) return Status::Ok();
-  select_histogram_kernel<Keys><<<stride_grid(count), kThreads, 0, stream>>>(keys, count, pass, state);
+  select_histogram_kernel<Keys><<<stride_grid((count + 3) / 4), kThreads, 0, stream>>>(keys, count, vector_loads, pass,
+                                                                                       state);
   return check_launch("select_histogram_kernel");
 }
 
@@ -434,6 +470,9 @@ __global__ void candidates_kernel(CandidateWord words_of, int64_t words, const i
   }
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const LowestPriorityKeys& keys) { return aligned16(keys.priority); }
+
 template <typename Keys>
 Status select_all(const Keys& keys, int64_t count, int64_t k, const int64_t* position_of, int64_t* out,
                   DeviceAllocator& alloc, Stream stream) {
@@ -443,7 +482,7 @@ Status select_all(const Keys& keys, int64_t count, int64_t k, const int64_t* pos
   select_init_kernel<<<1, 1024, 0, stream>>>(st, k);
   SNACK_RETURN_IF_ERROR(check_launch("select_init_kernel"));
   for (int pass = 0; pass < TopkSelection::kPasses; ++pass) {
-    SNACK_RETURN_IF_ERROR(select_histogram(keys, count, pass, st, stream));
+    SNACK_RETURN_IF_ERROR(select_histogram(keys, count, aligned16(keys), pass, st, stream));
     SNACK_RETURN_IF_ERROR(select_pick(pass, st, stream));
   }
   return select_emit(keys, count, 0, position_of, st, out, alloc, stream);
@@ -452,6 +491,8 @@ Status select_all(const Keys& keys, int64_t count, int64_t k, const int64_t* pos
 }  // namespace
 
 int64_t bitmap_words(int64_t m, int64_t k) { return detail::ceil_div(m * k, 32); }
+
+bool bitmap_affordable(int64_t m, int64_t k, int64_t nnz) { return detail::bitmap_affordable(m, k, nnz); }
 
 template <typename Index>
 Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, int64_t count,
@@ -486,8 +527,12 @@ Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
     SNACK_RETURN_IF_ERROR(check_launch("mark_positions_kernel"));
   }
   SNACK_RETURN_IF_ERROR(scan_word_counts(WordPopcount{bitmap}, words, offsets, cub_temp, &cub_bytes, stream));
+  // Zeros where an unvalidated grow left slots unfilled (a grown position that was kept): in range.
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(new_row_idx, 0, size_t(nnz) * sizeof(Index), stream));
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(new_col_idx, 0, size_t(nnz) * sizeof(Index), stream));
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(source, 0xff, size_t(nnz) * sizeof(int64_t), stream));  // -1
   slots_from_bitmap_kernel<Index><<<stride_grid(words), kThreads, 0, stream>>>(k, words, bitmap, offsets, new_row_idx,
-                                                                               new_col_idx, source);
+                                                                               new_col_idx);
   SNACK_RETURN_IF_ERROR(check_launch("slots_from_bitmap_kernel"));
   kept_sources_kernel<Index><<<stride_grid(nnz), kThreads, 0, stream>>>(k, nnz, row_idx, col_idx, dropped, bitmap,
                                                                         offsets, source);
@@ -566,8 +611,9 @@ Status TopkSelection::histogram(int pass, const float* scores, int64_t count, in
   if (pass < 0 || pass >= kPasses) return InvalidArgument("TopkSelection: pass out of range");
   auto* st = static_cast<SelectState*>(state_);
   if (mode_ == SelectKey::kAbsentMagnitude)
-    return select_histogram(AbsentMagnitudeKeys{scores, bitmap_, first_position}, count, pass, st, stream_);
-  return select_histogram(LowestScoreKeys{scores}, count, pass, st, stream_);
+    return select_histogram(AbsentMagnitudeKeys{scores, bitmap_, first_position}, count, aligned16(scores), pass, st,
+                            stream_);
+  return select_histogram(LowestScoreKeys{scores}, count, aligned16(scores), pass, st, stream_);
 }
 
 Status TopkSelection::pick(int pass) {
@@ -584,6 +630,18 @@ Status TopkSelection::emit(const float* scores, int64_t count, int64_t first_pos
                        alloc_, stream_);
   return select_emit(LowestScoreKeys{scores}, count, first_position, nullptr, st, out, alloc_, stream_);
 }
+
+template <typename T>
+Status gather_slots(int64_t nnz, const T* in, const int64_t* source, const T* fill, bool fill_per_slot, T* out,
+                    Stream stream) {
+  if (nnz == 0) return Status::Ok();
+  if (!in || !source || !fill || !out) return InvalidArgument("gather_slots: null array");
+  gather_slots_kernel<T><<<stride_grid(nnz), kThreads, 0, stream>>>(nnz, in, source, fill, fill_per_slot, out);
+  return check_launch("gather_slots_kernel");
+}
+
+template Status gather_slots<float>(int64_t, const float*, const int64_t*, const float*, bool, float*, Stream);
+template Status gather_slots<double>(int64_t, const double*, const int64_t*, const double*, bool, double*, Stream);
 
 template <typename Index>
 Status mark_present(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, uint32_t* bitmap,

@@ -56,7 +56,7 @@ TORCH_LIBRARY(snack, m) {
   m.def("sample_absent(Tensor row_idx, Tensor col_idx, int out_features, int in_features, int k, *, "
         "Generator? generator=None) -> Tensor");
   // The k absent positions of largest |dy^T x| (ties: smaller position; NaN counts as 0), ascending,
-  // block_rows rows at a time (0: about 2^23 scores per block).
+  // block_rows rows at a time (0: about 2^23 scores per block on the CPU, 2^22 on the GPU).
   m.def("topk_absent_gradient(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, int k, int block_rows)"
         " -> Tensor");
   // Slots `drop` freed and refilled with positions `grow`: the new sorted slot arrays and, per new
@@ -64,4 +64,7 @@ TORCH_LIBRARY(snack, m) {
   // False trusts them (they come from prune_slots / sample_absent / topk_absent_gradient): no sync.
   m.def("replace_slots(Tensor row_idx, Tensor col_idx, Tensor drop, Tensor grow, int out_features, "
         "int in_features, bool validate=True) -> (Tensor row_idx, Tensor col_idx, Tensor source)");
+  // target[s] <- target[source[s]] where source[s] >= 0, else fill (a scalar or one value per slot):
+  // a per-slot tensor following replace_slots' permutation, in place.
+  m.def("remap_slots_(Tensor(a!) target, Tensor source, Tensor fill) -> ()");
 }

@@ -24,12 +24,6 @@ namespace {
 #ifdef SNACK_WITH_CUDA
 namespace gpu = ::snack::cuda;
 
-// Whether the device path may hold a bitmap of one bit per position (m*k/8 bytes): up to 64 bytes
-// per slot plus 64 MiB. Sparser or larger matrices take the ATen path, whose memory follows k.
-bool bitmap_affordable(int64_t total, int64_t nnz) {
-  return total < (int64_t{1} << 40) && total / 8 <= 64 * nnz + (int64_t{64} << 20);
-}
-
 // Calls fn(index_tag, row_idx, col_idx) with the slot arrays as uint16 or int32 (int64 arrays, as
 // the Dense+Mask reference passes them, are narrowed: the same positions take the same path).
 template <typename Fn>
@@ -153,7 +147,7 @@ at::Tensor sample_absent(const at::Tensor& row_idx, const at::Tensor& col_idx, i
     return int64_t(std::ceil(wanted + 2.0 * wanted * wanted / double(total))) + 1024;
   };
 #ifdef SNACK_WITH_CUDA
-  if (device.is_cuda() && bitmap_affordable(total, nnz)) {
+  if (device.is_cuda() && gpu::bitmap_affordable(out_features, in_features, nnz)) {
     // Device path: candidates are the distinct absent draws (every absent position in the dense
     // regime), marked in a bitmap; the k of lowest hash priority are kept (src/cuda/topology_update.cu).
     const c10::cuda::CUDAGuard guard(device);
@@ -233,7 +227,7 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   const auto score_type = dy.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor dyt = dy.to(score_type).t(), xs = x.to(score_type);
 #ifdef SNACK_WITH_CUDA
-  if (dy.is_cuda() && score_type == at::kFloat && bitmap_affordable(m * kin, nnz)) {
+  if (dy.is_cuda() && score_type == at::kFloat && gpu::bitmap_affordable(m, kin, nnz)) {
     // Device path: a bitmap of the present positions, and an exact radix select whose three
     // passes and final ordered write each recompute the block products (src/cuda/topology_update.cu).
     const c10::cuda::CUDAGuard guard(dy.device());
@@ -246,6 +240,9 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
                                               static_cast<const Index*>(c.data_ptr()), bits, stream),
                      op);
     });
+    // Default blocks of about 2^22 scores (16 MiB): the buffer, rewritten block after block, and the
+    // bitmap stay in L2, so the products and the passes over them rarely reach HBM.
+    const int64_t rows = block_rows > 0 ? block_rows : std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, kin));
     at::Tensor block = at::empty({std::min(m, rows), kin}, dy.options().dtype(at::kFloat));
     auto block_scores = [&](int64_t r0, int64_t r1) {
       at::Tensor body = block.slice(0, 0, r1 - r0);
@@ -330,19 +327,18 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
 
 #ifdef SNACK_WITH_CUDA
 // replace_slots on the device: the new pattern's bitmap read back in position order
-// (src/cuda/topology_update.cu). drop and grow are trusted here (validated before, or by the caller).
-// The zero fills only matter for an untrusted grow that names a kept position (validate=False):
-// the arrays then stay in range.
+// (src/cuda/topology_update.cu). drop and grow are trusted here (validated before, or by the caller);
+// an untrusted grow that names a kept position (validate=False) leaves zeros: still in range.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_on_device(const at::Tensor& row_idx, const at::Tensor& col_idx,
                                                                  const at::Tensor& drop, const at::Tensor& grow,
                                                                  int64_t out_features, int64_t in_features) {
   const c10::cuda::CUDAGuard guard(row_idx.device());
   const int64_t nnz = row_idx.size(0);
-  at::Tensor source = at::full({nnz}, -1, row_idx.options().dtype(at::kLong));
+  at::Tensor source = at::empty({nnz}, row_idx.options().dtype(at::kLong));
   const at::Tensor d = drop.contiguous(), g = grow.contiguous();
   return with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& r, const at::Tensor& c) {
     using Index = decltype(tag);
-    at::Tensor new_rows = at::zeros({nnz}, r.options()), new_cols = at::zeros({nnz}, c.options());
+    at::Tensor new_rows = at::empty({nnz}, r.options()), new_cols = at::empty({nnz}, c.options());
     throw_if_error(gpu::replace_slots<Index>(out_features, in_features, nnz, static_cast<const Index*>(r.data_ptr()),
                                              static_cast<const Index*>(c.data_ptr()), d.size(0),
                                              d.data_ptr<int64_t>(), g.data_ptr<int64_t>(),
@@ -379,7 +375,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
   }
   [[maybe_unused]] bool on_device = false;
 #ifdef SNACK_WITH_CUDA
-  on_device = row_idx.is_cuda() && bitmap_affordable(total, nnz);
+  on_device = row_idx.is_cuda() && gpu::bitmap_affordable(out_features, in_features, nnz);
   if (on_device && !validate) return replace_on_device(row_idx, col_idx, d, g, out_features, in_features);
 #endif
   at::Tensor keep = at::ones({nnz}, long_opts.dtype(at::kBool));
@@ -425,6 +421,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replace_slots(const at::Tensor& r
   return {at::div(new_keys, in_features, "floor").to(itype), at::remainder(new_keys, in_features).to(itype), source};
 }
 
+// target <- where(source < 0, fill, target[source]), in place (one gather kernel on the GPU).
+void remap_slots_(at::Tensor& target, const at::Tensor& source, const at::Tensor& fill) {
+  const char* op = "remap_slots_";
+  check_1d(target, "target", op);
+  check_1d(source, "source", op);
+  TORCH_CHECK_VALUE(source.size(0) == target.size(0), "snack.", op, ": source has ", source.size(0),
+                    " slots, target ", target.size(0));
+  TORCH_CHECK_TYPE(source.scalar_type() == at::kLong, "snack.", op, ": source must be int64");
+  TORCH_CHECK_VALUE(fill.numel() == 1 || (fill.dim() == 1 && fill.size(0) == target.size(0)), "snack.", op,
+                    ": fill must be a scalar or hold one value per slot");
+  check_same_device(source, target, "source", op);
+  check_same_device(fill, target, "fill", op);
+  const at::Tensor f = fill.to(target.scalar_type()).reshape({-1}).contiguous();
+#ifdef SNACK_WITH_CUDA
+  const auto dtype = target.scalar_type();
+  if (target.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble)) {
+    const c10::cuda::CUDAGuard guard(target.device());
+    const at::Tensor src = source.contiguous(), in = target.contiguous();
+    at::Tensor out = at::empty_like(in);
+    AT_DISPATCH_FLOATING_TYPES(dtype, "remap_slots_", [&] {
+      throw_if_error(gpu::gather_slots<scalar_t>(in.size(0), in.data_ptr<scalar_t>(), src.data_ptr<int64_t>(),
+                                                 f.data_ptr<scalar_t>(), f.numel() > 1, out.data_ptr<scalar_t>(),
+                                                 current_stream()),
+                     op);
+    });
+    target.copy_(out);
+    return;
+  }
+#endif
+  target.copy_(at::where(source.lt(0), f.numel() > 1 ? f : f.reshape({}), target.index_select(0, source.clamp_min(0))));
+}
+
 }  // namespace
 }  // namespace snack::binding
 
@@ -433,4 +461,5 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("sample_absent", &snack::binding::sample_absent);
   m.impl("topk_absent_gradient", &snack::binding::topk_absent_gradient);
   m.impl("replace_slots", &snack::binding::replace_slots);
+  m.impl("remap_slots_", &snack::binding::remap_slots_);
 }

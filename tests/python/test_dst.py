@@ -640,3 +640,21 @@ def test_topk_absent_gradient_on_device_is_a_top_k(block_rows):
     assert score[got].min() >= rest.max() * (1 - 1e-5)
     again = snack.dst.grow_gradient(layer, k, x, dy, block_rows=block_rows).cpu()
     assert torch.equal(got, again)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_remap_slots_follows_the_source(device, dtype):
+    gen = torch.Generator().manual_seed(0)
+    n = 1000
+    source = torch.randperm(n, generator=gen)
+    source[torch.randperm(n, generator=gen)[:300]] = -1
+    t = torch.randn(n, generator=gen, dtype=dtype)
+    for fill in (torch.tensor(0.5, dtype=dtype), torch.randn(n, generator=gen, dtype=dtype)):
+        want = torch.where(source < 0, fill, t[source.clamp_min(0)])
+        got = t.to(device)
+        ops.remap_slots_(got, source.to(device), fill.to(device))
+        assert torch.equal(got.cpu(), want)
+    with pytest.raises(ValueError, match="one value per slot"):
+        ops.remap_slots_(t.to(device), source.to(device), torch.zeros(3, dtype=dtype, device=device))
+    with pytest.raises(ValueError, match="slots"):
+        ops.remap_slots_(t[:10].to(device), source.to(device), torch.zeros((), dtype=dtype, device=device))

@@ -98,3 +98,6 @@ def test_opcheck_dst_ops(device):
     drop = ops.prune_slots(score, 3)
     grow = ops.sample_absent(layer.row_idx, layer.col_idx, 7, 9, 3)
     torch.library.opcheck(ops.replace_slots.default, (layer.row_idx, layer.col_idx, drop, grow, 7, 9), test_utils=utils)
+    new_rows, new_cols, source = ops.replace_slots(layer.row_idx, layer.col_idx, drop, grow, 7, 9)
+    torch.library.opcheck(ops.remap_slots_.default, (layer.values.detach().clone(), source, torch.zeros((), device=device)),
+                          test_utils=utils)

@@ -165,3 +165,16 @@ def test_random_slots_uniform():
         counts[r.long() * 5 + c.long()] += 1
     freq = counts / 2000
     assert torch.all((freq - 0.25).abs() < 0.04), freq
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,k,nnz", [(40, 23, 300), (7, 5, 35), (3000, 70000, 50000), (30000, 30000, 1000),
+                                     (70000, 20000, 3000)])
+def test_build_views_on_device_match_the_cpu(m, k, nnz):
+    # The bitmap method (the first three) and the radix-sort method (very sparse and large) of the
+    # device give the CPU's views exactly.
+    rows, cols = ops.random_slots(m, k, nnz, generator=torch.Generator().manual_seed(m))
+    want = ops.build_views(rows, cols, m, k)
+    got = ops.build_views(rows.cuda(), cols.cuda(), m, k)
+    for w, g in zip(want, got):
+        assert torch.equal(g.cpu(), w)
