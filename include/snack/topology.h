@@ -90,8 +90,8 @@ Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count,
 int64_t bitmap_words(int64_t m, int64_t k);
 
 /// Whether that bitmap is worth keeping next to nnz slots: m*k/8 bytes within 64 bytes per slot
-/// plus 64 MiB (density above ~1/512 for large matrices). build_views uses it to pick its method;
-/// the binding takes the functions below only when it holds.
+/// plus 64 MiB (density above ~1/512 for large matrices). The binding takes the functions below
+/// only when it holds.
 bool bitmap_affordable(int64_t m, int64_t k, int64_t nnz);
 
 /// bitmap [bitmap_words(m, k)] <- the positions of the slots (zeroed first).
@@ -127,6 +127,17 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
 template <typename T>
 Status gather_slots(int64_t nnz, const T* in, const int64_t* source, const T* fill, bool fill_per_slot, T* out,
                     Stream stream);
+
+/// RigL's regrowth in one call: the `count` positions absent from the pattern of largest
+/// |sum_n dy[n, r] * x[n, c]| (NaN counts as 0; ties: the smaller position), ascending, into
+/// positions [count]. dy [n, m] and x [n, k]: row-major fp32. The scores are recomputed in
+/// registers by each of four passes (three radix passes, then the selection into a bitmap) and
+/// never stored: memory is three bitmaps. Best for small n (up to a few hundred), where the
+/// passes are cheap next to writing the scores out.
+template <typename Index>
+Status topk_absent_gradient(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                            const float* dy, const float* x, int64_t n, int64_t count, int64_t* positions,
+                            DeviceAllocator& alloc, Stream stream);
 
 /// What a TopkSelection ranks: the largest keys win, ties go to the smaller position.
 enum class SelectKey : int {

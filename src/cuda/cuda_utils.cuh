@@ -50,7 +50,7 @@ struct DeviceLimits {
 // The current device's limits, queried once per device (cudaDeviceGetAttribute does not synchronise).
 Status device_limits(DeviceLimits* out);
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Grid sizes are capped so that a grid-stride loop covers the rest (grid.x <= 2^31-1 anyway).
 inline unsigned grid_for(int64_t work_items, int items_per_block, int64_t cap = 1 << 20) {

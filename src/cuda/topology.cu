@@ -7,7 +7,6 @@
 #include <string>
 
 #include "../common/op_checks.h"
-#include "bitmap.cuh"
 #include "cuda_utils.cuh"
 #include "scratch.cuh"
 #include "snack/topology.h"
@@ -87,33 +86,6 @@ __global__ void offsets_kernel(int64_t bins, int64_t count, const Index* __restr
     }
     ptr[b] = static_cast<int32_t>(lo);
   }
-}
-
-// The column-major bitmap of the slots: bit c * m + r.
-template <typename Index>
-__global__ void mark_transposed_kernel(int64_t m, int64_t nnz, const Index* __restrict__ row_idx,
-                                       const Index* __restrict__ col_idx, uint32_t* __restrict__ bitmap) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride)
-    detail::set_bit(bitmap, int64_t(col_idx[s]) * m + int64_t(row_idx[s]));
-}
-
-// A slot's CSC index is the rank of its bit in the column-major bitmap (rows ascending in a column).
-template <typename Index>
-__global__ void csc_from_bitmap_kernel(int64_t m, int64_t nnz, const Index* __restrict__ row_idx,
-                                       const Index* __restrict__ col_idx, const uint32_t* __restrict__ bitmap,
-                                       const int64_t* __restrict__ offsets, int32_t* __restrict__ csc_perm) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride)
-    csc_perm[detail::bit_rank(bitmap, offsets, int64_t(col_idx[s]) * m + int64_t(row_idx[s]))] = int32_t(s);
-}
-
-// col_ptr[c] = the set bits before position c * m of the column-major bitmap.
-__global__ void col_ptr_from_bitmap_kernel(int64_t m, int64_t k, int64_t nnz, const uint32_t* __restrict__ bitmap,
-                                           const int64_t* __restrict__ offsets, int32_t* __restrict__ col_ptr) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c <= k; c += stride)
-    col_ptr[c] = c == k ? int32_t(nnz) : int32_t(detail::bit_rank(bitmap, offsets, c * m));
 }
 
 __global__ void iota32_kernel(int64_t count, int32_t* __restrict__ out) {
@@ -247,31 +219,6 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
   if (nnz == 0) {
     offsets_kernel<Index><<<grid_for(k + 1, kThreads), kThreads, 0, stream>>>(k, 0, col_idx, col_ptr);
     return check_launch("offsets_kernel(cols)");
-  }
-  if (detail::bitmap_affordable(m, k, nnz)) {
-    // No sort: the slots' ranks in a column-major bitmap are their CSC indices.
-    const int64_t words = detail::ceil_div(m * k, 32);
-    size_t scan_bytes = 0;
-    SNACK_RETURN_IF_ERROR(
-        detail::scan_word_counts(detail::WordPopcount{nullptr}, words, nullptr, nullptr, &scan_bytes, stream));
-    const size_t bitmap_bytes = (size_t(words) * sizeof(uint32_t) + kAlign - 1) / kAlign * kAlign;
-    ScratchBuffer scratch(alloc, stream);
-    SNACK_RETURN_IF_ERROR(scratch.reserve(bitmap_bytes + size_t(words) * sizeof(int64_t) + scan_bytes + kAlign));
-    auto* bitmap = scratch.as<uint32_t>();
-    auto* offsets = reinterpret_cast<int64_t*>(scratch.as<char>() + bitmap_bytes);
-    void* scan_temp = align_up(offsets + words);
-    SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bitmap, 0, size_t(words) * sizeof(uint32_t), stream));
-    mark_transposed_kernel<Index><<<grid_for(nnz, kThreads, 8192), kThreads, 0, stream>>>(m, nnz, row_idx, col_idx,
-                                                                                         bitmap);
-    SNACK_RETURN_IF_ERROR(check_launch("mark_transposed_kernel"));
-    SNACK_RETURN_IF_ERROR(
-        detail::scan_word_counts(detail::WordPopcount{bitmap}, words, offsets, scan_temp, &scan_bytes, stream));
-    csc_from_bitmap_kernel<Index><<<grid_for(nnz, kThreads, 8192), kThreads, 0, stream>>>(m, nnz, row_idx, col_idx,
-                                                                                         bitmap, offsets, csc_perm);
-    SNACK_RETURN_IF_ERROR(check_launch("csc_from_bitmap_kernel"));
-    col_ptr_from_bitmap_kernel<<<grid_for(k + 1, kThreads), kThreads, 0, stream>>>(m, k, nnz, bitmap, offsets,
-                                                                                   col_ptr);
-    return check_launch("col_ptr_from_bitmap_kernel");
   }
   // A stable radix sort of the slots by column keeps row-major order inside each column.
   const int col_bits = bits_for(k);

@@ -56,7 +56,8 @@ TORCH_LIBRARY(snack, m) {
   m.def("sample_absent(Tensor row_idx, Tensor col_idx, int out_features, int in_features, int k, *, "
         "Generator? generator=None) -> Tensor");
   // The k absent positions of largest |dy^T x| (ties: smaller position; NaN counts as 0), ascending,
-  // block_rows rows at a time (0: about 2^23 scores per block on the CPU, 2^22 on the GPU).
+  // block_rows rows at a time (0: about 2^23 scores per block). On the GPU with N <= 256 the scores
+  // are recomputed in registers instead, and block_rows does not matter.
   m.def("topk_absent_gradient(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, int k, int block_rows)"
         " -> Tensor");
   // Slots `drop` freed and refilled with positions `grow`: the new sorted slot arrays and, per new

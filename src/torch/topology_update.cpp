@@ -24,6 +24,10 @@ namespace {
 #ifdef SNACK_WITH_CUDA
 namespace gpu = ::snack::cuda;
 
+// Up to this many batch rows, RigL's scores are recomputed in registers on each pass rather than
+// written out by cuBLAS (at 16384 x 4096 and N = 16: ~4x less time).
+constexpr int64_t kFusedRiglBatch = 256;
+
 // Calls fn(index_tag, row_idx, col_idx) with the slot arrays as uint16 or int32 (int64 arrays, as
 // the Dense+Mask reference passes them, are narrowed: the same positions take the same path).
 template <typename Fn>
@@ -228,10 +232,25 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   const at::Tensor dyt = dy.to(score_type).t(), xs = x.to(score_type);
 #ifdef SNACK_WITH_CUDA
   if (dy.is_cuda() && score_type == at::kFloat && gpu::bitmap_affordable(m, kin, nnz)) {
-    // Device path: a bitmap of the present positions, and an exact radix select whose three
-    // passes and final ordered write each recompute the block products (src/cuda/topology_update.cu).
+    // Device path: a bitmap of the present positions and an exact radix select (three passes, then
+    // the selection) over scores that each pass recomputes (src/cuda/topology_update.cu).
     const c10::cuda::CUDAGuard guard(dy.device());
     const Stream stream = current_stream();
+    at::Tensor out = at::empty({k}, long_opts);
+    if (dy.size(0) <= kFusedRiglBatch) {
+      // Small batch: the scores are recomputed in registers by every pass, never written out.
+      const at::Tensor dyc = dy.to(at::kFloat).contiguous(), xc = x.to(at::kFloat).contiguous();
+      with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& r, const at::Tensor& c) {
+        using Index = decltype(tag);
+        throw_if_error(gpu::topk_absent_gradient<Index>(m, kin, nnz, static_cast<const Index*>(r.data_ptr()),
+                                                        static_cast<const Index*>(c.data_ptr()), dyc.data_ptr<float>(),
+                                                        xc.data_ptr<float>(), dyc.size(0), k, out.data_ptr<int64_t>(),
+                                                        torch_allocator(), stream),
+                       op);
+      });
+      return out;
+    }
+    // Large batch: cuBLAS writes each block of scores, and the passes read it back.
     at::Tensor bitmap = at::empty({gpu::bitmap_words(m, kin)}, dy.options().dtype(at::kInt));
     auto* bits = reinterpret_cast<uint32_t*>(bitmap.data_ptr());
     with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& r, const at::Tensor& c) {
@@ -240,16 +259,12 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
                                               static_cast<const Index*>(c.data_ptr()), bits, stream),
                      op);
     });
-    // Default blocks of about 2^22 scores (16 MiB): the buffer, rewritten block after block, and the
-    // bitmap stay in L2, so the products and the passes over them rarely reach HBM.
-    const int64_t rows = block_rows > 0 ? block_rows : std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, kin));
     at::Tensor block = at::empty({std::min(m, rows), kin}, dy.options().dtype(at::kFloat));
     auto block_scores = [&](int64_t r0, int64_t r1) {
       at::Tensor body = block.slice(0, 0, r1 - r0);
       at::mm_out(body, dyt.slice(0, r0, r1), xs);
       return body;
     };
-    at::Tensor out = at::empty({k}, long_opts);
     gpu::TopkSelection selection(gpu::SelectKey::kAbsentMagnitude, k, bits, torch_allocator(), stream);
     throw_if_error(selection.begin(), op);
     for (int pass = 0; pass < gpu::TopkSelection::kPasses; ++pass) {
