@@ -199,6 +199,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--ns", default=None, help="e.g. 1,16")
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
+    parser.add_argument("--profile", action="store_true",
+                        help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
+                             "(16384x4096, N=16, 90%%, AdamW), kernel by kernel")
     args = parser.parse_args(argv)
     if args.render:
         slug = next(args.out.glob("layer_*.csv")).stem[len("layer_"):]
@@ -210,6 +213,12 @@ def main(argv=None) -> int:
         print("bench/layer.py needs a CUDA GPU")
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.profile:
+        text = profile_step(16384, 4096, 16, 0.9)
+        path = args.out / f"layer_profile_{common.gpu_slug()}.txt"
+        path.write_text("\n".join(f"# {k}: {v}" for k, v in common.provenance().items()) + "\n" + text + "\n")
+        print(text)
+        return 0
     shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
     if args.shapes:
         shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")]
@@ -239,6 +248,39 @@ def main(argv=None) -> int:
         md = write_results(args, info, layer_rows, back_rows)  # after every shape: a cut-off run keeps its rows
     print(md)
     return 0
+
+
+def profile_step(m, k, n, sparsity, steps=10) -> str:
+    """torch.profiler over `steps` warm snack AdamW steps: each kernel's GPU time per step."""
+    from torch.profiler import ProfilerActivity, profile
+    ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=torch.Generator().manual_seed(0))
+    layer = make_layer("snack", ref)
+    opt = make_optimizer("adamw", layer.parameters())
+    x = torch.randn(n, k, device="cuda")
+    target = torch.randn(n, m, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        ((layer(x) - target) ** 2).mean().backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) / steps
+    lines = [f"snack step {m}x{k}, N={n}, sparsity {sparsity}, AdamW: {total:.1f} us of kernels per step "
+             f"(sum of self device times over {steps} steps / {steps})", "",
+             "| us per step | share | calls per step | kernel |", "|---|---|---|---|"]
+    for e in events:
+        us = e.self_device_time_total / steps
+        lines.append(f"| {us:.1f} | {100 * us / total:.0f}% | {e.count / steps:g} | {e.key[:110]} |")
+    return "\n".join(lines)
 
 
 def write_results(args, info, layer_rows, back_rows) -> str:
