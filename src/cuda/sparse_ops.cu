@@ -98,6 +98,88 @@ Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* 
 
 int64_t sddmm_padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
 
+// The same products as sddmm_vector_kernel, with a block of x_t's rows (input columns
+// [c0, c1)) staged in shared memory: one large block per SM, a warp per output row, the row's dy_t
+// chunk kept in registers, and every entry's x_t vector read from shared memory instead of L2.
+// The row stride is padded by 4 elements so that the lanes' 16-byte loads spread over the banks.
+// Each launch covers the slots whose column lies in its block (a contiguous slice of every row,
+// found by binary search), so the launches write disjoint slots. Same per-lane sums and butterfly
+// as sddmm_vector_kernel: the results are bitwise equal.
+constexpr int kSddmmSmemWarps = 32;
+template <typename T, typename Index, int G>
+__global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
+    sddmm_smem_kernel(SlotPattern<Index> w, const T* __restrict__ dy_t, const T* __restrict__ x_t, int64_t np,
+                      int64_t c0, int64_t c1, T* __restrict__ dvalues) {
+  using A = accum_t<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* xs = reinterpret_cast<T*>(smem_raw);
+  const int64_t stride = np + 4;
+  for (int64_t i = threadIdx.x; i < (c1 - c0) * np; i += blockDim.x) {
+    const int64_t c = i / np, j = i % np;
+    xs[c * stride + j] = x_t[(c0 + c) * np + j];
+  }
+  __syncthreads();
+  constexpr int kSlotsPerWarp = 32 / G;
+  const int lane = threadIdx.x & 31, g = lane % G, slot_lane = lane / G;
+  const int64_t warp_count = int64_t(gridDim.x) * kSddmmSmemWarps;
+  for (int64_t r = int64_t(blockIdx.x) * kSddmmSmemWarps + (threadIdx.x >> 5); r < w.rows; r += warp_count) {
+    int32_t lo = w.row_ptr[r], hi = w.row_ptr[r + 1];
+    auto lower_bound = [&](int32_t a, int32_t b, int64_t c) {
+      while (a < b) {
+        const int32_t mid = a + ((b - a) >> 1);
+        if (int64_t(w.col_idx[mid]) < c) a = mid + 1;
+        else b = mid;
+      }
+      return a;
+    };
+    if (c0 > 0) lo = lower_bound(lo, hi, c0);
+    if (c1 < w.cols) hi = lower_bound(lo, hi, c1);
+    if (lo >= hi) continue;  // warp-uniform
+    const int64_t k = 4 * g;
+    A a[4] = {A(0), A(0), A(0), A(0)};
+    if (k < np) detail::load_vec<T, 4>(dy_t + r * np + k, a);
+    for (int32_t s0 = lo; s0 < hi; s0 += kSlotsPerWarp) {
+      const int32_t slot = s0 + slot_lane;
+      const bool ok = slot < hi;
+      A acc = A(0);
+      if (ok && k < np) {
+        A b[4];
+        detail::load_vec_shared<T, 4>(xs + (int64_t(w.col_idx[slot]) - c0) * stride + k, b);
+        acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
+      }
+#pragma unroll
+      for (int offset = 1; offset < G; offset <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      if (g == 0 && ok) dvalues[slot] = from_accum<T>(acc);
+    }
+  }
+}
+
+// Column blocks the shared-memory SDDMM needs for x_t [cols, np] (0: it does not fit in 4).
+int sddmm_smem_blocks(int64_t cols, int64_t np, size_t value_bytes, size_t budget) {
+  for (int b = 1; b <= 4; ++b)
+    if (size_t(ceil_div(cols, b)) * size_t(np + 4) * value_bytes <= budget) return b;
+  return 0;
+}
+
+template <typename T, typename Index, int G>
+Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, int blocks,
+                         T* dvalues, Stream stream) {
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  auto kernel = sddmm_smem_kernel<T, Index, G>;
+  const int64_t width = ceil_div(w.cols, blocks);
+  const size_t smem = size_t(width) * size_t(np + 4) * sizeof(T);
+  if (smem > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(limits.sms, ceil_div(w.rows, kSddmmSmemWarps))));
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t c0 = std::min<int64_t>(w.cols, b * width), c1 = std::min<int64_t>(w.cols, c0 + width);
+    kernel<<<grid, kSddmmSmemWarps * 32, smem, stream>>>(w, dy_t, x_t, np, c0, c1, dvalues);
+    SNACK_RETURN_IF_ERROR(check_launch("sddmm_smem_kernel"));
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m,
                                                              T* __restrict__ dbias) {
@@ -141,6 +223,20 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
                                      stream>>>(x, n, w.cols, int(np), x_t);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
   const int64_t lanes = std::min<int64_t>(32, np / 4);
+  // Up to 32 batch rows, x_t in shared memory (in up to 4 column blocks) when it fits.
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  const size_t budget = limits.smem_per_block > 1024 ? limits.smem_per_block - 1024 : 0;
+  const int blocks = np <= 32 ? sddmm_smem_blocks(w.cols, np, sizeof(T), budget) : 0;
+  if (blocks > 0) {
+    switch (lanes) {
+      case 1: return launch_sddmm_smem<T, Index, 1>(w, dy_t, x_t, np, blocks, dvalues, stream);
+      case 2: return launch_sddmm_smem<T, Index, 2>(w, dy_t, x_t, np, blocks, dvalues, stream);
+      case 3:
+      case 4: return launch_sddmm_smem<T, Index, 4>(w, dy_t, x_t, np, blocks, dvalues, stream);
+      default: return launch_sddmm_smem<T, Index, 8>(w, dy_t, x_t, np, blocks, dvalues, stream);
+    }
+  }
   switch (lanes) {
     case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, dvalues, stream);
     case 2: return launch_sddmm_vector<T, Index, 2>(w, dy_t, x_t, np, dvalues, stream);
