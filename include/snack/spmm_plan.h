@@ -12,8 +12,7 @@ namespace snack {
 enum class SpmmVariant : int {
   kAuto = 0,   ///< let plan_spmm() choose
   kWarpRow,    ///< reference: a warp per row, X read row-major from global memory
-  kSmemX,      ///< X (a batch tile) staged transposed in shared memory, in column blocks when it does not
-               ///< fit whole; lanes split nnz and batch
+  kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch
   kGlobalXT,   ///< X transposed once into a [K, Npad] workspace, read through L1; lanes along the batch
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
@@ -29,7 +28,6 @@ struct SpmmPlan {
   int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128)
   int lanes_per_row = 32;      ///< lanes of a warp that split one row's slots
   int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block
-  int column_blocks = 1;       ///< kSmemX: the input columns are staged (and summed) in this many blocks
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT)
   std::string reason;          ///< why this plan, for snack.explain()

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "../common/op_checks.h"
 #include "cuda_utils.cuh"
@@ -98,6 +99,41 @@ Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* 
 
 int64_t sddmm_padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
 
+// Reads 4 consecutive values from shared memory as one 16-byte load (two for fp64); the caller
+// guarantees alignment.
+template <typename T>
+__device__ __forceinline__ void load4_shared(const T* p, accum_t<T> (&out)[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
+  } else {
+    const double2 q0 = *reinterpret_cast<const double2*>(p), q1 = *reinterpret_cast<const double2*>(p + 2);
+    out[0] = q0.x; out[1] = q0.y; out[2] = q1.x; out[3] = q1.y;
+  }
+}
+
+// First slot in [lo, hi) of a row whose column is >= c (columns ascend in a row), found by the
+// whole warp: 32 probes narrow the range 32-fold per round, so a row of a thousand entries takes two
+// rounds of loads instead of ten dependent ones. Every lane returns the same value.
+template <typename Index>
+__device__ __forceinline__ int32_t warp_lower_bound(const Index* __restrict__ col_idx, int32_t lo, int32_t hi,
+                                                    int64_t c) {
+  const int lane = threadIdx.x & 31;
+  while (hi - lo > 32) {
+    const int32_t span = hi - lo;
+    // Probe i looks at the last slot of the i-th of 32 equal parts.
+    const int32_t probe = lo + int32_t((int64_t(span) * (lane + 1)) / 32) - 1;
+    const unsigned below = __ballot_sync(0xffffffffu, int64_t(col_idx[probe]) < c);
+    const int parts = __popc(below);  // parts wholly below c (the probes ascend)
+    const int32_t new_lo = parts == 0 ? lo : lo + int32_t((int64_t(span) * parts) / 32);
+    const int32_t new_hi = parts == 32 ? hi : lo + int32_t((int64_t(span) * (parts + 1)) / 32);
+    lo = new_lo;
+    hi = new_hi;
+  }
+  const bool below = lo + lane < hi && int64_t(col_idx[lo + lane]) < c;
+  return lo + __popc(__ballot_sync(0xffffffffu, below));
+}
+
 // The same products as sddmm_vector_kernel, with a block of x_t's rows (input columns
 // [c0, c1)) staged in shared memory: one large block per SM, a warp per output row, the row's dy_t
 // chunk kept in registers, and every entry's x_t vector read from shared memory instead of L2.
@@ -124,16 +160,8 @@ __global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
   const int64_t warp_count = int64_t(gridDim.x) * kSddmmSmemWarps;
   for (int64_t r = int64_t(blockIdx.x) * kSddmmSmemWarps + (threadIdx.x >> 5); r < w.rows; r += warp_count) {
     int32_t lo = w.row_ptr[r], hi = w.row_ptr[r + 1];
-    auto lower_bound = [&](int32_t a, int32_t b, int64_t c) {
-      while (a < b) {
-        const int32_t mid = a + ((b - a) >> 1);
-        if (int64_t(w.col_idx[mid]) < c) a = mid + 1;
-        else b = mid;
-      }
-      return a;
-    };
-    if (c0 > 0) lo = lower_bound(lo, hi, c0);
-    if (c1 < w.cols) hi = lower_bound(lo, hi, c1);
+    if (c0 > 0) lo = warp_lower_bound(w.col_idx, lo, hi, c0);
+    if (c1 < w.cols) hi = warp_lower_bound(w.col_idx, lo, hi, c1);
     if (lo >= hi) continue;  // warp-uniform
     const int64_t k = 4 * g;
     A a[4] = {A(0), A(0), A(0), A(0)};
@@ -144,7 +172,7 @@ __global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
       A acc = A(0);
       if (ok && k < np) {
         A b[4];
-        detail::load_vec_shared<T, 4>(xs + (int64_t(w.col_idx[slot]) - c0) * stride + k, b);
+        load4_shared<T>(xs + (int64_t(w.col_idx[slot]) - c0) * stride + k, b);
         acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
       }
 #pragma unroll

@@ -40,21 +40,8 @@ int lanes_per_row_for(int batch_tile, double avg_row_length) {
   return lanes;
 }
 
-// Shared memory of the smem_x tile: `width` input columns, each a padded row of the batch tile.
-size_t smem_for(int batch_tile, int64_t width, size_t value_bytes) {
-  const int stride = batch_tile < 4 ? batch_tile : batch_tile + 4;  // smem_row_stride<NPAD>()
-  return size_t(width) * size_t(stride) * value_bytes;
-}
-
-// More column blocks than this and the per-row searches and repeated passes over Y cost more than
-// the staged X saves.
-constexpr int kMaxColumnBlocks = 4;
-
-// The fewest column blocks whose tile fits in `budget` bytes (kMaxColumnBlocks + 1: none fits).
-int column_blocks_for(int batch_tile, int64_t in_dim, size_t value_bytes, size_t budget) {
-  for (int b = 1; b <= kMaxColumnBlocks; ++b)
-    if (smem_for(batch_tile, detail::ceil_div(in_dim, b), value_bytes) <= budget) return b;
-  return kMaxColumnBlocks + 1;
+size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
+  return size_t(batch_tile) * size_t(in_dim | 1) * value_bytes;
 }
 
 // Dynamic shared memory the smem_x variant may use, next to the kernel's static buffers.
@@ -65,7 +52,7 @@ size_t smem_budget(const DeviceLimits& limits) {
 
 template <typename T, typename View, int NPAD, bool kSmem>
 Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                   const T* bias, T* out, Activation act, detail::ColumnBlock cols, Stream stream) {
+                   const T* bias, T* out, Activation act, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kSmem>;
@@ -88,32 +75,30 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
-      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold, act, cols);
+      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold, act);
   return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
 }
 
 template <typename T, typename View, bool kSmem>
 Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                        const T* bias, T* out, Activation act, detail::ColumnBlock cols, Stream stream) {
+                        const T* bias, T* out, Activation act, Stream stream) {
   switch (plan.batch_tile) {
-    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
-    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
-    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
-    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
-    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
-    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
+    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     default:
       if constexpr (!kSmem) {
         if (plan.batch_tile == 64)
-          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
+          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
         if (plan.batch_tile == 128)
-          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
+          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       }
       return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
   }
 }
-
-detail::ColumnBlock all_columns(int64_t in_dim) { return detail::ColumnBlock{0, in_dim, true, true, true}; }
 
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
 template <typename T, typename View>
@@ -131,33 +116,21 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
         detail::spmm_warp_row_kernel<T, View, 8><<<grid, kSpmmWarps * 32, 0, stream>>>(view, out_dim, in_dim, in, n, bias, out, act);
       return check_launch("spmm_warp_row_kernel");
     }
-    case SpmmVariant::kSmemX: {
-      // Column block after column block, each adding to what the previous ones wrote.
-      const int blocks = std::max(1, plan.column_blocks);
-      const int64_t width = detail::ceil_div(in_dim, blocks);
-      for (int b = 0; b < blocks; ++b) {
-        const int64_t begin = std::min<int64_t>(in_dim, b * width), end = std::min<int64_t>(in_dim, begin + width);
-        const detail::ColumnBlock cols{begin, end, b == 0, b == blocks - 1, blocks == 1};
-        const Status st = launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, cols, stream);
-        SNACK_RETURN_IF_ERROR(st);
-      }
-      return Status::Ok();
-    }
+    case SpmmVariant::kSmemX:
+      return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
       const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
       if (plan.batch_tile > 1 && (plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T) || workspace == nullptr))
         return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
       // A one-row batch tile transposed is the row itself: the kernel reads X in place.
       if (plan.batch_tile == 1)
-        return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in, n, bias, out, act,
-                                                all_columns(in_dim), stream);
+        return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       T* in_t = static_cast<T*>(workspace);
       const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
                        unsigned(tiles));
       detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
       SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
-      return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, act,
-                                              all_columns(in_dim), stream);
+      return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
     }
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
@@ -173,9 +146,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   if (!device_limits(&limits).ok()) limits = DeviceLimits{1, 48 * 1024, 48 * 1024};
   const double avg = out_dim > 0 ? double(nnz) / double(out_dim) : 0.0;
   const int tile_small = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
-  const int blocks_small = column_blocks_for(tile_small, in_dim, value_bytes, smem_budget(limits));
-  const bool smem_fits = blocks_small == 1;
-  const bool smem_fits_blocked = blocks_small <= kMaxColumnBlocks;
+  const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= smem_budget(limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
     // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row is read in place
@@ -189,10 +160,6 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
-    } else if (n <= 32 && smem_fits_blocked) {
-      v = SpmmVariant::kSmemX;
-      plan.reason = "batch 5-32: X staged transposed in shared memory, " + std::to_string(blocks_small) +
-                    " column block(s), one 16-byte load per entry";
     } else {
       v = SpmmVariant::kGlobalXT;
       plan.reason = n > 4 ? "batch > 4: X transposed once, 16-byte vectors of it read through L1"
@@ -205,8 +172,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   switch (v) {
     case SpmmVariant::kSmemX:
       plan.batch_tile = tile_small;
-      plan.column_blocks = std::min(blocks_small, kMaxColumnBlocks);
-      plan.smem_bytes = smem_for(tile_small, detail::ceil_div(in_dim, plan.column_blocks), value_bytes);
+      plan.smem_bytes = smem_for(tile_small, in_dim, value_bytes);
       break;
     case SpmmVariant::kGlobalXT: {
       // The largest batch tile that still gives every SM enough warps (few output rows, large
@@ -229,9 +195,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       plan.batch_tile = 1;
       break;
   }
-  // Each column block sees about 1/blocks of a row's entries.
-  plan.lanes_per_row =
-      (v == SpmmVariant::kWarpRow) ? 32 : lanes_per_row_for(plan.batch_tile, avg / double(plan.column_blocks));
+  plan.lanes_per_row = (v == SpmmVariant::kWarpRow) ? 32 : lanes_per_row_for(plan.batch_tile, avg);
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
@@ -240,7 +204,6 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
 std::string describe(const SpmmPlan& plan) {
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
-  if (plan.column_blocks > 1) s += ", " + std::to_string(plan.column_blocks) + " column blocks";
   if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
   return s + "): " + plan.reason;
@@ -253,12 +216,9 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
   if (plan.variant == SpmmVariant::kSmemX) {
     DeviceLimits limits;
     SNACK_RETURN_IF_ERROR(device_limits(&limits));
-    const int blocks = std::max(1, plan.column_blocks);
-    if (plan.batch_tile > 32 || blocks > kMaxColumnBlocks ||
-        smem_for(plan.batch_tile, detail::ceil_div(in_dim, blocks), value_bytes) > smem_budget(limits))
+    if (plan.batch_tile > 32 || smem_for(plan.batch_tile, in_dim, value_bytes) > smem_budget(limits))
       return InvalidArgument("smem_x: a " + std::to_string(plan.batch_tile) + " x " + std::to_string(in_dim) +
-                             " tile of X does not fit in shared memory in " + std::to_string(kMaxColumnBlocks) +
-                             " column blocks");
+                             " tile of X does not fit in shared memory");
   }
   return Status::Ok();
 }

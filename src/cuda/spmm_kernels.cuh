@@ -66,58 +66,6 @@ constexpr int kLongPerWarp = 8;     // long rows a warp can hand to its block (s
 // Static shared memory of the row kernels (long-row lists and partial sums), at most this much.
 constexpr size_t kRowsKernelStaticSmem = 12 * 1024;
 
-// Reads V consecutive accumulator values from shared memory (16-byte vectors where V allows; the
-// caller guarantees alignment).
-template <typename T, int V>
-__device__ __forceinline__ void load_vec_shared(const T* p, accum_t<T> (&out)[V]) {
-  if constexpr (std::is_same_v<T, float> && V % 4 == 0) {
-#pragma unroll
-    for (int j = 0; j < V; j += 4) {
-      const float4 q = *reinterpret_cast<const float4*>(p + j);
-      out[j] = q.x; out[j + 1] = q.y; out[j + 2] = q.z; out[j + 3] = q.w;
-    }
-  } else if constexpr (std::is_same_v<T, float> && V == 2) {
-    const float2 q = *reinterpret_cast<const float2*>(p);
-    out[0] = q.x; out[1] = q.y;
-  } else if constexpr (std::is_same_v<T, double> && V % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < V; j += 2) {
-      const double2 q = *reinterpret_cast<const double2*>(p + j);
-      out[j] = q.x; out[j + 1] = q.y;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) out[j] = to_accum(p[j]);
-  }
-}
-
-// Row stride (in elements) of the transposed X tile in shared memory: the batch tile plus 4
-// elements of padding (16 bytes for fp32), so that lanes reading different columns start on
-// different banks; a multiple of 4 keeps the 16-byte loads aligned.
-template <int NPAD>
-__host__ __device__ constexpr int smem_row_stride() { return NPAD < 4 ? NPAD : NPAD + 4; }
-
-// Which column block of the input a launch covers (the smem variant stages only those columns,
-// and every row contributes only its entries whose input lies in the block).
-struct ColumnBlock {
-  int64_t begin = 0;   // first input column of the block
-  int64_t end = 0;     // one past the last
-  bool first = true;   // the first block writes (and adds the bias); later ones accumulate
-  bool last = true;    // the last block applies the activation
-  bool whole = true;   // the block is every input column: no per-row search
-};
-
-// First entry e in [lo, hi) of a row whose input is >= c (entries are sorted by input in a row).
-template <typename View>
-__device__ __forceinline__ int32_t lower_bound_input(const View& view, int32_t lo, int32_t hi, int64_t c) {
-  while (lo < hi) {
-    const int32_t mid = lo + ((hi - lo) >> 1);
-    if (int64_t(view.input(mid)) < c) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // Lane layout of a batch tile: V consecutive batch rows per lane (4 where possible, so one entry's
 // inputs come in 16-byte vectors), GN lanes along the batch, GS = 32 / GN lanes along the entries.
 template <int NPAD>
@@ -132,18 +80,15 @@ struct TileLayout {
 //
 // Lanes: see TileLayout; the GS lanes along the entries split one output row (or `rows_per_warp`
 // rows) and keep kUnroll entries each in flight.
-// kSmem: the batch tile of `in` (row-major), restricted to the column block `cols`, is first copied
-//        to shared memory transposed (one column's NPAD values contiguous, smem_row_stride apart),
-//        so that an entry's inputs are one 16-byte load; one large block per SM strides over the
-//        rows. With several column blocks, each row sums only its entries in the block (found by
-//        binary search: a row's entries are sorted by input) and adds to what earlier blocks wrote.
+// kSmem: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
+//        with an odd row stride; one large block per SM strides over the rows.
 // !kSmem: `in_t` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
 //        are contiguous, read with vector loads through L1.
 template <typename T, typename View, int NPAD, bool kSmem>
 __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kSmem ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold,
-                     Activation act, ColumnBlock cols) {
+                     Activation act) {
   using A = accum_t<T>;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
   constexpr int V = TileLayout<NPAD>::V;
@@ -151,17 +96,16 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   constexpr int GS = TileLayout<NPAD>::GS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);
-  constexpr int kStride = smem_row_stride<NPAD>();
+  const int64_t stride = in_dim | 1;
   // blockIdx.y picks the batch tile: rows n0 .. n0 + NPAD of the batch.
   const int64_t n0 = int64_t(blockIdx.y) * NPAD;
   if constexpr (!kSmem) in += int64_t(blockIdx.y) * in_dim * NPAD;  // this tile's transposed input
 
   if constexpr (kSmem) {
     const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
-    const int64_t width = cols.end - cols.begin;
     for (int64_t r = 0; r < NPAD; ++r) {
-      const T* src = in + (n0 + r) * in_dim + cols.begin;
-      for (int64_t c = threadIdx.x; c < width; c += blockDim.x) xs[c * kStride + r] = r < rows_here ? src[c] : T(0);
+      const T* src = in + (n0 + r) * in_dim;
+      for (int64_t c = threadIdx.x; c < in_dim; c += blockDim.x) xs[r * stride + c] = r < rows_here ? src[c] : T(0);
     }
     __syncthreads();
   }
@@ -196,15 +140,13 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
         const int32_t e = e0 + u * step;
         const bool ok = e < last;
         val[u] = ok ? to_accum(view.value(e)) : A(0);
-        col[u] = ok ? view.input(e) : int32_t(cols.begin);
+        col[u] = ok ? view.input(e) : 0;
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if constexpr (kSmem) {
-          A x[V];
-          load_vec_shared<T, V>(xs + int64_t(col[u] - cols.begin) * kStride + lane_n * V, x);
 #pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] += val[u] * x[j];
+          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n * V + j) * stride + col[u]]);
         } else {
           A x[V];
           load_vec<T, V>(in + int64_t(col[u]) * NPAD + lane_n * V, x);
@@ -214,37 +156,20 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
       }
     }
   };
-  // The bias joins in the first column block, earlier blocks' sums are added in a fixed order,
-  // and the activation applies in the last: the result does not depend on the blocking's timing.
-  auto finish = [&](int64_t o, int64_t nn, A sum) {
-    A v = sum;
-    if (cols.first) v += bias ? to_accum(bias[o]) : A(0);
-    else v += to_accum(out[nn * out_dim + o]);
-    out[nn * out_dim + o] = from_accum<T>(cols.last ? apply_activation(v, act) : v);
-  };
   auto write_row = [&](int64_t o, const A (&acc)[V]) {
+    const A b = bias ? to_accum(bias[o]) : A(0);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int64_t nn = n0 + lane_n * V + j;
-      if (nn < n) finish(o, nn, acc[j]);
-    }
-  };
-  // The entries of output row o inside the column block.
-  auto row_range = [&](int64_t o, int32_t& begin, int32_t& end) {
-    begin = view.ptr[o];
-    end = view.ptr[o + 1];
-    if (!cols.whole) {
-      const int32_t lo = lower_bound_input(view, begin, end, cols.begin);
-      end = lower_bound_input(view, lo, end, cols.end);
-      begin = lo;
+      if (nn < n) out[nn * out_dim + o] = from_accum<T>(apply_activation(acc[j] + b, act));
     }
   };
 
   for (int64_t o_base = warp_global * rows_per_warp; o_base < out_dim; o_base += warp_count * rows_per_warp) {
     const int64_t o = o_base + sub;
     const bool row_ok = o < out_dim;
-    int32_t begin = 0, end = 0;
-    if (row_ok) row_range(o, begin, end);
+    int32_t begin = row_ok ? view.ptr[o] : 0;
+    int32_t end = row_ok ? view.ptr[o + 1] : 0;
     bool deferred = false;
     const bool is_long = row_ok && end - begin > long_threshold;
     const unsigned longs = __ballot_sync(0xffffffffu, is_long && lane == leader);
@@ -274,8 +199,7 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   for (int w = 0; w < kWarps; ++w) {
     for (int i = 0; i < long_count[w]; ++i) {  // block-uniform
       const int64_t o = long_rows[w * kLongPerWarp + i];
-      int32_t begin, end;
-      row_range(o, begin, end);
+      const int32_t begin = view.ptr[o], end = view.ptr[o + 1];
       const int32_t slice = (end - begin + kWarps - 1) / kWarps;
       const int32_t lo = begin + warp * slice;
       const int32_t hi = min(end, lo + slice);
@@ -293,10 +217,10 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
       }
       __syncthreads();
       if (threadIdx.x < NPAD) {
-        A total = A(0);
+        A total = bias ? to_accum(bias[o]) : A(0);
         for (int k = 0; k < kWarps; ++k) total += partial[k][threadIdx.x];
         const int64_t nn = n0 + threadIdx.x;
-        if (nn < n) finish(o, nn, total);
+        if (nn < n) out[nn * out_dim + o] = from_accum<T>(apply_activation(total, act));
       }
       __syncthreads();
     }
