@@ -121,9 +121,10 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
                      const int64_t* random_bits, int64_t draws, int64_t multiplier, int64_t offset, int64_t count,
                      int64_t* positions, int64_t* candidate_count, DeviceAllocator& alloc, Stream stream);
 
-/// out[s] = source[s] >= 0 ? in[source[s]] : fill[fill_per_slot ? s : 0] for s in [0, nnz): how a
-/// per-slot tensor (values, gradient, optimizer state) follows replace_slots' permutation. `out`
-/// must not alias `in`. T: float or double.
+/// out[s] = source[s] in [0, nnz) ? in[source[s]] : fill[fill_per_slot ? s : 0] for s in [0, nnz): how
+/// a per-slot tensor (values, gradient, optimizer state) follows replace_slots' permutation (-1 =
+/// grown; any other out-of-range entry also takes the fill). `out` must not alias `in`. T: float or
+/// double.
 template <typename T>
 Status gather_slots(int64_t nnz, const T* in, const int64_t* source, const T* fill, bool fill_per_slot, T* out,
                     Stream stream);
@@ -153,7 +154,9 @@ enum class SelectKey : int {
 class TopkSelection {
  public:
   static constexpr int kPasses = 3;
-  /// k >= 1 of the keys to select; `bitmap` (kAbsentMagnitude only) marks the positions to skip.
+  /// k >= 1 of the keys to select, at most the number of keys taking part (the caller checks it:
+  /// with fewer, no digit is found and the output is incomplete); `bitmap` (kAbsentMagnitude only)
+  /// marks the positions to skip.
   TopkSelection(SelectKey mode, int64_t k, const uint32_t* bitmap, DeviceAllocator& alloc, Stream stream);
   ~TopkSelection();
   TopkSelection(const TopkSelection&) = delete;

@@ -100,7 +100,7 @@ struct CandidateWord {
 // Every set bit of the new bitmap becomes a slot, in position order: slot = offsets[w] + rank in
 // word. A word spans at most a few rows, so the row is found once per word, not by a division per bit.
 template <typename Index>
-__global__ void slots_from_bitmap_kernel(int64_t k, int64_t words, const uint32_t* __restrict__ bitmap,
+__global__ void slots_from_bitmap_kernel(int64_t k, int64_t nnz, int64_t words, const uint32_t* __restrict__ bitmap,
                                          const int64_t* __restrict__ offsets, Index* __restrict__ row_idx,
                                          Index* __restrict__ col_idx) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -111,7 +111,8 @@ __global__ void slots_from_bitmap_kernel(int64_t k, int64_t words, const uint32_
     const int64_t first = w * 32;
     int64_t row = first / k;
     int64_t row_start = row * k;
-    while (bits) {
+    // slot < nnz: more set bits than slots only come from unvalidated input (repeated drops).
+    while (bits && slot < nnz) {
       const int b = __ffs(bits) - 1;
       bits &= bits - 1;
       const int64_t p = first + b;
@@ -135,7 +136,8 @@ __global__ void kept_sources_kernel(int64_t k, int64_t nnz, const Index* __restr
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride) {
     if (dropped[s]) continue;
-    source[bit_rank(bitmap, offsets, int64_t(row_idx[s]) * k + int64_t(col_idx[s]))] = s;
+    const int64_t slot = bit_rank(bitmap, offsets, int64_t(row_idx[s]) * k + int64_t(col_idx[s]));
+    if (slot < nnz) source[slot] = s;  // always true for validated input
   }
 }
 
@@ -146,7 +148,8 @@ __global__ void gather_slots_kernel(int64_t nnz, const T* __restrict__ in, const
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride) {
     const int64_t from = source[s];
-    out[s] = from >= 0 ? in[from] : fill[fill_per_slot ? s : 0];
+    // Out-of-range entries (never from replace_slots) take the fill rather than read out of bounds.
+    out[s] = (from >= 0 && from < nnz) ? in[from] : fill[fill_per_slot ? s : 0];
   }
 }
 
@@ -411,7 +414,7 @@ Status select_emit(const Keys& keys, int64_t count, int64_t first_position, cons
   if (chunks > (int64_t{1} << 31) - 1) return InvalidArgument("select: too many elements in one block");
   const auto init = cub::FutureValue<longlong2>(&state->carry);
   size_t cub_bytes = 0;
-  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveScan(nullptr, cub_bytes, (const longlong2*)nullptr,
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveScan(nullptr, cub_bytes, (longlong2*)nullptr,
                                                             (longlong2*)nullptr, PairSum(), init, chunks, stream));
   const size_t pair_bytes = aligned(size_t(chunks) * sizeof(longlong2));
   ScratchBuffer scratch(alloc, stream);
@@ -479,6 +482,7 @@ __global__ void __launch_bounds__(kThreads)
   const int nbins = 1 << digit_bits(pass);
   if constexpr (!kSelect) {
     for (int i = threadIdx.x; i < kScoreBinCopies * kMaxBins; i += blockDim.x) (&bins[0][0])[i] = 0;
+    __syncthreads();  // score_tile's barriers do not run for an empty batch
   }
   const int shift = digit_shift(pass), high = shift + digit_bits(pass);
   const uint32_t prefix = state->prefix;  // after the passes: the k-th key itself
@@ -579,7 +583,8 @@ __global__ void mark_draws_kernel(int64_t draws, const int64_t* __restrict__ ran
 
 // The candidates in position order with their priorities (never 0xffffffff, which marks the
 // unused tail of the buffer); the last thread reports how many there are.
-__global__ void candidates_kernel(CandidateWord words_of, int64_t words, const int64_t* __restrict__ offsets,
+__global__ void candidates_kernel(CandidateWord words_of, int64_t words, int64_t capacity,
+                                  const int64_t* __restrict__ offsets,
                                   const int64_t* __restrict__ random_bits, int64_t* __restrict__ positions,
                                   uint32_t* __restrict__ priority, int64_t* __restrict__ candidate_count) {
   const uint64_t seed = static_cast<uint64_t>(random_bits[0]);
@@ -588,7 +593,8 @@ __global__ void candidates_kernel(CandidateWord words_of, int64_t words, const i
     uint32_t bits = words_of.bits(w);
     int64_t i = offsets[w];
     if (w == words - 1) *candidate_count = i + __popc(bits);
-    while (bits) {
+    // i < capacity always holds for a valid pattern (distinct slots); it keeps bad input in bounds.
+    while (bits && i < capacity) {
       const int b = __ffs(bits) - 1;
       bits &= bits - 1;
       const int64_t p = w * 32 + b;
@@ -661,8 +667,8 @@ Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(new_row_idx, 0, size_t(nnz) * sizeof(Index), stream));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(new_col_idx, 0, size_t(nnz) * sizeof(Index), stream));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(source, 0xff, size_t(nnz) * sizeof(int64_t), stream));  // -1
-  slots_from_bitmap_kernel<Index><<<stride_grid(words), kThreads, 0, stream>>>(k, words, bitmap, offsets, new_row_idx,
-                                                                               new_col_idx);
+  slots_from_bitmap_kernel<Index><<<stride_grid(words), kThreads, 0, stream>>>(k, nnz, words, bitmap, offsets,
+                                                                               new_row_idx, new_col_idx);
   SNACK_RETURN_IF_ERROR(check_launch("slots_from_bitmap_kernel"));
   kept_sources_kernel<Index><<<stride_grid(nnz), kThreads, 0, stream>>>(k, nnz, row_idx, col_idx, dropped, bitmap,
                                                                         offsets, source);
@@ -702,6 +708,9 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   // No draws: every absent position is a candidate.
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(drawn, draws > 0 ? 0 : 0xff, size_t(words) * sizeof(uint32_t), stream));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(priority, 0xff, size_t(capacity) * sizeof(uint32_t), stream));
+  // -1 where no candidate was written: after a (reported) shortfall the output names no real
+  // position, and replace_slots' bitmap ignores it.
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand_positions, 0xff, size_t(capacity) * sizeof(int64_t), stream));
   if (nnz > 0) {
     mark_slots_kernel<Index><<<stride_grid(nnz), kThreads, 0, stream>>>(k, nnz, row_idx, col_idx, nullptr, present);
     SNACK_RETURN_IF_ERROR(check_launch("mark_slots_kernel"));
@@ -713,7 +722,7 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   }
   const CandidateWord words_of{present, drawn, total};
   SNACK_RETURN_IF_ERROR(scan_word_counts(words_of, words, offsets, cub_temp, &cub_bytes, stream));
-  candidates_kernel<<<stride_grid(words), kThreads, 0, stream>>>(words_of, words, offsets, random_bits, cand_positions,
+  candidates_kernel<<<stride_grid(words), kThreads, 0, stream>>>(words_of, words, capacity, offsets, random_bits, cand_positions,
                                                                  priority, candidate_count);
   SNACK_RETURN_IF_ERROR(check_launch("candidates_kernel"));
   // The `count` candidates of lowest priority (ties: the smaller position), in position order.

@@ -66,6 +66,7 @@ TORCH_LIBRARY(snack, m) {
   m.def("replace_slots(Tensor row_idx, Tensor col_idx, Tensor drop, Tensor grow, int out_features, "
         "int in_features, bool validate=True) -> (Tensor row_idx, Tensor col_idx, Tensor source)");
   // target[s] <- target[source[s]] where source[s] >= 0, else fill (a scalar or one value per slot):
-  // a per-slot tensor following replace_slots' permutation, in place.
+  // a per-slot tensor following replace_slots' permutation, in place. source comes from
+  // replace_slots; an entry >= nnz raises on the CPU and takes the fill on the GPU (no host sync).
   m.def("remap_slots_(Tensor(a!) target, Tensor source, Tensor fill) -> ()");
 }

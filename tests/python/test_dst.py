@@ -659,3 +659,23 @@ def test_remap_slots_follows_the_source(device, dtype):
         ops.remap_slots_(t.to(device), source.to(device), torch.zeros(3, dtype=dtype, device=device))
     with pytest.raises(ValueError, match="slots"):
         ops.remap_slots_(t[:10].to(device), source.to(device), torch.zeros((), dtype=dtype, device=device))
+
+
+@pytest.mark.cuda
+def test_device_paths_stay_in_bounds_on_untrusted_input():
+    # validate=False trusts drop/grow; bad ones must still never write or read out of bounds (the
+    # CPU path raises or clamps): repeated drops leave more kept positions than slots, an
+    # out-of-range source entry takes the fill.
+    layer = snack.SparseLinear(50, 40, density=0.2, device="cuda", generator=torch.Generator().manual_seed(1))
+    m, k, nnz = 40, 50, layer.nnz
+    drop = torch.tensor([0, 0, 1, 1], device="cuda")
+    grow = ops.sample_absent(layer.row_idx, layer.col_idx, m, k, 4, generator=torch.Generator(device="cuda").manual_seed(2))
+    rows, cols, source = ops.replace_slots(layer.row_idx, layer.col_idx, drop, grow, m, k, False)
+    torch.cuda.synchronize()
+    assert rows.numel() == cols.numel() == source.numel() == nnz
+    assert int(rows.long().max()) < m and int(cols.long().max()) < k
+    assert int(source.min()) >= -1 and int(source.max()) < nnz
+    t = torch.arange(nnz, dtype=torch.float32, device="cuda")
+    bad = torch.full((nnz,), nnz + 5, dtype=torch.long, device="cuda")
+    ops.remap_slots_(t, bad, torch.tensor(-1.0, device="cuda"))
+    assert torch.equal(t, torch.full_like(t, -1.0))
