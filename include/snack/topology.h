@@ -140,24 +140,25 @@ Status topk_absent_gradient(int64_t m, int64_t k, int64_t nnz, const Index* row_
                             const float* dy, const float* x, int64_t n, int64_t count, int64_t* positions,
                             DeviceAllocator& alloc, Stream stream);
 
-/// What a TopkSelection ranks: the largest keys win, ties go to the smaller position.
-enum class SelectKey : int {
-  kAbsentMagnitude = 0,  ///< float scores, key |s| (NaN = 0); positions set in the bitmap are skipped
-  kLowestScore = 1,      ///< float scores, the lowest win (NaN = +inf, -0 = +0)
-};
+/// The k lowest of scores [count] (fp32; NaN ranks as +inf, -0 ties with +0; ties go to the lower
+/// index), as ascending indices into slots [k]: prune_slots on the device. An exact MSD radix select
+/// over 32-bit keys in three passes, then an ordered write; k in [0, count].
+Status lowest_slots(const float* scores, int64_t count, int64_t k, int64_t* slots, DeviceAllocator& alloc,
+                    Stream stream);
 
-/// Exact top-k selection over float scores that arrive in blocks (an MSD radix select over 32-bit
-/// keys in three passes, then an ordered write), for scores too many to hold at once: every pass
-/// sees every block again, in the same order. Holds its device state; not thread-safe.
+/// RigL's selection over scores too many to hold at once, arriving in blocks: the k largest |score|
+/// (NaN counts as 0; positions set in `bitmap` are skipped; ties go to the smaller position), by the
+/// radix select of lowest_slots, where every pass sees every block again, in the same order. Holds
+/// its device state; not thread-safe.
 ///   for pass in 0..kPasses-1: for each block: histogram(pass, ...); then pick(pass)
 ///   for each block: emit(...)  -> out [k] ascending positions (block's first_position + index)
 class TopkSelection {
  public:
   static constexpr int kPasses = 3;
-  /// k >= 1 of the keys to select, at most the number of keys taking part (the caller checks it:
-  /// with fewer, no digit is found and the output is incomplete); `bitmap` (kAbsentMagnitude only)
-  /// marks the positions to skip.
-  TopkSelection(SelectKey mode, int64_t k, const uint32_t* bitmap, DeviceAllocator& alloc, Stream stream);
+  /// k >= 1 of the keys to select, at most the number of positions taking part (the caller checks
+  /// it: with fewer, no digit is found and the output is incomplete); `bitmap` marks the positions
+  /// to skip (the present ones; nullptr: none).
+  TopkSelection(int64_t k, const uint32_t* bitmap, DeviceAllocator& alloc, Stream stream);
   ~TopkSelection();
   TopkSelection(const TopkSelection&) = delete;
   TopkSelection& operator=(const TopkSelection&) = delete;
@@ -171,7 +172,6 @@ class TopkSelection {
   Status emit(const float* scores, int64_t count, int64_t first_position, int64_t* out);
 
  private:
-  SelectKey mode_;
   int64_t k_;
   const uint32_t* bitmap_;
   DeviceAllocator& alloc_;

@@ -11,6 +11,8 @@ namespace snack::cuda::detail {
 
 // CUB wants its temporary storage aligned; scratch layouts leave this much slack for it.
 constexpr size_t kAlign = 256;
+// `bytes` rounded up to kAlign: the size of one region of a scratch layout.
+inline size_t aligned_bytes(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 inline void* align_up(void* p) {
   const auto v = reinterpret_cast<uintptr_t>(p);
   return reinterpret_cast<void*>((v + kAlign - 1) / kAlign * kAlign);

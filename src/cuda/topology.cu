@@ -226,7 +226,7 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
   SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, (const Index*)nullptr,
                                                              (Index*)nullptr, (const int32_t*)nullptr,
                                                              (int32_t*)nullptr, nnz, 0, col_bits, stream));
-  const size_t index_bytes = (size_t(nnz) * sizeof(Index) + 255) / 256 * 256;
+  const size_t index_bytes = detail::aligned_bytes(size_t(nnz) * sizeof(Index));
   ScratchBuffer scratch(alloc, stream);
   SNACK_RETURN_IF_ERROR(scratch.reserve(index_bytes + size_t(nnz) * sizeof(int32_t) + cub_bytes + kAlign));
   Index* sorted_cols = scratch.as<Index>();
@@ -256,7 +256,7 @@ Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count,
   SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(nullptr, resort_bytes, (const int64_t*)nullptr,
                                                             (int64_t*)nullptr, count, 0, bits_for(total), stream));
   const size_t cub_bytes = sort_bytes > resort_bytes ? sort_bytes : resort_bytes;
-  const size_t key_bytes = (size_t(total) * sizeof(T) + 255) / 256 * 256;
+  const size_t key_bytes = detail::aligned_bytes(size_t(total) * sizeof(T));
   ScratchBuffer scratch(alloc, stream);
   SNACK_RETURN_IF_ERROR(
       scratch.reserve(2 * key_bytes + 2 * size_t(total) * sizeof(int64_t) + sizeof(unsigned long long) + cub_bytes + kAlign));

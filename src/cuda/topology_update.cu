@@ -20,6 +20,7 @@ namespace snack::cuda {
 namespace {
 
 using detail::align_up;
+using detail::aligned_bytes;
 using detail::bit_rank;
 using detail::bit_set;
 using detail::check_launch;
@@ -33,8 +34,6 @@ using detail::set_bit;
 using detail::WordPopcount;
 
 constexpr int kThreads = 256;
-
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Blocks for a grid-stride loop over `items`: enough to fill the device, not one per item.
 unsigned stride_grid(int64_t items) {
@@ -166,6 +165,12 @@ struct SelectState {
   longlong2 carry;      // (keys above the k-th, keys equal to it) in the blocks already emitted
 };
 
+// RigL's key of a score: |s| with NaN as 0; non-negative floats order like their bits.
+__device__ __forceinline__ uint32_t magnitude_key(float score) {
+  const float s = fabsf(score);
+  return isnan(s) ? 0u : __float_as_uint(s);
+}
+
 // Keys: get(e, key) -> false when element e takes no part; get4(e0, key) does elements e0..e0+3
 // with one 16-byte load (returns the mask of those taking part).
 struct AbsentMagnitudeKeys {
@@ -174,8 +179,7 @@ struct AbsentMagnitudeKeys {
   int64_t first_position;
   __device__ __forceinline__ bool from(float v, int64_t e, uint32_t& key) const {
     if (bitmap && bit_set(bitmap, first_position + e)) return false;
-    const float s = fabsf(v);
-    key = isnan(s) ? 0u : __float_as_uint(s);  // non-negative floats order like their bits
+    key = magnitude_key(v);
     return true;
   }
   __device__ __forceinline__ bool get(int64_t e, uint32_t& key) const { return from(scores[e], e, key); }
@@ -228,19 +232,39 @@ __global__ void select_init_kernel(SelectState* state, long long k) {
   }
 }
 
-// Four copies of the bins, one per group of warps: keys crowd into few bins (one exponent range),
-// and shared-memory atomics on one address serialise.
+// Histograms are counted in shared memory in several copies, one per group of warps: keys crowd
+// into few bins (one exponent range), and shared-memory atomics on one address serialise. These
+// helpers zero the copies, pick a warp's copy, and add their sum to the pass's global counts.
+template <int kCopies>
+__device__ __forceinline__ void zero_bins(unsigned int (&bins)[kCopies][kMaxBins]) {
+  for (int i = threadIdx.x; i < kCopies * kMaxBins; i += blockDim.x) (&bins[0][0])[i] = 0;
+  __syncthreads();
+}
+template <int kCopies>
+__device__ __forceinline__ unsigned int* warp_bins(unsigned int (&bins)[kCopies][kMaxBins]) {
+  return bins[(threadIdx.x >> 5) % kCopies];
+}
+template <int kCopies>
+__device__ __forceinline__ void flush_bins(unsigned int (&bins)[kCopies][kMaxBins], int nbins,
+                                           unsigned long long* __restrict__ hist) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < nbins; i += blockDim.x) {
+    unsigned int total = 0;
+    for (int c = 0; c < kCopies; ++c) total += bins[c][i];
+    if (total) atomicAdd(hist + i, static_cast<unsigned long long>(total));
+  }
+}
+
 constexpr int kBinCopies = 4;
 template <typename Keys>
 __global__ void __launch_bounds__(kThreads)
     select_histogram_kernel(Keys keys, int64_t count, bool vector_loads, int pass, SelectState* __restrict__ state) {
   __shared__ unsigned int bins[kBinCopies][kMaxBins];
   const int nbins = 1 << digit_bits(pass);
-  for (int i = threadIdx.x; i < kBinCopies * kMaxBins; i += blockDim.x) (&bins[0][0])[i] = 0;
-  __syncthreads();
+  zero_bins(bins);
   const int shift = digit_shift(pass), high = shift + digit_bits(pass);
   const uint32_t prefix = state->prefix;
-  unsigned int* my_bins = bins[(threadIdx.x >> 5) % kBinCopies];
+  unsigned int* my_bins = warp_bins(bins);
   const int64_t groups = (count + 3) / 4;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
@@ -260,12 +284,7 @@ __global__ void __launch_bounds__(kThreads)
       atomicAdd(&my_bins[(key[j] >> shift) & uint32_t(nbins - 1)], 1u);
     }
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < nbins; i += blockDim.x) {
-    unsigned int total = 0;
-    for (int c = 0; c < kBinCopies; ++c) total += bins[c][i];
-    if (total) atomicAdd(&state->hist[pass][i], static_cast<unsigned long long>(total));
-  }
+  flush_bins(bins, nbins, state->hist[pass]);
 }
 
 // The bucket of this pass that holds the `remaining`-th largest key: walk the bins from the top.
@@ -416,7 +435,7 @@ Status select_emit(const Keys& keys, int64_t count, int64_t first_position, cons
   size_t cub_bytes = 0;
   SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveScan(nullptr, cub_bytes, (longlong2*)nullptr,
                                                             (longlong2*)nullptr, PairSum(), init, chunks, stream));
-  const size_t pair_bytes = aligned(size_t(chunks) * sizeof(longlong2));
+  const size_t pair_bytes = aligned_bytes(size_t(chunks) * sizeof(longlong2));
   ScratchBuffer scratch(alloc, stream);
   SNACK_RETURN_IF_ERROR(scratch.reserve(2 * pair_bytes + cub_bytes + kAlign));
   auto* counts = scratch.as<longlong2>();
@@ -478,15 +497,13 @@ __global__ void __launch_bounds__(kThreads)
                      uint32_t* __restrict__ above_bits, uint32_t* __restrict__ tie_bits) {
   __shared__ __align__(16) float dys[kScoreChunk][kScoreTile];
   __shared__ __align__(16) float xs[kScoreChunk][kScoreTile];
-  __shared__ unsigned int bins[kSelect ? 1 : kScoreBinCopies][kSelect ? 1 : kMaxBins];
+  // The selection pass needs no bins: a single dummy one keeps the shared memory small.
+  __shared__ unsigned int bins[kSelect ? 1 : kScoreBinCopies][kMaxBins];
   const int nbins = 1 << digit_bits(pass);
-  if constexpr (!kSelect) {
-    for (int i = threadIdx.x; i < kScoreBinCopies * kMaxBins; i += blockDim.x) (&bins[0][0])[i] = 0;
-    __syncthreads();  // score_tile's barriers do not run for an empty batch
-  }
+  if constexpr (!kSelect) zero_bins(bins);  // its barrier: score_tile's do not run for an empty batch
   const int shift = digit_shift(pass), high = shift + digit_bits(pass);
   const uint32_t prefix = state->prefix;  // after the passes: the k-th key itself
-  unsigned int* my_bins = &bins[0][0] + (kSelect ? 0 : ((threadIdx.x >> 5) % kScoreBinCopies) * kMaxBins);
+  unsigned int* my_bins = warp_bins(bins);
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
   const int64_t tiles_c = detail::ceil_div(k, kScoreTile);
   const int64_t tiles = detail::ceil_div(m, kScoreTile) * tiles_c;
@@ -503,8 +520,7 @@ __global__ void __launch_bounds__(kThreads)
         if (r >= m || c >= k) continue;
         const int64_t p = r * k + c;
         if (bit_set(present, p)) continue;
-        const float sc = fabsf(acc[i][j]);
-        const uint32_t key = isnan(sc) ? 0u : __float_as_uint(sc);
+        const uint32_t key = magnitude_key(acc[i][j]);
         if constexpr (kSelect) {
           if (key > prefix) set_bit(above_bits, p);
           else if (key == prefix) set_bit(tie_bits, p);
@@ -515,14 +531,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  if constexpr (!kSelect) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < nbins; i += blockDim.x) {
-      unsigned int total = 0;
-      for (int c = 0; c < kScoreBinCopies; ++c) total += bins[c][i];
-      if (total) atomicAdd(&state->hist[pass][i], static_cast<unsigned long long>(total));
-    }
-  }
+  if constexpr (!kSelect) flush_bins(bins, nbins, state->hist[pass]);
 }
 
 // The first `remaining` ties (in position order, from their ranks) join the selection.
@@ -608,6 +617,7 @@ __global__ void candidates_kernel(CandidateWord words_of, int64_t words, int64_t
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool aligned16(const LowestPriorityKeys& keys) { return aligned16(keys.priority); }
+bool aligned16(const LowestScoreKeys& keys) { return aligned16(keys.scores); }
 
 template <typename Keys>
 Status select_all(const Keys& keys, int64_t count, int64_t k, const int64_t* position_of, int64_t* out,
@@ -640,9 +650,9 @@ Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   const int64_t words = bitmap_words(m, k);
   size_t cub_bytes = 0;
   SNACK_RETURN_IF_ERROR(scan_word_counts(WordPopcount{nullptr}, words, nullptr, nullptr, &cub_bytes, stream));
-  const size_t bitmap_bytes = aligned(size_t(words) * sizeof(uint32_t));
-  const size_t offset_bytes = aligned(size_t(words) * sizeof(int64_t));
-  const size_t flag_bytes = aligned(size_t(nnz));
+  const size_t bitmap_bytes = aligned_bytes(size_t(words) * sizeof(uint32_t));
+  const size_t offset_bytes = aligned_bytes(size_t(words) * sizeof(int64_t));
+  const size_t flag_bytes = aligned_bytes(size_t(nnz));
   ScratchBuffer scratch(alloc, stream);
   SNACK_RETURN_IF_ERROR(scratch.reserve(bitmap_bytes + offset_bytes + flag_bytes + cub_bytes + kAlign));
   auto* bitmap = scratch.as<uint32_t>();
@@ -689,10 +699,10 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   size_t cub_bytes = 0;
   SNACK_RETURN_IF_ERROR(scan_word_counts(CandidateWord{nullptr, nullptr, total}, words, nullptr, nullptr, &cub_bytes,
                                          stream));
-  const size_t bitmap_bytes = aligned(size_t(words) * sizeof(uint32_t));
-  const size_t offset_bytes = aligned(size_t(words) * sizeof(int64_t));
-  const size_t position_bytes = aligned(size_t(capacity) * sizeof(int64_t));
-  const size_t priority_bytes = aligned(size_t(capacity) * sizeof(uint32_t));
+  const size_t bitmap_bytes = aligned_bytes(size_t(words) * sizeof(uint32_t));
+  const size_t offset_bytes = aligned_bytes(size_t(words) * sizeof(int64_t));
+  const size_t position_bytes = aligned_bytes(size_t(capacity) * sizeof(int64_t));
+  const size_t priority_bytes = aligned_bytes(size_t(capacity) * sizeof(uint32_t));
   ScratchBuffer scratch(alloc, stream);
   SNACK_RETURN_IF_ERROR(
       scratch.reserve(2 * bitmap_bytes + offset_bytes + position_bytes + priority_bytes + cub_bytes + kAlign));
@@ -704,17 +714,13 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   auto* priority = reinterpret_cast<uint32_t*>(base + 2 * bitmap_bytes + offset_bytes + position_bytes);
   void* cub_temp = align_up(base + 2 * bitmap_bytes + offset_bytes + position_bytes + priority_bytes);
 
-  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(present, 0, size_t(words) * sizeof(uint32_t), stream));
+  SNACK_RETURN_IF_ERROR(mark_present<Index>(m, k, nnz, row_idx, col_idx, present, stream));
   // No draws: every absent position is a candidate.
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(drawn, draws > 0 ? 0 : 0xff, size_t(words) * sizeof(uint32_t), stream));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(priority, 0xff, size_t(capacity) * sizeof(uint32_t), stream));
   // -1 where no candidate was written: after a (reported) shortfall the output names no real
   // position, and replace_slots' bitmap ignores it.
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand_positions, 0xff, size_t(capacity) * sizeof(int64_t), stream));
-  if (nnz > 0) {
-    mark_slots_kernel<Index><<<stride_grid(nnz), kThreads, 0, stream>>>(k, nnz, row_idx, col_idx, nullptr, present);
-    SNACK_RETURN_IF_ERROR(check_launch("mark_slots_kernel"));
-  }
   if (draws > 0) {
     mark_draws_kernel<<<stride_grid(draws), kThreads, 0, stream>>>(draws, random_bits + 1, total, multiplier, offset,
                                                                    drawn);
@@ -729,9 +735,17 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   return select_all(LowestPriorityKeys{priority}, capacity, count, cand_positions, positions, alloc, stream);
 }
 
+Status lowest_slots(const float* scores, int64_t count, int64_t k, int64_t* slots, DeviceAllocator& alloc,
+                    Stream stream) {
+  if (k < 0 || k > count) return InvalidArgument("lowest_slots: k must lie in [0, count]");
+  if (k == 0) return Status::Ok();
+  if (!scores || !slots) return InvalidArgument("lowest_slots: null array");
+  return select_all(LowestScoreKeys{scores}, count, k, nullptr, slots, alloc, stream);
+}
+
 // ---- TopkSelection --------------------------------------------------------------------------------
-TopkSelection::TopkSelection(SelectKey mode, int64_t k, const uint32_t* bitmap, DeviceAllocator& alloc, Stream stream)
-    : mode_(mode), k_(k), bitmap_(bitmap), alloc_(alloc), stream_(stream) {}
+TopkSelection::TopkSelection(int64_t k, const uint32_t* bitmap, DeviceAllocator& alloc, Stream stream)
+    : k_(k), bitmap_(bitmap), alloc_(alloc), stream_(stream) {}
 
 TopkSelection::~TopkSelection() {
   if (state_) alloc_.deallocate(state_, stream_);
@@ -748,11 +762,8 @@ Status TopkSelection::begin() {
 Status TopkSelection::histogram(int pass, const float* scores, int64_t count, int64_t first_position) {
   if (!state_) return InvalidArgument("TopkSelection: call begin() first");
   if (pass < 0 || pass >= kPasses) return InvalidArgument("TopkSelection: pass out of range");
-  auto* st = static_cast<SelectState*>(state_);
-  if (mode_ == SelectKey::kAbsentMagnitude)
-    return select_histogram(AbsentMagnitudeKeys{scores, bitmap_, first_position}, count, aligned16(scores), pass, st,
-                            stream_);
-  return select_histogram(LowestScoreKeys{scores}, count, aligned16(scores), pass, st, stream_);
+  return select_histogram(AbsentMagnitudeKeys{scores, bitmap_, first_position}, count, aligned16(scores), pass,
+                          static_cast<SelectState*>(state_), stream_);
 }
 
 Status TopkSelection::pick(int pass) {
@@ -763,11 +774,8 @@ Status TopkSelection::pick(int pass) {
 
 Status TopkSelection::emit(const float* scores, int64_t count, int64_t first_position, int64_t* out) {
   if (!state_) return InvalidArgument("TopkSelection: call begin() first");
-  auto* st = static_cast<SelectState*>(state_);
-  if (mode_ == SelectKey::kAbsentMagnitude)
-    return select_emit(AbsentMagnitudeKeys{scores, bitmap_, first_position}, count, first_position, nullptr, st, out,
-                       alloc_, stream_);
-  return select_emit(LowestScoreKeys{scores}, count, first_position, nullptr, st, out, alloc_, stream_);
+  return select_emit(AbsentMagnitudeKeys{scores, bitmap_, first_position}, count, first_position, nullptr,
+                     static_cast<SelectState*>(state_), out, alloc_, stream_);
 }
 
 template <typename T>
@@ -795,9 +803,9 @@ Status topk_absent_gradient(int64_t m, int64_t k, int64_t nnz, const Index* row_
   const int64_t words = bitmap_words(m, k);
   size_t cub_bytes = 0;
   SNACK_RETURN_IF_ERROR(scan_word_counts(WordPopcount{nullptr}, words, nullptr, nullptr, &cub_bytes, stream));
-  const size_t state_bytes = aligned(sizeof(SelectState));
-  const size_t bitmap_bytes = aligned(size_t(words) * sizeof(uint32_t));
-  const size_t offset_bytes = aligned(size_t(words) * sizeof(int64_t));
+  const size_t state_bytes = aligned_bytes(sizeof(SelectState));
+  const size_t bitmap_bytes = aligned_bytes(size_t(words) * sizeof(uint32_t));
+  const size_t offset_bytes = aligned_bytes(size_t(words) * sizeof(int64_t));
   ScratchBuffer scratch(alloc, stream);
   SNACK_RETURN_IF_ERROR(scratch.reserve(state_bytes + 3 * bitmap_bytes + offset_bytes + cub_bytes + kAlign));
   char* base = scratch.as<char>();
