@@ -75,6 +75,16 @@ def make_optimizer(name, params, capturable=False):
     return torch.optim.AdamW(params, lr=1e-3, capturable=capturable)
 
 
+def training_step(layer, opt, x, target):
+    """The step every implementation is timed on: forward, squared-error loss, backward, optimizer step."""
+    def step():
+        opt.zero_grad(set_to_none=False)
+        ((layer(x) - target) ** 2).mean().backward()
+        opt.step()
+
+    return step
+
+
 def time_layer(impl, ref, n, opt_name, steps=20):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -83,13 +93,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     opt = make_optimizer(opt_name, layer.parameters())
     x = torch.randn(n, ref.in_features, device="cuda")
     target = torch.randn(n, ref.out_features, device="cuda")
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss = ((layer(x) - target) ** 2).mean()
-        loss.backward()
-        opt.step()
-
+    step = training_step(layer, opt, x, target)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -114,13 +118,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     try:
         layer_g = make_layer(impl, ref)
         opt_g = make_optimizer(opt_name, layer_g.parameters(), capturable=True)
-
-        def gstep():
-            opt_g.zero_grad(set_to_none=False)
-            ((layer_g(x) - target) ** 2).mean().backward()
-            opt_g.step()
-
-        graph = common.capture_graph(gstep)
+        graph = common.capture_graph(training_step(layer_g, opt_g, x, target))
         for _ in range(3):
             graph.replay()
         graph_us = 1e3 * statistics.median(common.replay_times_ms(graph, steps))
@@ -258,12 +256,7 @@ def profile_step(m, k, n, sparsity, steps=10) -> str:
     opt = make_optimizer("adamw", layer.parameters())
     x = torch.randn(n, k, device="cuda")
     target = torch.randn(n, m, device="cuda")
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        ((layer(x) - target) ** 2).mean().backward()
-        opt.step()
-
+    step = training_step(layer, opt, x, target)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

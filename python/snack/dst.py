@@ -1,8 +1,8 @@
 """Dynamic sparse training: prune and regrow the connections of SparseLinear layers during training.
 
 The topology work runs in C++ operators (``snack.ops.prune_slots``, ``sample_absent``,
-``topk_absent_gradient``, ``replace_slots``) on the layer's device; this module decides when and how
-much. ``DSTScheduler`` attaches to the user's optimizer with ``register_step_post_hook`` (no
+``topk_absent_gradient``, ``replace_slots``, ``remap_slots_``) on the layer's device; this module
+decides when and how much. ``DSTScheduler`` attaches to the user's optimizer with ``register_step_post_hook`` (no
 monkey-patching) and carries the optimizer state of every moved connection along.
 """
 
@@ -103,8 +103,9 @@ def grow_random(layer: SparseLinear, k: int, generator: Optional[torch.Generator
 
 def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor, block_rows: int = 0) -> torch.Tensor:
     """The k absent positions of largest |dense gradient| = |dY^T X| (RigL), ties to the smaller
-    position, computed ``block_rows`` output rows at a time (0: blocks of about 2^23 scores, 32 MiB
-    in fp32), so memory stays bounded however large the layer."""
+    position, without ever holding the dense gradient: on the GPU with up to 256 rows of ``x`` the
+    scores are recomputed in registers (``block_rows`` does not matter); otherwise they are computed
+    ``block_rows`` output rows at a time (0: blocks of about 2^23 scores, 32 MiB in fp32)."""
     x2 = x.reshape(-1, layer.in_features).to(layer.values.dtype)
     dy2 = dy.reshape(-1, layer.out_features).to(layer.values.dtype)
     return ops.topk_absent_gradient(dy2, x2, layer.row_idx, layer.col_idx, k, block_rows)
