@@ -119,17 +119,19 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
     case SpmmVariant::kSmemX:
       return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
-      const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
-      if (plan.batch_tile > 1 && (plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T) || workspace == nullptr))
-        return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
-      // A one-row batch tile transposed is the row itself: the kernel reads X in place.
-      if (plan.batch_tile == 1)
-        return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      T* in_t = static_cast<T*>(workspace);
-      const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
-                       unsigned(tiles));
-      detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
-      SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
+      // A one-row batch tile transposed is the row itself: the kernel then reads X in place.
+      const T* in_t = in;
+      if (plan.batch_tile > 1) {
+        const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
+        if (workspace == nullptr || plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T))
+          return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
+        T* transposed = static_cast<T*>(workspace);
+        const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
+                         unsigned(tiles));
+        detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, transposed);
+        SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
+        in_t = transposed;
+      }
       return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
     }
     default:
