@@ -103,7 +103,7 @@ class SparseLinearFunction : public torch::autograd::Function<SparseLinearFuncti
     const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
     at::Tensor grad = grad_outputs[0];
     switch (static_cast<Activation>(ctx->saved_data["activation"].toInt())) {
-      case Activation::kReLU: grad = grad * saved[7].gt(0).to(grad.scalar_type()); break;
+      case Activation::kReLU: grad = at::threshold_backward(grad, saved[7], 0); break;  // one kernel: grad where y > 0
       case Activation::kGELU: grad = at::gelu_backward(grad, saved[7]); break;
       default: break;
     }
