@@ -49,7 +49,13 @@ def provenance() -> dict[str, str]:
 
 
 class ColdTimer:
-    """Times one GPU launch sequence with CUDA events after flushing L2 (writes 2x the L2 size)."""
+    """Times one GPU launch sequence with CUDA events after flushing L2 (writes 2x the L2 size).
+
+    After the flush the GPU spins for ~100 us (``torch.cuda._sleep``) before the start event, so the
+    host has queued the whole sequence by the time it starts: the time is the GPU's, not the
+    host's launch overhead (which, for a 5 us kernel, can otherwise exceed the kernel itself)."""
+
+    SPIN_CYCLES = 200_000
 
     def __init__(self) -> None:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -63,6 +69,7 @@ class ColdTimer:
         times = []
         for _ in range(reps):
             self.flush_buf.fill_(1.0)
+            torch.cuda._sleep(self.SPIN_CYCLES)
             self.start.record()
             fn()
             self.end.record()

@@ -131,10 +131,10 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   __syncwarp();
 
   // Sum of value(e) * in[., input(e)] over e = first, first + step, ... < last, for this lane's batch rows.
+  // Software-pipelined: the next kUnroll entries (value and column) are requested before this
+  // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
   auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
-    for (int32_t e0 = first; e0 < last; e0 += kUnroll * step) {
-      A val[kUnroll];
-      int32_t col[kUnroll];
+    auto load_chunk = [&](int32_t e0, A (&val)[kUnroll], int32_t (&col)[kUnroll]) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int32_t e = e0 + u * step;
@@ -142,6 +142,14 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
         val[u] = ok ? to_accum(view.value(e)) : A(0);
         col[u] = ok ? view.input(e) : 0;
       }
+    };
+    A val[kUnroll];
+    int32_t col[kUnroll];
+    if (first < last) load_chunk(first, val, col);
+    for (int32_t e0 = first; e0 < last; e0 += kUnroll * step) {
+      A next_val[kUnroll];
+      int32_t next_col[kUnroll];
+      load_chunk(e0 + kUnroll * step, next_val, next_col);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if constexpr (kSmem) {
@@ -153,6 +161,11 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
 #pragma unroll
           for (int j = 0; j < V; ++j) acc[j] += val[u] * x[j];
         }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        val[u] = next_val[u];
+        col[u] = next_col[u];
       }
     }
   };
