@@ -14,11 +14,14 @@ enum class SpmmVariant : int {
   kWarpRow,    ///< reference: a warp per row, X read row-major from global memory
   kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch
   kGlobalXT,   ///< X transposed once into a [K, Npad] workspace, read through L1; lanes along the batch
+  kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
+               ///< Batch tiles up to 32; chosen for one row and for small products.
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
 };
 
-/// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "coo_atomic").
+/// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "global_x",
+/// "coo_atomic").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -29,7 +32,7 @@ struct SpmmPlan {
   int lanes_per_row = 32;      ///< lanes of a warp that split one row's slots
   int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
-  size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT)
+  size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT with a tile > 1)
   std::string reason;          ///< why this plan, for snack.explain()
 };
 

@@ -31,6 +31,7 @@ const char* spmm_variant_name(SpmmVariant v) {
     case SpmmVariant::kWarpRow: return "warp_row";
     case SpmmVariant::kSmemX: return "smem_x";
     case SpmmVariant::kGlobalXT: return "global_xt";
+    case SpmmVariant::kGlobalX: return "global_x";
     case SpmmVariant::kCooAtomic: return "coo_atomic";
   }
   return "unknown";
@@ -38,7 +39,7 @@ const char* spmm_variant_name(SpmmVariant v) {
 
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out) {
   for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
-                        SpmmVariant::kCooAtomic}) {
+                        SpmmVariant::kGlobalX, SpmmVariant::kCooAtomic}) {
     if (name == spmm_variant_name(v)) {
       *out = v;
       return true;

@@ -60,6 +60,10 @@ int lanes_per_row_for(int batch_tile, double avg_row_length, int64_t out_dim, in
   return lanes;
 }
 
+// Below this many multiply-adds (nnz x batch) a product takes a few microseconds, about what the
+// transpose launch of global_xt adds, so global_x reads X in place instead.
+constexpr int64_t kSmallProduct = int64_t(1) << 22;
+
 size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
   return size_t(batch_tile) * size_t(in_dim | 1) * value_bytes;
 }
@@ -70,12 +74,15 @@ size_t smem_budget(const DeviceLimits& limits) {
                                                                 : 0;
 }
 
-template <typename T, typename View, int NPAD, bool kSmem>
+using detail::XLayout;
+
+template <typename T, typename View, int NPAD, XLayout kX>
 Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                    const T* bias, T* out, Activation act, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kSmem>;
+  constexpr bool kSmem = kX == XLayout::kShared;
+  auto kernel = detail::spmm_rows_kernel<T, View, NPAD, kX>;
   constexpr int kWarps = kSmem ? detail::kSpmmSmemWarps : kSpmmWarps;
   const int rows_per_warp = detail::TileLayout<NPAD>::GS / plan.lanes_per_row;
   const int64_t warps = detail::ceil_div(out_dim, rows_per_warp);
@@ -96,25 +103,28 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
       view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold, act);
-  return check_launch(kSmem ? "spmm_rows_kernel<smem>" : "spmm_rows_kernel<global>");
+  return check_launch(kSmem ? "spmm_rows_kernel<shared X>"
+                            : (kX == XLayout::kRowMajor ? "spmm_rows_kernel<X in place>" : "spmm_rows_kernel<X^T>"));
 }
 
-template <typename T, typename View, bool kSmem>
+template <typename T, typename View, XLayout kX>
 Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                         const T* bias, T* out, Activation act, Stream stream) {
   switch (plan.batch_tile) {
-    case 1: return launch_rows<T, View, 1, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 2: return launch_rows<T, View, 2, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 4: return launch_rows<T, View, 4, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 8: return launch_rows<T, View, 8, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 16: return launch_rows<T, View, 16, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 32: return launch_rows<T, View, 32, kSmem>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 1: return launch_rows<T, View, 1, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 2: return launch_rows<T, View, 2, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 4: return launch_rows<T, View, 4, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 8: return launch_rows<T, View, 8, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 16: return launch_rows<T, View, 16, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 32: return launch_rows<T, View, 32, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     default:
-      if constexpr (!kSmem) {
+      // Tiles of 64 and 128 only for the transposed copy: the other layouts stop at 32 (shared
+      // memory; scalar reads of X, planned only for small products), which bounds the instantiations.
+      if constexpr (kX == XLayout::kTransposed) {
         if (plan.batch_tile == 64)
-          return launch_rows<T, View, 64, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+          return launch_rows<T, View, 64, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
         if (plan.batch_tile == 128)
-          return launch_rows<T, View, 128, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+          return launch_rows<T, View, 128, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       }
       return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
   }
@@ -137,7 +147,9 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
       return check_launch("spmm_warp_row_kernel");
     }
     case SpmmVariant::kSmemX:
-      return launch_rows_tile<T, View, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      return launch_rows_tile<T, View, XLayout::kShared>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case SpmmVariant::kGlobalX:
+      return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
       // A one-row batch tile transposed is the row itself: the kernel then reads X in place.
       const T* in_t = in;
@@ -152,7 +164,7 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
         SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
         in_t = transposed;
       }
-      return launch_rows_tile<T, View, false>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
+      return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
     }
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
@@ -174,14 +186,19 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row is read in place
     // through L1 (staging it in shared memory costs a round trip and a block barrier before the
     // first product, about as long as the whole product at 99% sparsity); staging X in shared
-    // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster.
+    // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
+    // for small products, where the transpose's own launch costs more than the scalar reads of X.
     if (n == 1) {
-      v = SpmmVariant::kGlobalXT;
-      plan.reason = "batch of 1: X read in place through L1 (the transpose of one row is the row itself)";
+      v = SpmmVariant::kGlobalX;
+      plan.reason = "batch of 1: X read in place through L1";
     } else if (n <= 4 && smem_fits) {
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
+    } else if (nnz * n <= kSmallProduct) {
+      v = SpmmVariant::kGlobalX;
+      plan.reason = "small product (" + std::to_string(nnz * n) +
+                    " multiply-adds): X read in place through L1, no transpose launch";
     } else {
       v = SpmmVariant::kGlobalXT;
       plan.reason = n > 4 ? "batch > 4: X transposed once, 16-byte vectors of it read through L1"
@@ -196,15 +213,18 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       plan.batch_tile = tile_small;
       plan.smem_bytes = smem_for(tile_small, in_dim, value_bytes);
       break;
+    case SpmmVariant::kGlobalX:
     case SpmmVariant::kGlobalXT: {
       // The largest batch tile that still gives the GPU enough warps (few output rows, large
       // batch: split the batch into more tiles rather than leave SMs idle).
-      int tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 128)));
+      const int64_t max_tile = v == SpmmVariant::kGlobalXT ? 128 : 32;
+      int tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, max_tile)));
       while (tile > 8 && warps_for(out_dim, (n + tile - 1) / tile, tile, max_lanes_per_row(tile, avg)) <
                              wanted_warps(limits))
         tile >>= 1;
       plan.batch_tile = tile;
-      plan.workspace_bytes = tile == 1 ? 0 : size_t(in_dim) * size_t((n + tile - 1) / tile * tile) * value_bytes;
+      if (v == SpmmVariant::kGlobalXT && tile > 1)
+        plan.workspace_bytes = size_t(in_dim) * size_t((n + tile - 1) / tile * tile) * value_bytes;
       break;
     }
     case SpmmVariant::kWarpRow:

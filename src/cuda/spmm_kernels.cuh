@@ -80,16 +80,27 @@ struct TileLayout {
 //
 // Lanes: see TileLayout; the GS lanes along the entries split one output row (or `rows_per_warp`
 // rows) and keep kUnroll entries each in flight.
-// kSmem: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
+// Where a row kernel reads its input X from (the template argument kX of spmm_rows_kernel).
+enum class XLayout {
+  kShared,      // the batch tile of X (row-major) copied to shared memory first
+  kTransposed,  // a transposed copy of the tile, [in_dim, NPAD], read as vectors through L1
+  kRowMajor,    // X itself, row-major, one scalar per batch row through L1: no copy, no extra launch
+};
+
+// kShared: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
 //        with an odd row stride; one large block per SM strides over the rows.
-// !kSmem: `in_t` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
+// kTransposed: `in` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
 //        are contiguous, read with vector loads through L1.
-template <typename T, typename View, int NPAD, bool kSmem>
-__global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kSmem ? 1 : 4)
+// kRowMajor: `in` is X as given; a lane reads its V batch rows' values of one entry as V scalars
+//        (rows past the batch read the last row and are never stored).
+template <typename T, typename View, int NPAD, XLayout kX>
+__global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSpmmWarps) * 32,
+                                  kX == XLayout::kShared ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold,
                      Activation act) {
   using A = accum_t<T>;
+  constexpr bool kSmem = kX == XLayout::kShared;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
   constexpr int V = TileLayout<NPAD>::V;
   constexpr int GN = TileLayout<NPAD>::GN;
@@ -99,7 +110,7 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   const int64_t stride = in_dim | 1;
   // blockIdx.y picks the batch tile: rows n0 .. n0 + NPAD of the batch.
   const int64_t n0 = int64_t(blockIdx.y) * NPAD;
-  if constexpr (!kSmem) in += int64_t(blockIdx.y) * in_dim * NPAD;  // this tile's transposed input
+  if constexpr (kX == XLayout::kTransposed) in += int64_t(blockIdx.y) * in_dim * NPAD;  // this tile's copy
 
   if constexpr (kSmem) {
     const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
@@ -118,12 +129,13 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   const int lane_e = lane_s % lanes_per_row;
   const int rows_per_warp = GS / lanes_per_row;
   const int leader = sub * lanes_per_row * GN;  // first lane of this row's lanes
+  // kRowMajor: this lane's first row of X and how many of its V rows exist; the rows past the batch
+  // re-read the last one (those sums are never stored).
+  const int64_t x_row0 = n0 + lane_n * V < n ? n0 + lane_n * V : n - 1;
+  const T* x_first = in + x_row0 * in_dim;
+  const int x_last = int(n - 1 - x_row0 < V - 1 ? n - 1 - x_row0 : V - 1);
   const int64_t warp_global = int64_t(blockIdx.x) * kWarps + warp;
   const int64_t warp_count = int64_t(gridDim.x) * kWarps;
-
-  // Rows longer than long_threshold would keep one warp busy long after the others: each warp
-  // defers up to kLongPerWarp of them, and the whole block sums each deferred row afterwards
-  // (every warp a slice, then a fixed-order reduction), so the result stays deterministic.
   __shared__ int32_t long_rows[kWarps * kLongPerWarp];
   __shared__ int long_count[kWarps];
   __shared__ A partial[kWarps][NPAD];
@@ -131,30 +143,36 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
   __syncwarp();
 
   // Sum of value(e) * in[., input(e)] over e = first, first + step, ... < last, for this lane's batch rows.
-  // Software-pipelined: the next kUnroll entries (value and column) are requested before this
+  // Entries per lane in flight: kUnroll, halved where one entry means V scalar reads of X (each
+  // with its own 64-bit address), which would otherwise spill.
+  constexpr int kU = (kX == XLayout::kRowMajor && V > 2) ? kUnroll / 2 : kUnroll;
+  // Software-pipelined: the next kU entries (value and column) are requested before this
   // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
   auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
-    auto load_chunk = [&](int32_t e0, A (&val)[kUnroll], int32_t (&col)[kUnroll]) {
+    auto load_chunk = [&](int32_t e0, A (&val)[kU], int32_t (&col)[kU]) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         const int32_t e = e0 + u * step;
         const bool ok = e < last;
         val[u] = ok ? to_accum(view.value(e)) : A(0);
         col[u] = ok ? view.input(e) : 0;
       }
     };
-    A val[kUnroll];
-    int32_t col[kUnroll];
+    A val[kU];
+    int32_t col[kU];
     if (first < last) load_chunk(first, val, col);
-    for (int32_t e0 = first; e0 < last; e0 += kUnroll * step) {
-      A next_val[kUnroll];
-      int32_t next_col[kUnroll];
-      load_chunk(e0 + kUnroll * step, next_val, next_col);
+    for (int32_t e0 = first; e0 < last; e0 += kU * step) {
+      A next_val[kU];
+      int32_t next_col[kU];
+      load_chunk(e0 + kU * step, next_val, next_col);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         if constexpr (kSmem) {
 #pragma unroll
           for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n * V + j) * stride + col[u]]);
+        } else if constexpr (kX == XLayout::kRowMajor) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(__ldg(x_first + (j < x_last ? j : x_last) * in_dim + col[u]));
         } else {
           A x[V];
           load_vec<T, V>(in + int64_t(col[u]) * NPAD + lane_n * V, x);
@@ -163,7 +181,7 @@ __global__ void __launch_bounds__((kSmem ? kSpmmSmemWarps : kSpmmWarps) * 32, kS
         }
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         val[u] = next_val[u];
         col[u] = next_col[u];
       }

@@ -81,9 +81,9 @@ def test_unknown_variant():
 
 
 def test_explain_and_override():
-    layer = snack.SparseLinear(4096, 1024, density=0.1, device="cuda")
+    layer = snack.SparseLinear(4096, 1024, density=0.1, device="cuda")  # 419 k slots
     one_row = snack.explain(layer, 1)
-    assert one_row.startswith("global_xt") and "in place" in one_row and "workspace" not in one_row
+    assert one_row.startswith("global_x ") and "in place" in one_row and "workspace" not in one_row
     assert snack.explain(layer, 128).startswith("global_xt")
     assert "forced" in snack.explain(layer, 8, variant="warp_row")
     assert "batch tile" in snack.explain(layer, 16, transposed=True)
@@ -92,8 +92,18 @@ def test_explain_and_override():
     with snack.spmm_variant("warp_row"):
         assert snack.explain(layer, 8).startswith("warp_row")
         assert rel_error(layer(x), ref.double()) < 1e-5
-    assert snack.explain(layer, 8).startswith("global_xt")
+    assert snack.explain(layer, 32).startswith("global_xt")
     assert snack.explain(layer, 2).startswith("smem_x")
+
+
+def test_small_products_read_x_in_place():
+    # nnz x batch up to 4 M multiply-adds: X is read in place (no transpose launch, no workspace).
+    small = snack.SparseLinear(1024, 768, density=0.1, device="cuda")  # 79 k slots
+    plan = snack.explain(small, 16)
+    assert plan.startswith("global_x ") and "small product" in plan and "workspace" not in plan
+    big = snack.SparseLinear(4096, 4096, density=0.1, device="cuda")  # 1.68 M slots
+    assert snack.explain(big, 16).startswith("global_xt")
+    assert "workspace" in snack.explain(big, 16)
 
 
 @pytest.mark.parametrize("variant", snack.DETERMINISTIC_VARIANTS)
