@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s"
     info["method"] = ("layer: median of 20 warm steps (CUDA events), CUDA-graph replay median, wall = 20 steps "
                       "back to back / 20, peak = max_memory_allocated over one step minus memory before the layer; "
-                      "backward kernels: median of 20 cold-L2 calls")
+                      "backward kernels: median of 20 cold-L2 calls (GPU held ~100 us after the flush, host launch time not counted)")
     timer = common.ColdTimer()
     layer_rows, back_rows = [], []
     configs = list(itertools.product(shapes, sparsities))

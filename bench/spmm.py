@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     info = common.provenance()
     bandwidth = common.copy_bandwidth_gbs()
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s (device-to-device copy, read+write, measured in this run)"
-    info["method"] = f"median of {args.reps} single calls, CUDA events, L2 flushed before each call; fp32"
+    info["method"] = (f"median of {args.reps} single calls, CUDA events, L2 flushed before each call and the GPU "
+                      "held ~100 us after the flush so that host launch time is not counted; fp32")
     timer = common.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out, failures, skipped = [], [], []
