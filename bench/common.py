@@ -51,9 +51,11 @@ def provenance() -> dict[str, str]:
 class ColdTimer:
     """Times one GPU launch sequence with CUDA events after flushing L2 (writes 2x the L2 size).
 
-    After the flush the GPU spins for ~100 us (``torch.cuda._sleep``) before the start event, so the
-    host has queued the whole sequence by the time it starts: the time is the GPU's, not the
-    host's launch overhead (which, for a 5 us kernel, can otherwise exceed the kernel itself)."""
+    After the flush the GPU spins for SPIN_CYCLES clock cycles (``torch.cuda._sleep``; ~100 us at the
+    H200's ~2 GHz) before the start event, so the host has queued the timed sequence by the time it
+    starts: the time is the GPU's, not the host's launch overhead (which, for a 5 us kernel, can
+    otherwise exceed the kernel itself). A sequence whose host side takes longer than the flush and
+    the spin together is still partly host-timed."""
 
     SPIN_CYCLES = 200_000
 

@@ -17,8 +17,10 @@ using Stream = CUstream_st*;
 
 /// Largest dimension that 16-bit slot indices can address (indices are unsigned, 0..65535).
 inline constexpr int64_t kMaxDim16 = 65536;
-/// Slot offsets (row_ptr, col_ptr, csc_perm) are 32-bit: nnz must stay below 2^31.
-inline constexpr int64_t kMaxNnz = std::numeric_limits<int32_t>::max();
+/// Slot offsets (row_ptr, col_ptr, csc_perm) are 32-bit: nnz must stay below 2^31, less a margin
+/// because the CUDA kernels' unrolled, strided loops form slot offsets up to a few hundred past the
+/// last slot (then test them against the end), which must not wrap around in 32-bit arithmetic.
+inline constexpr int64_t kMaxNnz = int64_t(std::numeric_limits<int32_t>::max()) - 4096;
 
 /// Index type of the slots: 16-bit unsigned where both dimensions fit, 32-bit otherwise.
 template <typename Index>
@@ -62,7 +64,8 @@ Status check_pattern_shape(const SlotPattern<Index>& w) {
     return InvalidArgument("pattern dimensions " + std::to_string(w.rows) + "x" + std::to_string(w.cols) +
                            " do not fit the slot index type");
   if (w.nnz > kMaxNnz)
-    return Status(StatusCode::kUnsupported, "nnz=" + std::to_string(w.nnz) + " exceeds 2^31-1");
+    return Status(StatusCode::kUnsupported,
+                  "nnz=" + std::to_string(w.nnz) + " exceeds the limit of " + std::to_string(kMaxNnz) + " (2^31 - 4097)");
   if (w.rows > 0 && w.cols > 0 && w.nnz > w.rows * w.cols)
     return InvalidArgument("nnz=" + std::to_string(w.nnz) + " exceeds rows*cols=" +
                            std::to_string(w.rows * w.cols));

@@ -14,10 +14,10 @@ enum class SpmmVariant : int {
   kWarpRow,    ///< reference: a warp per row, X read row-major from global memory
   kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch
   kGlobalXT,   ///< X transposed once into a [K, Npad] workspace, read through L1; lanes along the batch
-  kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
-               ///< Batch tiles up to 32; chosen for one row and for small products.
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
+  kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
+               ///< Batch tiles up to 32; chosen for one row and for small products.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "global_x",

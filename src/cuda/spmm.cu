@@ -60,6 +60,9 @@ int lanes_per_row_for(int batch_tile, double avg_row_length, int64_t out_dim, in
   return lanes;
 }
 
+// Batch tiles run side by side in grid.y, at most this many.
+constexpr int64_t kMaxGridY = 65535;
+
 // Below this many multiply-adds (nnz x batch) a product takes a few microseconds, about what the
 // transpose launch of global_xt adds, so global_x reads X in place instead.
 constexpr int64_t kSmallProduct = int64_t(1) << 22;
@@ -98,7 +101,9 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   // Persistent-style grid: every block stages its batch tile once, then strides over the rows;
   // grid.y runs the batch tiles side by side.
   const int64_t tiles = detail::ceil_div(n, NPAD);
-  if (tiles > 65535) return InvalidArgument("batch too large: " + std::to_string(n) + " rows");
+  if (tiles > kMaxGridY)
+    return InvalidArgument("batch too large for a batch tile of " + std::to_string(NPAD) + ": " + std::to_string(n) +
+                           " rows");
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
@@ -195,7 +200,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
-    } else if (nnz * n <= kSmallProduct) {
+    } else if (nnz * n <= kSmallProduct && n <= int64_t(kMaxGridY) * 32) {
       v = SpmmVariant::kGlobalX;
       plan.reason = "small product (" + std::to_string(nnz * n) +
                     " multiply-adds): X read in place through L1, no transpose launch";

@@ -61,7 +61,7 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
 
 constexpr int kSpmmWarps = 8;       // warps per block of the global-memory row kernels
 constexpr int kSpmmSmemWarps = 32;  // the shared-memory variant runs one large block per SM
-constexpr int kUnroll = 8;          // entries per lane loaded before use: the loads in flight
+constexpr int kUnroll = 8;          // entries per lane per chunk (the next chunk is requested before this one is used)
 constexpr int kLongPerWarp = 8;     // long rows a warp can hand to its block (see spmm_rows_kernel)
 // Static shared memory of the row kernels (long-row lists and partial sums), at most this much.
 constexpr size_t kRowsKernelStaticSmem = 12 * 1024;
@@ -76,10 +76,6 @@ struct TileLayout {
   static_assert(GN >= 1 && GN <= 32 && GN * GS == 32, "batch tile must be a power of two in [1, 128]");
 };
 
-// out[n, o] = sum_e value(e) * in[n, input(e)] (+ bias[o]) for n in [n0, n0 + NPAD) ∩ [0, n).
-//
-// Lanes: see TileLayout; the GS lanes along the entries split one output row (or `rows_per_warp`
-// rows) and keep kUnroll entries each in flight.
 // Where a row kernel reads its input X from (the template argument kX of spmm_rows_kernel).
 enum class XLayout {
   kShared,      // the batch tile of X (row-major) copied to shared memory first
@@ -87,6 +83,11 @@ enum class XLayout {
   kRowMajor,    // X itself, row-major, one scalar per batch row through L1: no copy, no extra launch
 };
 
+// out[n, o] = sum_e value(e) * in[n, input(e)] (+ bias[o]) for n in [n0, n0 + NPAD) ∩ [0, n).
+//
+// Lanes: see TileLayout; the GS lanes along the entries split one output row (or `rows_per_warp`
+// rows) and walk it in chunks of kU entries each, the next chunk requested before the current one
+// is used (so up to 2 kU entries per lane are in flight).
 // kShared: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
 //        with an odd row stride; one large block per SM strides over the rows.
 // kTransposed: `in` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
@@ -136,6 +137,10 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   const int x_last = int(n - 1 - x_row0 < V - 1 ? n - 1 - x_row0 : V - 1);
   const int64_t warp_global = int64_t(blockIdx.x) * kWarps + warp;
   const int64_t warp_count = int64_t(gridDim.x) * kWarps;
+
+  // Rows longer than long_threshold would keep one warp busy long after the others: each warp
+  // defers up to kLongPerWarp of them, and the whole block sums each deferred row afterwards
+  // (every warp a slice, then a fixed-order reduction), so the result stays deterministic.
   __shared__ int32_t long_rows[kWarps * kLongPerWarp];
   __shared__ int long_count[kWarps];
   __shared__ A partial[kWarps][NPAD];
@@ -143,9 +148,10 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   __syncwarp();
 
   // Sum of value(e) * in[., input(e)] over e = first, first + step, ... < last, for this lane's batch rows.
-  // Entries per lane in flight: kUnroll, halved where one entry means V scalar reads of X (each
-  // with its own 64-bit address), which would otherwise spill.
-  constexpr int kU = (kX == XLayout::kRowMajor && V > 2) ? kUnroll / 2 : kUnroll;
+  // Entries per lane per chunk: kUnroll, halved where one entry means V scalar reads of X (each
+  // with its own 64-bit address) or where values are 8 bytes (fp64, the gradcheck type): both
+  // would otherwise spill under the 64-register bound.
+  constexpr int kU = ((kX == XLayout::kRowMajor && V > 2) || sizeof(A) == 8) ? kUnroll / 2 : kUnroll;
   // Software-pipelined: the next kU entries (value and column) are requested before this
   // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
   auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
