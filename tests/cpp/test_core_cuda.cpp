@@ -170,5 +170,43 @@ TEST(CudaTopology, DenseTopkMatchesCpu) {
   EXPECT_EQ(pos.host(), ref);
 }
 
+TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
+  SKIP_WITHOUT_GPU();
+  using cuda::describe;
+  using cuda::plan_spmm;
+  // One batch row: X read in place, no workspace.
+  SpmmPlan p = plan_spmm(4096, 4096, 1677722, 1, sizeof(float));
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(p.batch_tile, 1);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  // A small product (79 k entries x 16 rows = 1.3 M multiply-adds): in place too.
+  p = plan_spmm(768, 1024, 78643, 16, sizeof(float));
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  EXPECT_LE(p.batch_tile, 32);
+  // A large product: X transposed into a workspace of in_dim x the batch padded to the tile.
+  p = plan_spmm(16384, 4096, 6710886, 20, sizeof(float));
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);
+  const int64_t padded = (20 + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
+  EXPECT_EQ(p.workspace_bytes, size_t(4096 * padded * sizeof(float)));
+  // A batch too large for global_x's 32-row tiles in grid.y, even with nothing to multiply.
+  p = plan_spmm(8, 8, 0, 65535LL * 32 + 1, sizeof(float));
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);
+  // Every plan of the row kernels: a power-of-two tile and lanes per row within its free lanes.
+  for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kGlobalX, SpmmVariant::kGlobalXT}) {
+    for (int64_t n : {1, 2, 3, 8, 16, 33, 100, 128, 1000}) {
+      for (int64_t nnz : {0, 1000, 1000000}) {
+        p = plan_spmm(5000, 3000, nnz, n, sizeof(float), v);
+        const int free_lanes = 32 / (p.batch_tile / std::min(p.batch_tile, 4));
+        EXPECT_EQ(p.batch_tile & (p.batch_tile - 1), 0) << describe(p);
+        EXPECT_LE(p.batch_tile, p.variant == SpmmVariant::kGlobalXT ? 128 : 32) << describe(p);
+        EXPECT_GE(p.lanes_per_row, 1) << describe(p);
+        EXPECT_LE(p.lanes_per_row, free_lanes) << describe(p);
+        EXPECT_EQ(p.lanes_per_row & (p.lanes_per_row - 1), 0) << describe(p);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace snack::test
