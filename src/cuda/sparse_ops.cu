@@ -166,30 +166,18 @@ __global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
     const int64_t k = 4 * g;
     A a[4] = {A(0), A(0), A(0), A(0)};
     if (k < np) detail::load_vec<T, 4>(dy_t + r * np + k, a);
-    // kUnrollChunks chunks of the row per step: their column indices are all requested before the
-    // first is used, so a warp waits for one HBM round trip per step rather than per chunk.
-    constexpr int kUnrollChunks = 8;
-    for (int32_t s0 = lo; s0 < hi; s0 += kSlotsPerWarp * kUnrollChunks) {
-      int32_t col[kUnrollChunks];
-#pragma unroll
-      for (int u = 0; u < kUnrollChunks; ++u) {
-        const int32_t slot = s0 + u * kSlotsPerWarp + slot_lane;
-        col[u] = slot < hi ? int32_t(w.col_idx[slot]) : int32_t(c0);
+    for (int32_t s0 = lo; s0 < hi; s0 += kSlotsPerWarp) {
+      const int32_t slot = s0 + slot_lane;
+      const bool ok = slot < hi;
+      A acc = A(0);
+      if (ok && k < np) {
+        A b[4];
+        load4_shared<T>(xs + (int64_t(w.col_idx[slot]) - c0) * stride + k, b);
+        acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
       }
 #pragma unroll
-      for (int u = 0; u < kUnrollChunks; ++u) {
-        const int32_t slot = s0 + u * kSlotsPerWarp + slot_lane;
-        const bool ok = slot < hi;
-        A acc = A(0);
-        if (ok && k < np) {
-          A b[4];
-          load4_shared<T>(xs + (int64_t(col[u]) - c0) * stride + k, b);
-          acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
-        }
-#pragma unroll
-        for (int offset = 1; offset < G; offset <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-        if (g == 0 && ok) dvalues[slot] = from_accum<T>(acc);
-      }
+      for (int offset = 1; offset < G; offset <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      if (g == 0 && ok) dvalues[slot] = from_accum<T>(acc);
     }
   }
 }
