@@ -22,6 +22,12 @@ inline constexpr int64_t kMaxDim16 = 65536;
 /// last slot (then test them against the end), which must not wrap around in 32-bit arithmetic.
 inline constexpr int64_t kMaxNnz = int64_t(std::numeric_limits<int32_t>::max()) - 4096;
 
+/// The error every check returns for a slot count above kMaxNnz.
+inline Status nnz_limit_error(int64_t nnz) {
+  return Status(StatusCode::kUnsupported,
+                "nnz=" + std::to_string(nnz) + " exceeds the limit of " + std::to_string(kMaxNnz) + " (2^31 - 4097)");
+}
+
 /// Index type of the slots: 16-bit unsigned where both dimensions fit, 32-bit otherwise.
 template <typename Index>
 inline constexpr bool kIsSlotIndex = std::is_same_v<Index, uint16_t> || std::is_same_v<Index, int32_t>;
@@ -63,9 +69,7 @@ Status check_pattern_shape(const SlotPattern<Index>& w) {
   if (w.rows > max_dim_for_index<Index>() || w.cols > max_dim_for_index<Index>())
     return InvalidArgument("pattern dimensions " + std::to_string(w.rows) + "x" + std::to_string(w.cols) +
                            " do not fit the slot index type");
-  if (w.nnz > kMaxNnz)
-    return Status(StatusCode::kUnsupported,
-                  "nnz=" + std::to_string(w.nnz) + " exceeds the limit of " + std::to_string(kMaxNnz) + " (2^31 - 4097)");
+  if (w.nnz > kMaxNnz) return nnz_limit_error(w.nnz);
   if (w.rows > 0 && w.cols > 0 && w.nnz > w.rows * w.cols)
     return InvalidArgument("nnz=" + std::to_string(w.nnz) + " exceeds rows*cols=" +
                            std::to_string(w.rows * w.cols));

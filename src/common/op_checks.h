@@ -34,9 +34,7 @@ Status check_dims_fit(int64_t m, int64_t k, int64_t nnz) {
   if (m > max_dim_for_index<Index>() || k > max_dim_for_index<Index>())
     return InvalidArgument("matrix " + std::to_string(m) + "x" + std::to_string(k) +
                            " is too large for the slot index type");
-  if (nnz > kMaxNnz)
-    return Status(StatusCode::kUnsupported,
-                  "nnz=" + std::to_string(nnz) + " exceeds the limit of " + std::to_string(kMaxNnz) + " (2^31 - 4097)");
+  if (nnz > kMaxNnz) return nnz_limit_error(nnz);
   if (nnz > m * k)
     return InvalidArgument("nnz=" + std::to_string(nnz) + " exceeds rows*cols=" + std::to_string(m * k));
   return Status::Ok();

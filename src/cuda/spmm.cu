@@ -116,7 +116,11 @@ template <typename T, typename View, XLayout kX>
 Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                         const T* bias, T* out, Activation act, Stream stream) {
   switch (plan.batch_tile) {
-    case 1: return launch_rows<T, View, 1, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 1:
+      // One-row tiles of the transposed layout run as kRowMajor (run_plan): not instantiated here.
+      if constexpr (kX != XLayout::kTransposed)
+        return launch_rows<T, View, 1, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      break;
     case 2: return launch_rows<T, View, 2, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case 4: return launch_rows<T, View, 4, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case 8: return launch_rows<T, View, 8, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
@@ -131,8 +135,9 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
         if (plan.batch_tile == 128)
           return launch_rows<T, View, 128, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       }
-      return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
+      break;
   }
+  return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
 }
 
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
@@ -156,19 +161,17 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
     case SpmmVariant::kGlobalX:
       return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
-      // A one-row batch tile transposed is the row itself: the kernel then reads X in place.
-      const T* in_t = in;
-      if (plan.batch_tile > 1) {
-        const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
-        if (workspace == nullptr || plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T))
-          return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
-        T* transposed = static_cast<T*>(workspace);
-        const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
-                         unsigned(tiles));
-        detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, transposed);
-        SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
-        in_t = transposed;
-      }
+      // A one-row batch tile transposed is the row itself: that is global_x's in-place read.
+      if (plan.batch_tile == 1)
+        return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
+      if (workspace == nullptr || plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T))
+        return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
+      T* in_t = static_cast<T*>(workspace);
+      const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
+                       unsigned(tiles));
+      detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
+      SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
       return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
     }
     default:

@@ -403,8 +403,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_mask(const at::Tensor&
   const int64_t m = mask.size(0), k = mask.size(1);
   const at::ScalarType itype = choose_index_dtype(m, k, index_dtype, op);
   at::Tensor positions = at::nonzero(mask.reshape({-1})).reshape({-1});  // ascending
-  TORCH_CHECK_NOT_IMPLEMENTED(positions.size(0) <= kMaxNnz, "snack.", op, ": nnz=", positions.size(0),
-                              " exceeds the limit of ", kMaxNnz, " (2^31 - 4097)");
+  TORCH_CHECK_NOT_IMPLEMENTED(positions.size(0) <= kMaxNnz, "snack.", op, ": ",
+                              nnz_limit_error(positions.size(0)).message());
   auto [row_idx, col_idx] = slots_from_positions(positions, m, k, itype, op);
   return {row_idx, col_idx, positions};
 }
@@ -418,8 +418,7 @@ std::tuple<at::Tensor, at::Tensor> random_slots(int64_t out_features, int64_t in
   const int64_t total = out_features * in_features;
   TORCH_CHECK_VALUE(nnz >= 0 && nnz <= total, "snack.", op, ": nnz=", nnz, " must lie in [0, out_features*in_features=",
                     total, "]");
-  TORCH_CHECK_NOT_IMPLEMENTED(nnz <= kMaxNnz, "snack.", op, ": nnz=", nnz, " exceeds the limit of ", kMaxNnz,
-                              " (2^31 - 4097)");
+  TORCH_CHECK_NOT_IMPLEMENTED(nnz <= kMaxNnz, "snack.", op, ": ", nnz_limit_error(nnz).message());
   const at::ScalarType itype = choose_index_dtype(out_features, in_features, index_dtype, op);
   const at::Device target = device.value_or(at::Device(at::kCPU));
   // Draw where the generator lives (a CPU generator also serves a CUDA layer), then move.
