@@ -58,6 +58,9 @@ class ColdTimer:
     the spin together is still partly host-timed."""
 
     SPIN_CYCLES = 200_000
+    #: How the times were taken, for the `method` line of result files.
+    METHOD = (f"CUDA events, L2 flushed before each call and the GPU held {SPIN_CYCLES} clock cycles "
+              "(~100 us at 2 GHz) after the flush so that host launch time is not counted")
 
     def __init__(self) -> None:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -142,11 +145,26 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def header_text(header: dict[str, str]) -> str:
+    """The provenance block of a CSV or text result file: one `# key: value` line each."""
+    return "".join(f"# {key}: {value}\n" for key, value in header.items())
+
+
+def markdown_head(title: str, header: dict[str, str]) -> list[str]:
+    """The first lines of a Markdown report: its title and the provenance as a list."""
+    return [f"# {title}", ""] + [f"- {key}: {value}" for key, value in header.items()] + [""]
+
+
+def write_text(path: Path, header: dict[str, str], text: str) -> None:
+    """A text result file (a profile table, say) under its provenance block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header_text(header) + text + "\n")
+
+
 def write_csv(path: Path, header: dict[str, str], columns: list[str], rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
-        for key, value in header.items():
-            f.write(f"# {key}: {value}\n")
+        f.write(header_text(header))
         f.write(",".join(columns) + "\n")
         for row in rows:
             f.write(",".join(_fmt(row.get(c, "")) for c in columns) + "\n")

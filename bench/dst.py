@@ -34,13 +34,14 @@ def fresh_layer(m, k, sparsity, seed):
     return layer, opt, x, torch.randn(16, m, device="cuda")
 
 
+RULES = {"set": snack.dst.SET, "rigl": snack.dst.RigL}
+
+
 def update(layer, opt, x, dy, n_move, algorithm, gen):
-    """What DSTScheduler does for one layer with SET or RigL (trusted primitives: validate=False)."""
-    drop = snack.dst.prune_magnitude(layer, n_move)
-    if algorithm == "set":
-        grow = snack.dst.grow_random(layer, n_move, gen)
-    else:
-        grow = snack.dst.grow_gradient(layer, n_move, x, dy)  # default blocks: about 2^23 scores
+    """What DSTScheduler does for one layer with its SET or RigL rule (trusted: validate=False)."""
+    rule = RULES[algorithm]()
+    drop = rule.prune(layer, n_move)
+    grow = rule.grow(layer, n_move, generator=gen, x=x, dy=dy)
     layer.update_topology(drop, grow, optimizer=opt, validate=False)
 
 
@@ -72,25 +73,21 @@ def profile_update(m, k, sparsity, fraction, algorithm) -> str:
     """torch.profiler over one update (after a warm-up one): where the time goes, op by op."""
     from torch.profiler import ProfilerActivity, profile
 
-    lines = []
-    for rep in range(2):
-        layer, opt, x, dy = fresh_layer(m, k, sparsity, rep)
-        gen = torch.Generator(device="cuda").manual_seed(rep)
-        n_move = int(fraction * layer.nnz)
+    warm = fresh_layer(m, k, sparsity, 0)
+    update(*warm, int(fraction * warm[0].nnz), algorithm, torch.Generator(device="cuda").manual_seed(0))
+    del warm
+    layer, opt, x, dy = fresh_layer(m, k, sparsity, 1)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    n_move = int(fraction * layer.nnz)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        update(layer, opt, x, dy, n_move, algorithm, gen)
         torch.cuda.synchronize()
-        if rep == 0:
-            update(layer, opt, x, dy, n_move, algorithm, gen)
-            torch.cuda.synchronize()
-            continue
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            update(layer, opt, x, dy, n_move, algorithm, gen)
-            torch.cuda.synchronize()
-        events = prof.key_averages()
-        kernel_us = sum(e.self_device_time_total for e in events)
-        lines.append(f"== {m}x{k} {sparsity:g} moved {fraction:g} {algorithm}: GPU kernel time {kernel_us:.0f} us "
-                     f"(sum of self device times)")
-        lines.append(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
-    return "\n".join(lines)
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events)
+    return (f"== {m}x{k} {sparsity:g} moved {fraction:g} {algorithm}: GPU kernel time {kernel_us:.0f} us "
+            "(sum of self device times)\n"
+            + events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
 
 
 def main(argv=None) -> int:
@@ -113,7 +110,7 @@ def main(argv=None) -> int:
             print(f"{m}x{k} 90% 30% {algorithm}: {us:.0f} us")
     slug = common.gpu_slug()
     common.write_csv(args.out / f"dst_{slug}.csv", info, COLUMNS, rows)
-    lines = ["# Topology update time", ""] + [f"- {k}: {v}" for k, v in info.items()] + [""]
+    lines = common.markdown_head("Topology update time", info)
     lines += ["| M x K | sparsity | moved | algorithm | update us |", "|---|---|---|---|---|"]
     lines += [f"| {r['M']}x{r['K']} | {r['sparsity']} | {r['fraction']} | {r['algorithm']} | {r['update_us']:.0f} |"
               for r in rows]
@@ -125,7 +122,7 @@ def main(argv=None) -> int:
     (args.out / f"dst_{slug}.md").write_text("\n".join(lines) + "\n")
     if args.profile:
         text = "\n".join(profile_update(16384, 4096, 0.9, 0.3, a) for a in ("set", "rigl"))
-        (args.out / f"dst_profile_{slug}.txt").write_text("\n".join(f"# {k}: {v}" for k, v in info.items()) + "\n" + text + "\n")
+        common.write_text(args.out / f"dst_profile_{slug}.txt", info, text)
     print("\n".join(lines))
     return 0
 

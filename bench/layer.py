@@ -213,8 +213,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.profile:
         text = profile_step(16384, 4096, 16, 0.9)
-        path = args.out / f"layer_profile_{common.gpu_slug()}.txt"
-        path.write_text("\n".join(f"# {k}: {v}" for k, v in common.provenance().items()) + "\n" + text + "\n")
+        common.write_text(args.out / f"layer_profile_{common.gpu_slug()}.txt", common.provenance(), text)
         print(text)
         return 0
     shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
@@ -229,7 +228,7 @@ def main(argv=None) -> int:
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s"
     info["method"] = ("layer: median of 20 warm steps (CUDA events), CUDA-graph replay median, wall = 20 steps "
                       "back to back / 20, peak = max_memory_allocated over one step minus memory before the layer; "
-                      "backward kernels: median of 20 cold-L2 calls (GPU held ~100 us after the flush, host launch time not counted)")
+                      f"backward kernels: median of 20 single calls, {common.ColdTimer.METHOD}")
     timer = common.ColdTimer()
     layer_rows, back_rows = [], []
     configs = list(itertools.product(shapes, sparsities))
@@ -287,7 +286,7 @@ def write_results(args, info, layer_rows, back_rows) -> str:
 
 
 def summarize(layer_rows, back_rows, info) -> str:
-    lines = ["# One-layer training step and backward kernels", ""] + [f"- {k}: {v}" for k, v in info.items()] + [""]
+    lines = common.markdown_head("One-layer training step and backward kernels", info)
     t = {(r["M"], r["K"], r["N"], r["sparsity"], r["impl"], r["optimizer"]): r for r in layer_rows}
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["optimizer"]) for r in layer_rows})
     lines.append("GPU us per step (events) / graph-replay us / wall us / peak MiB. Speedups: GPU time of the baseline "

@@ -104,8 +104,7 @@ def main(argv=None) -> int:
     info = common.provenance()
     bandwidth = common.copy_bandwidth_gbs()
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s (device-to-device copy, read+write, measured in this run)"
-    info["method"] = (f"median of {args.reps} single calls, CUDA events, L2 flushed before each call and the GPU "
-                      "held ~100 us after the flush so that host launch time is not counted; fp32")
+    info["method"] = f"median of {args.reps} single calls, {common.ColdTimer.METHOD}; fp32"
     timer = common.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out, failures, skipped = [], [], []
@@ -166,9 +165,8 @@ def summarize(rows, info, failures) -> str:
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"]) for r in rows},
                   key=lambda c: (c[4], c[0] * c[1], c[0], c[3], c[2]))
     impls = ["snack"] + [b for b in BASELINES]
-    lines = ["# Forward SpMM benchmark", ""]
-    lines += [f"- {k}: {v}" for k, v in info.items()]
-    lines += ["", "Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time.", ""]
+    lines = common.markdown_head("Forward SpMM benchmark", info)
+    lines += ["Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time.", ""]
     lines.append("| M x K | N | sparsity | pattern | floor | " + " | ".join(impls) +
                  " | %floor | vs dense | vs D+M | vs csr |")
     lines.append("|" + "---|" * (4 + 1 + len(impls) + 4))

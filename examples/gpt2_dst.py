@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import sysconfig
 import time
@@ -98,6 +99,16 @@ def batches(corpus, args, device, gen):
         yield x[:, :-1], x[:, 1:]
 
 
+def train_step(model, opt, x, y) -> torch.Tensor:
+    """One language-model training step (next-token cross entropy, AdamW); returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    logits = model(x).logits
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def run(impl, args, corpus, device):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
@@ -124,20 +135,15 @@ def run(impl, args, corpus, device):
         x, y = next(data)
         sync()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        logits = model(x).logits
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        opt.step()
+        loss = train_step(model, opt, x, y)
         sync()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         if (step + 1) % max(1, args.steps // 5) == 0:
             print(f"  [{impl}] step {step + 1:5d}  loss {losses[-1]:.4f}")
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else float("nan")
-    del logits, loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
-    warm = times[len(times) // 4:] or times
-    step_ms = 1e3 * sorted(warm)[len(warm) // 2]
+    del loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
+    step_ms = 1e3 * statistics.median(times[len(times) // 4:] or times)
     if sched is not None:
         sched.remove()  # its hooks on the layers would keep it, and the optimizer state, alive
     del opt, sched
@@ -169,8 +175,7 @@ def run(impl, args, corpus, device):
                peak_mib=peak, step_ms=step_ms, graph_step_ms=graph_ms,
                tokens_per_s=args.batch * args.block / (step_ms / 1e3),
                final_loss=sum(losses[-5:]) / len(losses[-5:]), gen_ms_per_token=gen_ms, infer_mib=infer)
-    del model
-    gc.collect()
+    del model  # collected at the start of the next run
     return row, losses
 
 
@@ -182,15 +187,8 @@ def graphed_step_ms(model, x, y, lr, reps: int = 20) -> float:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, capturable=True)
     x, y = x.clone(), y.clone()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        logits = model(x).logits
-        nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
-        opt.step()
-
     try:
-        graph = common.capture_graph(step)
+        graph = common.capture_graph(lambda: train_step(model, opt, x, y))
     except Exception as exc:  # a host synchronisation inside the model's forward, for example
         print(f"  CUDA-graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
         torch.cuda.synchronize()
@@ -199,7 +197,7 @@ def graphed_step_ms(model, x, y, lr, reps: int = 20) -> float:
     del graph, opt
     for p in params:
         p.grad = None
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def parse_configs(text: str, default_steps: int):
@@ -270,7 +268,7 @@ def main(argv=None) -> int:
 
 
 def _report(stem: Path, rows, curves, info) -> None:
-    lines = ["# GPT-2 dynamic sparse training", ""] + [f"- {k}: {v}" for k, v in info.items()] + [""]
+    lines = common.markdown_head("GPT-2 dynamic sparse training", info)
     lines += ["Step ms: wall time of an eager step; graph ms: GPU time of the same step replayed from a CUDA graph.", "",
               "| config | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | gen ms/token | inference MiB |",
               "|---|---|---|---|---|---|---|---|---|---|"]

@@ -11,7 +11,7 @@ from ._ops import ops
 #: ``coo_atomic`` (the SNACK-style COO kernel) uses float atomics, so its results may differ in the
 #: last bits between runs: it is never chosen automatically.
 SPMM_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x", "coo_atomic")
-DETERMINISTIC_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x")
+DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v != "coo_atomic")
 
 _current_default = "auto"
 

@@ -17,18 +17,31 @@ def load(name):
     return module
 
 
-def test_gpt2_dst_tiny(capsys):
+def test_gpt2_dst_tiny(capsys, tmp_path):
     pytest.importorskip("transformers")
     gpt2 = load("gpt2_dst")
-    assert gpt2.main(["--tiny", "--steps", "4", "--update-every", "2", "--device", "cpu"]) == 0
+    assert gpt2.main(["--tiny", "--steps", "4", "--update-every", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for impl in ("snack", "dense_mask", "dense"):
         assert f"\n{impl}" in out
+    assert_report(tmp_path, "gpt2", ("snack", "dense_mask", "dense"))
 
 
-def test_graph_inference_tiny(capsys):
+def test_graph_inference_tiny(capsys, tmp_path):
     pytest.importorskip("networkx")
     graph = load("graph_inference")
-    assert graph.main(["--tiny", "--device", "cpu"]) == 0
+    assert graph.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count(" us ") >= 3
+    assert_report(tmp_path, "graph", ("snack", "dense_mask", "dense"))
+
+
+def assert_report(folder, name, impls):
+    """The result files of an example: a CSV with a provenance header and a row per implementation,
+    a Markdown report and a plot."""
+    lines = (folder / f"{name}_cpu.csv").read_text().splitlines()
+    assert lines[0].startswith("# ") and any(line.startswith("# commit: ") for line in lines)
+    rows = [line for line in lines if not line.startswith("#")][1:]
+    assert sorted({row.split(",")[0] for row in rows}) == sorted(impls)
+    assert (folder / f"{name}_cpu.md").read_text().startswith("# ")
+    assert (folder / f"{name}_cpu.png").stat().st_size > 0

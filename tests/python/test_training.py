@@ -42,6 +42,13 @@ def test_adamw_trajectory_equals_dense_mask(device, dtype):
     assert torch.count_nonzero(dense_w.detach() * (1 - mask)) == 0
 
 
+def squared_error_step(layer, opt, x, target):
+    """One training step on a squared error; the gradients stay allocated (a captured graph reuses them)."""
+    opt.zero_grad(set_to_none=False)
+    ((layer(x) - target) ** 2).mean().backward()
+    opt.step()
+
+
 @pytest.mark.cuda
 def test_cuda_graph_capture_of_a_training_step():
     layers = []
@@ -52,17 +59,11 @@ def test_cuda_graph_capture_of_a_training_step():
     x = torch.randn(16, 300, device="cuda")
     target = torch.randn(16, 200, device="cuda")
     opts = [torch.optim.AdamW(lyr.parameters(), lr=1e-3, capturable=True) for lyr in layers]
-
-    def step(layer, opt):
-        opt.zero_grad(set_to_none=False)
-        ((layer(x) - target) ** 2).mean().backward()
-        opt.step()
-
-    graph = capture_graph(lambda: step(captured, opts[1]), warmup=3)
+    graph = capture_graph(lambda: squared_error_step(captured, opts[1], x, target), warmup=3)
     for _ in range(3):
         graph.replay()
     for _ in range(6):
-        step(eager, opts[0])
+        squared_error_step(eager, opts[0], x, target)
     torch.cuda.synchronize()
     assert rel_error(captured.values, eager.values.detach().double()) < 1e-6
     assert rel_error(captured.bias, eager.bias.detach().double()) < 1e-6
@@ -81,9 +82,7 @@ def test_cuda_graph_stays_valid_across_topology_updates(algorithm):
     twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, capturable=True)
 
     def step(lyr, o):
-        o.zero_grad(set_to_none=False)
-        ((lyr(x) - target) ** 2).mean().backward()
-        o.step()
+        squared_error_step(lyr, o, x, target)
 
     graph = capture_graph(lambda: step(layer, opt), warmup=2)
     for _ in range(2):
