@@ -255,7 +255,8 @@ class SparseLinear(nn.Module):
         if state_reset not in ("zero", "mean"):
             raise ValueError(f"state_reset must be 'zero' or 'mean', got {state_reset!r}")
         device = self.values.device
-        row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop.to(device), grow.to(device),
+        drop = drop.to(device)
+        row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop, grow.to(device),
                                                      self.out_features, self.in_features, validate)
         # Values for grown connections (a scalar, or one per slot of which the grown ones are kept):
         # no host sync here.
@@ -263,9 +264,8 @@ class SparseLinear(nn.Module):
 
         def remap(t: Tensor, fill: Optional[Tensor]) -> None:
             """t <- t[source], with `fill` at the grown slots (None: the mean over the kept ones)."""
-            if fill is None:
-                kept = source.ge(0)
-                fill = (t.index_select(0, source.clamp_min(0)) * kept).sum() / kept.sum().clamp_min(1)
+            if fill is None:  # the kept slots' sum is the whole sum less the dropped slots'
+                fill = (t.sum() - t.index_select(0, drop).sum()) / max(1, self.nnz - drop.numel())
             # A 0-dim device tensor as the fill: never read on the host (no sync).
             ops.remap_slots_(t, source, fill.to(t.dtype))
 

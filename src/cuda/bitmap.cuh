@@ -44,11 +44,4 @@ Status scan_word_counts(WordCount count_of, int64_t words, int64_t* offsets, voi
                      "cub::DeviceScan::ExclusiveSum(word counts)");
 }
 
-// Whether a bitmap of m*k bits (m*k/8 bytes) is worth keeping next to nnz slots: up to 64 bytes
-// per slot plus 64 MiB. Sparser or larger matrices take paths whose memory follows nnz.
-inline bool bitmap_affordable(int64_t m, int64_t k, int64_t nnz) {
-  const int64_t total = m * k;
-  return total < (int64_t{1} << 40) && total / 8 <= 64 * nnz + (int64_t{64} << 20);
-}
-
 }  // namespace snack::cuda::detail

@@ -638,7 +638,12 @@ Status select_all(const Keys& keys, int64_t count, int64_t k, const int64_t* pos
 
 int64_t bitmap_words(int64_t m, int64_t k) { return detail::ceil_div(m * k, 32); }
 
-bool bitmap_affordable(int64_t m, int64_t k, int64_t nnz) { return detail::bitmap_affordable(m, k, nnz); }
+// Up to 64 bytes of bitmap per slot plus 64 MiB: sparser or larger matrices take paths whose
+// memory follows nnz.
+bool bitmap_affordable(int64_t m, int64_t k, int64_t nnz) {
+  const int64_t total = m * k;
+  return total < (int64_t{1} << 40) && total / 8 <= 64 * nnz + (int64_t{64} << 20);
+}
 
 template <typename Index>
 Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, int64_t count,

@@ -252,9 +252,11 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
                      op);
     });
     at::Tensor block = at::empty({std::min(m, rows), kin}, dy.options().dtype(at::kFloat));
+    bool whole_matrix_ready = false;  // one block covering every row is computed once, not once per pass
     auto block_scores = [&](int64_t r0, int64_t r1) {
       at::Tensor body = block.slice(0, 0, r1 - r0);
-      at::mm_out(body, dyt.slice(0, r0, r1), xs);
+      if (!whole_matrix_ready) at::mm_out(body, dyt.slice(0, r0, r1), xs);
+      whole_matrix_ready = rows >= m;
       return body;
     };
     gpu::TopkSelection selection(k, bits, torch_allocator(), stream);
@@ -277,8 +279,11 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
 #endif
   const at::Tensor present = slot_keys(row_idx, col_idx, kin);
 
-  // |dY^T X| of rows [r0, r1) flattened, present positions set to -1 (never grown).
+  // |dY^T X| of rows [r0, r1) flattened, present positions set to -1 (never grown). One block
+  // covering every row is computed once and reused by both passes.
+  at::Tensor whole_matrix;
   auto block_scores = [&](int64_t r0, int64_t r1) {
+    if (whole_matrix.defined()) return whole_matrix;
     const int64_t size = (r1 - r0) * kin;
     // A trash region past the block collects the present positions of other rows, so that marking
     // this block's present positions needs no data-dependent shape; spread over kTrash elements,
@@ -292,6 +297,7 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
     body.abs_().nan_to_num_(0.0);
     const at::Tensor in_block = present.ge(r0 * kin).logical_and(present.lt(r1 * kin));
     score.index_fill_(0, at::where(in_block, present - r0 * kin, present.remainder(kTrash).add_(size)), -1.0);
+    if (rows >= m) whole_matrix = body;
     return body;
   };
 
@@ -445,10 +451,9 @@ void remap_slots_(at::Tensor& target, const at::Tensor& source, const at::Tensor
   const auto dtype = target.scalar_type();
   if (target.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble)) {
     const c10::cuda::CUDAGuard guard(target.device());
-    const at::Tensor src = source.contiguous(), in = target.contiguous();
-    at::Tensor out = at::empty_like(in);
+    at::Tensor out = at::empty_like(target);  // check_1d: source and target are contiguous
     AT_DISPATCH_FLOATING_TYPES(dtype, "remap_slots_", [&] {
-      throw_if_error(gpu::gather_slots<scalar_t>(in.size(0), in.data_ptr<scalar_t>(), src.data_ptr<int64_t>(),
+      throw_if_error(gpu::gather_slots<scalar_t>(target.size(0), target.data_ptr<scalar_t>(), source.data_ptr<int64_t>(),
                                                  f.data_ptr<scalar_t>(), f.numel() > 1, out.data_ptr<scalar_t>(),
                                                  current_stream()),
                      op);
