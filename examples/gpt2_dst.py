@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         for impl in impls:
             row, losses = run(impl, args, corpus, device)
             rows.append(row)
-            curves[(batch, block, sparsity, impl)] = losses
+            curves[(batch, block, sparsity, steps, impl)] = losses
     print(f"\n{'impl':<12}{'config':>14}{'peak MiB':>10}{'step ms':>9}{'graph ms':>9}{'tok/s':>9}{'loss':>8}"
           f"{'gen ms/tok':>11}{'infer MiB':>10}")
     for r in rows:
@@ -276,8 +276,9 @@ def _report(stem: Path, rows, curves, info) -> None:
         lines.append(f"| {r['batch']}x{r['block']} s={r['sparsity']:g} | {r['steps']} | {r['impl']} | {r['peak_mib']:.1f} | "
                      f"{r['step_ms']:.2f} | {r['graph_step_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['final_loss']:.4f} | "
                      f"{r['gen_ms_per_token']:.2f} | {r['infer_mib']:.1f} |")
-    configs = sorted({(r["batch"], r["block"], r["sparsity"]) for r in rows})
-    by = {(r["batch"], r["block"], r["sparsity"], r["impl"]): r for r in rows}
+    # A config is (batch, block, sparsity, steps): the same shape may be run for different lengths.
+    configs = sorted({(r["batch"], r["block"], r["sparsity"], r["steps"]) for r in rows})
+    by = {(r["batch"], r["block"], r["sparsity"], r["steps"], r["impl"]): r for r in rows}
     lines += ["", "## snack against Dense+Mask DST", "",
               "Targets (1x128, 90%): peak memory >= 50% less, final loss within 2%, step time no slower.", "",
               "| config | peak memory | final loss | eager step | graph step |", "|---|---|---|---|---|"]
@@ -285,7 +286,7 @@ def _report(stem: Path, rows, curves, info) -> None:
         s, d = by.get(c + ("snack",)), by.get(c + ("dense_mask",))
         if s is None or d is None:
             continue
-        lines.append(f"| {c[0]}x{c[1]} s={c[2]:g} | {100 * (1 - s['peak_mib'] / d['peak_mib']):.0f}% less | "
+        lines.append(f"| {c[0]}x{c[1]} s={c[2]:g}, {c[3]} steps | {100 * (1 - s['peak_mib'] / d['peak_mib']):.0f}% less | "
                      f"{100 * (s['final_loss'] / d['final_loss'] - 1):+.2f}% | {d['step_ms'] / s['step_ms']:.2f}x faster | "
                      f"{d['graph_step_ms'] / s['graph_step_ms']:.2f}x faster |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -297,8 +298,8 @@ def _report(stem: Path, rows, curves, info) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     first = configs[0]
-    for (b, t, sp, impl), losses in curves.items():
-        if (b, t, sp) == first:
+    for (b, t, sp, st, impl), losses in curves.items():
+        if (b, t, sp, st) == first:
             axes[0].plot(losses, label=impl)
     axes[0].set_title(f"loss, {first[0]}x{first[1]}, sparsity {first[2]:g}")
     axes[0].set_xlabel("step")
@@ -310,7 +311,7 @@ def _report(stem: Path, rows, curves, info) -> None:
         axes[1].bar([j + i * width for j in range(len(configs))],
                     [by[c + (impl,)]["peak_mib"] if c + (impl,) in by else 0 for c in configs], width, label=impl)
     axes[1].set_xticks([j + width * (len(impls) - 1) / 2 for j in range(len(configs))],
-                       [f"{c[0]}x{c[1]}\ns={c[2]:g}" for c in configs])
+                       [f"{c[0]}x{c[1]}\ns={c[2]:g}, {c[3]} st." for c in configs])
     axes[1].set_ylabel("peak training MiB")
     if all(r["peak_mib"] > 0 for r in rows):  # NaN on a CPU
         axes[1].set_yscale("log")

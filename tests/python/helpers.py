@@ -92,4 +92,3 @@ def skewed_positions(m: int, k: int, dense_rows: int, nnz_rest: int, seed: int =
     rest = dense_rows * k + torch.randperm((m - dense_rows) * k, generator=gen)[:nnz_rest]
     pos = torch.cat([full, rest])
     return pos // k, pos % k
-
