@@ -17,8 +17,14 @@ import torch
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def gpu_slug() -> str:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+def _on_gpu(device) -> bool:
+    """Whether results are measured on the GPU: the run's device when given, else whether one exists."""
+    return torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+
+
+def gpu_slug(device=None) -> str:
+    """The result files' suffix: a slug of the GPU's name, or "cpu" for a run on the CPU (``device``)."""
+    name = torch.cuda.get_device_name() if _on_gpu(device) else "cpu"
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
@@ -35,8 +41,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def provenance() -> dict[str, str]:
-    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+def provenance(device=None) -> dict[str, str]:
+    props = torch.cuda.get_device_properties(0) if _on_gpu(device) else None
     return {
         "gpu": torch.cuda.get_device_name() if props else "none",
         "sms": str(props.multi_processor_count) if props else "-",

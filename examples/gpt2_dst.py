@@ -258,10 +258,10 @@ def main(argv=None) -> int:
               f"{r['tokens_per_s']:>9.0f}{r['final_loss']:>8.4f}{r['gen_ms_per_token']:>11.2f}{r['infer_mib']:>10.1f}")
     out = args.out if args.out is not None else (common.RESULTS_DIR if device.type == "cuda" else None)
     if out is not None:
-        info = common.provenance()
+        info = common.provenance(device)
         info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, {args.algorithm}, steps per config as listed, "
                        f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every steps // 4), AdamW lr {args.lr}, corpus stdlib sources")
-        stem = out / f"gpt2_{common.gpu_slug()}"
+        stem = out / f"gpt2_{common.gpu_slug(device)}"
         common.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
         _report(stem, rows, curves, info)
     return 0

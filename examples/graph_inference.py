@@ -140,11 +140,11 @@ def main(argv=None) -> int:
                 del model
     out = args.out if args.out is not None else (common.RESULTS_DIR if device.type == "cuda" else None)
     if out is not None:
-        info = common.provenance()
+        info = common.provenance(device)
         info["graph"] = f"generated stochastic block model, {args.nodes} nodes, 20 communities, {hops} hops"
         info["model"] = (f"input {features.shape[1]} -> width (dense), {args.layers} hidden width x width layers "
                          f"(the compared ones), width -> {classes} (dense); batch 1, CUDA-graph replay")
-        stem = out / f"graph_{common.gpu_slug()}"
+        stem = out / f"graph_{common.gpu_slug(device)}"
         common.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
         _report(stem, rows, info)
     return 0
