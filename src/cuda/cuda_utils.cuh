@@ -3,7 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "snack/status.h"
 
@@ -32,6 +34,62 @@ template <typename T>
 __device__ __forceinline__ accum_t<T> to_accum(T v) { return static_cast<accum_t<T>>(v); }
 template <typename T>
 __device__ __forceinline__ T from_accum(accum_t<T> v) { return static_cast<T>(v); }
+
+// Asks L2 to fetch the 16-byte-aligned part of bytes [begin, end) of a global array, without
+// waiting for it (Hopper's bulk prefetch; nothing on older GPUs).
+__device__ __forceinline__ void prefetch_l2(const void* base, int64_t begin, int64_t end) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint64_t lo = (reinterpret_cast<uint64_t>(base) + uint64_t(begin) + 15) & ~uint64_t(15);
+  const uint64_t hi = (reinterpret_cast<uint64_t>(base) + uint64_t(end)) & ~uint64_t(15);
+  if (hi > lo)
+    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; cp.async.bulk.prefetch.L2.global [g], %1; }" ::"l"(lo),
+                 "r"(uint32_t(hi - lo))
+                 : "memory");
+#endif
+}
+
+// This block's share of an array of `bytes` bytes, prefetched to L2 (blocks numbered over the grid's x and y).
+__device__ __forceinline__ void prefetch_l2_share(const void* base, int64_t bytes) {
+  const int64_t blocks = int64_t(gridDim.x) * gridDim.y;
+  const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t chunk = (bytes + blocks - 1) / blocks;
+  const int64_t begin = block * chunk;
+  prefetch_l2(base, begin, begin + chunk < bytes ? begin + chunk : bytes);
+}
+
+// Programmatic dependent launch (Hopper): a kernel launched with programmatic stream
+// serialization may start while the kernel before it still runs; it waits here before it reads
+// that kernel's output. A no-op when the launch was an ordinary one.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the kernel launched after this one (with programmatic serialization) start early.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization:
+// it may start before the kernel ahead of it in the stream has finished, and must call
+// wait_for_prior_grid() before it reads that kernel's output.
+template <typename... Params, typename... Args>
+cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 // Butterfly sum over the 32 lanes: every lane ends with the total, always in the same order.
 template <typename A>

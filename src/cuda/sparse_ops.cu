@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Inde
   const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warp_count = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const int64_t per_step = int64_t(kSlotsPerWarp) * kUnrollSlots;
+  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
   for (int64_t s0 = warp_global * per_step; s0 < w.nnz; s0 += warp_count * per_step) {
     A acc[kUnrollSlots];
     int64_t r[kUnrollSlots], c[kUnrollSlots];
@@ -93,7 +94,9 @@ Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* 
   const int64_t warps = ceil_div(w.nnz, int64_t(32 / G) * 4);
   // Eight resident blocks per SM; a grid-stride loop covers the rest.
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
-  sddmm_vector_kernel<T, Index, G><<<blocks, kThreads, 0, stream>>>(w, dy_t, x_t, np, dvalues);
+  // Programmatic launch: starts during the transpose of X (see detail::launch_programmatic).
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_vector_kernel<T, Index, G>, dim3(blocks),
+                                                         dim3(kThreads), 0, stream, w, dy_t, x_t, np, dvalues));
   return check_launch("sddmm_vector_kernel");
 }
 
@@ -150,6 +153,7 @@ __global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);
   const int64_t stride = np + 4;
+  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
   for (int64_t i = threadIdx.x; i < (c1 - c0) * np; i += blockDim.x) {
     const int64_t c = i / np, j = i % np;
     xs[c * stride + j] = x_t[(c0 + c) * np + j];
@@ -202,7 +206,12 @@ Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(limits.sms, ceil_div(w.rows, kSddmmSmemWarps))));
   for (int b = 0; b < blocks; ++b) {
     const int64_t c0 = std::min<int64_t>(w.cols, b * width), c1 = std::min<int64_t>(w.cols, c0 + width);
-    kernel<<<grid, kSddmmSmemWarps * 32, smem, stream>>>(w, dy_t, x_t, np, c0, c1, dvalues);
+    if (b == 0) {  // the first block starts during the transpose of X (see detail::launch_programmatic)
+      SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, dim3(grid), dim3(kSddmmSmemWarps * 32), smem,
+                                                             stream, w, dy_t, x_t, np, c0, c1, dvalues));
+    } else {
+      kernel<<<grid, kSddmmSmemWarps * 32, smem, stream>>>(w, dy_t, x_t, np, c0, c1, dvalues);
+    }
     SNACK_RETURN_IF_ERROR(check_launch("sddmm_smem_kernel"));
   }
   return Status::Ok();

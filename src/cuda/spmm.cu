@@ -63,9 +63,20 @@ int lanes_per_row_for(int batch_tile, double avg_row_length, int64_t out_dim, in
 // Batch tiles run side by side in grid.y, at most this many.
 constexpr int64_t kMaxGridY = 65535;
 
-// Below this many multiply-adds (nnz x batch) a product takes a few microseconds, about what the
-// transpose launch of global_xt adds, so global_x reads X in place instead.
-constexpr int64_t kSmallProduct = int64_t(1) << 22;
+// global_x reads X in place (no transpose launch, no workspace), but one entry costs it N sectors of
+// X against N / 8 for global_xt: it pays only while X stays in L1 at a batch of at most 8, or for a
+// tiny product. Since global_xt's kernel overlaps the transpose (programmatic launch), measured on
+// the H200 (session 5): 4096x4096, 99%, N = 8 (X 128 KiB): global_x 11.3 us, global_xt 9.4 us;
+// 3072x768, 90%, N = 8 (X 24 KiB): 8.2 against 9.1 us; 3072x768, 99%, N = 16 (0.4 M
+// multiply-adds): 7.0 against 7.8 us.
+constexpr int64_t kGlobalXMaxBatch = 8;
+constexpr int64_t kGlobalXMaxBytes = 96 * 1024;
+constexpr int64_t kTinyProduct = int64_t(1) << 19;
+
+// Products whose slot arrays and input take at most this many bytes are bound by the latency of
+// their first misses rather than by bandwidth: their blocks first prefetch W (and X) into L2.
+// Measured on the H200 over the benchmark grid (session 5): 8 MiB gave 1.2% more than 64 MiB.
+constexpr int64_t kPrefetchMaxBytes = int64_t(8) << 20;
 
 size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
   return size_t(batch_tile) * size_t(in_dim | 1) * value_bytes;
@@ -79,9 +90,16 @@ size_t smem_budget(const DeviceLimits& limits) {
 
 using detail::XLayout;
 
+// Launch arguments of the row kernels besides the operands: W's entry count (for the L2 prefetch
+// of small products) and whether the kernel follows the transpose of its input in the stream.
+struct RowsLaunch {
+  int64_t nnz = 0;
+  bool after_transpose = false;
+};
+
 template <typename T, typename View, int NPAD, XLayout kX>
 Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                   const T* bias, T* out, Activation act, Stream stream) {
+                   const T* bias, T* out, Activation act, Stream stream, RowsLaunch rl) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   constexpr bool kSmem = kX == XLayout::kShared;
@@ -106,34 +124,47 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
                            " rows");
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
-  kernel<<<dim3(unsigned(blocks), unsigned(tiles)), kWarps * 32, kSmem ? plan.smem_bytes : 0, stream>>>(
-      view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.long_row_threshold, act);
+  const int64_t prefetch_nnz = plan.prefetch_l2 ? rl.nnz : 0;
+  const dim3 grid{unsigned(blocks), unsigned(tiles)};
+  const size_t smem = kSmem ? plan.smem_bytes : 0;
+  if (rl.after_transpose) {
+    // Programmatic dependent launch: the kernel starts while the transpose still runs, prefetches
+    // W, and waits for the transpose before it reads X^T. This hides most of the gap between the
+    // two launches, which small products feel (measured on the H200, session 5: global_xt 8% faster
+    // over the benchmark grid together with the L2 prefetch).
+    SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, grid, dim3(kWarps * 32), smem, stream, view, out_dim,
+                                                           in_dim, in, n, bias, out, plan.lanes_per_row,
+                                                           plan.long_row_threshold, act, prefetch_nnz));
+  } else {
+    kernel<<<grid, kWarps * 32, smem, stream>>>(view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row,
+                                                 plan.long_row_threshold, act, prefetch_nnz);
+  }
   return check_launch(kSmem ? "spmm_rows_kernel<shared X>"
                             : (kX == XLayout::kRowMajor ? "spmm_rows_kernel<X in place>" : "spmm_rows_kernel<X^T>"));
 }
 
 template <typename T, typename View, XLayout kX>
 Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                        const T* bias, T* out, Activation act, Stream stream) {
+                        const T* bias, T* out, Activation act, Stream stream, RowsLaunch rl) {
   switch (plan.batch_tile) {
     case 1:
       // One-row tiles of the transposed layout run as kRowMajor (run_plan): not instantiated here.
       if constexpr (kX != XLayout::kTransposed)
-        return launch_rows<T, View, 1, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+        return launch_rows<T, View, 1, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
       break;
-    case 2: return launch_rows<T, View, 2, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 4: return launch_rows<T, View, 4, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 8: return launch_rows<T, View, 8, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 16: return launch_rows<T, View, 16, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 32: return launch_rows<T, View, 32, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 2: return launch_rows<T, View, 2, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
+    case 4: return launch_rows<T, View, 4, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
+    case 8: return launch_rows<T, View, 8, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
+    case 16: return launch_rows<T, View, 16, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
+    case 32: return launch_rows<T, View, 32, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
     default:
       // Tiles of 64 and 128 only for the transposed copy: the other layouts stop at 32 (shared
       // memory; scalar reads of X, planned only for small products), which bounds the instantiations.
       if constexpr (kX == XLayout::kTransposed) {
         if (plan.batch_tile == 64)
-          return launch_rows<T, View, 64, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+          return launch_rows<T, View, 64, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
         if (plan.batch_tile == 128)
-          return launch_rows<T, View, 128, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+          return launch_rows<T, View, 128, kX>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
       }
       break;
   }
@@ -142,8 +173,9 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
 
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
 template <typename T, typename View>
-Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                const T* bias, T* out, void* workspace, Stream stream, Activation act) {
+Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in,
+                int64_t n, const T* bias, T* out, void* workspace, Stream stream, Activation act) {
+  RowsLaunch rl{nnz, false};
   if (n == 0 || out_dim == 0) return Status::Ok();
   switch (plan.variant) {
     case SpmmVariant::kWarpRow: {
@@ -157,13 +189,13 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
       return check_launch("spmm_warp_row_kernel");
     }
     case SpmmVariant::kSmemX:
-      return launch_rows_tile<T, View, XLayout::kShared>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      return launch_rows_tile<T, View, XLayout::kShared>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
     case SpmmVariant::kGlobalX:
-      return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
     case SpmmVariant::kGlobalXT: {
       // A one-row batch tile transposed is the row itself: that is global_x's in-place read.
       if (plan.batch_tile == 1)
-        return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+        return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
       const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
       if (workspace == nullptr || plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T))
         return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
@@ -172,7 +204,9 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim
                        unsigned(tiles));
       detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
       SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
-      return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
+      rl.after_transpose = true;
+      return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream,
+                                                             rl);
     }
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
@@ -195,7 +229,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     // through L1 (staging it in shared memory costs a round trip and a block barrier before the
     // first product, about as long as the whole product at 99% sparsity); staging X in shared
     // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
-    // for small products, where the transpose's own launch costs more than the scalar reads of X.
+    // where X is small enough to stay in L1 or the product is tiny (kGlobalXMaxBytes, kTinyProduct).
     if (n == 1) {
       v = SpmmVariant::kGlobalX;
       plan.reason = "batch of 1: X read in place through L1";
@@ -203,10 +237,11 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
-    } else if (nnz * n <= kSmallProduct && n <= int64_t(kMaxGridY) * 32) {
+    } else if ((n <= kGlobalXMaxBatch && n * in_dim * int64_t(value_bytes) <= kGlobalXMaxBytes) ||
+               (n <= 32 && nnz * n <= kTinyProduct)) {
       v = SpmmVariant::kGlobalX;
-      plan.reason = "small product (" + std::to_string(nnz * n) +
-                    " multiply-adds): X read in place through L1, no transpose launch";
+      plan.reason = "small X (" + std::to_string(n * in_dim * int64_t(value_bytes)) + " B) or product (" +
+                    std::to_string(nnz * n) + " multiply-adds): X read in place through L1, no transpose launch";
     } else {
       v = SpmmVariant::kGlobalXT;
       plan.reason = n > 4 ? "batch > 4: X transposed once, 16-byte vectors of it read through L1"
@@ -246,6 +281,8 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
                            ? 32
                            : lanes_per_row_for(plan.batch_tile, avg, out_dim, (n + plan.batch_tile - 1) / plan.batch_tile,
                                                wanted_warps(limits));
+  const int64_t operand_bytes = nnz * int64_t(value_bytes + sizeof(int32_t)) + n * in_dim * int64_t(value_bytes);
+  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
@@ -256,6 +293,7 @@ std::string describe(const SpmmPlan& plan) {
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
+  if (plan.prefetch_l2) s += ", L2 prefetch";
   return s + "): " + plan.reason;
 }
 
@@ -298,7 +336,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return Status::Ok();
   }
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
-  return run_plan<T>(plan, view, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
+  return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }
 
 template <typename T, typename Index>
@@ -309,8 +347,8 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
       w, n, values, {{"dy", required_if(n * w.rows > 0, dy)}, {"dx", required_if(n * w.cols > 0, dx)}}));
   SNACK_RETURN_IF_ERROR(check_plan(plan, w.rows, sizeof(T), false));
   CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
-  return run_plan<T>(plan, view, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace, stream,
-                     Activation::kNone);
+  return run_plan<T>(plan, view, w.nnz, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace,
+                     stream, Activation::kNone);
 }
 
 namespace {

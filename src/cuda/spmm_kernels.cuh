@@ -21,6 +21,11 @@ struct CsrView {
   const T* __restrict__ values;
   __device__ __forceinline__ int32_t input(int32_t e) const { return int32_t(idx[e]); }
   __device__ __forceinline__ T value(int32_t e) const { return values[e]; }
+  // This block's share of the slot arrays of nnz entries, requested into L2.
+  __device__ __forceinline__ void prefetch_l2(int64_t nnz) const {
+    prefetch_l2_share(values, nnz * int64_t(sizeof(T)));
+    prefetch_l2_share(idx, nnz * int64_t(sizeof(Index)));
+  }
 };
 
 // Columns of W (transposed product): entries j in [col_ptr[o], col_ptr[o+1]) are slots csc_perm[j],
@@ -33,6 +38,11 @@ struct CscView {
   const T* __restrict__ values;
   __device__ __forceinline__ int32_t input(int32_t e) const { return int32_t(idx[perm[e]]); }
   __device__ __forceinline__ T value(int32_t e) const { return values[perm[e]]; }
+  __device__ __forceinline__ void prefetch_l2(int64_t nnz) const {
+    prefetch_l2_share(perm, nnz * int64_t(sizeof(int32_t)));
+    prefetch_l2_share(values, nnz * int64_t(sizeof(T)));
+    prefetch_l2_share(idx, nnz * int64_t(sizeof(Index)));
+  }
 };
 
 // Reads V consecutive elements (16-byte vectors where V allows; the caller guarantees alignment).
@@ -94,12 +104,17 @@ enum class XLayout {
 //        are contiguous, read with vector loads through L1.
 // kRowMajor: `in` is X as given; a lane reads its V batch rows' values of one entry as V scalars
 //        (rows past the batch read the last row and are never stored).
+// prefetch_nnz > 0 (small products, whose time is the latency of their first misses): each block
+//        first asks L2 for its share of the slot arrays (prefetch_nnz entries) and, for kRowMajor,
+//        of the batch tile of X, so that the loads that follow do not each wait for HBM.
+// kTransposed reads the output of the transpose kernel launched just before it, possibly with
+//        programmatic serialization: the prefetch overlaps that kernel, the reads of `in` wait for it.
 template <typename T, typename View, int NPAD, XLayout kX>
 __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSpmmWarps) * 32,
                                   kX == XLayout::kShared ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold,
-                     Activation act) {
+                     Activation act, int64_t prefetch_nnz) {
   using A = accum_t<T>;
   constexpr bool kSmem = kX == XLayout::kShared;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
@@ -112,6 +127,20 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   // blockIdx.y picks the batch tile: rows n0 .. n0 + NPAD of the batch.
   const int64_t n0 = int64_t(blockIdx.y) * NPAD;
   if constexpr (kX == XLayout::kTransposed) in += int64_t(blockIdx.y) * in_dim * NPAD;  // this tile's copy
+
+  if (prefetch_nnz > 0) {
+    if (threadIdx.x == 0) view.prefetch_l2(prefetch_nnz);
+    if constexpr (kX == XLayout::kRowMajor) {
+      if (threadIdx.x == 32) {
+        const int64_t rows = (n - n0) < NPAD ? (n - n0) : NPAD;
+        const int64_t bytes = rows * in_dim * int64_t(sizeof(T));
+        const int64_t chunk = (bytes + gridDim.x - 1) / gridDim.x;
+        const int64_t begin = int64_t(blockIdx.x) * chunk;
+        prefetch_l2(in + n0 * in_dim, begin, begin + chunk < bytes ? begin + chunk : bytes);
+      }
+    }
+  }
+  if constexpr (kX == XLayout::kTransposed) wait_for_prior_grid();
 
   if constexpr (kSmem) {
     const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
@@ -269,6 +298,7 @@ template <typename T>
 __global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64_t in_dim, int npad,
                                       T* __restrict__ in_t) {
   __shared__ T tile[32][33];
+  allow_dependent_launch();  // the rows kernel after it prefetches W meanwhile, then waits for this grid
   const int64_t c0 = int64_t(blockIdx.x) * 32;
   const int64_t j0 = int64_t(blockIdx.y) * 32;
   const int64_t n0 = int64_t(blockIdx.z) * npad;

@@ -179,16 +179,23 @@ TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
   EXPECT_EQ(p.batch_tile, 1);
   EXPECT_EQ(p.workspace_bytes, 0u);
-  // A small product (79 k entries x 16 rows = 1.3 M multiply-adds): in place too.
-  p = plan_spmm(768, 1024, 78643, 16, sizeof(float));
+  // A small input (8 rows x 1024 = 32 KiB, stays in L1): in place too, operands prefetched into L2.
+  p = plan_spmm(768, 1024, 78643, 8, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
   EXPECT_EQ(p.workspace_bytes, 0u);
+  EXPECT_TRUE(p.prefetch_l2);
+  // 16 rows of it: 1.3 M multiply-adds, transposed.
+  EXPECT_EQ(plan_spmm(768, 1024, 78643, 16, sizeof(float)).variant, SpmmVariant::kGlobalXT);
+  // A tiny product (16.8 k entries x 16 rows) reads even a 256 KiB X in place.
+  p = plan_spmm(4096, 4096, 16777, 16, sizeof(float));
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
   EXPECT_LE(p.batch_tile, 32);
   // A large product: X transposed into a workspace of in_dim x the batch padded to the tile.
   p = plan_spmm(16384, 4096, 6710886, 20, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);
   const int64_t padded = (20 + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
   EXPECT_EQ(p.workspace_bytes, size_t(4096 * padded * sizeof(float)));
+  EXPECT_FALSE(p.prefetch_l2);  // 40 MB of slot arrays: bandwidth-bound, no prefetch
   // A batch too large for global_x's 32-row tiles in grid.y, even with nothing to multiply.
   p = plan_spmm(8, 8, 0, 65535LL * 32 + 1, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);

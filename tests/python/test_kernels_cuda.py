@@ -97,14 +97,18 @@ def test_explain_and_override():
     assert snack.explain(layer, 2).startswith("smem_x")
 
 
-def test_small_products_read_x_in_place():
-    # nnz x batch up to 4 M multiply-adds: X is read in place (no transpose launch, no workspace).
+def test_small_inputs_and_tiny_products_read_x_in_place():
+    # X of at most 96 KiB at a batch of at most 8, or at most 512 K multiply-adds: X is read in place
+    # (no transpose launch, no workspace), and operands this small are prefetched into L2.
     small = snack.SparseLinear(1024, 768, density=0.1, device="cuda")  # 79 k slots
-    plan = snack.explain(small, 16)
-    assert plan.startswith("global_x ") and "small product" in plan and "workspace" not in plan
+    plan = snack.explain(small, 8)  # X: 32 KiB
+    assert plan.startswith("global_x ") and "small X" in plan and "workspace" not in plan and "L2 prefetch" in plan
+    assert snack.explain(small, 16).startswith("global_xt")  # 1.3 M multiply-adds
+    tiny = snack.SparseLinear(4096, 4096, density=0.001, device="cuda")  # 16.8 k slots
+    assert snack.explain(tiny, 16).startswith("global_x ")  # X 256 KiB, 268 k multiply-adds
     big = snack.SparseLinear(4096, 4096, density=0.1, device="cuda")  # 1.68 M slots
-    assert snack.explain(big, 16).startswith("global_xt")
-    assert "workspace" in snack.explain(big, 16)
+    assert snack.explain(big, 8).startswith("global_xt")  # X 128 KiB
+    assert "workspace" in snack.explain(big, 16) and "L2 prefetch" not in snack.explain(big, 16)
 
 
 @pytest.mark.parametrize("variant", snack.DETERMINISTIC_VARIANTS)
@@ -168,3 +172,34 @@ def test_sddmm_shared_memory_column_blocks(n, m, k, density, dtype):
     nnz_rest = int(density * m * k)
     rows, cols = skewed_positions(m, k, dense_rows=3, nnz_rest=nnz_rest, seed=n)
     check_sddmm(Pattern(m, k, rows.numel(), device="cuda", dtype=dtype, positions=(rows, cols)), n, dtype)
+
+
+@pytest.mark.parametrize("n", [16, 40])
+def test_programmatic_launches_replay_in_a_cuda_graph(n):
+    # The row kernel after the transpose of X (global_xt) and the SDDMM after the transposes of dY
+    # and X start before those finish (programmatic dependent launch) and wait for them on the
+    # device; captured in a graph they must give the eager results, bitwise, on fresh inputs.
+    from common import capture_graph  # bench/common.py, on the path through conftest.py
+    p = Pattern(700, 900, 40000, device="cuda")
+    x, dy = p.randn(n, 900), p.randn(n, 700, seed=2)
+    outputs = {}
+
+    def products():
+        outputs["y"] = ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt")
+        outputs["dx"] = ops.spmm_t(dy, p.values, *p.tensors, "global_xt")
+        outputs["dw"] = ops.sddmm(dy, x, *p.tensors)
+
+    graph = capture_graph(products, warmup=1)
+    x.copy_(p.randn(n, 900, seed=3))
+    dy.copy_(p.randn(n, 700, seed=4))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = {"y": ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt"),
+             "dx": ops.spmm_t(dy, p.values, *p.tensors, "global_xt"), "dw": ops.sddmm(dy, x, *p.tensors)}
+    for name, value in eager.items():
+        assert torch.equal(outputs[name], value), name
+    w = p.dense64
+    assert rel_error(outputs["y"], x.double() @ w.t()) < 1e-5
+    assert rel_error(outputs["dx"], dy.double() @ w) < 1e-5
+    full = dy.double().t() @ x.double()
+    assert rel_error(outputs["dw"], full[p.row_idx.long(), p.col_idx.long()]) < 1e-5
