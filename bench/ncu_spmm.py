@@ -1,0 +1,46 @@
+"""One snack SpMM launch to profile with Nsight Compute, e.g.
+
+    ncu --kernel-name regex:spmm_rows_kernel --launch-skip 2 --launch-count 1 \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
+        python bench/ncu_spmm.py --shape 16384x4096 --n 16 --sparsity 0.9 --variant global_xt
+
+The product runs three times (the first two are warm-up launches for ncu to skip); the script
+prints the plan so that the profile can be matched to the kernel it ran."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import snack
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="16384x4096", help="out x in")
+    parser.add_argument("--n", type=int, default=16, help="batch rows")
+    parser.add_argument("--sparsity", type=float, default=0.9)
+    parser.add_argument("--variant", default="auto", help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}")
+    parser.add_argument("--transposed", action="store_true", help="profile dX = dY W instead of the forward")
+    args = parser.parse_args(argv)
+    m, k = map(int, args.shape.split("x"))
+    gen = torch.Generator().manual_seed(0)
+    layer = snack.SparseLinear(k, m, sparsity=args.sparsity, bias=False, device="cuda", generator=gen)
+    with torch.no_grad(), snack.spmm_variant(args.variant):
+        print(snack.explain(layer, args.n, transposed=args.transposed))
+        if args.transposed:
+            dy = torch.randn(args.n, m, device="cuda")
+            run = lambda: snack.ops.spmm_t(dy, layer.values, layer.row_idx, layer.col_idx, layer.row_ptr,  # noqa: E731
+                                           layer.col_ptr, layer.csc_perm, args.variant)
+        else:
+            x = torch.randn(args.n, k, device="cuda")
+            run = lambda: layer(x)  # noqa: E731
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
