@@ -5,7 +5,8 @@
         python bench/ncu_spmm.py --shape 16384x4096 --n 16 --sparsity 0.9 --variant global_xt
 
 The product runs three times (the first two are warm-up launches for ncu to skip); the script
-prints the plan so that the profile can be matched to the kernel it ran."""
+prints the plan so that the profile can be matched to the kernel it ran. `--op dw` runs the SDDMM
+(kernels `sddmm_vector_kernel` or `sddmm_smem_kernel`)."""
 
 from __future__ import annotations
 
@@ -22,20 +23,22 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=16, help="batch rows")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--variant", default="auto", help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}")
-    parser.add_argument("--transposed", action="store_true", help="profile dX = dY W instead of the forward")
+    parser.add_argument("--op", choices=("fwd", "dx", "dw"), default="fwd",
+                        help="the forward Y = X W^T, the input gradient dX = dY W, or the weight gradient (SDDMM)")
     args = parser.parse_args(argv)
     m, k = map(int, args.shape.split("x"))
     gen = torch.Generator().manual_seed(0)
     layer = snack.SparseLinear(k, m, sparsity=args.sparsity, bias=False, device="cuda", generator=gen)
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    x = torch.randn(args.n, k, device="cuda")
+    dy = torch.randn(args.n, m, device="cuda")
     with torch.no_grad(), snack.spmm_variant(args.variant):
-        print(snack.explain(layer, args.n, transposed=args.transposed))
-        if args.transposed:
-            dy = torch.randn(args.n, m, device="cuda")
-            run = lambda: snack.ops.spmm_t(dy, layer.values, layer.row_idx, layer.col_idx, layer.row_ptr,  # noqa: E731
-                                           layer.col_ptr, layer.csc_perm, args.variant)
+        if args.op == "dw":
+            run = lambda: snack.ops.sddmm(dy, x, *pattern)  # noqa: E731
         else:
-            x = torch.randn(args.n, k, device="cuda")
-            run = lambda: layer(x)  # noqa: E731
+            print(snack.explain(layer, args.n, transposed=args.op == "dx"))
+            run = ((lambda: snack.ops.spmm_t(dy, layer.values, *pattern, args.variant)) if args.op == "dx"
+                   else (lambda: layer(x)))
         for _ in range(3):
             run()
         torch.cuda.synchronize()

@@ -198,8 +198,8 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n):
              "dx": ops.spmm_t(dy, p.values, *p.tensors, "global_xt"), "dw": ops.sddmm(dy, x, *p.tensors)}
     for name, value in eager.items():
         assert torch.equal(outputs[name], value), name
-    w = p.dense64
-    assert rel_error(outputs["y"], x.double() @ w.t()) < 1e-5
-    assert rel_error(outputs["dx"], dy.double() @ w) < 1e-5
-    full = dy.double().t() @ x.double()
-    assert rel_error(outputs["dw"], full[p.row_idx.long(), p.col_idx.long()]) < 1e-5
+    w, x64, dy64 = p.dense64, x.double().cpu(), dy.double().cpu()
+    assert rel_error(outputs["y"], x64 @ w.t()) < 1e-5
+    assert rel_error(outputs["dx"], dy64 @ w) < 1e-5
+    full = dy64.t() @ x64
+    assert rel_error(outputs["dw"], full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]) < 1e-5
