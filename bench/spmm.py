@@ -3,6 +3,7 @@
     python bench/spmm.py                 # the full grid of the issue (about 10 minutes on an H200)
     python bench/spmm.py --quick         # a few rows, to check the set-up
     python bench/spmm.py --variants      # also each snack kernel variant, forced (impl snack_<variant>)
+    python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
 
 Every implementation gets the same inputs in one process; each result is checked against a float64
 reference before it is timed; times are medians of CUDA-event timings of single calls with a cold L2
@@ -28,6 +29,10 @@ SPARSITIES = [0.8, 0.9, 0.95, 0.99]
 PATTERNS = ["uniform", "powerlaw"]
 BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
 COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Relative error allowed against float64 before a result is timed (the 16-bit types round each
+# output once: 2^-9 for bf16, 2^-12 for fp16).
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 
 
 def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Generator):
@@ -52,9 +57,10 @@ def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Gener
     return rows, cols
 
 
-def floor_us(m: int, k: int, n: int, nnz: int, bandwidth_gbs: float) -> float:
-    """Fewest bytes of the forward with 32-bit CSR (values, column indices, row pointers, X, Y) over bandwidth."""
-    nbytes = nnz * (4 + 4) + 4 * (m + 1) + 4 * n * k + 4 * n * m
+def floor_us(m: int, k: int, n: int, nnz: int, bandwidth_gbs: float, value_bytes: int = 4) -> float:
+    """Fewest bytes of the forward with CSR and 32-bit indices (values, column indices, row pointers,
+    X, Y) over bandwidth; values and activations of `value_bytes` bytes."""
+    nbytes = nnz * (value_bytes + 4) + 4 * (m + 1) + value_bytes * (n * k + n * m)
     return nbytes / (bandwidth_gbs * 1e9) * 1e6
 
 
@@ -88,7 +94,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
     parser.add_argument("--patterns", default=None, help="uniform,powerlaw")
     parser.add_argument("--impls", default=None, help="subset of implementations to time")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="values and activations")
     args = parser.parse_args(argv)
+    dtype = DTYPES[args.dtype]
     if not torch.cuda.is_available():
         print("bench/spmm.py needs a CUDA GPU")
         return 1
@@ -104,7 +112,7 @@ def main(argv=None) -> int:
     info = common.provenance()
     bandwidth = common.copy_bandwidth_gbs()
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s (device-to-device copy, read+write, measured in this run)"
-    info["method"] = f"median of {args.reps} single calls, {common.ColdTimer.METHOD}; fp32"
+    info["method"] = f"median of {args.reps} single calls, {common.ColdTimer.METHOD}; {args.dtype}"
     timer = common.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out, failures, skipped = [], [], []
@@ -113,41 +121,41 @@ def main(argv=None) -> int:
         row_idx, col_idx = make_pattern(m, k, sparsity, pattern, gen)
         nnz = row_idx.numel()
         row_ptr, col_ptr, csc_perm = snack.ops.build_views(row_idx, col_idx, m, k)
-        values = torch.randn(nnz, device="cuda", generator=gen)
-        dense_w = torch.zeros(m, k, device="cuda")
+        values = torch.randn(nnz, device="cuda", generator=gen).to(dtype)
+        dense_w = torch.zeros(m, k, device="cuda", dtype=dtype)
         dense_w[row_idx.long(), col_idx.long()] = values
-        mask = (dense_w != 0).float()
+        mask = (dense_w != 0).to(dtype)
         w64 = dense_w.double()
         for n in ns:
-            x = torch.randn(n, k, device="cuda", generator=gen)
+            x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
             ref = x.double() @ w64.t()
             impls = build_impls((values, row_idx, col_idx, row_ptr, col_ptr, csc_perm), dense_w, mask, x,
                                 snack.SPMM_VARIANTS if args.variants else ())
             if args.impls:
                 impls = {k_: v for k_, v in impls.items() if k_ in args.impls.split(",")}
-            fl = floor_us(m, k, n, nnz, bandwidth)
+            fl = floor_us(m, k, n, nnz, bandwidth, dtype.itemsize)
             for name, fn in impls.items():
                 try:
                     err = common.rel_error(fn(), ref)
-                except ValueError as exc:  # a forced variant that cannot run this shape
-                    skipped.append(f"{name} {m}x{k} N={n}: {exc}")
+                except (ValueError, RuntimeError) as exc:  # a forced variant that cannot run this shape,
+                    skipped.append(f"{name} {m}x{k} N={n}: {exc}")  # or a baseline without this dtype
                     continue
-                if not err < 1e-5:
+                if not err < TOLERANCE[args.dtype]:
                     failures.append(f"{name} {m}x{k} N={n} s={sparsity} {pattern}: rel error {err:.2e}")
                     continue
                 us = timer.median_us(fn, reps=args.reps)
-                rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype="fp32",
+                rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype=args.dtype,
                                      impl=name, median_us=us, floor_us=fl))
         del dense_w, mask, w64
     slug = common.gpu_slug()
-    suffix = "_quick" if args.quick else ""
+    suffix = ("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_quick" if args.quick else "")
     csv_path = args.out / f"spmm_{slug}{suffix}.csv"
     common.write_csv(csv_path, info, COLUMNS, rows_out)
-    md = summarize(rows_out, info, failures)
+    md = summarize(rows_out, info, failures, args.dtype)
     if skipped:
-        md += f"\n{len(skipped)} forced-variant runs were not possible (shared memory too small), e.g. {skipped[0]}\n"
+        md += f"\n{len(skipped)} runs were not possible (a forced variant's shared memory, or a baseline without {args.dtype}), e.g. {skipped[0]}\n"
     (args.out / f"spmm_{slug}{suffix}.md").write_text(md)
-    plot(rows_out, args.out / f"spmm_{slug}{suffix}.png", info)
+    plot(rows_out, args.out / f"spmm_{slug}{suffix}.png", info, args.dtype)
     print(md)
     print(f"wrote {csv_path}")
     return 1 if failures else 0
@@ -160,7 +168,7 @@ def index(rows):
     return table
 
 
-def summarize(rows, info, failures) -> str:
+def summarize(rows, info, failures, dtype: str = "fp32") -> str:
     t = index(rows)
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"]) for r in rows},
                   key=lambda c: (c[4], c[0] * c[1], c[0], c[3], c[2]))
@@ -185,7 +193,7 @@ def summarize(rows, info, failures) -> str:
                      " | ".join(f"{c['median_us']:.1f}" if c else "-" for c in cells) +
                      f" | {100 * snack_row['floor_us'] / s:.0f}% | {ratio('dense')} | {ratio('dense_mask')} | "
                      f"{ratio('cusparse_csr')} |")
-    lines += ["", "## Targets (fp32, uniform pattern, sparsity 0.9-0.99)", ""]
+    lines += ["", f"## Targets ({dtype}, uniform pattern, sparsity 0.9-0.99; the issue sets them for fp32)", ""]
     target_keys = [k for k in keys if k[4] == "uniform" and k[3] >= 0.9 and (k + ("snack",)) in t]
 
     def speedups(base):
@@ -210,7 +218,7 @@ def summarize(rows, info, failures) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, path: Path, info) -> None:
+def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -236,7 +244,7 @@ def plot(rows, path: Path, info) -> None:
         ax.set_ylabel(f"speedup of snack over {base} (geomean over shapes)")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"snack forward SpMM, fp32, uniform pattern - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.suptitle(f"snack forward SpMM, {dtype}, uniform pattern - {info['gpu']}, commit {info['commit'][:10]}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -4,12 +4,7 @@
 #include <cmath>
 
 #include "snack/ops.h"
-
-#if defined(__CUDACC__)
-#define SNACK_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define SNACK_HOST_DEVICE inline
-#endif
+#include "snack/value_types.h"
 
 namespace snack {
 

@@ -11,7 +11,8 @@
 //
 // Every output element is written (no zero-initialisation is needed). Results are deterministic:
 // each output is reduced in a fixed order, with no atomics.
-// Value types: float and double on the CPU and on CUDA.
+// Value types: float, double, bfloat16 and float16 (snack/value_types.h; computed in float) on the
+// CPU and on CUDA.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "snack/pattern.h"
 #include "snack/spmm_plan.h"
 #include "snack/status.h"
+#include "snack/value_types.h"
 
 namespace snack {
 

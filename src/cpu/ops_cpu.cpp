@@ -1,10 +1,12 @@
 // CPU reference and backend of the sparse ops. Plain loops in a fixed order: deterministic, and
-// the float64 instantiation doubles as the reference the tests compare against.
+// the float64 instantiation doubles as the reference the tests compare against. The 16-bit types
+// accumulate in float and round once per output.
 #include <vector>
 
 #include "../common/op_checks.h"
 #include "snack/activation_math.h"
 #include "snack/ops.h"
+#include "snack/value_types.h"
 
 namespace snack::cpu {
 namespace {
@@ -21,9 +23,9 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     const T* xrow = x + i * w.cols;
     T* yrow = y + i * w.rows;
     for (int64_t r = 0; r < w.rows; ++r) {
-      T acc = T(0);
-      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) acc += values[s] * xrow[w.col_idx[s]];
-      yrow[r] = apply_activation(bias ? acc + bias[r] : acc, act);
+      accum_t<T> acc = 0;
+      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) acc += to_accum(values[s]) * to_accum(xrow[w.col_idx[s]]);
+      yrow[r] = from_accum<T>(apply_activation(bias ? acc + to_accum(bias[r]) : acc, act));
     }
   }
   return Status::Ok();
@@ -37,12 +39,12 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
     const T* dyrow = dy + i * w.rows;
     T* dxrow = dx + i * w.cols;
     for (int64_t c = 0; c < w.cols; ++c) {
-      T acc = T(0);
+      accum_t<T> acc = 0;
       for (int32_t j = w.col_ptr[c]; j < w.col_ptr[c + 1]; ++j) {
         const int32_t s = w.csc_perm[j];
-        acc += values[s] * dyrow[w.row_idx[s]];
+        acc += to_accum(values[s]) * to_accum(dyrow[w.row_idx[s]]);
       }
-      dxrow[c] = acc;
+      dxrow[c] = from_accum<T>(acc);
     }
   }
   return Status::Ok();
@@ -55,9 +57,9 @@ Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* 
   for (int64_t s = 0; s < w.nnz; ++s) {
     const T* a = dy_t + int64_t(w.row_idx[s]) * n;
     const T* b = x_t + int64_t(w.col_idx[s]) * n;
-    T acc = T(0);
-    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-    dvalues[s] = acc;
+    accum_t<T> acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += to_accum(a[i]) * to_accum(b[i]);
+    dvalues[s] = from_accum<T>(acc);
   }
   return Status::Ok();
 }
@@ -80,9 +82,10 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias) {
   if (n < 0 || m < 0) return InvalidArgument("bias_grad: sizes must be non-negative");
   if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
   if (m > 0 && dbias == nullptr) return InvalidArgument("dbias must not be null");
-  for (int64_t r = 0; r < m; ++r) dbias[r] = T(0);
+  std::vector<accum_t<T>> acc(size_t(m), accum_t<T>(0));
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t r = 0; r < m; ++r) dbias[r] += dy[i * m + r];
+    for (int64_t r = 0; r < m; ++r) acc[r] += to_accum(dy[i * m + r]);
+  for (int64_t r = 0; r < m; ++r) dbias[r] = from_accum<T>(acc[r]);
   return Status::Ok();
 }
 
@@ -97,7 +100,13 @@ SNACK_INSTANTIATE_CPU_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CPU_OPS(float, int32_t)
 SNACK_INSTANTIATE_CPU_OPS(double, uint16_t)
 SNACK_INSTANTIATE_CPU_OPS(double, int32_t)
+SNACK_INSTANTIATE_CPU_OPS(bfloat16, uint16_t)
+SNACK_INSTANTIATE_CPU_OPS(bfloat16, int32_t)
+SNACK_INSTANTIATE_CPU_OPS(float16, uint16_t)
+SNACK_INSTANTIATE_CPU_OPS(float16, int32_t)
 template Status bias_grad<float>(const float*, int64_t, int64_t, float*);
 template Status bias_grad<double>(const double*, int64_t, int64_t, double*);
+template Status bias_grad<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*);
+template Status bias_grad<float16>(const float16*, int64_t, int64_t, float16*);
 
 }  // namespace snack::cpu

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "snack/status.h"
+#include "snack/value_types.h"
 
 namespace snack::cuda::detail {
 
@@ -22,18 +23,21 @@ inline Status check_launch(const char* kernel_name) { return cuda_status(cudaGet
 
 #define SNACK_CUDA_RETURN_IF_ERROR(call) SNACK_RETURN_IF_ERROR(::snack::cuda::detail::cuda_status((call), #call))
 
-// Accumulation type: fp32 for every 16/32-bit value type, fp64 for fp64.
-template <typename T>
-struct Accum { using type = float; };
-template <>
-struct Accum<double> { using type = double; };
-template <typename T>
-using accum_t = typename Accum<T>::type;
+// Accumulation type and conversions (snack/value_types.h): fp32 for fp32 and the 16-bit types,
+// fp64 for fp64.
+using ::snack::accum_t;
+using ::snack::from_accum;
+using ::snack::to_accum;
 
+// A read-only load through the non-coherent path; the 16-bit types as their raw bits.
 template <typename T>
-__device__ __forceinline__ accum_t<T> to_accum(T v) { return static_cast<accum_t<T>>(v); }
-template <typename T>
-__device__ __forceinline__ T from_accum(accum_t<T> v) { return static_cast<T>(v); }
+__device__ __forceinline__ T load_ro(const T* p) {
+  if constexpr (kIsHalfType<T>) {
+    return T{__ldg(reinterpret_cast<const unsigned short*>(p))};
+  } else {
+    return __ldg(p);
+  }
+}
 
 // Asks L2 to fetch the 16-byte-aligned part of bytes [begin, end) of a global array, without
 // waiting for it (Hopper's bulk prefetch; nothing on older GPUs).

@@ -102,13 +102,19 @@ Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* 
 
 int64_t sddmm_padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
 
-// Reads 4 consecutive values from shared memory as one 16-byte load (two for fp64); the caller
-// guarantees alignment.
+// Reads 4 consecutive values from shared memory as one 16-byte load (two for fp64, one 8-byte load
+// for the 16-bit types); the caller guarantees alignment.
 template <typename T>
 __device__ __forceinline__ void load4_shared(const T* p, accum_t<T> (&out)[4]) {
   if constexpr (std::is_same_v<T, float>) {
     const float4 q = *reinterpret_cast<const float4*>(p);
     out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
+  } else if constexpr (kIsHalfType<T>) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    out[0] = to_accum(T{uint16_t(q.x & 0xffffu)});
+    out[1] = to_accum(T{uint16_t(q.x >> 16)});
+    out[2] = to_accum(T{uint16_t(q.y & 0xffffu)});
+    out[3] = to_accum(T{uint16_t(q.y >> 16)});
   } else {
     const double2 q0 = *reinterpret_cast<const double2*>(p), q1 = *reinterpret_cast<const double2*>(p + 2);
     out[0] = q0.x; out[1] = q0.y; out[2] = q1.x; out[3] = q1.y;
@@ -319,7 +325,13 @@ SNACK_INSTANTIATE_CUDA_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(float, int32_t)
 SNACK_INSTANTIATE_CUDA_OPS(double, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(double, int32_t)
+SNACK_INSTANTIATE_CUDA_OPS(bfloat16, uint16_t)
+SNACK_INSTANTIATE_CUDA_OPS(bfloat16, int32_t)
+SNACK_INSTANTIATE_CUDA_OPS(float16, uint16_t)
+SNACK_INSTANTIATE_CUDA_OPS(float16, int32_t)
 template Status bias_grad<float>(const float*, int64_t, int64_t, float*, Stream);
 template Status bias_grad<double>(const double*, int64_t, int64_t, double*, Stream);
+template Status bias_grad<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*, Stream);
+template Status bias_grad<float16>(const float16*, int64_t, int64_t, float16*, Stream);
 
 }  // namespace snack::cuda

@@ -397,6 +397,10 @@ SNACK_INSTANTIATE_SPMM(float, uint16_t)
 SNACK_INSTANTIATE_SPMM(float, int32_t)
 SNACK_INSTANTIATE_SPMM(double, uint16_t)
 SNACK_INSTANTIATE_SPMM(double, int32_t)
+SNACK_INSTANTIATE_SPMM(bfloat16, uint16_t)
+SNACK_INSTANTIATE_SPMM(bfloat16, int32_t)
+SNACK_INSTANTIATE_SPMM(float16, uint16_t)
+SNACK_INSTANTIATE_SPMM(float16, int32_t)
 
 }  // namespace cuda
 }  // namespace snack

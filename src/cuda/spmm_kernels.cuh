@@ -3,6 +3,8 @@
 // input column and value each has; the kernels never care which of the two products they compute.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -63,9 +65,34 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
       const double2 q = __ldg(reinterpret_cast<const double2*>(p + j));
       out[j] = q.x; out[j + 1] = q.y;
     }
+  } else if constexpr (kIsHalfType<T> && V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const uint2 q = __ldg(reinterpret_cast<const uint2*>(p + j));
+      out[j] = to_accum(T{uint16_t(q.x & 0xffffu)});
+      out[j + 1] = to_accum(T{uint16_t(q.x >> 16)});
+      out[j + 2] = to_accum(T{uint16_t(q.y & 0xffffu)});
+      out[j + 3] = to_accum(T{uint16_t(q.y >> 16)});
+    }
+  } else if constexpr (kIsHalfType<T> && V == 2) {
+    const unsigned q = __ldg(reinterpret_cast<const unsigned*>(p));
+    out[0] = to_accum(T{uint16_t(q & 0xffffu)});
+    out[1] = to_accum(T{uint16_t(q >> 16)});
   } else {
 #pragma unroll
-    for (int j = 0; j < V; ++j) out[j] = to_accum(__ldg(p + j));
+    for (int j = 0; j < V; ++j) out[j] = to_accum(load_ro(p + j));
+  }
+}
+
+// atomicAdd of an accumulated value to a stored one (the 16-bit types through CUDA's own).
+template <typename T>
+__device__ __forceinline__ void atomic_add_value(T* p, accum_t<T> v) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    atomicAdd(reinterpret_cast<__nv_bfloat16*>(p), __float2bfloat16_rn(v));
+  } else if constexpr (std::is_same_v<T, float16>) {
+    atomicAdd(reinterpret_cast<__half*>(p), __float2half_rn(v));
+  } else {
+    atomicAdd(p, v);
   }
 }
 
@@ -146,7 +173,7 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
     const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
     for (int64_t r = 0; r < NPAD; ++r) {
       const T* src = in + (n0 + r) * in_dim;
-      for (int64_t c = threadIdx.x; c < in_dim; c += blockDim.x) xs[r * stride + c] = r < rows_here ? src[c] : T(0);
+      for (int64_t c = threadIdx.x; c < in_dim; c += blockDim.x) xs[r * stride + c] = r < rows_here ? src[c] : T{};
     }
     __syncthreads();
   }
@@ -207,7 +234,7 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
           for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n * V + j) * stride + col[u]]);
         } else if constexpr (kX == XLayout::kRowMajor) {
 #pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(__ldg(x_first + (j < x_last ? j : x_last) * in_dim + col[u]));
+          for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(load_ro(x_first + (j < x_last ? j : x_last) * in_dim + col[u]));
         } else {
           A x[V];
           load_vec<T, V>(in + int64_t(col[u]) * NPAD + lane_n * V, x);
@@ -305,7 +332,7 @@ __global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64
   in_t += int64_t(blockIdx.z) * in_dim * npad;
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
     const int64_t j = j0 + dy, c = c0 + threadIdx.x;
-    tile[dy][threadIdx.x] = (j < npad && n0 + j < n && c < in_dim) ? in[(n0 + j) * in_dim + c] : T(0);
+    tile[dy][threadIdx.x] = (j < npad && n0 + j < n && c < in_dim) ? in[(n0 + j) * in_dim + c] : T{};
   }
   __syncthreads();
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
@@ -359,7 +386,7 @@ template <typename T>
 __global__ void fill_rows_kernel(T* __restrict__ out, const T* __restrict__ bias, int64_t n, int64_t out_dim) {
   const int64_t total = n * out_dim, step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
-    out[i] = bias ? bias[i % out_dim] : T(0);
+    out[i] = bias ? bias[i % out_dim] : T{};
 }
 
 // SNACK-style COO SpMM: blockIdx.y is the batch row, so the batch rows spread over the SMs; the
@@ -383,13 +410,13 @@ __global__ void __launch_bounds__(256)
   for (int64_t s = first; s < last; ++s) {
     const int64_t r = w.row_idx[s];
     if (r != row) {
-      atomicAdd(yrow + row, from_accum<T>(acc));
+      atomic_add_value(yrow + row, acc);
       acc = 0;
       row = r;
     }
     acc += to_accum(values[s]) * to_accum(xrow[w.col_idx[s]]);
   }
-  atomicAdd(yrow + row, from_accum<T>(acc));
+  atomic_add_value(yrow + row, acc);
 }
 
 }  // namespace snack::cuda::detail

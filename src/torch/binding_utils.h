@@ -118,8 +118,28 @@ inline void check_dense(const at::Tensor& t, const at::Tensor& values, int64_t c
 }
 
 inline void check_value_dtype(const at::Tensor& values, const char* op) {
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble, "snack.", op,
-                   ": values must be float32 or float64, got ", values.scalar_type());
+  const at::ScalarType t = values.scalar_type();
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf, "snack.", op,
+                   ": values must be float32, float64, bfloat16 or float16, got ", t);
+}
+
+// Calls fn(T{}) with the snack value type of a tensor of a supported dtype (snack/value_types.h:
+// the 16-bit types share the bit layout of torch.bfloat16 and torch.float16).
+template <typename Fn>
+void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
+  check_value_dtype(values, op);
+  switch (values.scalar_type()) {
+    case at::kFloat: fn(float{}); break;
+    case at::kDouble: fn(double{}); break;
+    case at::kBFloat16: fn(bfloat16{}); break;
+    default: fn(float16{}); break;
+  }
+}
+
+// A tensor's data as the snack value type T (any of dispatch_value_type's).
+template <typename T>
+T* data_as(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
 }
 
 // Index dtype for a `rows x cols` pattern: uint16 where both dimensions fit, int32 otherwise.

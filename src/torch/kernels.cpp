@@ -160,11 +160,11 @@ std::string explain_spmm(const at::Tensor& values, const at::Tensor& row_ptr, co
   return gpu::describe(gpu::plan_spmm(out_dim, in_dim, values.size(0), n, values.element_size(), v));
 }
 
+// float or double (the dense inputs of slots_from_dense, converted to one of them).
 template <typename Fn>
-void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
-  check_value_dtype(values, op);
-  if (values.scalar_type() == at::kFloat) fn(float{});
-  else fn(double{});
+void dispatch_float_or_double(const at::Tensor& t, Fn&& fn) {
+  if (t.scalar_type() == at::kDouble) fn(double{});
+  else fn(float{});
 }
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
@@ -188,19 +188,19 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
   at::Tensor y = at::empty({x.size(0), p.rows()}, values.options());
   dispatch_value_type(values, "spmm", [&](auto tag) {
     using T = decltype(tag);
-    const T* b = bias ? bias->data_ptr<T>() : nullptr;
+    const T* b = bias ? data_as<T>(*bias) : nullptr;
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
                          values,
                          [&] {
                            return parallel_chunks(xc.size(0), 1, [&](int64_t n0, int64_t n1) {
-                             return cpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>() + n0 * w.cols, n1 - n0, b,
-                                                      y.data_ptr<T>() + n0 * w.rows, act);
+                             return cpu::spmm_forward(w, data_as<T>(values), data_as<T>(xc) + n0 * w.cols, n1 - n0, b,
+                                                      data_as<T>(y) + n0 * w.rows, act);
                            });
                          },
                          [&](Stream s) {
                            const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant);
-                           return gpu::spmm_forward(w, values.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), b, y.data_ptr<T>(), p.plan, p.workspace_ptr(), s, act);
+                           return gpu::spmm_forward(w, data_as<T>(values), data_as<T>(xc), xc.size(0), b, data_as<T>(y), p.plan, p.workspace_ptr(), s, act);
                          },
                          "spmm");
                    }),
@@ -225,13 +225,13 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
                          values,
                          [&] {
                            return parallel_chunks(dyc.size(0), 1, [&](int64_t n0, int64_t n1) {
-                             return cpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>() + n0 * w.rows, n1 - n0,
-                                                         dx.data_ptr<T>() + n0 * w.cols);
+                             return cpu::spmm_transposed(w, data_as<T>(values), data_as<T>(dyc) + n0 * w.rows, n1 - n0,
+                                                         data_as<T>(dx) + n0 * w.cols);
                            });
                          },
                          [&](Stream s) {
                            const PlannedProduct p = plan_product(w.cols, w.rows, w.nnz, dyc.size(0), values, variant);
-                           return gpu::spmm_transposed(w, values.data_ptr<T>(), dyc.data_ptr<T>(), dyc.size(0), dx.data_ptr<T>(), p.plan, p.workspace_ptr(), s);
+                           return gpu::spmm_transposed(w, data_as<T>(values), data_as<T>(dyc), dyc.size(0), data_as<T>(dx), p.plan, p.workspace_ptr(), s);
                          },
                          "spmm_t");
                    }),
@@ -266,14 +266,14 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
                              part.row_idx = w.row_idx + s0;
                              part.col_idx = w.col_idx + s0;
                              part.csc_perm = w.csc_perm + s0;
-                             return cpu::sddmm_on_transposed(part, dy_t.data_ptr<T>(), x_t.data_ptr<T>(), xc.size(0),
-                                                             dv.data_ptr<T>() + s0);
+                             return cpu::sddmm_on_transposed(part, data_as<T>(dy_t), data_as<T>(x_t), xc.size(0),
+                                                             data_as<T>(dv) + s0);
                            });
                          },
                          [&](Stream s) {
                            const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T));
                            at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
-                           return gpu::sddmm(w, dyc.data_ptr<T>(), xc.data_ptr<T>(), xc.size(0), dv.data_ptr<T>(), ws.defined() ? ws.data_ptr() : nullptr, s);
+                           return gpu::sddmm(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0), data_as<T>(dv), ws.defined() ? ws.data_ptr() : nullptr, s);
                          },
                          "sddmm");
                    }),
@@ -290,8 +290,8 @@ at::Tensor bias_grad(const at::Tensor& dy) {
   dispatch_value_type(dy, "bias_grad", [&](auto tag) {
     using T = decltype(tag);
     throw_if_error(on_device(
-                       dy, [&] { return cpu::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>()); },
-                       [&](Stream s) { return gpu::bias_grad(dyc.data_ptr<T>(), dyc.size(0), dyc.size(1), db.data_ptr<T>(), s); },
+                       dy, [&] { return cpu::bias_grad(data_as<T>(dyc), dyc.size(0), dyc.size(1), data_as<T>(db)); },
+                       [&](Stream s) { return gpu::bias_grad(data_as<T>(dyc), dyc.size(0), dyc.size(1), data_as<T>(db), s); },
                        "bias_grad"),
                    "bias_grad");
   });
@@ -381,7 +381,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor
   const at::ScalarType itype = choose_index_dtype(m, k, index_dtype, op);
   const at::Tensor d = dense.scalar_type() == at::kDouble ? dense.contiguous() : dense.to(at::kFloat).contiguous();
   at::Tensor positions = at::empty({nnz}, dense.options().dtype(at::kLong));
-  dispatch_value_type(d, op, [&](auto tag) {
+  dispatch_float_or_double(d, [&](auto tag) {
     using T = decltype(tag);
     throw_if_error(on_device(
                        d, [&] { return cpu::dense_topk_positions<T>(m, k, d.data_ptr<T>(), nnz, positions.data_ptr<int64_t>()); },

@@ -88,6 +88,9 @@ at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
   TORCH_CHECK_VALUE(k >= 0 && k <= score.size(0), "snack.", op, ": k=", k, " must lie in [0, nnz=", score.size(0), "]");
   if (k == 0) return at::empty({0}, score.options().dtype(at::kLong));
 #ifdef SNACK_WITH_CUDA
+  // 16-bit scores widen to float exactly (same order, same ties) and take the device selection.
+  if (score.is_cuda() && (score.scalar_type() == at::kBFloat16 || score.scalar_type() == at::kHalf))
+    return prune_slots(score.to(at::kFloat), k);
   if (score.is_cuda() && score.scalar_type() == at::kFloat) {
     const c10::cuda::CUDAGuard guard(score.device());
     const at::Tensor s = score.contiguous();

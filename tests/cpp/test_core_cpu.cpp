@@ -50,6 +50,59 @@ TYPED_TEST(CpuOps, AllOpsMatchDenseReference) {
   }
 }
 
+// Every bit pattern of the 16-bit types survives the trip through float (NaNs stay NaN), and the
+// rounding from float is to nearest with ties to even, with overflow to infinity.
+TEST(ValueTypes, SixteenBitConversions) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float16 h{uint16_t(bits)};
+    const float hf = to_float(h);
+    if (std::isnan(hf)) {
+      EXPECT_TRUE(std::isnan(to_float(to_float16(hf)))) << bits;
+    } else {
+      EXPECT_EQ(to_float16(hf).bits, h.bits) << bits;
+    }
+    const bfloat16 b{uint16_t(bits)};
+    const float bf = to_float(b);
+    if (std::isnan(bf)) {
+      EXPECT_TRUE(std::isnan(to_float(to_bfloat16(bf)))) << bits;
+    } else {
+      EXPECT_EQ(to_bfloat16(bf).bits, b.bits) << bits;
+    }
+  }
+  EXPECT_EQ(to_float(float16{0x3c00}), 1.0f);
+  EXPECT_EQ(to_float(float16{0x0001}), 5.9604644775390625e-8f);  // smallest subnormal
+  EXPECT_EQ(to_float16(1.0f + 0.00048828125f).bits, 0x3c00);       // halfway 1 .. 1+2^-10: even, down
+  EXPECT_EQ(to_float16(1.0f + 3 * 0.00048828125f).bits, 0x3c02);   // halfway 1+2^-10 .. 1+2^-9: even, up
+  EXPECT_EQ(to_float16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(to_float16(65519.0f).bits, 0x7bff);
+  EXPECT_EQ(to_float16(65520.0f).bits, 0x7c00);                    // rounds to infinity
+  EXPECT_EQ(to_float16(2.9802322387695312e-8f).bits, 0x0000);      // half the smallest subnormal: even, 0
+  EXPECT_EQ(to_float16(8.940696716308594e-8f).bits, 0x0002);       // 1.5 x smallest: even, up
+  EXPECT_EQ(to_bfloat16(1.0f + 0.00390625f).bits, 0x3f80);         // halfway 1 .. 1+2^-7: even, down
+  EXPECT_EQ(to_bfloat16(1.0f + 3 * 0.00390625f).bits, 0x3f82);
+  EXPECT_EQ(to_bfloat16(-2.5f).bits, 0xc020);
+}
+
+// The 16-bit types through the CPU ops: computed in float, each output rounded once.
+TEST(ValueTypes, SixteenBitOpsRoundOnce) {
+  auto p = random_pattern<uint16_t>(37, 29, 300, 5);
+  const auto w = p.view();
+  const int64_t n = 3;
+  const auto x64 = random_dense(n * 29, 6);
+  std::vector<bfloat16> values(p.values.size()), x(x64.size());
+  for (size_t i = 0; i < values.size(); ++i) values[i] = to_bfloat16(float(p.values[i]));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = to_bfloat16(float(x64[i]));
+  std::vector<bfloat16> y(n * 37, bfloat16{0x7fc0});
+  ASSERT_TRUE((cpu::spmm_forward<bfloat16, uint16_t>(w, values.data(), x.data(), n, nullptr, y.data()).ok()));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < 37; ++r) {
+      float acc = 0;  // the same order as the op: the row's slots ascending
+      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) acc += to_float(values[s]) * to_float(x[i * 29 + w.col_idx[s]]);
+      EXPECT_EQ(y[i * 37 + r].bits, to_bfloat16(acc).bits) << i << "," << r;
+    }
+  }
+}
+
 TEST(CpuOpsErrors, RejectsBadArguments) {
   auto p = random_pattern<int32_t>(4, 5, 6, 3);
   auto w = p.view();

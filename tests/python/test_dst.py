@@ -85,7 +85,7 @@ def test_prune_slots_nan_counts_as_inf(device):
     assert ops.prune_slots(score, 4).tolist() == [0, 1, 3, 4]  # NaN and inf tie: the lower slot first
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 31, 4096, 4097, 5001, 100_003])
 def test_prune_slots_matches_stable_sort(device, dtype, n):
     # Many chunks of the device's ordered write, heavy ties, negative scores, -0.0 and NaN: the k
@@ -363,6 +363,34 @@ def test_scheduler_matches_dense_mask_reference(device, algorithm):
         rows, cols = layer.row_idx.long(), layer.col_idx.long()
         assert rel_error(layer.values, ref.w.detach()[rows, cols]) < 1e-12, f"weights differ at step {step}"
     assert updates == 5 and sched.report()[0]["nnz"] == layer.nnz
+
+
+@pytest.mark.parametrize("algorithm", ["set", "rigl"])
+def test_scheduler_on_a_bfloat16_layer(device, algorithm):
+    # DST on 16-bit values: the topology moves, stays valid, and the layer, its AdamW state and its
+    # views stay consistent with its own dense weight.
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    layer = snack.SparseLinear(48, 32, density=0.2, device=device, dtype=bf16)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    sched = snack.dst.DSTScheduler(nn.Sequential(layer), opt, algorithm=algorithm, update_every=2, end=10,
+                                   drop_fraction=0.3, generator=torch.Generator(device=device).manual_seed(1))
+    before = layer.mask().clone()
+    for _ in range(8):
+        x = torch.randn(8, 48, device=device, dtype=bf16)
+        opt.zero_grad()
+        (layer(x).float() ** 2).mean().backward()
+        opt.step()
+    assert not torch.equal(layer.mask(), before)
+    pos = layer.row_idx.long() * 48 + layer.col_idx.long()
+    assert torch.unique(pos).numel() == layer.nnz and torch.equal(pos, torch.sort(pos).values)
+    assert layer.values.dtype == bf16 and torch.isfinite(layer.values.float()).all()
+    for key in ("exp_avg", "exp_avg_sq"):
+        state = opt.state[layer.values][key]
+        assert state.dtype == bf16 and state.shape == layer.values.shape and torch.isfinite(state.float()).all()
+    x = torch.randn(5, 48, device=device, dtype=bf16)
+    ref = x.double() @ layer.to_dense().detach().double().t() + layer.bias.detach().double()
+    assert rel_error(layer(x), ref) < 1e-2
 
 
 def test_scheduler_schedules_and_errors():

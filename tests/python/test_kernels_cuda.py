@@ -19,7 +19,7 @@ def variant_cases(transposed):
     variants = snack.DETERMINISTIC_VARIANTS + (() if transposed else ("coo_atomic",))
     for shape in SHAPES:
         for variant in variants:
-            for dtype in (torch.float32, torch.float64):
+            for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
@@ -31,7 +31,7 @@ def fits(variant, n, in_dim, dtype):
     while tile < min(n, 32):
         tile *= 2
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    return tile * (in_dim | 1) * (8 if dtype == torch.float64 else 4) <= limit
+    return tile * (in_dim | 1) * dtype.itemsize <= limit
 
 
 @pytest.mark.parametrize("shape,variant,dtype", list(variant_cases(False)))

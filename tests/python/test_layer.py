@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import snack
-from helpers import rel_error
+from helpers import rel_error, tolerance
 
 
 def dense_mask_reference(layer: snack.SparseLinear):
@@ -18,7 +18,7 @@ def dense_mask_reference(layer: snack.SparseLinear):
 
 
 @pytest.mark.parametrize("shape", [(13,), (1, 13), (4, 13), (2, 3, 13), (2, 1, 5, 13)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [True, False])
 def test_forward_backward_match_dense_mask(device, shape, dtype, bias):
     torch.manual_seed(0)
@@ -33,7 +33,7 @@ def test_forward_backward_match_dense_mask(device, shape, dtype, bias):
     x64 = x.detach().double().cpu().requires_grad_()
     y64 = nn.functional.linear(x64, w * mask, b)
     y64.backward(grad.double().cpu())
-    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    tol = tolerance(dtype)
     assert rel_error(y, y64) < tol
     assert rel_error(x.grad, x64.grad) < tol
     assert rel_error(layer.values.grad, w.grad[layer.row_idx.long().cpu(), layer.col_idx.long().cpu()]) < tol
@@ -208,8 +208,10 @@ def test_op_argument_errors(device):
     with pytest.raises(TypeError, match="int32"):
         snack.ops.spmm(torch.randn(3, 10, device=device), layer.values, layer.row_idx, layer.col_idx,
                        layer.row_ptr.long(), layer.col_ptr, layer.csc_perm, None)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        snack.ops.spmm(torch.randn(3, 10, device=device).half(), layer.values.half(), *pattern, None)
+    with pytest.raises(TypeError, match="float32, float64, bfloat16 or float16"):
+        snack.ops.spmm(torch.randn(3, 10, device=device).to(torch.int32), layer.values.to(torch.int32), *pattern, None)
+    with pytest.raises(TypeError, match="differs from the weight dtype"):
+        snack.ops.spmm(torch.randn(3, 10, device=device).half(), layer.values.bfloat16(), *pattern, None)
 
 
 @pytest.mark.cuda
