@@ -22,9 +22,14 @@ def _on_gpu(device) -> bool:
     return torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
 
 
+def _cuda_device(device):
+    """The CUDA device a run uses: the given one, or the current one."""
+    return torch.device(device) if device is not None and torch.device(device).index is not None else None
+
+
 def gpu_slug(device=None) -> str:
     """The result files' suffix: a slug of the GPU's name, or "cpu" for a run on the CPU (``device``)."""
-    name = torch.cuda.get_device_name() if _on_gpu(device) else "cpu"
+    name = torch.cuda.get_device_name(_cuda_device(device)) if _on_gpu(device) else "cpu"
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
@@ -42,9 +47,9 @@ def git_commit() -> str:
 
 
 def provenance(device=None) -> dict[str, str]:
-    props = torch.cuda.get_device_properties(0) if _on_gpu(device) else None
+    props = torch.cuda.get_device_properties(_cuda_device(device)) if _on_gpu(device) else None
     return {
-        "gpu": torch.cuda.get_device_name() if props else "none",
+        "gpu": props.name if props else "none",
         "sms": str(props.multi_processor_count) if props else "-",
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda),

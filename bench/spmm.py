@@ -31,7 +31,7 @@ BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
 COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative error allowed against float64 before a result is timed (the 16-bit types round each
-# output once: 2^-9 for bf16, 2^-12 for fp16).
+# output once: unit roundoff 2^-8 for bf16, 2^-11 for fp16).
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 
 
@@ -137,8 +137,13 @@ def main(argv=None) -> int:
             for name, fn in impls.items():
                 try:
                     err = common.rel_error(fn(), ref)
-                except (ValueError, RuntimeError) as exc:  # a forced variant that cannot run this shape,
-                    skipped.append(f"{name} {m}x{k} N={n}: {exc}")  # or a baseline without this dtype
+                except ValueError as exc:  # a forced variant that cannot run this shape
+                    skipped.append(f"{name} {m}x{k} N={n}: {exc}")
+                    continue
+                except RuntimeError as exc:  # a baseline without this dtype; snack's own errors stay errors
+                    if name not in BASELINES:
+                        raise
+                    skipped.append(f"{name} {m}x{k} N={n}: {exc}")
                     continue
                 if not err < TOLERANCE[args.dtype]:
                     failures.append(f"{name} {m}x{k} N={n} s={sparsity} {pattern}: rel error {err:.2e}")

@@ -11,8 +11,8 @@
 //
 // Every output element is written (no zero-initialisation is needed). Results are deterministic:
 // each output is reduced in a fixed order, with no atomics.
-// Value types: float, double, bfloat16 and float16 (snack/value_types.h; computed in float) on the
-// CPU and on CUDA.
+// Value types: float, double, bfloat16 and float16 (snack/value_types.h; computed in float, each
+// output rounded once) on the CPU and on CUDA.
 #pragma once
 
 #include <cstdint>

@@ -33,7 +33,8 @@ struct SpmmPlan {
   int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT with a tile > 1)
-  bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of W's slot arrays (and X)
+  bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of W's slot arrays
+                               ///< (and of X, for kGlobalX)
   std::string reason;          ///< why this plan, for snack.explain()
 };
 

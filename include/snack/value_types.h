@@ -3,8 +3,11 @@
 // bfloat16 and float16 hold the bit patterns of torch.bfloat16 and torch.float16 (IEEE binary16),
 // so tensors of those dtypes are passed by pointer as they are. Every kernel reads them, converts
 // to its accumulation type (float for both), and rounds the result back to nearest-even once, at
-// the store. The conversions are written out here so that the CPU and CUDA code round the same way
-// (on the GPU they compile to the hardware conversion instructions).
+// the store (the one exception: the opt-in coo_atomic kernel, whose 16-bit atomicAdd rounds every
+// partial sum). The conversions are written out here so that the CPU and CUDA code round the same
+// way: the bfloat16 ones are the same integer arithmetic on both, float16 uses the hardware
+// conversion instructions on the GPU. Only NaN payloads may differ between the two (the GPU's
+// float16 conversion returns its canonical NaN).
 #pragma once
 
 #include <cstdint>

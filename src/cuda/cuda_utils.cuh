@@ -78,7 +78,9 @@ __device__ __forceinline__ void allow_dependent_launch() {
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization:
 // it may start before the kernel ahead of it in the stream has finished, and must call
-// wait_for_prior_grid() before it reads that kernel's output.
+// wait_for_prior_grid() before it reads that kernel's output. In a build with an architecture
+// below sm_90 (SNACK_NO_PROGRAMMATIC_LAUNCH, set by CMake) that wait may compile to nothing, so
+// the launch is an ordinary one.
 template <typename... Params, typename... Args>
 cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 Args&&... args) {
@@ -91,7 +93,11 @@ cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
+#if defined(SNACK_NO_PROGRAMMATIC_LAUNCH)
+  config.numAttrs = 0;
+#else
   config.numAttrs = 1;
+#endif
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -281,6 +281,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
                            ? 32
                            : lanes_per_row_for(plan.batch_tile, avg, out_dim, (n + plan.batch_tile - 1) / plan.batch_tile,
                                                wanted_warps(limits));
+  // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = nnz * int64_t(value_bytes + sizeof(int32_t)) + n * in_dim * int64_t(value_bytes);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).

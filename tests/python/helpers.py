@@ -21,7 +21,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def tolerance(dtype: torch.dtype) -> float:
     """Relative error allowed against float64 on inputs of `dtype` (the 16-bit types accumulate in
-    float32 and round each output once: their error is their rounding, 2^-9 and 2^-12)."""
+    float32 and round each output once: their error is their unit roundoff, 2^-8 and 2^-11)."""
     return {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
 
 
