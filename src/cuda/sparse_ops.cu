@@ -111,10 +111,8 @@ __device__ __forceinline__ void load4_shared(const T* p, accum_t<T> (&out)[4]) {
     out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
   } else if constexpr (kIsHalfType<T>) {
     const uint2 q = *reinterpret_cast<const uint2*>(p);
-    out[0] = to_accum(T{uint16_t(q.x & 0xffffu)});
-    out[1] = to_accum(T{uint16_t(q.x >> 16)});
-    out[2] = to_accum(T{uint16_t(q.y & 0xffffu)});
-    out[3] = to_accum(T{uint16_t(q.y >> 16)});
+    detail::unpack_pair<T>(q.x, out[0], out[1]);
+    detail::unpack_pair<T>(q.y, out[2], out[3]);
   } else {
     const double2 q0 = *reinterpret_cast<const double2*>(p), q1 = *reinterpret_cast<const double2*>(p + 2);
     out[0] = q0.x; out[1] = q0.y; out[2] = q1.x; out[3] = q1.y;

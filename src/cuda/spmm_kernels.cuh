@@ -47,6 +47,13 @@ struct CscView {
   }
 };
 
+// The two 16-bit values of a 32-bit word (the lower address in the low half), widened.
+template <typename T>
+__device__ __forceinline__ void unpack_pair(uint32_t word, accum_t<T>& first, accum_t<T>& second) {
+  first = to_accum(T{uint16_t(word & 0xffffu)});
+  second = to_accum(T{uint16_t(word >> 16)});
+}
+
 // Reads V consecutive elements (16-byte vectors where V allows; the caller guarantees alignment).
 template <typename T, int V>
 __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&out)[V]) {
@@ -69,15 +76,11 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
 #pragma unroll
     for (int j = 0; j < V; j += 4) {
       const uint2 q = __ldg(reinterpret_cast<const uint2*>(p + j));
-      out[j] = to_accum(T{uint16_t(q.x & 0xffffu)});
-      out[j + 1] = to_accum(T{uint16_t(q.x >> 16)});
-      out[j + 2] = to_accum(T{uint16_t(q.y & 0xffffu)});
-      out[j + 3] = to_accum(T{uint16_t(q.y >> 16)});
+      unpack_pair<T>(q.x, out[j], out[j + 1]);
+      unpack_pair<T>(q.y, out[j + 2], out[j + 3]);
     }
   } else if constexpr (kIsHalfType<T> && V == 2) {
-    const unsigned q = __ldg(reinterpret_cast<const unsigned*>(p));
-    out[0] = to_accum(T{uint16_t(q & 0xffffu)});
-    out[1] = to_accum(T{uint16_t(q >> 16)});
+    unpack_pair<T>(__ldg(reinterpret_cast<const unsigned*>(p)), out[0], out[1]);
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) out[j] = to_accum(load_ro(p + j));
