@@ -129,7 +129,10 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     return statistics.median(gpu), graph_us, wall, peak
 
 
-def backward_rows(ref, n, sparsity, timer, bandwidth):
+SDDMM_VARIANTS = ("vector", "smem_x", "rows")  # forced with --sddmm-variants, as impl "snack_<variant>"
+
+
+def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
     pattern = (ref.row_idx, ref.col_idx, ref.row_ptr, ref.col_ptr, ref.csc_perm)
     values = ref.values.detach()
@@ -154,8 +157,17 @@ def backward_rows(ref, n, sparsity, timer, bandwidth):
         ("dw", "cusparse_sddmm"): (lambda: torch.sparse.sampled_addmm(w_csr, dy.t().contiguous(), x, beta=0.0).values(),
                                    ref_dw),
     }
+    for variant in sddmm_variants:
+        cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, *pattern, variant=v), ref_dw)
     for (op, impl), (fn, ref_out) in cands.items():
-        err = common.rel_error(fn(), ref_out)
+        try:
+            out = fn()
+        except ValueError as e:  # a forced SDDMM kernel that cannot run this shape
+            if not impl.startswith("snack_"):
+                raise
+            print(f"  {op}/{impl} {m}x{k} N={n}: {e}")
+            continue
+        err = common.rel_error(out, ref_out)
         if not err < 1e-5:
             print(f"  {op}/{impl} {m}x{k} N={n}: rel error {err:.2e}, not timed")
             continue
@@ -197,6 +209,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--ns", default=None, help="e.g. 1,16")
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
+    parser.add_argument("--backward-only", action="store_true", help="only the backward kernels (no layer steps)")
+    parser.add_argument("--sddmm-variants", action="store_true",
+                        help="also time every SDDMM kernel forced (impl snack_vector, snack_smem_x, snack_rows)")
     parser.add_argument("--profile", action="store_true",
                         help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
                              "(16384x4096, N=16, 90%%, AdamW), kernel by kernel")
@@ -236,11 +251,12 @@ def main(argv=None) -> int:
     for (m, k), sparsity in common.progress(configs, len(configs), "layer"):
         ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
         for n in ns:
-            for impl, opt_name in itertools.product(IMPLS, OPTIMIZERS):
+            for impl, opt_name in itertools.product(() if args.backward_only else IMPLS, OPTIMIZERS):
                 gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name)
                 layer_rows.append(dict(M=m, K=k, N=n, sparsity=sparsity, dtype="fp32", impl=impl, optimizer=opt_name,
                                        gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
-            back_rows += backward_rows(ref, n, sparsity, timer, bandwidth)
+            back_rows += backward_rows(ref, n, sparsity, timer, bandwidth,
+                                       SDDMM_VARIANTS if args.sddmm_variants else ())
         del ref
         md = write_results(args, info, layer_rows, back_rows)  # after every shape: a cut-off run keeps its rows
     print(md)
@@ -276,10 +292,14 @@ def profile_step(m, k, n, sparsity, steps=10) -> str:
 
 
 def write_results(args, info, layer_rows, back_rows) -> str:
-    slug = common.gpu_slug() + ("_quick" if args.quick else "")
-    common.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
+    # --backward-only runs go to their own files (backward_<gpu>_kernels.*), leaving the full tables alone.
+    slug = common.gpu_slug() + ("_quick" if args.quick else "") + ("_kernels" if args.backward_only else "")
     common.write_csv(args.out / f"backward_{slug}.csv", info, BACKWARD_COLUMNS, back_rows)
     md = summarize(layer_rows, back_rows, info)
+    if args.backward_only:
+        (args.out / f"backward_{slug}.md").write_text(md)
+        return md
+    common.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
     (args.out / f"layer_{slug}.md").write_text(md)
     plot(layer_rows, args.out / f"layer_{slug}.png", info)
     return md
@@ -329,6 +349,16 @@ def summarize(layer_rows, back_rows, info) -> str:
                      f"{c['median_us'] if c else float('nan'):.1f} | {c['median_us'] / s['median_us'] if c else float('nan'):.2f}x |")
     lines += ["", f"- dX geomean speedup over cuSPARSE: {common.geomean(ratios['dx']):.2f}x (target >= 3x)",
               f"- dW geomean speedup over cuSPARSE sampled_addmm: {common.geomean(ratios['dw']):.2f}x (target >= 3x)"]
+    forced = {}
+    for key in sorted({k[:5] for k in b if k[0] == "dw"}):
+        c = b.get(key + ("cusparse_sddmm",))
+        for variant in SDDMM_VARIANTS:
+            r = b.get(key + (f"snack_{variant}",))
+            if c and r:
+                forced.setdefault(variant, []).append(c["median_us"] / r["median_us"])
+    for variant, values in forced.items():
+        lines.append(f"- dW forced `{variant}` kernel, geomean speedup over cuSPARSE on the {len(values)} rows where it "
+                     f"runs: {common.geomean(values):.2f}x")
     return "\n".join(lines) + "\n"
 
 

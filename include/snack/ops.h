@@ -76,14 +76,18 @@ template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues,
              Stream stream);
 
-/// SDDMM with a caller-provided workspace of sddmm_workspace_bytes() bytes (for n >= 4 it holds dY
-/// and X transposed; 0 bytes, workspace may be null, for n < 4).
+/// SDDMM with a caller-provided workspace of sddmm_workspace_bytes() bytes (it holds dY and X
+/// transposed; 0 bytes, workspace may be null, for the kSlot kernel). `variant` forces a kernel
+/// (kAuto: kSlot below a batch of kSddmmVectorMinBatch, else chosen from the shape); a forced
+/// variant that cannot run this product returns InvalidArgument.
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
-             Stream stream);
-/// Batch size from which sddmm transposes its operands (and needs a workspace).
+             Stream stream, SddmmVariant variant = SddmmVariant::kAuto);
+/// Batch size from which the automatic choice transposes the operands (and needs a workspace).
 inline constexpr int64_t kSddmmVectorMinBatch = 4;
-size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes);
+/// Workspace bytes of sddmm() for w.rows = rows, w.cols = cols, batch n and values of value_bytes.
+size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes,
+                             SddmmVariant variant = SddmmVariant::kAuto);
 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);

@@ -26,6 +26,22 @@ const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
 
+/// Which CUDA kernel computes the SDDMM (the weight gradient at the slots); every one can be forced,
+/// for benchmarks and tests.
+enum class SddmmVariant : int {
+  kAuto = 0,  ///< let sddmm() choose
+  kSlot,      ///< one thread per slot, dY and X read in place (chosen below a batch of 4)
+  kVector,    ///< dY and X transposed once; G lanes per slot read 16-byte vectors of both through L1
+  kSmemX,     ///< kVector's products with X^T staged in shared memory, in up to 4 column blocks (batch <= 32)
+  kRows,      ///< a warp per row of W keeps dY's row in registers, gathers X^T through L1, and sums a
+              ///< chunk of slots over the batch lanes with a reduce-scatter (batch <= 32)
+};
+
+/// Names used by the Python API ("auto", "slot", "vector", "smem_x", "rows").
+const char* sddmm_variant_name(SddmmVariant v);
+/// Parses a name; returns false for an unknown name.
+bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
+
 struct SpmmPlan {
   SpmmVariant variant = SpmmVariant::kWarpRow;
   int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128)

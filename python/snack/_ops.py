@@ -55,7 +55,7 @@ def _spmm_t_fake(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, varia
 
 
 @torch.library.register_fake("snack::sddmm")
-def _sddmm_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm):
+def _sddmm_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, variant="auto"):
     return dy.new_empty((row_idx.shape[0],))
 
 

@@ -1,4 +1,4 @@
-// Names of the enums that the Python API passes as strings (activations, SpMM variants).
+// Names of the enums that the Python API passes as strings (activations, SpMM and SDDMM variants).
 #include <string>
 
 #include "snack/ops.h"
@@ -41,6 +41,28 @@ bool parse_spmm_variant(const std::string& name, SpmmVariant* out) {
   for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
                         SpmmVariant::kGlobalX, SpmmVariant::kCooAtomic}) {
     if (name == spmm_variant_name(v)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* sddmm_variant_name(SddmmVariant v) {
+  switch (v) {
+    case SddmmVariant::kAuto: return "auto";
+    case SddmmVariant::kSlot: return "slot";
+    case SddmmVariant::kVector: return "vector";
+    case SddmmVariant::kSmemX: return "smem_x";
+    case SddmmVariant::kRows: return "rows";
+  }
+  return "unknown";
+}
+
+bool parse_sddmm_variant(const std::string& name, SddmmVariant* out) {
+  for (SddmmVariant v : {SddmmVariant::kAuto, SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kSmemX,
+                         SddmmVariant::kRows}) {
+    if (name == sddmm_variant_name(v)) {
       *out = v;
       return true;
     }

@@ -221,6 +221,132 @@ Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return Status::Ok();
 }
 
+// The same products over the rows of W: a warp takes rows_per_warp rows at a time and its
+// lanes_per_row lanes of each split the row's groups of kGroup slots (one vector load of the column
+// indices each). Lane layout: GN lanes along the batch hold 4 values each of the row's dy_t (kept in
+// registers for the whole row), the other lanes along the slots; every slot's x_t vector is gathered
+// through L1, as in the forward's global_xt. A chunk of kU slots per lane is summed over the GN
+// batch lanes by a reduce-scatter: each round of shuffles halves the values a lane holds, so a
+// chunk costs kU - kU / GN shuffles instead of kU log2(GN); the rounds add in the order of
+// sddmm_vector_kernel's butterfly (lane distance 1, 2, 4), so the results are bitwise equal to it.
+// The column indices of the next chunk are requested before this chunk's gathers.
+template <typename T, typename Index, int GN>
+__global__ void __launch_bounds__(kThreads, 4)
+    sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy_t, const T* __restrict__ x_t,
+                      int64_t np, int lanes_per_row, T* __restrict__ dvalues) {
+  using A = accum_t<T>;
+  constexpr int kGroup = detail::kGroup;
+  constexpr int kU = 8;  // slots per lane per chunk
+  constexpr int kG = kU / kGroup;
+  constexpr int GS = 32 / GN;
+  static_assert(GN >= 1 && GN <= kU && 32 % GN == 0, "GN batch lanes, at most one kept value per lane");
+  const int lane = threadIdx.x & 31;
+  const int lane_n = lane % GN, lane_s = lane / GN;
+  const int sub = lane_s / lanes_per_row, lane_e = lane_s % lanes_per_row;
+  const int rows_per_warp = GS / lanes_per_row;
+  const int64_t k = 4 * int64_t(lane_n);
+  const bool has_batch = k < np;  // lanes past np hold zeros (np is a multiple of 4)
+  const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warp_count = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  // Which of the chunk's kU slots this lane's kept values are: the reduce-scatter keeps the upper
+  // half in a round where the lane's batch bit is set.
+  int kept_first = 0;
+#pragma unroll
+  for (int r = 0; (1 << r) < GN; ++r)
+    if ((lane_n >> r) & 1) kept_first += kU >> (r + 1);
+  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
+
+  // Column indices of the chunk's slots; -1 for slots outside this row [lo, hi).
+  auto load_cols = [&](int32_t g0, int g_step, int32_t lo, int32_t hi, int32_t (&col)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kG; ++u) {
+      const int32_t e0 = kGroup * (g0 + u * g_step);
+      int32_t* c = col + u * kGroup;
+      if (vector_ok && e0 >= lo - (kGroup - 1) && e0 < hi && e0 <= w.nnz - kGroup) {
+        detail::load_index4(w.col_idx + e0, c);
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) c[i] = e0 + i >= lo && e0 + i < hi ? c[i] : -1;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) c[i] = e0 + i >= lo && e0 + i < hi ? int32_t(w.col_idx[e0 + i]) : -1;
+      }
+    }
+  };
+
+  for (int64_t o_base = warp_global * rows_per_warp; o_base < w.rows; o_base += warp_count * rows_per_warp) {
+    const int64_t o = o_base + sub;
+    const bool row_ok = o < w.rows;
+    const int32_t lo = row_ok ? w.row_ptr[o] : 0, hi = row_ok ? w.row_ptr[o + 1] : 0;
+    const int32_t g_end = lo < hi ? hi / kGroup + (hi % kGroup != 0) : 0;
+    const int g_step = lanes_per_row;
+    A a[4] = {A(0), A(0), A(0), A(0)};
+    if (row_ok && has_batch && lo < hi) detail::load_vec<T, 4>(dy_t + o * np + k, a);
+    // Rows of one warp differ in length: every lane runs the warp's longest row's chunk count,
+    // since the shuffles need all lanes.
+    int32_t chunks = g_end > lo / kGroup + lane_e ? (g_end - (lo / kGroup + lane_e) + kG * g_step - 1) / (kG * g_step) : 0;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) chunks = max(chunks, __shfl_xor_sync(0xffffffffu, chunks, offset));
+    int32_t g0 = lo / kGroup + lane_e;
+    int32_t col[kU];
+    load_cols(g0, g_step, lo, hi, col);
+    for (int32_t c = 0; c < chunks; ++c, g0 += kG * g_step) {
+      int32_t next_col[kU];
+      load_cols(g0 + kG * g_step, g_step, lo, hi, next_col);
+      A part[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        A b[4] = {A(0), A(0), A(0), A(0)};
+        if (has_batch && col[u] >= 0) detail::load_vec<T, 4>(x_t + int64_t(col[u]) * np + k, b);
+        A acc = A(0);
+        acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
+        part[u] = acc;
+      }
+      // Reduce-scatter over the GN batch lanes (lane distance 1, 2, 4: the butterfly's order).
+#pragma unroll
+      for (int r = 0; (1 << r) < GN; ++r) {
+        const int half = kU >> (r + 1);
+        const bool upper = (lane_n >> r) & 1;
+#pragma unroll
+        for (int i = 0; i < half; ++i) {
+          const A keep = upper ? part[half + i] : part[i];
+          const A send = upper ? part[i] : part[half + i];
+          part[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << r);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kU / GN; ++i) {
+        const int u = kept_first + i;
+        const int32_t e = kGroup * (g0 + (u / kGroup) * g_step) + u % kGroup;
+        if (e >= lo && e < hi) dvalues[e] = from_accum<T>(part[i]);
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) col[u] = next_col[u];
+    }
+  }
+}
+
+template <typename T, typename Index, int GN>
+Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, T* dvalues,
+                         Stream stream) {
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  // Lanes per row as the forward plans them: about a group of slots per lane at most, then fewer
+  // (more rows per warp) while the launch keeps 16 warps per SM.
+  constexpr int kFree = 32 / GN;
+  const double avg = w.rows > 0 ? double(w.nnz) / double(w.rows) : 0.0;
+  int lanes = 1;
+  while (lanes < kFree && lanes * detail::kGroup <= avg) lanes <<= 1;
+  const int64_t wanted = int64_t(limits.sms) * 16;
+  while (lanes > 1 && ceil_div(w.rows, kFree / (lanes / 2)) >= wanted) lanes >>= 1;
+  const int64_t warps = ceil_div(w.rows, kFree / lanes);
+  const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
+  const bool vector_ok = detail::aligned_for_group(w.col_idx, sizeof(Index));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN>, dim3(blocks),
+                                                         dim3(kThreads), 0, stream, w, vector_ok, dy_t, x_t, np,
+                                                         lanes, dvalues));
+  return check_launch("sddmm_rows_kernel");
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m,
                                                              T* __restrict__ dbias) {
@@ -234,26 +360,46 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
 
 }  // namespace
 
-size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes) {
-  if (n < kSddmmVectorMinBatch) return 0;
+size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
+  if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
+    return 0;
   return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
 }
 
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
-             Stream stream) {
+             Stream stream, SddmmVariant variant) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, required_if(w.nnz > 0, dvalues),
       {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
   if (w.nnz == 0) return Status::Ok();
-  if (n < kSddmmVectorMinBatch) {
+  const int64_t np = sddmm_padded_batch(n);
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  const size_t budget = limits.smem_per_block > 1024 ? limits.smem_per_block - 1024 : 0;
+  const int smem_blocks = np <= 32 ? sddmm_smem_blocks(w.cols, np, sizeof(T), budget) : 0;
+  if (variant == SddmmVariant::kAuto) {
+    if (n < kSddmmVectorMinBatch) {
+      variant = SddmmVariant::kSlot;
+    } else {
+      // Up to 32 batch rows, x_t in shared memory (in up to 4 column blocks) when it fits and there
+      // are enough slots to pay for every SM staging it: at least 5 per staged x_t row and SM. Measured
+      // on the H200 (bench/results/backward_nvidia_h200.csv, N = 16): 1.6x faster at 16384x4096 and
+      // 90% (6.7 M slots, 12 per staged row), slower at 4096x4096 and 5000x5000 (3-4 per staged row).
+      const bool enough_slots = w.nnz >= int64_t(5) * limits.sms * w.cols;
+      variant = (smem_blocks > 0 && enough_slots) ? SddmmVariant::kSmemX : SddmmVariant::kVector;
+    }
+  }
+  if (variant == SddmmVariant::kSlot || n == 0) {
     sddmm_thread_slot_kernel<T, Index><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, dvalues);
     return check_launch("sddmm_thread_slot_kernel");
   }
+  if (variant == SddmmVariant::kSmemX && smem_blocks == 0)
+    return InvalidArgument("sddmm: smem_x needs a batch of at most 32 and x^T in at most 4 shared-memory blocks");
+  if (variant == SddmmVariant::kRows && np > 32) return InvalidArgument("sddmm: rows runs batches of at most 32");
   if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
-  // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one vector kernel.
-  const int64_t np = sddmm_padded_batch(n);
+  // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one product kernel.
   T* dy_t = static_cast<T*>(workspace);
   T* x_t = dy_t + w.rows * np;
   const dim3 block(32, 8);
@@ -263,23 +409,24 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
   detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.cols, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
                                      stream>>>(x, n, w.cols, int(np), x_t);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
+  // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
   const int64_t lanes = std::min<int64_t>(32, np / 4);
-  // Up to 32 batch rows, x_t in shared memory (in up to 4 column blocks) when it fits and there
-  // are enough slots to pay for every SM staging it: at least 5 per staged x_t row and SM. Measured
-  // on the H200 (bench/results/backward_nvidia_h200.csv, N = 16): 1.6x faster at 16384x4096 and
-  // 90% (6.7 M slots, 12 per staged row), slower at 4096x4096 and 5000x5000 (3-4 per staged row).
-  DeviceLimits limits;
-  SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  const size_t budget = limits.smem_per_block > 1024 ? limits.smem_per_block - 1024 : 0;
-  const bool enough_slots = w.nnz >= int64_t(5) * limits.sms * w.cols;
-  const int blocks = (np <= 32 && enough_slots) ? sddmm_smem_blocks(w.cols, np, sizeof(T), budget) : 0;
-  if (blocks > 0) {
+  if (variant == SddmmVariant::kRows) {
     switch (lanes) {
-      case 1: return launch_sddmm_smem<T, Index, 1>(w, dy_t, x_t, np, blocks, dvalues, stream);
-      case 2: return launch_sddmm_smem<T, Index, 2>(w, dy_t, x_t, np, blocks, dvalues, stream);
+      case 1: return launch_sddmm_rows<T, Index, 1>(w, dy_t, x_t, np, dvalues, stream);
+      case 2: return launch_sddmm_rows<T, Index, 2>(w, dy_t, x_t, np, dvalues, stream);
       case 3:
-      case 4: return launch_sddmm_smem<T, Index, 4>(w, dy_t, x_t, np, blocks, dvalues, stream);
-      default: return launch_sddmm_smem<T, Index, 8>(w, dy_t, x_t, np, blocks, dvalues, stream);
+      case 4: return launch_sddmm_rows<T, Index, 4>(w, dy_t, x_t, np, dvalues, stream);
+      default: return launch_sddmm_rows<T, Index, 8>(w, dy_t, x_t, np, dvalues, stream);
+    }
+  }
+  if (variant == SddmmVariant::kSmemX) {
+    switch (lanes) {
+      case 1: return launch_sddmm_smem<T, Index, 1>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
+      case 2: return launch_sddmm_smem<T, Index, 2>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
+      case 3:
+      case 4: return launch_sddmm_smem<T, Index, 4>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
+      default: return launch_sddmm_smem<T, Index, 8>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
     }
   }
   switch (lanes) {
@@ -317,7 +464,8 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
 
 #define SNACK_INSTANTIATE_CUDA_OPS(T, Index)                                                                     \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
-  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, void*, Stream);
+  template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, void*, Stream,        \
+                                  SddmmVariant);
 
 SNACK_INSTANTIATE_CUDA_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(float, int32_t)

@@ -24,22 +24,21 @@ at::Tensor call_spmm(const at::Tensor& x, const at::Tensor& values, const std::o
   return op.call(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation, "auto");
 }
 
+// spmm_t and sddmm: two tensors, the five pattern tensors, the kernel variant.
 using PatternOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, const at::Tensor&, const at::Tensor&);
+                             const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view);
 
 at::Tensor call_spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tensor& row_idx,
                        const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                        const at::Tensor& csc_perm) {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm_t", "").typed<at::Tensor(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm_t", "").typed<PatternOp>();
   return op.call(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "auto");
 }
 
 at::Tensor call_sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                       const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sddmm", "").typed<PatternOp>();
-  return op.call(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm);
+  return op.call(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "auto");
 }
 
 at::Tensor call_bias_grad(const at::Tensor& dy) {

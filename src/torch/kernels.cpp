@@ -73,7 +73,7 @@ template <typename Index, typename... Args>
 Status build_views(Args&&...) { return unsupported(); }
 template <typename T, typename... Args>
 Status dense_topk_positions(Args&&...) { return unsupported(); }
-inline size_t sddmm_workspace_bytes(int64_t, int64_t, int64_t, size_t) { return 0; }
+inline size_t sddmm_workspace_bytes(int64_t, int64_t, int64_t, size_t, SddmmVariant) { return 0; }
 inline SpmmPlan plan_spmm(int64_t, int64_t, int64_t, int64_t, size_t, SpmmVariant) { return SpmmPlan(); }
 inline std::string describe(const SpmmPlan&) { return "built without CUDA"; }
 }  // namespace gpu
@@ -241,8 +241,12 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
 }
 
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
-                 const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm) {
+                 const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                 c10::string_view variant_name) {
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
+  SddmmVariant variant = SddmmVariant::kAuto;
+  TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(variant_name), &variant), "snack.sddmm: unknown variant '",
+                    variant_name, "' (expected auto, slot, vector, smem_x or rows)");
   check_value_dtype(dy, "sddmm");
   check_pattern(p, at::Tensor(), "sddmm");
   check_dense(dy, dy, p.rows(), "dy", "sddmm");
@@ -271,9 +275,10 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
                            });
                          },
                          [&](Stream s) {
-                           const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T));
+                           const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T), variant);
                            at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
-                           return gpu::sddmm(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0), data_as<T>(dv), ws.defined() ? ws.data_ptr() : nullptr, s);
+                           return gpu::sddmm(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0), data_as<T>(dv),
+                                             ws.defined() ? ws.data_ptr() : nullptr, s, variant);
                          },
                          "sddmm");
                    }),

@@ -85,6 +85,16 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
     ASSERT_TRUE((cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv.ptr, nullptr).ok()));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_LT(rel_error(dv.host(), ref_sddmm(p, dy64, x64, sh.n)), tol);
+
+    // Every SDDMM kernel, forced, with its own workspace (the batches here fit all of them).
+    for (SddmmVariant v : {SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kRows}) {
+      SCOPED_TRACE(sddmm_variant_name(v));
+      DeviceArray<unsigned char> ws(cuda::sddmm_workspace_bytes(sh.m, sh.k, sh.n, sizeof(T), v));
+      DeviceArray<T> dv_forced(p.row_idx.size());
+      ASSERT_TRUE((cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv_forced.ptr, ws.ptr, nullptr, v).ok()));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LT(rel_error(dv_forced.host(), ref_sddmm(p, dy64, x64, sh.n)), tol);
+    }
   }
 }
 

@@ -174,6 +174,101 @@ def test_sddmm_shared_memory_column_blocks(n, m, k, density, dtype):
     check_sddmm(Pattern(m, k, rows.numel(), device="cuda", dtype=dtype, positions=(rows, cols)), n, dtype)
 
 
+SDDMM_VARIANTS = ("slot", "vector", "smem_x", "rows")
+
+
+def sddmm_cases():
+    for shape in SHAPES:
+        for variant in SDDMM_VARIANTS:
+            for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+                yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
+
+
+def sddmm_runs(variant, n, k, dtype):
+    """smem_x needs a batch of at most 32 (padded to 4) and X^T in at most 4 shared-memory blocks; rows a batch of at most 32."""
+    np_ = (n + 3) // 4 * 4
+    if variant == "rows":
+        return np_ <= 32
+    if variant == "smem_x":
+        limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
+        return np_ <= 32 and -(-k // 4) * (np_ + 4) * dtype.itemsize <= limit
+    return True
+
+
+@pytest.mark.parametrize("shape,variant,dtype", list(sddmm_cases()))
+def test_sddmm_variant(shape, variant, dtype):
+    # Every SDDMM kernel, forced, on the odd-size suite (int32 indices on the larger shapes), against
+    # float64 on a poisoned cache, bitwise reproducible.
+    m, k, n, nnz, empty = shape
+    p = Pattern(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
+    dy, x = p.randn(n, m, seed=3), p.randn(n, k, seed=4)
+    if not sddmm_runs(variant, n, k, dtype):
+        with pytest.raises(ValueError, match="sddmm"):
+            ops.sddmm(dy, x, *p.tensors, variant=variant)
+        return
+    poison_cache(torch.device("cuda"))
+    dv = ops.sddmm(dy, x, *p.tensors, variant=variant)
+    ref = (dy.double().cpu().t() @ x.double().cpu())[p.row_idx.long().cpu(), p.col_idx.long().cpu()]
+    assert rel_error(dv, ref) < tolerance(dtype)
+    for _ in range(2):
+        assert torch.equal(ops.sddmm(dy, x, *p.tensors, variant=variant), dv), "not bitwise reproducible"
+
+
+@pytest.mark.parametrize("n", [4, 7, 12, 16, 32])
+def test_sddmm_rows_equals_vector_bitwise(n):
+    # The rows kernel's reduce-scatter adds in the vector kernel's butterfly order: equal bits.
+    p = Pattern(300, 700, 20000, device="cuda", empty_rows=9)
+    dy, x = p.randn(n, 300, seed=5), p.randn(n, 700, seed=6)
+    assert torch.equal(ops.sddmm(dy, x, *p.tensors, variant="rows"), ops.sddmm(dy, x, *p.tensors, variant="vector"))
+
+
+def unaligned(t):
+    """A copy of t whose data starts one element past an aligned address (a contiguous view)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("index_dtype", [None, torch.int32])
+@pytest.mark.parametrize("nnz", [2001, 2000])
+def test_unaligned_slot_arrays_take_the_scalar_loads(nnz, index_dtype):
+    # Slot arrays that do not start on a vector boundary (views with an odd offset) are read one slot
+    # at a time, with the same sums: bitwise equal to the aligned arrays, for every kernel that
+    # reads them in groups (the forward and transposed row kernels, the rows SDDMM).
+    p = Pattern(120, 333, nnz, device="cuda", index_dtype=index_dtype, empty_rows=3)
+    row_idx, col_idx, row_ptr, col_ptr, csc_perm = p.tensors
+    moved = (row_idx, unaligned(col_idx), row_ptr, col_ptr, unaligned(csc_perm))
+    values = unaligned(p.values)
+    for n in (1, 3, 16):
+        x, dy = p.randn(n, 333, seed=n), p.randn(n, 120, seed=n + 1)
+        for variant in snack.DETERMINISTIC_VARIANTS:
+            if fits(variant, n, 333, torch.float32):
+                assert torch.equal(ops.spmm(x, values, *moved, None, variant=variant),
+                                   ops.spmm(x, p.values, *p.tensors, None, variant=variant)), (n, variant)
+            if fits(variant, n, 120, torch.float32):
+                assert torch.equal(ops.spmm_t(dy, values, *moved, variant),
+                                   ops.spmm_t(dy, p.values, *p.tensors, variant)), (n, variant)
+        assert torch.equal(ops.sddmm(dy, x, *moved, variant="rows"), ops.sddmm(dy, x, *p.tensors, variant="rows"))
+
+
+def test_stored_entries_alone_see_an_infinite_input():
+    # An infinite input reaches only the outputs whose rows hold its column: no kernel multiplies a
+    # slot outside a row's range by it (0 * inf would be NaN).
+    p = Pattern(64, 50, 600, device="cuda", empty_rows=4)
+    dense = p.dense64
+    for n in (1, 3, 16, 40):
+        x = p.randn(n, 50, seed=n)
+        x[:, 0] = float("inf")
+        for variant in snack.DETERMINISTIC_VARIANTS:
+            if not fits(variant, n, 50, torch.float32):
+                continue
+            y = ops.spmm(x, p.values, *p.tensors, None, variant=variant).cpu()
+            touched = (dense[:, 0] != 0)[None, :].expand_as(y)
+            assert torch.isfinite(y[~touched]).all(), variant
+            assert not torch.isfinite(y[touched]).any(), variant
+
+
 # (M, K, nnz): a shape whose SDDMM takes the vector kernel, and one with enough slots per column for
 # the shared-memory SDDMM at N = 16 (its first column-block launch is the overlapping one).
 GRAPH_SHAPES = [(700, 900, 40000), (1000, 64, 45000)]
@@ -197,6 +292,7 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n, shape, dtype):
         outputs["y"] = ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt")
         outputs["dx"] = ops.spmm_t(dy, p.values, *p.tensors, "global_xt")
         outputs["dw"] = ops.sddmm(dy, x, *p.tensors)
+        outputs["dw_rows"] = ops.sddmm(dy, x, *p.tensors, variant="rows") if n <= 32 else outputs["dw"]
 
     graph = capture_graph(products, warmup=1)
     x.copy_(p.randn(n, k, seed=3))
@@ -205,10 +301,12 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n, shape, dtype):
     torch.cuda.synchronize()
     eager = {"y": ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt"),
              "dx": ops.spmm_t(dy, p.values, *p.tensors, "global_xt"), "dw": ops.sddmm(dy, x, *p.tensors)}
+    eager["dw_rows"] = ops.sddmm(dy, x, *p.tensors, variant="rows") if n <= 32 else eager["dw"]
     for name, value in eager.items():
         assert torch.equal(outputs[name], value), name
     w, x64, dy64 = p.dense64, x.double().cpu(), dy.double().cpu()
     assert rel_error(outputs["y"], x64 @ w.t()) < tolerance(dtype)
     assert rel_error(outputs["dx"], dy64 @ w) < tolerance(dtype)
     full = dy64.t() @ x64
-    assert rel_error(outputs["dw"], full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]) < tolerance(dtype)
+    for name in ("dw", "dw_rows"):
+        assert rel_error(outputs[name], full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]) < tolerance(dtype)

@@ -68,6 +68,18 @@ def test_sddmm(device, shape, dtype, itype):
     assert rel_error(dv, ref) < tolerance(dtype)
 
 
+def test_sddmm_variant_names(device):
+    # Every kernel name is accepted on every device (the CPU has one kernel and ignores it); an
+    # unknown one is a ValueError that lists the names.
+    p = Pattern(9, 11, 40, device=device)
+    dy, x = p.randn(5, 9), p.randn(5, 11)
+    ref = ops.sddmm(dy, x, *p.tensors)
+    for variant in ("slot", "vector", "smem_x", "rows"):
+        assert rel_error(ops.sddmm(dy, x, *p.tensors, variant=variant), ref) < 1e-5
+    with pytest.raises(ValueError, match="unknown variant 'tiles'.*rows"):
+        ops.sddmm(dy, x, *p.tensors, variant="tiles")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,m", [(1, 1), (3, 7), (257, 33), (0, 5)])
 def test_bias_grad(device, dtype, n, m):
