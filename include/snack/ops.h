@@ -85,6 +85,8 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
              Stream stream, SddmmVariant variant = SddmmVariant::kAuto);
 /// Batch size from which the automatic choice transposes the operands (and needs a workspace).
 inline constexpr int64_t kSddmmVectorMinBatch = 4;
+/// Largest batch (padded to a multiple of 4) of the kRows SDDMM kernel.
+inline constexpr int64_t kSddmmRowsMaxBatch = 128;
 /// Workspace bytes of sddmm() for w.rows = rows, w.cols = cols, batch n and values of value_bytes.
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes,
                              SddmmVariant variant = SddmmVariant::kAuto);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "../common/op_checks.h"
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Inde
         A a[4], b[4];
         detail::load_vec<T, 4>(dy_t + r[u] * np + k, a);
         detail::load_vec<T, 4>(x_t + c[u] * np + k, b);
-        acc[u] += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
+        acc[u] += detail::dot4(a, b);
       }
     }
 #pragma unroll
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
       if (ok && k < np) {
         A b[4];
         load4_shared<T>(xs + (int64_t(w.col_idx[slot]) - c0) * stride + k, b);
-        acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
+        acc += detail::dot4(a, b);
       }
 #pragma unroll
       for (int offset = 1; offset < G; offset <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
@@ -221,42 +222,47 @@ Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return Status::Ok();
 }
 
-// The same products over the rows of W: a warp takes rows_per_warp rows at a time and its
-// lanes_per_row lanes of each split the row's groups of kGroup slots (one vector load of the column
-// indices each). Lane layout: GN lanes along the batch hold 4 values each of the row's dy_t (kept in
-// registers for the whole row), the other lanes along the slots; every slot's x_t vector is gathered
-// through L1, as in the forward's global_xt. A chunk of kU slots per lane is summed over the GN
-// batch lanes by a reduce-scatter: each round of shuffles halves the values a lane holds, so a
-// chunk costs kU - kU / GN shuffles instead of kU log2(GN); the rounds add in the order of
-// sddmm_vector_kernel's butterfly (lane distance 1, 2, 4), so the results are bitwise equal to it.
-// The column indices of the next chunk are requested before this chunk's gathers.
-template <typename T, typename Index, int GN>
+// The same products over the rows of W, for np <= 4 GN NC: a warp takes rows_per_warp rows at a
+// time and lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
+// column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
+// dy_t (kept in registers for the whole row: chunk c covers batch values 4 (GN c + lane_n) .. + 3);
+// every slot's x_t vectors are gathered through L1, as in the forward's global_xt. A lane's kU slots
+// are then summed over the GN batch lanes by a reduce-scatter: each round of shuffles halves the
+// values a lane holds (kU - kU / GN shuffles instead of kU log2 GN); rounds past one value per lane
+// are butterfly rounds. The rounds add at lane distance 1, 2, 4, the order of sddmm_vector_kernel's
+// butterfly, so for NC = 1 (np <= 32) the results are bitwise equal to it.
+// The column indices of the next kU slots are requested before this chunk's gathers.
+template <typename T, typename Index, int GN, int NC>
 __global__ void __launch_bounds__(kThreads, 4)
     sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy_t, const T* __restrict__ x_t,
                       int64_t np, int lanes_per_row, T* __restrict__ dvalues) {
   using A = accum_t<T>;
-  constexpr int kGroup = detail::kGroup;
-  constexpr int kU = 8;  // slots per lane per chunk
+  constexpr int kGroup = 4;
+  constexpr int kU = NC >= 4 ? 4 : 8;  // slots per lane per chunk (fewer where dy_t takes more registers)
   constexpr int kG = kU / kGroup;
   constexpr int GS = 32 / GN;
-  static_assert(GN >= 1 && GN <= kU && 32 % GN == 0, "GN batch lanes, at most one kept value per lane");
+  constexpr int kKept = kU >= GN ? kU / GN : 1;  // sums a lane holds after the reduction
+  static_assert(GN >= 1 && GN <= 8 && NC >= 1, "up to 8 batch lanes");
   const int lane = threadIdx.x & 31;
   const int lane_n = lane % GN, lane_s = lane / GN;
   const int sub = lane_s / lanes_per_row, lane_e = lane_s % lanes_per_row;
   const int rows_per_warp = GS / lanes_per_row;
-  const int64_t k = 4 * int64_t(lane_n);
-  const bool has_batch = k < np;  // lanes past np hold zeros (np is a multiple of 4)
   const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warp_count = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  // Which of the chunk's kU slots this lane's kept values are: the reduce-scatter keeps the upper
-  // half in a round where the lane's batch bit is set.
+  // Which of the kU slots this lane's kept sums belong to (a scatter round keeps the upper half
+  // where the lane's batch bit is set), and whether it stores them (after butterfly rounds the
+  // partner lanes hold the same sums: the one with those bits clear stores).
   int kept_first = 0;
+  bool stores = true;
 #pragma unroll
-  for (int r = 0; (1 << r) < GN; ++r)
-    if ((lane_n >> r) & 1) kept_first += kU >> (r + 1);
+  for (int r = 0; (1 << r) < GN; ++r) {
+    const bool upper = (lane_n >> r) & 1;
+    if ((kU >> (r + 1)) >= 1) kept_first += upper ? (kU >> (r + 1)) : 0;
+    else stores = stores && !upper;
+  }
   detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
 
-  // Column indices of the chunk's slots; -1 for slots outside this row [lo, hi).
+  // Column indices of the kU slots of groups g0, g0 + g_step, ...; -1 for slots outside [lo, hi).
   auto load_cols = [&](int32_t g0, int g_step, int32_t lo, int32_t hi, int32_t (&col)[kU]) {
 #pragma unroll
     for (int u = 0; u < kG; ++u) {
@@ -279,45 +285,61 @@ __global__ void __launch_bounds__(kThreads, 4)
     const int32_t lo = row_ok ? w.row_ptr[o] : 0, hi = row_ok ? w.row_ptr[o + 1] : 0;
     const int32_t g_end = lo < hi ? hi / kGroup + (hi % kGroup != 0) : 0;
     const int g_step = lanes_per_row;
-    A a[4] = {A(0), A(0), A(0), A(0)};
-    if (row_ok && has_batch && lo < hi) detail::load_vec<T, 4>(dy_t + o * np + k, a);
-    // Rows of one warp differ in length: every lane runs the warp's longest row's chunk count,
-    // since the shuffles need all lanes.
-    int32_t chunks = g_end > lo / kGroup + lane_e ? (g_end - (lo / kGroup + lane_e) + kG * g_step - 1) / (kG * g_step) : 0;
+    A a[NC][4];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int64_t k = 4 * (int64_t(GN) * c + lane_n);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[c][j] = A(0);
+      if (row_ok && lo < hi && k < np) detail::load_vec<T, 4>(dy_t + o * np + k, a[c]);
+    }
+    // Every lane runs the warp's longest chunk count: the shuffles need all lanes.
+    int32_t g0 = lo / kGroup + lane_e;
+    int32_t chunks = g_end > g0 ? (g_end - g0 + kG * g_step - 1) / (kG * g_step) : 0;
 #pragma unroll
     for (int offset = 1; offset < 32; offset <<= 1) chunks = max(chunks, __shfl_xor_sync(0xffffffffu, chunks, offset));
-    int32_t g0 = lo / kGroup + lane_e;
     int32_t col[kU];
     load_cols(g0, g_step, lo, hi, col);
-    for (int32_t c = 0; c < chunks; ++c, g0 += kG * g_step) {
+    for (int32_t step = 0; step < chunks; ++step, g0 += kG * g_step) {
       int32_t next_col[kU];
       load_cols(g0 + kG * g_step, g_step, lo, hi, next_col);
       A part[kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        A b[4] = {A(0), A(0), A(0), A(0)};
-        if (has_batch && col[u] >= 0) detail::load_vec<T, 4>(x_t + int64_t(col[u]) * np + k, b);
-        A acc = A(0);
-        acc += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
-        part[u] = acc;
-      }
-      // Reduce-scatter over the GN batch lanes (lane distance 1, 2, 4: the butterfly's order).
+        part[u] = A(0);
 #pragma unroll
-      for (int r = 0; (1 << r) < GN; ++r) {
-        const int half = kU >> (r + 1);
-        const bool upper = (lane_n >> r) & 1;
-#pragma unroll
-        for (int i = 0; i < half; ++i) {
-          const A keep = upper ? part[half + i] : part[i];
-          const A send = upper ? part[i] : part[half + i];
-          part[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << r);
+        for (int c = 0; c < NC; ++c) {
+          const int64_t k = 4 * (int64_t(GN) * c + lane_n);
+          if (col[u] >= 0 && k < np) {
+            A b[4];
+            detail::load_vec<T, 4>(x_t + int64_t(col[u]) * np + k, b);
+            part[u] += detail::dot4(a[c], b);
+          }
         }
       }
 #pragma unroll
-      for (int i = 0; i < kU / GN; ++i) {
-        const int u = kept_first + i;
-        const int32_t e = kGroup * (g0 + (u / kGroup) * g_step) + u % kGroup;
-        if (e >= lo && e < hi) dvalues[e] = from_accum<T>(part[i]);
+      for (int r = 0; (1 << r) < GN; ++r) {
+        constexpr int kMax = kU;  // (the array bound; half below is a compile-time value after unrolling)
+        const int half = kMax >> (r + 1);
+        if (half >= 1) {  // reduce-scatter round
+          const bool upper = (lane_n >> r) & 1;
+#pragma unroll
+          for (int i = 0; i < half; ++i) {
+            const A keep = upper ? part[half + i] : part[i];
+            const A send = upper ? part[i] : part[half + i];
+            part[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << r);
+          }
+        } else {  // butterfly round
+          part[0] += __shfl_xor_sync(0xffffffffu, part[0], 1 << r);
+        }
+      }
+      if (stores) {
+#pragma unroll
+        for (int i = 0; i < kKept; ++i) {
+          const int u = kept_first + i;
+          const int32_t e = kGroup * (g0 + (u / kGroup) * g_step) + u % kGroup;
+          if (e >= lo && e < hi) dvalues[e] = from_accum<T>(part[i]);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) col[u] = next_col[u];
@@ -325,23 +347,23 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
-template <typename T, typename Index, int GN>
+template <typename T, typename Index, int GN, int NC>
 Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, T* dvalues,
                          Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  // Lanes per row as the forward plans them: about a group of slots per lane at most, then fewer
+  // Lanes per row as the forward plans them: about a group of 4 slots per lane at most, then fewer
   // (more rows per warp) while the launch keeps 16 warps per SM.
   constexpr int kFree = 32 / GN;
   const double avg = w.rows > 0 ? double(w.nnz) / double(w.rows) : 0.0;
   int lanes = 1;
-  while (lanes < kFree && lanes * detail::kGroup <= avg) lanes <<= 1;
+  while (lanes < kFree && lanes * 4 <= avg) lanes <<= 1;
   const int64_t wanted = int64_t(limits.sms) * 16;
   while (lanes > 1 && ceil_div(w.rows, kFree / (lanes / 2)) >= wanted) lanes >>= 1;
   const int64_t warps = ceil_div(w.rows, kFree / lanes);
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
-  const bool vector_ok = detail::aligned_for_group(w.col_idx, sizeof(Index));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN>, dim3(blocks),
+  const bool vector_ok = detail::aligned_for_4(w.col_idx, sizeof(Index));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC>, dim3(blocks),
                                                          dim3(kThreads), 0, stream, w, vector_ok, dy_t, x_t, np,
                                                          lanes, dvalues));
   return check_launch("sddmm_rows_kernel");
@@ -383,12 +405,11 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
     if (n < kSddmmVectorMinBatch) {
       variant = SddmmVariant::kSlot;
     } else {
-      // Up to 32 batch rows, x_t in shared memory (in up to 4 column blocks) when it fits and there
-      // are enough slots to pay for every SM staging it: at least 5 per staged x_t row and SM. Measured
-      // on the H200 (bench/results/backward_nvidia_h200.csv, N = 16): 1.6x faster at 16384x4096 and
-      // 90% (6.7 M slots, 12 per staged row), slower at 4096x4096 and 5000x5000 (3-4 per staged row).
-      const bool enough_slots = w.nnz >= int64_t(5) * limits.sms * w.cols;
-      variant = (smem_blocks > 0 && enough_slots) ? SddmmVariant::kSmemX : SddmmVariant::kVector;
+      // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
+      // is faster than the vector and shared-memory kernels at every shape of the benchmark grid it
+      // runs (N = 16: 1.4x the shared-memory kernel at 16384x4096 and 90%, 1.7x the vector kernel
+      // at 4096x4096); below a batch of 4 the slot kernel, which needs no transposes, is faster.
+      variant = np <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
     }
   }
   if (variant == SddmmVariant::kSlot || n == 0) {
@@ -397,7 +418,8 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
   }
   if (variant == SddmmVariant::kSmemX && smem_blocks == 0)
     return InvalidArgument("sddmm: smem_x needs a batch of at most 32 and x^T in at most 4 shared-memory blocks");
-  if (variant == SddmmVariant::kRows && np > 32) return InvalidArgument("sddmm: rows runs batches of at most 32");
+  if (variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
+    return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
   if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
   // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one product kernel.
   T* dy_t = static_cast<T*>(workspace);
@@ -412,12 +434,14 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
   // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
   const int64_t lanes = std::min<int64_t>(32, np / 4);
   if (variant == SddmmVariant::kRows) {
+    if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy_t, x_t, np, dvalues, stream);
+    if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy_t, x_t, np, dvalues, stream);
     switch (lanes) {
-      case 1: return launch_sddmm_rows<T, Index, 1>(w, dy_t, x_t, np, dvalues, stream);
-      case 2: return launch_sddmm_rows<T, Index, 2>(w, dy_t, x_t, np, dvalues, stream);
+      case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy_t, x_t, np, dvalues, stream);
+      case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy_t, x_t, np, dvalues, stream);
       case 3:
-      case 4: return launch_sddmm_rows<T, Index, 4>(w, dy_t, x_t, np, dvalues, stream);
-      default: return launch_sddmm_rows<T, Index, 8>(w, dy_t, x_t, np, dvalues, stream);
+      case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy_t, x_t, np, dvalues, stream);
+      default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy_t, x_t, np, dvalues, stream);
     }
   }
   if (variant == SddmmVariant::kSmemX) {

@@ -31,13 +31,12 @@ int next_pow2(int64_t v) {
 // the tile's 4-wide vectors.
 int lanes_free_for(int batch_tile) { return 32 / (batch_tile / std::min(batch_tile, 4)); }
 
-// The most lanes worth splitting one output row: enough that each has about one group of
-// kGroup slots (the unit of the slot loads), at most the free lanes; the rest of the free lanes
-// take further rows (rows per warp = free / this).
+// The most lanes worth splitting one output row: enough that each has about two entries, at most
+// the free lanes; the rest of the free lanes take further rows (rows per warp = free / this).
 int max_lanes_per_row(int batch_tile, double avg_row_length) {
   const int free_lanes = lanes_free_for(batch_tile);
   int lanes = 1;
-  while (lanes < free_lanes && lanes * detail::kGroup <= avg_row_length) lanes <<= 1;
+  while (lanes < free_lanes && lanes * 2 <= avg_row_length) lanes <<= 1;
   return lanes;
 }
 
@@ -337,7 +336,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     }
     return Status::Ok();
   }
-  CsrView<T, Index> view(w.row_ptr, w.col_idx, values, w.nnz);
+  CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }
 
@@ -348,7 +347,7 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, values, {{"dy", required_if(n * w.rows > 0, dy)}, {"dx", required_if(n * w.cols > 0, dx)}}));
   SNACK_RETURN_IF_ERROR(check_plan(plan, w.rows, sizeof(T), false));
-  CscView<T, Index> view(w.col_ptr, w.csc_perm, w.row_idx, values, w.nnz);
+  CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace,
                      stream, Activation::kNone);
 }

@@ -15,11 +15,7 @@
 
 namespace snack::cuda::detail {
 
-// Slots are read in groups of 4 consecutive ones (group g: slots 4g .. 4g+3), one vector load per
-// array where the arrays are aligned for it (views built by the host say so in `vector_ok`).
-constexpr int kGroup = 4;
-
-// Four consecutive indices, widened (8- or 16-byte load; the caller guarantees alignment).
+// Four consecutive indices, widened (one 8- or 16-byte load; the caller guarantees alignment).
 template <typename Index>
 __device__ __forceinline__ void load_index4(const Index* __restrict__ p, int32_t* out) {
   if constexpr (sizeof(Index) == 2) {
@@ -33,10 +29,9 @@ __device__ __forceinline__ void load_index4(const Index* __restrict__ p, int32_t
   }
 }
 
-// Whether p is aligned for a vector of 4 elements of `elem` bytes (at most 16-byte loads).
-inline bool aligned_for_group(const void* p, size_t elem) {
-  const size_t want = 4 * elem < 16 ? 4 * elem : 16;
-  return reinterpret_cast<uintptr_t>(p) % want == 0;
+// Whether p is aligned for one load of 4 elements of `elem` bytes.
+inline bool aligned_for_4(const void* p, size_t elem) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * elem < 16 ? 4 * elem : 16) == 0;
 }
 
 // Rows of W (forward): entries s in [row_ptr[o], row_ptr[o+1]), input column col_idx[s], value values[s].
@@ -45,16 +40,8 @@ struct CsrView {
   const int32_t* __restrict__ ptr;
   const Index* __restrict__ idx;
   const T* __restrict__ values;
-  int32_t nnz;     // slots in the arrays: a vector load never reads past them
-  bool vector_ok;  // idx and values aligned for group loads
-  CsrView(const int32_t* p, const Index* i, const T* v, int64_t count)
-      : ptr(p), idx(i), values(v), nnz(int32_t(count)),
-        vector_ok(aligned_for_group(i, sizeof(Index)) && aligned_for_group(v, sizeof(T))) {}
   __device__ __forceinline__ int32_t input(int32_t e) const { return int32_t(idx[e]); }
   __device__ __forceinline__ T value(int32_t e) const { return values[e]; }
-  // Value and input column of group g's slots; column -1 for the slots outside [lo, hi) (their
-  // value is then meaningless). Never reads past the arrays.
-  __device__ __forceinline__ void load_group(int32_t g, int32_t lo, int32_t hi, accum_t<T>* val, int32_t* col) const;
   // This block's share of the slot arrays of nnz entries, requested into L2.
   __device__ __forceinline__ void prefetch_l2(int64_t nnz) const {
     prefetch_l2_share(values, nnz * int64_t(sizeof(T)));
@@ -70,13 +57,8 @@ struct CscView {
   const int32_t* __restrict__ perm;
   const Index* __restrict__ idx;  // row_idx
   const T* __restrict__ values;
-  int32_t nnz;
-  bool vector_ok;  // perm aligned for group loads (values and idx are gathered through it)
-  CscView(const int32_t* p, const int32_t* pm, const Index* i, const T* v, int64_t count)
-      : ptr(p), perm(pm), idx(i), values(v), nnz(int32_t(count)), vector_ok(aligned_for_group(pm, sizeof(int32_t))) {}
   __device__ __forceinline__ int32_t input(int32_t e) const { return int32_t(idx[perm[e]]); }
   __device__ __forceinline__ T value(int32_t e) const { return values[perm[e]]; }
-  __device__ __forceinline__ void load_group(int32_t g, int32_t lo, int32_t hi, accum_t<T>* val, int32_t* col) const;
   __device__ __forceinline__ void prefetch_l2(int64_t nnz) const {
     prefetch_l2_share(perm, nnz * int64_t(sizeof(int32_t)));
     prefetch_l2_share(values, nnz * int64_t(sizeof(T)));
@@ -124,42 +106,14 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
   }
 }
 
-template <typename T, typename Index>
-__device__ __forceinline__ void CsrView<T, Index>::load_group(int32_t g, int32_t lo, int32_t hi, accum_t<T>* val,
-                                                             int32_t* col) const {
-  const int32_t e0 = kGroup * g;
-  if (vector_ok && e0 <= nnz - kGroup) {
-    load_vec<T, kGroup>(values + e0, *reinterpret_cast<accum_t<T>(*)[kGroup]>(val));
-    load_index4(idx + e0, col);
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) col[i] = e0 + i >= lo && e0 + i < hi ? col[i] : -1;
+// a[0] b[0] + a[1] b[1] + a[2] b[2] + a[3] b[3] as one fixed chain of fused multiply-adds, so that
+// kernels sharing it round alike whatever the compiler would contract.
+template <typename A>
+__device__ __forceinline__ A dot4(const A (&a)[4], const A (&b)[4]) {
+  if constexpr (std::is_same_v<A, double>) {
+    return __fma_rn(a[3], b[3], __fma_rn(a[2], b[2], __fma_rn(a[1], b[1], __dmul_rn(a[0], b[0]))));
   } else {
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      const int32_t e = e0 + i;
-      const bool ok = e >= lo && e < hi;
-      val[i] = ok ? to_accum(values[e]) : accum_t<T>(0);
-      col[i] = ok ? int32_t(idx[e]) : -1;
-    }
-  }
-}
-
-template <typename T, typename Index>
-__device__ __forceinline__ void CscView<T, Index>::load_group(int32_t g, int32_t lo, int32_t hi, accum_t<T>* val,
-                                                             int32_t* col) const {
-  const int32_t e0 = kGroup * g;
-  int32_t slot[kGroup];
-  if (vector_ok && e0 <= nnz - kGroup) {
-    load_index4(perm + e0, slot);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) slot[i] = e0 + i >= lo && e0 + i < hi ? perm[e0 + i] : 0;
-  }
-#pragma unroll
-  for (int i = 0; i < kGroup; ++i) {
-    const bool ok = e0 + i >= lo && e0 + i < hi;
-    val[i] = ok ? to_accum(values[slot[i]]) : accum_t<T>(0);
-    col[i] = ok ? int32_t(idx[slot[i]]) : -1;
+    return __fmaf_rn(a[3], b[3], __fmaf_rn(a[2], b[2], __fmaf_rn(a[1], b[1], __fmul_rn(a[0], b[0]))));
   }
 }
 
@@ -282,39 +236,31 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   if (lane == 0) long_count[warp] = 0;
   __syncwarp();
 
-  // Sum of value(e) * in[., input(e)] over the entries e in [lo, hi) of the groups g_first,
-  // g_first + g_step, ... (kGroup consecutive slots each, read as vectors), for this lane's batch rows.
+  // Sum of value(e) * in[., input(e)] over e = first, first + step, ... < last, for this lane's batch rows.
   // Entries per lane per chunk: kUnroll, halved where one entry means V scalar reads of X (each
   // with its own 64-bit address) or where values are 8 bytes (fp64, the gradcheck type): both
   // would otherwise spill under the 64-register bound.
   constexpr int kU = ((kX == XLayout::kRowMajor && V > 2) || sizeof(A) == 8) ? kUnroll / 2 : kUnroll;
-  constexpr int kG = kU / kGroup;  // groups per chunk
-  // Software-pipelined: the next chunk's groups (values and columns) are requested before this
+  // Software-pipelined: the next kU entries (value and column) are requested before this
   // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
-  auto accumulate = [&](int32_t lo, int32_t hi, int32_t g_first, int g_step, A (&acc)[V]) {
-    const int32_t g_end = lo < hi ? hi / kGroup + (hi % kGroup != 0) : 0;
-    auto load_chunk = [&](int32_t g0, A (&val)[kU], int32_t (&col)[kU]) {
+  auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
+    auto load_chunk = [&](int32_t e0, A (&val)[kU], int32_t (&col)[kU]) {
 #pragma unroll
-      for (int u = 0; u < kG; ++u) {
-        if (g0 + u * g_step < g_end) {
-          view.load_group(g0 + u * g_step, lo, hi, val + u * kGroup, col + u * kGroup);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kGroup; ++i) {
-            val[u * kGroup + i] = A(0);
-            col[u * kGroup + i] = -1;
-          }
-        }
+      for (int u = 0; u < kU; ++u) {
+        const int32_t e = e0 + u * step;
+        const bool ok = e < last;
+        val[u] = ok ? to_accum(view.value(e)) : A(0);
+        col[u] = ok ? view.input(e) : -1;
       }
     };
     A val[kU];
     int32_t col[kU];
-    if (g_first < g_end) load_chunk(g_first, val, col);
-    for (int32_t g0 = g_first; g0 < g_end; g0 += kG * g_step) {
+    if (first < last) load_chunk(first, val, col);
+    for (int32_t e0 = first; e0 < last; e0 += kU * step) {
       A next_val[kU];
       int32_t next_col[kU];
-      load_chunk(g0 + kG * g_step, next_val, next_col);
-      // Slots outside the range (column -1) are skipped, not multiplied by 0: an infinite or NaN
+      load_chunk(e0 + kU * step, next_val, next_col);
+      // Entries past the range (column -1) are skipped, not multiplied by 0: an infinite or NaN
       // input must reach only the outputs whose row holds its column.
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -369,7 +315,7 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
     A acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = A(0);
-    accumulate(begin, end, begin / kGroup + lane_e, lanes_per_row, acc);
+    accumulate(begin + lane_e, end, lanes_per_row, acc);
     // Sum over the lanes that split this row: their lane ids differ in the bits GN .. GN*lanes_per_row.
     for (int offset = GN; offset < GN * lanes_per_row; offset <<= 1) {
 #pragma unroll
@@ -389,7 +335,7 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
       A acc[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] = A(0);
-      accumulate(lo, hi, lo / kGroup + lane_s, GS, acc);
+      accumulate(lo + lane_s, hi, GS, acc);
       for (int offset = GN; offset < 32; offset <<= 1) {
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);

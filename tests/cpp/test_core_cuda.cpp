@@ -86,7 +86,7 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_LT(rel_error(dv.host(), ref_sddmm(p, dy64, x64, sh.n)), tol);
 
-    // Every SDDMM kernel, forced, with its own workspace (the batches here fit all of them).
+    // The SDDMM kernels that run every batch here (up to 33), forced, each with its own workspace.
     for (SddmmVariant v : {SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kRows}) {
       SCOPED_TRACE(sddmm_variant_name(v));
       DeviceArray<unsigned char> ws(cuda::sddmm_workspace_bytes(sh.m, sh.k, sh.n, sizeof(T), v));
