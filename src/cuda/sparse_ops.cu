@@ -426,10 +426,10 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
   T* x_t = dy_t + w.rows * np;
   const dim3 block(32, 8);
   detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.rows, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
-                                     stream>>>(dy, n, w.rows, int(np), dy_t);
+                                     stream>>>(dy, n, w.rows, w.rows, int(np), dy_t);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(dy)"));
   detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.cols, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
-                                     stream>>>(x, n, w.cols, int(np), x_t);
+                                     stream>>>(x, n, w.cols, w.cols, int(np), x_t);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
   // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
   const int64_t lanes = std::min<int64_t>(32, np / 4);

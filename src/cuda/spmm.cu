@@ -79,7 +79,12 @@ constexpr int64_t kTinyProduct = int64_t(1) << 19;
 constexpr int64_t kPrefetchMaxBytes = int64_t(8) << 20;
 
 size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
-  return size_t(batch_tile) * size_t(in_dim | 1) * value_bytes;
+  return size_t(batch_tile) * size_t(detail::shared_x_stride(in_dim)) * value_bytes;
+}
+
+// The transposed copy of X: per batch tile, in_dim rows and the zero slot (see spmm_rows_kernel).
+size_t transposed_bytes(int64_t in_dim, int64_t n, int batch_tile, size_t value_bytes) {
+  return size_t(in_dim + 1) * size_t((n + batch_tile - 1) / batch_tile * batch_tile) * value_bytes;
 }
 
 // Dynamic shared memory the smem_x variant may use, next to the kernel's static buffers.
@@ -197,12 +202,13 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
       if (plan.batch_tile == 1)
         return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
       const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
-      if (workspace == nullptr || plan.workspace_bytes < size_t(in_dim) * size_t(tiles * plan.batch_tile) * sizeof(T))
+      if (workspace == nullptr || plan.workspace_bytes < transposed_bytes(in_dim, n, plan.batch_tile, sizeof(T)))
         return InvalidArgument("global_xt: the workspace is missing or too small for this batch");
       T* in_t = static_cast<T*>(workspace);
-      const dim3 tgrid(unsigned(detail::ceil_div(in_dim, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
+      const dim3 tgrid(unsigned(detail::ceil_div(in_dim + 1, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
                        unsigned(tiles));
-      detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, plan.batch_tile, in_t);
+      detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, in_dim + 1, plan.batch_tile,
+                                                                         in_t);
       SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
       rl.after_transpose = true;
       return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream,
@@ -266,8 +272,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
                              wanted_warps(limits))
         tile >>= 1;
       plan.batch_tile = tile;
-      if (v == SpmmVariant::kGlobalXT && tile > 1)
-        plan.workspace_bytes = size_t(in_dim) * size_t((n + tile - 1) / tile * tile) * value_bytes;
+      if (v == SpmmVariant::kGlobalXT && tile > 1) plan.workspace_bytes = transposed_bytes(in_dim, n, tile, value_bytes);
       break;
     }
     case SpmmVariant::kWarpRow:

@@ -146,6 +146,10 @@ struct TileLayout {
   static_assert(GN >= 1 && GN <= 32 && GN * GS == 32, "batch tile must be a power of two in [1, 128]");
 };
 
+// Row stride of the batch tile of X in shared memory: odd (the lanes' rows fall in different banks)
+// and past in_dim, so that column in_dim is the zero slot (see spmm_rows_kernel).
+__host__ __device__ inline int64_t shared_x_stride(int64_t in_dim) { return (in_dim + 1) | 1; }
+
 // Where a row kernel reads its input X from (the template argument kX of spmm_rows_kernel).
 enum class XLayout {
   kShared,      // the batch tile of X (row-major) copied to shared memory first
@@ -158,10 +162,10 @@ enum class XLayout {
 // Lanes: see TileLayout; the GS lanes along the entries split one output row (or `rows_per_warp`
 // rows) and walk it in chunks of kU entries each, the next chunk requested before the current one
 // is used (so up to 2 kU entries per lane are in flight).
-// kShared: the batch tile of `in` (row-major, all in_dim columns) is first copied to shared memory
-//        with an odd row stride; one large block per SM strides over the rows.
-// kTransposed: `in` is the transposed tile [in_dim, NPAD] in global memory: one entry's NPAD inputs
-//        are contiguous, read with vector loads through L1.
+// kShared: the batch tile of `in` (row-major, all in_dim columns and a zero column in_dim) is first
+//        copied to shared memory with an odd row stride; one large block per SM strides over the rows.
+// kTransposed: `in` is the transposed tile [in_dim + 1, NPAD] in global memory (row in_dim zero):
+//        one entry's NPAD inputs are contiguous, read with vector loads through L1.
 // kRowMajor: `in` is X as given; a lane reads its V batch rows' values of one entry as V scalars
 //        (rows past the batch read the last row and are never stored).
 // prefetch_nnz > 0 (small products, whose time is the latency of their first misses): each block
@@ -183,10 +187,10 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   constexpr int GS = TileLayout<NPAD>::GS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);
-  const int64_t stride = in_dim | 1;
+  const int64_t stride = shared_x_stride(in_dim);
   // blockIdx.y picks the batch tile: rows n0 .. n0 + NPAD of the batch.
   const int64_t n0 = int64_t(blockIdx.y) * NPAD;
-  if constexpr (kX == XLayout::kTransposed) in += int64_t(blockIdx.y) * in_dim * NPAD;  // this tile's copy
+  if constexpr (kX == XLayout::kTransposed) in += int64_t(blockIdx.y) * (in_dim + 1) * NPAD;  // this tile's copy
 
   if (prefetch_nnz > 0) {
     if (threadIdx.x == 0) view.prefetch_l2(prefetch_nnz);
@@ -206,7 +210,8 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
     const int64_t rows_here = (n - n0) < NPAD ? (n - n0) : NPAD;
     for (int64_t r = 0; r < NPAD; ++r) {
       const T* src = in + (n0 + r) * in_dim;
-      for (int64_t c = threadIdx.x; c < in_dim; c += blockDim.x) xs[r * stride + c] = r < rows_here ? src[c] : T{};
+      for (int64_t c = threadIdx.x; c <= in_dim; c += blockDim.x)  // column in_dim: the zero slot
+        xs[r * stride + c] = r < rows_here && c < in_dim ? src[c] : T{};
     }
     __syncthreads();
   }
@@ -243,6 +248,12 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   constexpr int kU = ((kX == XLayout::kRowMajor && V > 2) || sizeof(A) == 8) ? kUnroll / 2 : kUnroll;
   // Software-pipelined: the next kU entries (value and column) are requested before this
   // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
+  // Entries past the range must add nothing, even where an input is infinite or NaN (0 * inf is
+  // NaN): the staged and transposed copies of X have a zero slot, input column in_dim, that they
+  // read instead; X read in place has none, so those entries (column -1) are skipped, which costs
+  // a predicate per entry (measured on the H200, session 6: 0.87x at N = 128 where it was applied
+  // to the transposed layout too).
+  const int32_t past_range = kX == XLayout::kRowMajor ? -1 : int32_t(in_dim);
   auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
     auto load_chunk = [&](int32_t e0, A (&val)[kU], int32_t (&col)[kU]) {
 #pragma unroll
@@ -250,7 +261,7 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
         const int32_t e = e0 + u * step;
         const bool ok = e < last;
         val[u] = ok ? to_accum(view.value(e)) : A(0);
-        col[u] = ok ? view.input(e) : -1;
+        col[u] = ok ? view.input(e) : past_range;
       }
     };
     A val[kU];
@@ -260,11 +271,11 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
       A next_val[kU];
       int32_t next_col[kU];
       load_chunk(e0 + kU * step, next_val, next_col);
-      // Entries past the range (column -1) are skipped, not multiplied by 0: an infinite or NaN
-      // input must reach only the outputs whose row holds its column.
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        if (col[u] < 0) continue;
+        if constexpr (kX == XLayout::kRowMajor) {
+          if (col[u] < 0) continue;
+        }
         if constexpr (kSmem) {
 #pragma unroll
           for (int j = 0; j < V; ++j) acc[j] += val[u] * to_accum(xs[(lane_n * V + j) * stride + col[u]]);
@@ -356,16 +367,18 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   }
 }
 
-// in_t[t, c, j] = in[t * npad + j, c] (zero past the batch): every batch tile t = blockIdx.z, transposed.
+// in_t[t, c, j] = in[t * npad + j, c] for c < in_dim, zero past the batch and for the rows
+// in_dim <= c < out_rows (the row kernels' zero slot): every batch tile t = blockIdx.z, transposed
+// into [tiles, out_rows, npad].
 template <typename T>
-__global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64_t in_dim, int npad,
+__global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64_t in_dim, int64_t out_rows, int npad,
                                       T* __restrict__ in_t) {
   __shared__ T tile[32][33];
   allow_dependent_launch();  // the rows kernel after it prefetches W meanwhile, then waits for this grid
   const int64_t c0 = int64_t(blockIdx.x) * 32;
   const int64_t j0 = int64_t(blockIdx.y) * 32;
   const int64_t n0 = int64_t(blockIdx.z) * npad;
-  in_t += int64_t(blockIdx.z) * in_dim * npad;
+  in_t += int64_t(blockIdx.z) * out_rows * npad;
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
     const int64_t j = j0 + dy, c = c0 + threadIdx.x;
     tile[dy][threadIdx.x] = (j < npad && n0 + j < n && c < in_dim) ? in[(n0 + j) * in_dim + c] : T{};
@@ -373,7 +386,7 @@ __global__ void transpose_tile_kernel(const T* __restrict__ in, int64_t n, int64
   __syncthreads();
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
     const int64_t c = c0 + dy, j = j0 + threadIdx.x;
-    if (c < in_dim && j < npad) in_t[c * npad + j] = tile[threadIdx.x][dy];
+    if (c < out_rows && j < npad) in_t[c * npad + j] = tile[threadIdx.x][dy];
   }
 }
 

@@ -200,11 +200,12 @@ TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
   p = plan_spmm(4096, 4096, 16777, 16, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
   EXPECT_LE(p.batch_tile, 32);
-  // A large product: X transposed into a workspace of in_dim x the batch padded to the tile.
+  // A large product: X transposed into a workspace of (in_dim + the zero slot) x the batch padded
+  // to the tile.
   p = plan_spmm(16384, 4096, 6710886, 20, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);
   const int64_t padded = (20 + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
-  EXPECT_EQ(p.workspace_bytes, size_t(4096 * padded * sizeof(float)));
+  EXPECT_EQ(p.workspace_bytes, size_t(4097 * padded * sizeof(float)));
   EXPECT_FALSE(p.prefetch_l2);  // 40 MB of slot arrays: bandwidth-bound, no prefetch
   // A batch too large for global_x's 32-row tiles in grid.y, even with nothing to multiply.
   p = plan_spmm(8, 8, 0, 65535LL * 32 + 1, sizeof(float));

@@ -31,7 +31,7 @@ def fits(variant, n, in_dim, dtype):
     while tile < min(n, 32):
         tile *= 2
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    return tile * (in_dim | 1) * dtype.itemsize <= limit
+    return tile * ((in_dim + 1) | 1) * dtype.itemsize <= limit  # odd row stride past the zero column
 
 
 @pytest.mark.parametrize("shape,variant,dtype", list(variant_cases(False)))
@@ -255,8 +255,9 @@ def test_unaligned_slot_arrays_take_the_scalar_loads(nnz, index_dtype):
 
 def test_stored_entries_alone_see_an_infinite_input():
     # An infinite input reaches only the outputs whose rows hold its column: no kernel multiplies a
-    # slot outside a row's range by it (0 * inf would be NaN).
-    p = Pattern(64, 50, 600, device="cuda", empty_rows=4)
+    # slot outside a row's range by it (0 * inf would be NaN). Forward (column 0 of X infinite) and
+    # transposed product (column 0 of dY infinite).
+    p = Pattern(64, 50, 600, device="cuda")
     dense = p.dense64
     for n in (1, 3, 16, 40):
         x = p.randn(n, 50, seed=n)
@@ -268,6 +269,15 @@ def test_stored_entries_alone_see_an_infinite_input():
             touched = (dense[:, 0] != 0)[None, :].expand_as(y)
             assert torch.isfinite(y[~touched]).all(), variant
             assert not torch.isfinite(y[touched]).any(), variant
+        dy = p.randn(n, 64, seed=n + 1)
+        dy[:, 0] = float("inf")
+        for variant in snack.DETERMINISTIC_VARIANTS:  # the transposed product: row 0 of W
+            if not fits(variant, n, 64, torch.float32):
+                continue
+            dx = ops.spmm_t(dy, p.values, *p.tensors, variant).cpu()
+            touched = (dense[0, :] != 0)[None, :].expand_as(dx)
+            assert torch.isfinite(dx[~touched]).all(), variant
+            assert not torch.isfinite(dx[touched]).any(), variant
 
 
 # (M, K, nnz): a shape whose SDDMM takes the vector kernel, and one with enough slots per column for
