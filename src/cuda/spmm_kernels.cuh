@@ -250,9 +250,10 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
   // Entries past the range must add nothing, even where an input is infinite or NaN (0 * inf is
   // NaN): the staged and transposed copies of X have a zero slot, input column in_dim, that they
-  // read instead; X read in place has none, so those entries (column -1) are skipped, which costs
-  // a predicate per entry (measured on the H200, session 6: 0.87x at N = 128 where it was applied
-  // to the transposed layout too).
+  // read instead; X read in place has none, so there those entries (column -1) are skipped, and
+  // only in a lane's last chunk of a range, the one that can hold them (a predicate per entry in
+  // every chunk cost 5% at N = 1 and, on the transposed layout, up to 26% at N = 128: H200,
+  // session 6).
   const int32_t past_range = kX == XLayout::kRowMajor ? -1 : int32_t(in_dim);
   auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
     auto load_chunk = [&](int32_t e0, A (&val)[kU], int32_t (&col)[kU]) {
@@ -266,14 +267,11 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
     };
     A val[kU];
     int32_t col[kU];
-    if (first < last) load_chunk(first, val, col);
-    for (int32_t e0 = first; e0 < last; e0 += kU * step) {
-      A next_val[kU];
-      int32_t next_col[kU];
-      load_chunk(e0 + kU * step, next_val, next_col);
+    // Multiplies a chunk's entries into acc, skipping those of column -1 if skip_past_range.
+    auto multiply_chunk = [&](auto skip_past_range) {
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        if constexpr (kX == XLayout::kRowMajor) {
+        if constexpr (decltype(skip_past_range)::value) {
           if (col[u] < 0) continue;
         }
         if constexpr (kSmem) {
@@ -288,6 +286,21 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
 #pragma unroll
           for (int j = 0; j < V; ++j) acc[j] += val[u] * x[j];
         }
+      }
+    };
+    if (first < last) load_chunk(first, val, col);
+    for (int32_t e0 = first; e0 < last; e0 += kU * step) {
+      A next_val[kU];
+      int32_t next_col[kU];
+      load_chunk(e0 + kU * step, next_val, next_col);
+      if constexpr (kX == XLayout::kRowMajor) {
+        if (e0 + (kU - 1) * step < last) {
+          multiply_chunk(std::false_type{});
+        } else {
+          multiply_chunk(std::true_type{});
+        }
+      } else {
+        multiply_chunk(std::false_type{});
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
