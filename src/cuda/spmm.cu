@@ -78,9 +78,6 @@ constexpr int64_t kTinyProduct = int64_t(1) << 19;
 // Measured on the H200 over the benchmark grid (session 5): 8 MiB gave 1.2% more than 64 MiB.
 constexpr int64_t kPrefetchMaxBytes = int64_t(8) << 20;
 
-// Larger products: each warp prefetches its next rows' entries into L2 (spmm_rows_kernel).
-constexpr bool kPrefetchAhead = true;
-
 size_t smem_for(int batch_tile, int64_t in_dim, size_t value_bytes) {
   return size_t(batch_tile) * size_t(detail::shared_x_stride(in_dim)) * value_bytes;
 }
@@ -133,7 +130,6 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   const int64_t prefetch_nnz = plan.prefetch_l2 ? rl.nnz : 0;
-  const bool prefetch_ahead = !plan.prefetch_l2 && kPrefetchAhead;
   const dim3 grid{unsigned(blocks), unsigned(tiles)};
   const size_t smem = kSmem ? plan.smem_bytes : 0;
   if (rl.after_transpose) {
@@ -143,10 +139,10 @@ Status launch_rows(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_
     // over the benchmark grid together with the L2 prefetch).
     SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, grid, dim3(kWarps * 32), smem, stream, view, out_dim,
                                                            in_dim, in, n, bias, out, plan.lanes_per_row,
-                                                           plan.long_row_threshold, act, prefetch_nnz, prefetch_ahead));
+                                                           plan.long_row_threshold, act, prefetch_nnz));
   } else {
     kernel<<<grid, kWarps * 32, smem, stream>>>(view, out_dim, in_dim, in, n, bias, out, plan.lanes_per_row,
-                                                 plan.long_row_threshold, act, prefetch_nnz, prefetch_ahead);
+                                                 plan.long_row_threshold, act, prefetch_nnz);
   }
   return check_launch(kSmem ? "spmm_rows_kernel<shared X>"
                             : (kX == XLayout::kRowMajor ? "spmm_rows_kernel<X in place>" : "spmm_rows_kernel<X^T>"));

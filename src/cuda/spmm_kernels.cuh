@@ -47,11 +47,6 @@ struct CsrView {
     prefetch_l2_share(values, nnz * int64_t(sizeof(T)));
     prefetch_l2_share(idx, nnz * int64_t(sizeof(Index)));
   }
-  // Entries [begin, end) requested into L2.
-  __device__ __forceinline__ void prefetch_entries(int64_t begin, int64_t end) const {
-    ::snack::cuda::detail::prefetch_l2(values, begin * int64_t(sizeof(T)), end * int64_t(sizeof(T)));
-    ::snack::cuda::detail::prefetch_l2(idx, begin * int64_t(sizeof(Index)), end * int64_t(sizeof(Index)));
-  }
 };
 
 // Columns of W (transposed product): entries j in [col_ptr[o], col_ptr[o+1]) are slots csc_perm[j],
@@ -68,10 +63,6 @@ struct CscView {
     prefetch_l2_share(perm, nnz * int64_t(sizeof(int32_t)));
     prefetch_l2_share(values, nnz * int64_t(sizeof(T)));
     prefetch_l2_share(idx, nnz * int64_t(sizeof(Index)));
-  }
-  // Entries [begin, end): only their csc_perm is contiguous (values and rows are gathered through it).
-  __device__ __forceinline__ void prefetch_entries(int64_t begin, int64_t end) const {
-    ::snack::cuda::detail::prefetch_l2(perm, begin * int64_t(sizeof(int32_t)), end * int64_t(sizeof(int32_t)));
   }
 };
 
@@ -180,8 +171,6 @@ enum class XLayout {
 // prefetch_nnz > 0 (small products, whose time is the latency of their first misses): each block
 //        first asks L2 for its share of the slot arrays (prefetch_nnz entries) and, for kRowMajor,
 //        of the batch tile of X, so that the loads that follow do not each wait for HBM.
-// prefetch_ahead (large products): each warp asks L2 for the entries of its next rows while it
-//        sums the current ones, so that their loads wait for L2 rather than HBM.
 // kTransposed reads the output of the transpose kernel launched just before it, possibly with
 //        programmatic serialization: the prefetch overlaps that kernel, the reads of `in` wait for it.
 template <typename T, typename View, int NPAD, XLayout kX>
@@ -189,7 +178,7 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
                                   kX == XLayout::kShared ? 1 : 4)
     spmm_rows_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t long_threshold,
-                     Activation act, int64_t prefetch_nnz, bool prefetch_ahead) {
+                     Activation act, int64_t prefetch_nnz) {
   using A = accum_t<T>;
   constexpr bool kSmem = kX == XLayout::kShared;
   constexpr int kWarps = kSmem ? kSpmmSmemWarps : kSpmmWarps;
@@ -330,10 +319,6 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   };
 
   for (int64_t o_base = warp_global * rows_per_warp; o_base < out_dim; o_base += warp_count * rows_per_warp) {
-    if (prefetch_ahead && lane == 0) {  // this warp's next rows' entries, requested into L2 now
-      const int64_t next = o_base + warp_count * rows_per_warp;
-      if (next < out_dim) view.prefetch_entries(view.ptr[next], view.ptr[min(next + rows_per_warp, out_dim)]);
-    }
     const int64_t o = o_base + sub;
     const bool row_ok = o < out_dim;
     int32_t begin = row_ok ? view.ptr[o] : 0;
