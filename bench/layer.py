@@ -221,11 +221,12 @@ def main(argv=None) -> int:
                         help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
                              "(16384x4096, N=16, 90%%, AdamW), kernel by kernel")
     args = parser.parse_args(argv)
-    if args.render:
-        slug = next(args.out.glob("layer_*.csv")).stem[len("layer_"):]
-        md = render_from_csv(args.out / f"layer_{slug}.csv", args.out / f"backward_{slug}.csv")
-        (args.out / f"layer_{slug}.md").write_text(md)
-        print(md)
+    if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv
+        for layer_csv in sorted(args.out.glob("layer_*.csv")):
+            slug = layer_csv.stem[len("layer_"):]
+            md = render_from_csv(layer_csv, args.out / f"backward_{slug}.csv")
+            (args.out / f"layer_{slug}.md").write_text(md)
+            print(md)
         return 0
     if not torch.cuda.is_available():
         print("bench/layer.py needs a CUDA GPU")
