@@ -319,8 +319,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       }
 #pragma unroll
       for (int r = 0; (1 << r) < GN; ++r) {
-        constexpr int kMax = kU;  // (the array bound; half below is a compile-time value after unrolling)
-        const int half = kMax >> (r + 1);
+        const int half = kU >> (r + 1);  // a constant once the loop is unrolled
         if (half >= 1) {  // reduce-scatter round
           const bool upper = (lane_n >> r) & 1;
 #pragma unroll
