@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -223,40 +222,6 @@ Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return Status::Ok();
 }
 
-// Stores K consecutive results (K * sizeof(T) bytes, 4 to 32) with one or two vector stores; p must
-// be aligned to K * sizeof(T) bytes, or 16 where that is more.
-template <typename T, int K>
-__device__ __forceinline__ void store_run(T* p, const accum_t<T>* v) {
-  T t[K];
-#pragma unroll
-  for (int i = 0; i < K; ++i) t[i] = from_accum<T>(v[i]);
-  constexpr int kBytes = K * int(sizeof(T));
-  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16 || kBytes == 32, "a vector store of 4 to 32 bytes");
-  if constexpr (kBytes == 4) {
-    uint32_t q;
-    memcpy(&q, t, 4);
-    *reinterpret_cast<uint32_t*>(p) = q;
-  } else if constexpr (kBytes == 8) {
-    uint2 q;
-    memcpy(&q, t, 8);
-    *reinterpret_cast<uint2*>(p) = q;
-  } else {
-#pragma unroll
-    for (int b = 0; b < kBytes; b += 16) {
-      uint4 q;
-      memcpy(&q, reinterpret_cast<const unsigned char*>(t) + b, 16);
-      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(p) + b) = q;
-    }
-  }
-}
-
-// b's lowest `bits` bits in reverse order.
-__host__ __device__ constexpr int reverse_bits(int b, int bits) {
-  int r = 0;
-  for (int i = 0; i < bits; ++i) r |= ((b >> i) & 1) << (bits - 1 - i);
-  return r;
-}
-
 // The same products over the rows of W, for np <= 4 GN NC: a warp takes rows_per_warp rows at a
 // time and lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
 // column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
@@ -265,35 +230,36 @@ __host__ __device__ constexpr int reverse_bits(int b, int bits) {
 // are then summed over the GN batch lanes by a reduce-scatter: each round of shuffles halves the
 // values a lane holds (kU - kU / GN shuffles instead of kU log2 GN); rounds past one value per lane
 // are butterfly rounds. The rounds add at lane distance 1, 2, 4, the order of sddmm_vector_kernel's
-// butterfly, so for NC = 1 (np <= 32) the results are bitwise equal to it. The partial sums are
-// laid out so that each lane keeps consecutive slots (position p holds slot slot_at(p): the first
-// scatter round splits on the lowest bit of the lane's share), which it stores as one vector.
+// butterfly, so for NC = 1 (np <= 32) the results are bitwise equal to it.
 // The column indices of the next kU slots are requested before this chunk's gathers.
 template <typename T, typename Index, int GN, int NC>
 __global__ void __launch_bounds__(kThreads, 4)
-    sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, bool store_vector_ok, const T* __restrict__ dy_t,
-                      const T* __restrict__ x_t, int64_t np, int lanes_per_row, T* __restrict__ dvalues) {
+    sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy_t, const T* __restrict__ x_t,
+                      int64_t np, int lanes_per_row, T* __restrict__ dvalues) {
   using A = accum_t<T>;
   constexpr int kGroup = 4;
   constexpr int kU = NC >= 4 ? 4 : 8;  // slots per lane per chunk (fewer where dy_t takes more registers)
   constexpr int kG = kU / kGroup;
   constexpr int GS = 32 / GN;
   constexpr int kKept = kU >= GN ? kU / GN : 1;  // sums a lane holds after the reduction
-  constexpr int kScatterBits = kU >= GN ? (GN >= 8 ? 3 : GN >= 4 ? 2 : GN >= 2 ? 1 : 0) : 2;  // log2(kU / kKept)
-  static_assert(GN >= 1 && GN <= 8 && NC >= 1 && (kKept << kScatterBits) == kU, "up to 8 batch lanes");
-  // The slot whose partial sum sits at position p before the reduction: a scatter round keeps one
-  // half of the positions (the top position bit), and lane bit r must select bit r of the share.
-  auto slot_at = [](int p) { return reverse_bits(p / kKept, kScatterBits) * kKept + p % kKept; };
+  static_assert(GN >= 1 && GN <= 8 && NC >= 1, "up to 8 batch lanes");
   const int lane = threadIdx.x & 31;
   const int lane_n = lane % GN, lane_s = lane / GN;
   const int sub = lane_s / lanes_per_row, lane_e = lane_s % lanes_per_row;
   const int rows_per_warp = GS / lanes_per_row;
   const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warp_count = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  // The kKept consecutive slots this lane's sums belong to, and whether it stores them (after
-  // butterfly rounds the partner lanes hold the same sums: the one with those bits clear stores).
-  const int kept_first = (lane_n & ((1 << kScatterBits) - 1)) * kKept;
-  const bool stores = (lane_n >> kScatterBits) == 0;
+  // Which of the kU slots this lane's kept sums belong to (a scatter round keeps the upper half
+  // where the lane's batch bit is set), and whether it stores them (after butterfly rounds the
+  // partner lanes hold the same sums: the one with those bits clear stores).
+  int kept_first = 0;
+  bool stores = true;
+#pragma unroll
+  for (int r = 0; (1 << r) < GN; ++r) {
+    const bool upper = (lane_n >> r) & 1;
+    if ((kU >> (r + 1)) >= 1) kept_first += upper ? (kU >> (r + 1)) : 0;
+    else stores = stores && !upper;
+  }
   detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
 
   // Column indices of the kU slots of groups g0, g0 + g_step, ...; -1 for slots outside [lo, hi).
@@ -339,16 +305,15 @@ __global__ void __launch_bounds__(kThreads, 4)
       load_cols(g0 + kG * g_step, g_step, lo, hi, next_col);
       A part[kU];
 #pragma unroll
-      for (int p = 0; p < kU; ++p) {
-        const int u = slot_at(p);
-        part[p] = A(0);
+      for (int u = 0; u < kU; ++u) {
+        part[u] = A(0);
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           const int64_t k = 4 * (int64_t(GN) * c + lane_n);
           if (col[u] >= 0 && k < np) {
             A b[4];
             detail::load_vec<T, 4>(x_t + int64_t(col[u]) * np + k, b);
-            part[p] += detail::dot4(a[c], b);
+            part[u] += detail::dot4(a[c], b);
           }
         }
       }
@@ -368,25 +333,11 @@ __global__ void __launch_bounds__(kThreads, 4)
         }
       }
       if (stores) {
-        // Runs of up to a group (4 slots) are contiguous: one vector store each where the whole run
-        // lies in this row (a slot outside it belongs to another row's warp).
-        constexpr int kRun = kKept < kGroup ? kKept : kGroup;
 #pragma unroll
-        for (int i0 = 0; i0 < kKept; i0 += kRun) {
-          const int u = kept_first + i0;
+        for (int i = 0; i < kKept; ++i) {
+          const int u = kept_first + i;
           const int32_t e = kGroup * (g0 + (u / kGroup) * g_step) + u % kGroup;
-          bool stored = false;
-          if constexpr (kRun > 1) {
-            if (store_vector_ok && e >= lo && e + kRun <= hi) {
-              store_run<T, kRun>(dvalues + e, part + i0);
-              stored = true;
-            }
-          }
-          if (!stored) {
-#pragma unroll
-            for (int i = 0; i < kRun; ++i)
-              if (e + i >= lo && e + i < hi) dvalues[e + i] = from_accum<T>(part[i0 + i]);
-          }
+          if (e >= lo && e < hi) dvalues[e] = from_accum<T>(part[i]);
         }
       }
 #pragma unroll
@@ -417,10 +368,9 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   const int64_t warps = ceil_div(w.rows, kFree / lanes);
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
   const bool vector_ok = detail::aligned_for_4(w.col_idx, sizeof(Index));
-  const bool store_vector_ok = reinterpret_cast<uintptr_t>(dvalues) % 16 == 0;
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC>, dim3(blocks),
-                                                         dim3(kThreads), 0, stream, w, vector_ok, store_vector_ok,
-                                                         dy_t, x_t, np, lanes, dvalues));
+                                                         dim3(kThreads), 0, stream, w, vector_ok, dy_t, x_t, np,
+                                                         lanes, dvalues));
   return check_launch("sddmm_rows_kernel");
 }
 
