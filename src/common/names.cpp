@@ -1,4 +1,5 @@
 // Names of the enums that the Python API passes as strings (activations, SpMM and SDDMM variants).
+#include <initializer_list>
 #include <string>
 
 #include "snack/ops.h"
@@ -15,14 +16,22 @@ const char* activation_name(Activation act) {
   return "unknown";
 }
 
-bool parse_activation(const std::string& name, Activation* out) {
-  for (Activation a : {Activation::kNone, Activation::kReLU, Activation::kGELU}) {
-    if (name == activation_name(a)) {
-      *out = a;
+namespace {
+// Finds the value among `all` whose name_of is `name`.
+template <typename E>
+bool parse_name(const std::string& name, std::initializer_list<E> all, const char* (*name_of)(E), E* out) {
+  for (E v : all) {
+    if (name == name_of(v)) {
+      *out = v;
       return true;
     }
   }
   return false;
+}
+}  // namespace
+
+bool parse_activation(const std::string& name, Activation* out) {
+  return parse_name(name, {Activation::kNone, Activation::kReLU, Activation::kGELU}, activation_name, out);
 }
 
 const char* spmm_variant_name(SpmmVariant v) {
@@ -38,14 +47,10 @@ const char* spmm_variant_name(SpmmVariant v) {
 }
 
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out) {
-  for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
-                        SpmmVariant::kGlobalX, SpmmVariant::kCooAtomic}) {
-    if (name == spmm_variant_name(v)) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
+  return parse_name(name,
+                    {SpmmVariant::kAuto, SpmmVariant::kWarpRow, SpmmVariant::kSmemX, SpmmVariant::kGlobalXT,
+                     SpmmVariant::kGlobalX, SpmmVariant::kCooAtomic},
+                    spmm_variant_name, out);
 }
 
 const char* sddmm_variant_name(SddmmVariant v) {
@@ -60,14 +65,10 @@ const char* sddmm_variant_name(SddmmVariant v) {
 }
 
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out) {
-  for (SddmmVariant v : {SddmmVariant::kAuto, SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kSmemX,
-                         SddmmVariant::kRows}) {
-    if (name == sddmm_variant_name(v)) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
+  return parse_name(name,
+                    {SddmmVariant::kAuto, SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kSmemX,
+                     SddmmVariant::kRows},
+                    sddmm_variant_name, out);
 }
 
 }  // namespace snack
