@@ -148,30 +148,32 @@ def test_activation_every_variant(variant, activation):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 16, 64, 130])
 def test_sddmm_paths(n, dtype):
-    # n < 4: one thread per slot; n >= 4: dY and X transposed, vector dot products per slot.
+    # The automatic choice: one thread per slot below n = 4, the rows kernel up to n = 128 (n = 64:
+    # two chunks of dY per batch lane), the vector kernel above (n = 130).
     check_sddmm(Pattern(90, 300, 4000, device="cuda", dtype=dtype, empty_rows=7), n, dtype)
 
 
-def check_sddmm(p, n, dtype):
+def check_sddmm(p, n, dtype, variant="auto"):
     """SDDMM on a poisoned cache against float64, then bitwise-equal on a second run."""
     dy, x = p.randn(n, p.m, seed=1), p.randn(n, p.k, seed=2)
     poison_cache(torch.device("cuda"))
-    dv = ops.sddmm(dy, x, *p.tensors)
+    dv = ops.sddmm(dy, x, *p.tensors, variant=variant)
     ref = (dy.double().cpu().t() @ x.double().cpu())[p.row_idx.long().cpu(), p.col_idx.long().cpu()]
     assert rel_error(dv, ref) < tolerance(dtype)
-    assert torch.equal(ops.sddmm(dy, x, *p.tensors), dv)
+    assert torch.equal(ops.sddmm(dy, x, *p.tensors, variant=variant), dv)
 
 
+@pytest.mark.parametrize("variant", ["smem_x", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,m,k,density", [(32, 3000, 1700, 0.25), (16, 4000, 1200, 0.2), (13, 60, 700, 0.2)])
-def test_sddmm_shared_memory_column_blocks(n, m, k, density, dtype):
-    # Up to 32 batch rows and at least 5 slots per staged X^T row and SM, X^T is staged in shared
-    # memory, in column blocks when it is wide (3000 x 1700 at N = 32: two blocks in fp32, three in
-    # fp64): every row is split at the block edges by a warp-wide search; full rows included. The
-    # last case is too small for it (the vector kernel).
+def test_sddmm_skewed_rows(n, m, k, density, dtype, variant):
+    # Three full rows among sparse ones. smem_x (forced; no longer chosen automatically) stages X^T
+    # in shared memory, in column blocks when it is wide (3000 x 1700 at N = 32: two blocks in fp32,
+    # three in fp64), and splits every row at the block edges by a warp-wide search; the rows kernel
+    # walks the long rows with one warp each.
     nnz_rest = int(density * m * k)
     rows, cols = skewed_positions(m, k, dense_rows=3, nnz_rest=nnz_rest, seed=n)
-    check_sddmm(Pattern(m, k, rows.numel(), device="cuda", dtype=dtype, positions=(rows, cols)), n, dtype)
+    check_sddmm(Pattern(m, k, rows.numel(), device="cuda", dtype=dtype, positions=(rows, cols)), n, dtype, variant)
 
 
 SDDMM_VARIANTS = ("slot", "vector", "smem_x", "rows")
@@ -233,10 +235,11 @@ def unaligned(t):
 
 @pytest.mark.parametrize("index_dtype", [None, torch.int32])
 @pytest.mark.parametrize("nnz", [2001, 2000])
-def test_unaligned_slot_arrays_take_the_scalar_loads(nnz, index_dtype):
-    # Slot arrays that do not start on a vector boundary (views with an odd offset) are read one slot
-    # at a time, with the same sums: bitwise equal to the aligned arrays, for every kernel that
-    # reads them in groups (the forward and transposed row kernels, the rows SDDMM).
+def test_unaligned_slot_arrays_give_the_same_bits(nnz, index_dtype):
+    # Slot arrays that do not start on a vector boundary (contiguous views with an odd offset) give
+    # bitwise the results of aligned ones: the rows SDDMM, which reads column indices 4 at a time,
+    # falls back to one at a time; the row kernels of the forward and transposed products read one
+    # slot per load anyway.
     p = Pattern(120, 333, nnz, device="cuda", index_dtype=index_dtype, empty_rows=3)
     row_idx, col_idx, row_ptr, col_ptr, csc_perm = p.tensors
     moved = (row_idx, unaligned(col_idx), row_ptr, col_ptr, unaligned(csc_perm))
@@ -280,8 +283,8 @@ def test_stored_entries_alone_see_an_infinite_input():
             assert not torch.isfinite(dx[touched]).any(), variant
 
 
-# (M, K, nnz): a shape whose SDDMM takes the vector kernel, and one with enough slots per column for
-# the shared-memory SDDMM at N = 16 (its first column-block launch is the overlapping one).
+# (M, K, nnz): two shapes; every SDDMM kernel that follows the transposes runs in the graph (the
+# automatic choice, the rows kernel, and the vector and shared-memory kernels forced).
 GRAPH_SHAPES = [(700, 900, 40000), (1000, 64, 45000)]
 
 
@@ -298,12 +301,13 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n, shape, dtype):
     p = Pattern(m, k, nnz, device="cuda", dtype=dtype)
     x, dy = p.randn(n, k), p.randn(n, m, seed=2)
     outputs = {}
+    sddmm_variants = ["auto", "vector"] + (["smem_x"] if n <= 32 else [])
 
     def products():
         outputs["y"] = ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt")
         outputs["dx"] = ops.spmm_t(dy, p.values, *p.tensors, "global_xt")
-        outputs["dw"] = ops.sddmm(dy, x, *p.tensors)
-        outputs["dw_rows"] = ops.sddmm(dy, x, *p.tensors, variant="rows")
+        for variant in sddmm_variants:
+            outputs[f"dw_{variant}"] = ops.sddmm(dy, x, *p.tensors, variant=variant)
 
     graph = capture_graph(products, warmup=1)
     x.copy_(p.randn(n, k, seed=3))
@@ -311,13 +315,14 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n, shape, dtype):
     graph.replay()
     torch.cuda.synchronize()
     eager = {"y": ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt"),
-             "dx": ops.spmm_t(dy, p.values, *p.tensors, "global_xt"), "dw": ops.sddmm(dy, x, *p.tensors)}
-    eager["dw_rows"] = ops.sddmm(dy, x, *p.tensors, variant="rows")
+             "dx": ops.spmm_t(dy, p.values, *p.tensors, "global_xt")}
+    for variant in sddmm_variants:
+        eager[f"dw_{variant}"] = ops.sddmm(dy, x, *p.tensors, variant=variant)
     for name, value in eager.items():
         assert torch.equal(outputs[name], value), name
     w, x64, dy64 = p.dense64, x.double().cpu(), dy.double().cpu()
     assert rel_error(outputs["y"], x64 @ w.t()) < tolerance(dtype)
     assert rel_error(outputs["dx"], dy64 @ w) < tolerance(dtype)
     full = dy64.t() @ x64
-    for name in ("dw", "dw_rows"):
-        assert rel_error(outputs[name], full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]) < tolerance(dtype)
+    for variant in sddmm_variants:
+        assert rel_error(outputs[f"dw_{variant}"], full[p.row_idx.long().cpu(), p.col_idx.long().cpu()]) < tolerance(dtype)
