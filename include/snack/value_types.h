@@ -35,31 +35,21 @@ template <typename T>
 inline constexpr bool kIsHalfType = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
 namespace detail {
-SNACK_HOST_DEVICE float float_from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
-SNACK_HOST_DEVICE uint32_t bits_from_float(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
+// The bits of `from` read as a To of the same size (memcpy: compiles to a register move).
+template <typename To, typename From>
+SNACK_HOST_DEVICE To bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast between types of one size");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
 }
 }  // namespace detail
 
-SNACK_HOST_DEVICE float to_float(bfloat16 v) { return detail::float_from_bits(uint32_t(v.bits) << 16); }
+SNACK_HOST_DEVICE float to_float(bfloat16 v) { return detail::bit_cast<float>(uint32_t(v.bits) << 16); }
 
 /// Rounds to the nearest bfloat16, ties to even; NaN stays NaN (quiet).
 SNACK_HOST_DEVICE bfloat16 to_bfloat16(float f) {
-  uint32_t u = detail::bits_from_float(f);
+  uint32_t u = detail::bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16{uint16_t((u >> 16) | 0x40u)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return bfloat16{uint16_t(u >> 16)};
@@ -78,8 +68,8 @@ SNACK_HOST_DEVICE float to_float(float16 v) {
     const float magnitude = float(mantissa) * 5.9604644775390625e-8f;
     return sign ? -magnitude : magnitude;
   }
-  if (exponent == 31) return detail::float_from_bits(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
-  return detail::float_from_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (exponent == 31) return detail::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  return detail::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 #endif
 }
 
@@ -90,13 +80,13 @@ SNACK_HOST_DEVICE float16 to_float16(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return float16{h};
 #else
-  const uint32_t u = detail::bits_from_float(f);
+  const uint32_t u = detail::bit_cast<uint32_t>(f);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t magnitude = u & 0x7fffffffu;
   if (magnitude > 0x7f800000u) return float16{uint16_t(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu))};
   if (magnitude >= 0x477ff000u) return float16{uint16_t(sign | 0x7c00u)};  // >= 65520 rounds to infinity
   if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal (or zero) of mantissa round(|f| / 2^-24)
-    const float scaled = detail::float_from_bits(magnitude) * 16777216.0f;  // exact: a power of two
+    const float scaled = detail::bit_cast<float>(magnitude) * 16777216.0f;  // exact: a power of two
     uint32_t m = uint32_t(scaled);
     const float rest = scaled - float(m);
     if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;  // may carry into the smallest normal: same bits

@@ -222,6 +222,25 @@ Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return Status::Ok();
 }
 
+// Four consecutive indices, widened (one 8- or 16-byte load; the caller guarantees alignment).
+template <typename Index>
+__device__ __forceinline__ void load_index4(const Index* __restrict__ p, int32_t* out) {
+  if constexpr (sizeof(Index) == 2) {
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
+    out[0] = int32_t(q.x & 0xffffu); out[1] = int32_t(q.x >> 16);
+    out[2] = int32_t(q.y & 0xffffu); out[3] = int32_t(q.y >> 16);
+  } else {
+    static_assert(sizeof(Index) == 4, "indices are 16 or 32 bits");
+    const int4 q = __ldg(reinterpret_cast<const int4*>(p));
+    out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
+  }
+}
+
+// Whether p is aligned for one load of 4 elements of `elem` bytes.
+inline bool aligned_for_4(const void* p, size_t elem) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * elem < 16 ? 4 * elem : 16) == 0;
+}
+
 // The same products over the rows of W, for np <= 4 GN NC: a warp takes rows_per_warp rows at a
 // time and lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
 // column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
@@ -269,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       const int32_t e0 = kGroup * (g0 + u * g_step);
       int32_t* c = col + u * kGroup;
       if (vector_ok && e0 >= lo - (kGroup - 1) && e0 < hi && e0 <= w.nnz - kGroup) {
-        detail::load_index4(w.col_idx + e0, c);
+        load_index4(w.col_idx + e0, c);
 #pragma unroll
         for (int i = 0; i < kGroup; ++i) c[i] = e0 + i >= lo && e0 + i < hi ? c[i] : -1;
       } else {
@@ -367,7 +386,7 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   }
   const int64_t warps = ceil_div(w.rows, kFree / lanes);
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
-  const bool vector_ok = detail::aligned_for_4(w.col_idx, sizeof(Index));
+  const bool vector_ok = aligned_for_4(w.col_idx, sizeof(Index));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC>, dim3(blocks),
                                                          dim3(kThreads), 0, stream, w, vector_ok, dy_t, x_t, np,
                                                          lanes, dvalues));

@@ -15,25 +15,6 @@
 
 namespace snack::cuda::detail {
 
-// Four consecutive indices, widened (one 8- or 16-byte load; the caller guarantees alignment).
-template <typename Index>
-__device__ __forceinline__ void load_index4(const Index* __restrict__ p, int32_t* out) {
-  if constexpr (sizeof(Index) == 2) {
-    const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
-    out[0] = int32_t(q.x & 0xffffu); out[1] = int32_t(q.x >> 16);
-    out[2] = int32_t(q.y & 0xffffu); out[3] = int32_t(q.y >> 16);
-  } else {
-    static_assert(sizeof(Index) == 4, "indices are 16 or 32 bits");
-    const int4 q = __ldg(reinterpret_cast<const int4*>(p));
-    out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
-  }
-}
-
-// Whether p is aligned for one load of 4 elements of `elem` bytes.
-inline bool aligned_for_4(const void* p, size_t elem) {
-  return reinterpret_cast<uintptr_t>(p) % (4 * elem < 16 ? 4 * elem : 16) == 0;
-}
-
 // Rows of W (forward): entries s in [row_ptr[o], row_ptr[o+1]), input column col_idx[s], value values[s].
 template <typename T, typename Index>
 struct CsrView {

@@ -53,21 +53,18 @@ TYPED_TEST(CpuOps, AllOpsMatchDenseReference) {
 // Every bit pattern of the 16-bit types survives the trip through float (NaNs stay NaN), and the
 // rounding from float is to nearest with ties to even, with overflow to infinity.
 TEST(ValueTypes, SixteenBitConversions) {
+  // v -> float -> back, for v of every bit pattern; `back` is to_float16 or to_bfloat16.
+  auto round_trip = [](auto v, auto back, uint32_t bits) {
+    const float f = to_float(v);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(to_float(back(f)))) << bits;
+    } else {
+      EXPECT_EQ(back(f).bits, v.bits) << bits;
+    }
+  };
   for (uint32_t bits = 0; bits < 65536; ++bits) {
-    const float16 h{uint16_t(bits)};
-    const float hf = to_float(h);
-    if (std::isnan(hf)) {
-      EXPECT_TRUE(std::isnan(to_float(to_float16(hf)))) << bits;
-    } else {
-      EXPECT_EQ(to_float16(hf).bits, h.bits) << bits;
-    }
-    const bfloat16 b{uint16_t(bits)};
-    const float bf = to_float(b);
-    if (std::isnan(bf)) {
-      EXPECT_TRUE(std::isnan(to_float(to_bfloat16(bf)))) << bits;
-    } else {
-      EXPECT_EQ(to_bfloat16(bf).bits, b.bits) << bits;
-    }
+    round_trip(float16{uint16_t(bits)}, [](float f) { return to_float16(f); }, bits);
+    round_trip(bfloat16{uint16_t(bits)}, [](float f) { return to_bfloat16(f); }, bits);
   }
   EXPECT_EQ(to_float(float16{0x3c00}), 1.0f);
   EXPECT_EQ(to_float(float16{0x0001}), 5.9604644775390625e-8f);  // smallest subnormal
