@@ -6,7 +6,8 @@
 
 The product runs three times (the first two are warm-up launches for ncu to skip); the script
 prints the plan so that the profile can be matched to the kernel it ran. `--op dw` runs the SDDMM
-(kernels `sddmm_vector_kernel` or `sddmm_smem_kernel`)."""
+(`--variant` then names an SDDMM kernel: auto, slot, vector, smem_x, rows; the kernels are
+`sddmm_<variant>_kernel`, `sddmm_thread_slot_kernel` for slot)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="16384x4096", help="out x in")
     parser.add_argument("--n", type=int, default=16, help="batch rows")
     parser.add_argument("--sparsity", type=float, default=0.9)
-    parser.add_argument("--variant", default="auto", help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}")
+    parser.add_argument("--variant", default="auto",
+                        help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}; for --op dw an SDDMM kernel")
     parser.add_argument("--op", choices=("fwd", "dx", "dw"), default="fwd",
                         help="the forward Y = X W^T, the input gradient dX = dY W, or the weight gradient (SDDMM)")
     args = parser.parse_args(argv)
@@ -32,13 +34,13 @@ def main(argv=None) -> int:
     pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
     x = torch.randn(args.n, k, device="cuda")
     dy = torch.randn(args.n, m, device="cuda")
-    with torch.no_grad(), snack.spmm_variant(args.variant):
-        if args.op == "dw":
-            run = lambda: snack.ops.sddmm(dy, x, *pattern)  # noqa: E731
-        else:
-            print(snack.explain(layer, args.n, transposed=args.op == "dx"))
-            run = ((lambda: snack.ops.spmm_t(dy, layer.values, *pattern, args.variant)) if args.op == "dx"
-                   else (lambda: layer(x)))
+    if args.op == "dw":
+        run = lambda: snack.ops.sddmm(dy, x, *pattern, variant=args.variant)  # noqa: E731
+    else:
+        print(snack.explain(layer, args.n, transposed=args.op == "dx", variant=args.variant))
+        run = ((lambda: snack.ops.spmm_t(dy, layer.values, *pattern, args.variant)) if args.op == "dx"
+               else (lambda: snack.ops.spmm(x, layer.values, *pattern, None, variant=args.variant)))
+    with torch.no_grad():
         for _ in range(3):
             run()
         torch.cuda.synchronize()

@@ -34,7 +34,7 @@ enum class SddmmVariant : int {
   kVector,    ///< dY and X transposed once; G lanes per slot read 16-byte vectors of both through L1
   kSmemX,     ///< kVector's products with X^T staged in shared memory, in up to 4 column blocks (batch <= 32)
   kRows,      ///< a warp per row of W keeps dY's row in registers, gathers X^T through L1, and sums a
-              ///< chunk of slots over the batch lanes with a reduce-scatter (batch <= 32)
+              ///< chunk of slots over the batch lanes with a reduce-scatter (batch <= 128)
 };
 
 /// Names used by the Python API ("auto", "slot", "vector", "smem_x", "rows").
