@@ -16,9 +16,12 @@ struct Named {
 
 constexpr Named<Activation> kActivations[] = {
     {Activation::kNone, "none"}, {Activation::kReLU, "relu"}, {Activation::kGELU, "gelu"}};
-constexpr Named<SpmmVariant> kSpmmVariants[] = {
-    {SpmmVariant::kAuto, "auto"},        {SpmmVariant::kWarpRow, "warp_row"}, {SpmmVariant::kSmemX, "smem_x"},
-    {SpmmVariant::kGlobalXT, "global_xt"}, {SpmmVariant::kGlobalX, "global_x"}, {SpmmVariant::kCooAtomic, "coo_atomic"}};
+constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
+                                                {SpmmVariant::kWarpRow, "warp_row"},
+                                                {SpmmVariant::kSmemX, "smem_x"},
+                                                {SpmmVariant::kGlobalXT, "global_xt"},
+                                                {SpmmVariant::kGlobalX, "global_x"},
+                                                {SpmmVariant::kCooAtomic, "coo_atomic"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
