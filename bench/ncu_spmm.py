@@ -6,7 +6,7 @@
 
 The product runs three times (the first two are warm-up launches for ncu to skip); the script
 prints the plan so that the profile can be matched to the kernel it ran. `--op dw` runs the SDDMM
-(`--variant` then names an SDDMM kernel: auto, slot, vector, smem_x, rows; the kernels are
+(`--variant` then names an SDDMM kernel: auto, slot, vector, rows; the kernels are
 `sddmm_<variant>_kernel`, `sddmm_thread_slot_kernel` for slot)."""
 
 from __future__ import annotations

@@ -32,12 +32,11 @@ enum class SddmmVariant : int {
   kAuto = 0,  ///< let sddmm() choose
   kSlot,      ///< one thread per slot, dY and X read in place (chosen below a batch of 4)
   kVector,    ///< dY and X transposed once; G lanes per slot read 16-byte vectors of both through L1
-  kSmemX,     ///< kVector's products with X^T staged in shared memory, in up to 4 column blocks (batch <= 32)
   kRows,      ///< a warp per row of W keeps dY's row in registers, gathers X^T through L1, and sums a
               ///< chunk of slots over the batch lanes with a reduce-scatter (batch <= 128)
 };
 
-/// Names used by the Python API ("auto", "slot", "vector", "smem_x", "rows").
+/// Names used by the Python API ("auto", "slot", "vector", "rows").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);

@@ -25,7 +25,6 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
-                                                  {SddmmVariant::kSmemX, "smem_x"},
                                                   {SddmmVariant::kRows, "rows"}};
 
 template <typename E, size_t N>

@@ -103,125 +103,6 @@ Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* 
 
 int64_t sddmm_padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
 
-// Reads 4 consecutive values from shared memory as one 16-byte load (two for fp64, one 8-byte load
-// for the 16-bit types); the caller guarantees alignment.
-template <typename T>
-__device__ __forceinline__ void load4_shared(const T* p, accum_t<T> (&out)[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
-  } else if constexpr (kIsHalfType<T>) {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
-    detail::unpack_pair<T>(q.x, out[0], out[1]);
-    detail::unpack_pair<T>(q.y, out[2], out[3]);
-  } else {
-    const double2 q0 = *reinterpret_cast<const double2*>(p), q1 = *reinterpret_cast<const double2*>(p + 2);
-    out[0] = q0.x; out[1] = q0.y; out[2] = q1.x; out[3] = q1.y;
-  }
-}
-
-// First slot in [lo, hi) of a row whose column is >= c (columns ascend in a row), found by the
-// whole warp: 32 probes narrow the range 32-fold per round, so a row of a thousand entries takes two
-// rounds of loads instead of ten dependent ones. Every lane returns the same value.
-template <typename Index>
-__device__ __forceinline__ int32_t warp_lower_bound(const Index* __restrict__ col_idx, int32_t lo, int32_t hi,
-                                                    int64_t c) {
-  const int lane = threadIdx.x & 31;
-  while (hi - lo > 32) {
-    const int32_t span = hi - lo;
-    // Probe i looks at the last slot of the i-th of 32 equal parts.
-    const int32_t probe = lo + int32_t((int64_t(span) * (lane + 1)) / 32) - 1;
-    const unsigned below = __ballot_sync(0xffffffffu, int64_t(col_idx[probe]) < c);
-    const int parts = __popc(below);  // parts wholly below c (the probes ascend)
-    const int32_t new_lo = parts == 0 ? lo : lo + int32_t((int64_t(span) * parts) / 32);
-    const int32_t new_hi = parts == 32 ? hi : lo + int32_t((int64_t(span) * (parts + 1)) / 32);
-    lo = new_lo;
-    hi = new_hi;
-  }
-  const bool below = lo + lane < hi && int64_t(col_idx[lo + lane]) < c;
-  return lo + __popc(__ballot_sync(0xffffffffu, below));
-}
-
-// The same products as sddmm_vector_kernel, with a block of x_t's rows (input columns
-// [c0, c1)) staged in shared memory: one large block per SM, a warp per output row, the row's dy_t
-// chunk kept in registers, and every entry's x_t vector read from shared memory instead of L2.
-// The row stride is padded by 4 elements so that the lanes' 16-byte loads spread over the banks.
-// Each launch covers the slots whose column lies in its block (a contiguous slice of every row,
-// found by binary search), so the launches write disjoint slots. Same per-lane sums and butterfly
-// as sddmm_vector_kernel: the results are bitwise equal.
-constexpr int kSddmmSmemWarps = 32;
-template <typename T, typename Index, int G>
-__global__ void __launch_bounds__(kSddmmSmemWarps * 32, 1)
-    sddmm_smem_kernel(SlotPattern<Index> w, const T* __restrict__ dy_t, const T* __restrict__ x_t, int64_t np,
-                      int64_t c0, int64_t c1, T* __restrict__ dvalues) {
-  using A = accum_t<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* xs = reinterpret_cast<T*>(smem_raw);
-  const int64_t stride = np + 4;
-  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
-  for (int64_t i = threadIdx.x; i < (c1 - c0) * np; i += blockDim.x) {
-    const int64_t c = i / np, j = i % np;
-    xs[c * stride + j] = x_t[(c0 + c) * np + j];
-  }
-  __syncthreads();
-  constexpr int kSlotsPerWarp = 32 / G;
-  const int lane = threadIdx.x & 31, g = lane % G, slot_lane = lane / G;
-  const int64_t warp_count = int64_t(gridDim.x) * kSddmmSmemWarps;
-  for (int64_t r = int64_t(blockIdx.x) * kSddmmSmemWarps + (threadIdx.x >> 5); r < w.rows; r += warp_count) {
-    int32_t lo = w.row_ptr[r], hi = w.row_ptr[r + 1];
-    if (c0 > 0) lo = warp_lower_bound(w.col_idx, lo, hi, c0);
-    if (c1 < w.cols) hi = warp_lower_bound(w.col_idx, lo, hi, c1);
-    if (lo >= hi) continue;  // warp-uniform
-    const int64_t k = 4 * g;
-    A a[4] = {A(0), A(0), A(0), A(0)};
-    if (k < np) detail::load_vec<T, 4>(dy_t + r * np + k, a);
-    for (int32_t s0 = lo; s0 < hi; s0 += kSlotsPerWarp) {
-      const int32_t slot = s0 + slot_lane;
-      const bool ok = slot < hi;
-      A acc = A(0);
-      if (ok && k < np) {
-        A b[4];
-        load4_shared<T>(xs + (int64_t(w.col_idx[slot]) - c0) * stride + k, b);
-        acc += detail::dot4(a, b);
-      }
-#pragma unroll
-      for (int offset = 1; offset < G; offset <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-      if (g == 0 && ok) dvalues[slot] = from_accum<T>(acc);
-    }
-  }
-}
-
-// Column blocks the shared-memory SDDMM needs for x_t [cols, np] (0: it does not fit in 4).
-int sddmm_smem_blocks(int64_t cols, int64_t np, size_t value_bytes, size_t budget) {
-  for (int b = 1; b <= 4; ++b)
-    if (size_t(ceil_div(cols, b)) * size_t(np + 4) * value_bytes <= budget) return b;
-  return 0;
-}
-
-template <typename T, typename Index, int G>
-Status launch_sddmm_smem(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, int blocks,
-                         T* dvalues, Stream stream) {
-  DeviceLimits limits;
-  SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  auto kernel = sddmm_smem_kernel<T, Index, G>;
-  const int64_t width = ceil_div(w.cols, blocks);
-  const size_t smem = size_t(width) * size_t(np + 4) * sizeof(T);
-  if (smem > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(limits.sms, ceil_div(w.rows, kSddmmSmemWarps))));
-  for (int b = 0; b < blocks; ++b) {
-    const int64_t c0 = std::min<int64_t>(w.cols, b * width), c1 = std::min<int64_t>(w.cols, c0 + width);
-    if (b == 0) {  // the first block starts during the transpose of X (see detail::launch_programmatic)
-      SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, dim3(grid), dim3(kSddmmSmemWarps * 32), smem,
-                                                             stream, w, dy_t, x_t, np, c0, c1, dvalues));
-    } else {
-      kernel<<<grid, kSddmmSmemWarps * 32, smem, stream>>>(w, dy_t, x_t, np, c0, c1, dvalues);
-    }
-    SNACK_RETURN_IF_ERROR(check_launch("sddmm_smem_kernel"));
-  }
-  return Status::Ok();
-}
-
 // Four consecutive indices, widened (one 8- or 16-byte load; the caller guarantees alignment).
 template <typename Index>
 __device__ __forceinline__ void load_index4(const Index* __restrict__ p, int32_t* out) {
@@ -421,18 +302,15 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
       {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
   if (w.nnz == 0) return Status::Ok();
   const int64_t np = sddmm_padded_batch(n);
-  DeviceLimits limits;
-  SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  const size_t budget = limits.smem_per_block > 1024 ? limits.smem_per_block - 1024 : 0;
-  const int smem_blocks = np <= 32 ? sddmm_smem_blocks(w.cols, np, sizeof(T), budget) : 0;
   if (variant == SddmmVariant::kAuto) {
     if (n < kSddmmVectorMinBatch) {
       variant = SddmmVariant::kSlot;
     } else {
       // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
-      // is faster than the vector and shared-memory kernels at every shape of the benchmark grid it
-      // runs (N = 16: 1.4x the shared-memory kernel at 16384x4096 and 90%, 1.7x the vector kernel
-      // at 4096x4096); below a batch of 4 the slot kernel, which needs no transposes, is faster.
+      // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
+      // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
+      // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
+      // transposes, is faster.
       variant = np <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
     }
   }
@@ -440,8 +318,6 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
     sddmm_thread_slot_kernel<T, Index><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, dvalues);
     return check_launch("sddmm_thread_slot_kernel");
   }
-  if (variant == SddmmVariant::kSmemX && smem_blocks == 0)
-    return InvalidArgument("sddmm: smem_x needs a batch of at most 32 and x^T in at most 4 shared-memory blocks");
   if (variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
     return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
   if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
@@ -466,15 +342,6 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
       case 3:
       case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy_t, x_t, np, dvalues, stream);
       default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy_t, x_t, np, dvalues, stream);
-    }
-  }
-  if (variant == SddmmVariant::kSmemX) {
-    switch (lanes) {
-      case 1: return launch_sddmm_smem<T, Index, 1>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
-      case 2: return launch_sddmm_smem<T, Index, 2>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
-      case 3:
-      case 4: return launch_sddmm_smem<T, Index, 4>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
-      default: return launch_sddmm_smem<T, Index, 8>(w, dy_t, x_t, np, smem_blocks, dvalues, stream);
     }
   }
   switch (lanes) {

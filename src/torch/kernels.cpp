@@ -246,7 +246,7 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   SddmmVariant variant = SddmmVariant::kAuto;
   TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(variant_name), &variant), "snack.sddmm: unknown variant '",
-                    variant_name, "' (expected auto, slot, vector, smem_x or rows)");
+                    variant_name, "' (expected auto, slot, vector or rows)");
   check_value_dtype(dy, "sddmm");
   check_pattern(p, at::Tensor(), "sddmm");
   check_dense(dy, dy, p.rows(), "dy", "sddmm");

@@ -163,20 +163,18 @@ def check_sddmm(p, n, dtype, variant="auto"):
     assert torch.equal(ops.sddmm(dy, x, *p.tensors, variant=variant), dv)
 
 
-@pytest.mark.parametrize("variant", ["smem_x", "rows"])
+@pytest.mark.parametrize("variant", ["rows", "vector"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,m,k,density", [(32, 3000, 1700, 0.25), (16, 4000, 1200, 0.2), (13, 60, 700, 0.2)])
 def test_sddmm_skewed_rows(n, m, k, density, dtype, variant):
-    # Three full rows among sparse ones. smem_x (forced; no longer chosen automatically) stages X^T
-    # in shared memory, in column blocks when it is wide (3000 x 1700 at N = 32: two blocks in fp32,
-    # three in fp64), and splits every row at the block edges by a warp-wide search; the rows kernel
-    # walks the long rows with one warp each.
+    # Three full rows among sparse ones: the rows kernel walks each long row with one warp, the
+    # vector kernel splits the slots evenly.
     nnz_rest = int(density * m * k)
     rows, cols = skewed_positions(m, k, dense_rows=3, nnz_rest=nnz_rest, seed=n)
     check_sddmm(Pattern(m, k, rows.numel(), device="cuda", dtype=dtype, positions=(rows, cols)), n, dtype, variant)
 
 
-SDDMM_VARIANTS = ("slot", "vector", "smem_x", "rows")
+SDDMM_VARIANTS = ("slot", "vector", "rows")
 
 
 def sddmm_cases():
@@ -186,15 +184,9 @@ def sddmm_cases():
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
-def sddmm_runs(variant, n, k, dtype):
-    """smem_x needs a batch of at most 32 (padded to 4) and X^T in at most 4 shared-memory blocks; rows a batch of at most 128."""
-    np_ = (n + 3) // 4 * 4
-    if variant == "rows":
-        return np_ <= 128
-    if variant == "smem_x":
-        limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
-        return np_ <= 32 and -(-k // 4) * (np_ + 4) * dtype.itemsize <= limit
-    return True
+def sddmm_runs(variant, n):
+    """The rows kernel runs batches of at most 128 (padded to a multiple of 4); the others any."""
+    return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
 @pytest.mark.parametrize("shape,variant,dtype", list(sddmm_cases()))
@@ -204,7 +196,7 @@ def test_sddmm_variant(shape, variant, dtype):
     m, k, n, nnz, empty = shape
     p = Pattern(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
     dy, x = p.randn(n, m, seed=3), p.randn(n, k, seed=4)
-    if not sddmm_runs(variant, n, k, dtype):
+    if not sddmm_runs(variant, n):
         with pytest.raises(ValueError, match="sddmm"):
             ops.sddmm(dy, x, *p.tensors, variant=variant)
         return
@@ -283,8 +275,8 @@ def test_stored_entries_alone_see_an_infinite_input():
             assert not torch.isfinite(dx[touched]).any(), variant
 
 
-# (M, K, nnz): two shapes; every SDDMM kernel that follows the transposes runs in the graph (the
-# automatic choice, the rows kernel, and the vector and shared-memory kernels forced).
+# (M, K, nnz): two shapes; both SDDMM kernels that follow the transposes run in the graph (the
+# automatic choice, the rows kernel, and the vector kernel forced).
 GRAPH_SHAPES = [(700, 900, 40000), (1000, 64, 45000)]
 
 
@@ -301,7 +293,7 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n, shape, dtype):
     p = Pattern(m, k, nnz, device="cuda", dtype=dtype)
     x, dy = p.randn(n, k), p.randn(n, m, seed=2)
     outputs = {}
-    sddmm_variants = ["auto", "vector"] + (["smem_x"] if n <= 32 else [])
+    sddmm_variants = ["auto", "vector"]
 
     def products():
         outputs["y"] = ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt")
