@@ -6,7 +6,9 @@
 Step = forward + backward + optimizer step (SGD with momentum, AdamW) of one layer on an input of N
 rows, for: snack (SparseLinear), dense (nn.Linear), dense_mask (a dense weight times a fixed 0/1
 mask, as dynamic-sparse-training code does it) and torch_sparse (a COO weight built from a values
-Parameter and torch.sparse.mm, as a user would write it). Per step: GPU time (CUDA events around a
+Parameter and torch.sparse.mm, as a user would write it); with AdamW also snack_fused_step
+(SparseLinear with snack.optim.AdamW: the values' update runs in the backward, fused with their
+gradient kernel; the bias gets the same torch AdamW flavour as the other implementations). Per step: GPU time (CUDA events around a
 warm step; and the replay of a captured CUDA graph where capture works), the wall time a user sees
 (many steps back to back, divided), and peak memory (torch.cuda.max_memory_allocated over a step,
 minus what was allocated before the layer existed: parameters, gradients, optimizer state, indices,
@@ -34,7 +36,7 @@ import snack  # noqa: E402
 SHAPES = [(4096, 4096), (5000, 5000), (16384, 4096)]
 NS = [1, 16, 128]
 SPARSITIES = [0.9, 0.95, 0.99]
-IMPLS = ["snack", "dense", "dense_mask", "torch_sparse"]
+IMPLS = ["snack", "snack_fused_step", "dense", "dense_mask", "torch_sparse"]
 OPTIMIZERS = ["sgd", "adamw"]
 # adamw_fused (--optimizers): torch's single-kernel AdamW (fused=True), for every implementation alike.
 OPTIMIZER_CHOICES = OPTIMIZERS + ["adamw_fused"]
@@ -57,7 +59,7 @@ class TorchSparse(nn.Module):
 
 def make_layer(impl, ref: snack.SparseLinear):
     m, k = ref.out_features, ref.in_features
-    if impl == "snack":
+    if impl in ("snack", "snack_fused_step"):
         return snack.SparseLinear.from_dense(ref.to_dense().detach(), mask=ref.mask(), bias=ref.bias.detach())
     if impl == "dense":
         lin = nn.Linear(k, m, device="cuda")
@@ -71,10 +73,16 @@ def make_layer(impl, ref: snack.SparseLinear):
     return TorchSparse(indices, ref.values.detach(), ref.bias.detach(), (m, k))
 
 
-def make_optimizer(name, params, capturable=False):
+def make_optimizer(name, params, capturable=False, impl=""):
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    return torch.optim.AdamW(params, lr=1e-3, capturable=capturable, fused=name == "adamw_fused" or None)
+    adamw = snack.optim.AdamW if impl == "snack_fused_step" else torch.optim.AdamW
+    return adamw(params, lr=1e-3, capturable=capturable, fused=name == "adamw_fused" or None)
+
+
+def runs(impl, opt_name):
+    """snack_fused_step exists for AdamW only."""
+    return impl != "snack_fused_step" or opt_name != "sgd"
 
 
 def training_step(layer, opt, x, target):
@@ -92,7 +100,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     layer = make_layer(impl, ref)
-    opt = make_optimizer(opt_name, layer.parameters())
+    opt = make_optimizer(opt_name, layer.parameters(), impl=impl)
     x = torch.randn(n, ref.in_features, device="cuda")
     target = torch.randn(n, ref.out_features, device="cuda")
     step = training_step(layer, opt, x, target)
@@ -119,7 +127,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     graph_us = float("nan")
     try:
         layer_g = make_layer(impl, ref)
-        opt_g = make_optimizer(opt_name, layer_g.parameters(), capturable=True)
+        opt_g = make_optimizer(opt_name, layer_g.parameters(), capturable=True, impl=impl)
         graph = common.capture_graph(training_step(layer_g, opt_g, x, target))
         for _ in range(3):
             graph.replay()
@@ -161,6 +169,7 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     }
     for variant in sddmm_variants:
         cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, *pattern, variant=v), ref_dw)
+    rows += adamw_step_rows(ref, dy, x, n, sparsity, timer, bandwidth)
     for (op, impl), (fn, ref_out) in cands.items():
         try:
             out = fn()
@@ -176,6 +185,46 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
         rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
                          median_us=timer.median_us(fn, reps=20), floor_us=floor_dx if op == "dx" else floor_dw))
     return rows
+
+
+ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8)
+
+
+def adamw_step_rows(ref, dy, x, n, sparsity, timer, bandwidth):
+    """op dw_adamw: the weight gradient and AdamW's step of the values. snack_fused: one kernel
+    (sddmm_adamw_); snack_unfused: snack's SDDMM, then torch's fused AdamW kernel on the gradient.
+    Both start from the same state and are checked against each other first."""
+    pattern = (ref.row_idx, ref.col_idx, ref.row_ptr, ref.col_ptr, ref.csc_perm)
+    m, k, nnz = ref.out_features, ref.in_features, ref.nnz
+
+    def fresh(step):  # values, exp_avg, exp_avg_sq, step
+        return [ref.values.detach().clone(), torch.full_like(ref.values, 1e-3), torch.full_like(ref.values, 1e-6),
+                torch.full((), float(step), device="cuda")]
+
+    # sddmm_adamw_ advances the count itself; torch's optimizer advances it before its kernel.
+    fused_state, unfused_state = fresh(0), fresh(1)
+    h = ADAMW
+
+    def fused():
+        snack.ops.sddmm_adamw_(dy, x, *pattern, *fused_state, h["lr"], h["beta1"], h["beta2"], h["eps"],
+                               h["weight_decay"])
+
+    def unfused():
+        grad = snack.ops.sddmm(dy, x, *pattern)
+        torch._fused_adamw_([unfused_state[0]], [grad], [unfused_state[1]], [unfused_state[2]], [], [unfused_state[3]],
+                            amsgrad=False, maximize=False, **h)
+
+    fused()
+    unfused()
+    err = max(common.rel_error(a, b) for a, b in zip(fused_state[:3], unfused_state[:3]))
+    if not err < 1e-5:
+        print(f"  dw_adamw {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
+        return []
+    # Indices, then values and both moments read and written once, dy and x read once.
+    floor = (nnz * (2 * ref.row_idx.element_size() + 24) + 4 * n * (m + k)) / (bandwidth * 1e3)
+    return [dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
+                 median_us=timer.median_us(fn, reps=20), floor_us=floor)
+            for impl, fn in (("snack_fused", fused), ("snack_unfused", unfused))]
 
 
 def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
@@ -219,7 +268,8 @@ def main(argv=None) -> int:
                         help="also time every SDDMM kernel forced (impl snack_vector, snack_rows)")
     parser.add_argument("--profile", action="store_true",
                         help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
-                             "(16384x4096, N=16, 90%%, AdamW), kernel by kernel")
+                             "(16384x4096, N=16, 90%%): snack with torch's AdamW, and snack_fused_step with the "
+                             "in-backward AdamW, kernel by kernel")
     args = parser.parse_args(argv)
     if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv
         for layer_csv in sorted(args.out.glob("layer_*.csv")):
@@ -233,7 +283,8 @@ def main(argv=None) -> int:
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.profile:
-        text = profile_step(16384, 4096, 16, 0.9)
+        text = "\n\n".join(profile_step(16384, 4096, 16, 0.9, impl, opt_name)
+                             for impl, opt_name in (("snack", "adamw"), ("snack_fused_step", "adamw_fused")))
         common.write_text(args.out / f"layer_profile_{common.gpu_slug()}.txt", common.provenance(), text)
         print(text)
         return 0
@@ -262,6 +313,8 @@ def main(argv=None) -> int:
         ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
         for n in ns:
             for impl, opt_name in itertools.product(() if args.backward_only else IMPLS, optimizers):
+                if not runs(impl, opt_name):
+                    continue
                 gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name)
                 layer_rows.append(dict(M=m, K=k, N=n, sparsity=sparsity, dtype="fp32", impl=impl, optimizer=opt_name,
                                        gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
@@ -273,12 +326,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def profile_step(m, k, n, sparsity, steps=10) -> str:
-    """torch.profiler over `steps` warm snack AdamW steps: each kernel's GPU time per step."""
+def profile_step(m, k, n, sparsity, impl="snack", opt_name="adamw", steps=10) -> str:
+    """torch.profiler over `steps` warm steps of `impl` with `opt_name`: each kernel's GPU time per step."""
     from torch.profiler import ProfilerActivity, profile
     ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=torch.Generator().manual_seed(0))
-    layer = make_layer("snack", ref)
-    opt = make_optimizer("adamw", layer.parameters())
+    layer = make_layer(impl, ref)
+    opt = make_optimizer(opt_name, layer.parameters(), impl=impl)
     x = torch.randn(n, k, device="cuda")
     target = torch.randn(n, m, device="cuda")
     step = training_step(layer, opt, x, target)
@@ -292,7 +345,7 @@ def profile_step(m, k, n, sparsity, steps=10) -> str:
     events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     events.sort(key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in events) / steps
-    lines = [f"snack step {m}x{k}, N={n}, sparsity {sparsity}, AdamW: {total:.1f} us of kernels per step "
+    lines = [f"{impl} step {m}x{k}, N={n}, sparsity {sparsity}, {opt_name}: {total:.1f} us of kernels per step "
              f"(sum of self device times over {steps} steps / {steps})", "",
              "| us per step | share | calls per step | kernel |", "|---|---|---|---|"]
     for e in events:
@@ -323,9 +376,8 @@ def summarize(layer_rows, back_rows, info) -> str:
     lines.append("GPU us per step (events) / graph-replay us / wall us / peak MiB. Speedups: GPU time of the baseline "
                  "over snack's.")
     lines.append("")
-    lines.append("| M x K | N | sparsity | opt | snack | dense | dense_mask | torch_sparse | vs dense | vs D+M | "
-                 "memory vs dense |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("| M x K | N | sparsity | opt | " + " | ".join(IMPLS) + " | vs dense | vs D+M | memory vs dense |")
+    lines.append("|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|")
     for key in keys:
         cells, snack_row = [], t.get(key[:4] + ("snack", key[4]))
         for impl in IMPLS:
@@ -345,13 +397,21 @@ def summarize(layer_rows, back_rows, info) -> str:
                   f"- GPU time vs dense: {d['gpu_us'] / target['gpu_us']:.2f}x with events, "
                   f"{d['graph_us'] / target['graph_us']:.2f}x in CUDA-graph replay (target >= 3.7x)",
                   f"- peak memory vs dense: {100 * (1 - target['peak_mib'] / d['peak_mib']):.0f}% less (target >= 80%)"]
-    fused = t.get((16384, 4096, 16, 0.9, "snack", "adamw_fused"))
-    if fused:  # the same step with torch's fused AdamW for every implementation (not the issue's target)
-        d, dm = t[(16384, 4096, 16, 0.9, "dense", "adamw_fused")], t[(16384, 4096, 16, 0.9, "dense_mask", "adamw_fused")]
-        lines += ["", "## 16384x4096, N=16, 90%, with torch's fused AdamW for every implementation", "",
-                  f"- CUDA-graph replay: snack {fused['graph_us']:.0f} us, dense {d['graph_us']:.0f} us, Dense+Mask "
-                  f"{dm['graph_us']:.0f} us: {d['graph_us'] / fused['graph_us']:.2f}x dense, "
-                  f"{dm['graph_us'] / fused['graph_us']:.2f}x Dense+Mask"]
+    for opt_name, what in (("adamw", "torch's default AdamW (foreach) for the baselines and snack's bias"),
+                           ("adamw_fused", "torch's fused AdamW for the baselines and snack's bias")):
+        key = (16384, 4096, 16, 0.9)
+        d, dm = t.get(key + ("dense", opt_name)), t.get(key + ("dense_mask", opt_name))
+        rows = [(impl, t.get(key + (impl, opt_name))) for impl in ("snack", "snack_fused_step")]
+        rows = [(impl, r) for impl, r in rows if r]
+        if not (d and dm and rows):
+            continue
+        lines += ["", f"## 16384x4096, N=16, 90%, {opt_name}: {what}", "",
+                  f"CUDA-graph replay: dense {d['graph_us']:.0f} us, Dense+Mask {dm['graph_us']:.0f} us.", ""]
+        for impl, r in rows:
+            lines.append(f"- {impl}: {r['graph_us']:.0f} us, {dm['graph_us'] / r['graph_us']:.2f}x Dense+Mask "
+                         f"(target >= 8x), {d['graph_us'] / r['graph_us']:.2f}x dense (target >= 3.7x); events "
+                         f"{dm['gpu_us'] / r['gpu_us']:.2f}x / {d['gpu_us'] / r['gpu_us']:.2f}x; peak memory "
+                         f"{100 * (1 - r['peak_mib'] / d['peak_mib']):.0f}% below dense")
     b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r for r in back_rows}
     lines += ["", "## Backward kernels (cold L2, median us)", "",
               "| op | M x K | N | sparsity | floor | snack | cuSPARSE | speedup |", "|---|---|---|---|---|---|---|---|"]
@@ -367,6 +427,17 @@ def summarize(layer_rows, back_rows, info) -> str:
                      f"{c['median_us'] if c else float('nan'):.1f} | {c['median_us'] / s['median_us'] if c else float('nan'):.2f}x |")
     lines += ["", f"- dX geomean speedup over cuSPARSE: {common.geomean(ratios['dx']):.2f}x (target >= 3x)",
               f"- dW geomean speedup over cuSPARSE sampled_addmm: {common.geomean(ratios['dw']):.2f}x (target >= 3x)"]
+    step_keys = sorted({k[:5] for k in b if k[0] == "dw_adamw"})
+    if step_keys:
+        lines += ["", "## Weight gradient and AdamW step of the values (cold L2, median us)", "",
+                  "snack_fused: `sddmm_adamw_` (the update in the SDDMM's epilogue, what snack.optim.AdamW runs); "
+                  "snack_unfused: `snack.ops.sddmm`, then torch's fused AdamW kernel on the gradient.", "",
+                  "| M x K | N | sparsity | floor | fused | unfused | speedup |", "|---|---|---|---|---|---|---|"]
+        for key in step_keys:
+            f, u = b.get(key + ("snack_fused",)), b.get(key + ("snack_unfused",))
+            if f and u:
+                lines.append(f"| {key[1]}x{key[2]} | {key[3]} | {key[4]} | {f['floor_us']:.1f} | {f['median_us']:.1f} | "
+                             f"{u['median_us']:.1f} | {u['median_us'] / f['median_us']:.2f}x |")
     forced = {}
     for key in sorted({k[:5] for k in b if k[0] == "dw"}):
         c = b.get(key + ("cusparse_sddmm",))

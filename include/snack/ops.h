@@ -8,6 +8,7 @@
 //   spmm_transposed dX[n, c] = sum_{s in col c} v[s] * dY[n, row(s)]        (dX = dY W)
 //   sddmm           dv[s]    = sum_n dY[n, row(s)] * X[n, col(s)]            (dW at the slots)
 //   bias_grad       db[r]    = sum_n dY[n, r]
+//   sddmm_adamw     AdamW's step of v[s] from dv[s], with dv never stored           (the update fused)
 //
 // Every output element is written (no zero-initialisation is needed). Results are deterministic:
 // each output is reduced in a fixed order, with no atomics.
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "snack/optimizer_math.h"
 #include "snack/pattern.h"
 #include "snack/spmm_plan.h"
 #include "snack/status.h"
@@ -57,6 +59,13 @@ Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias);
 
+/// AdamW's step of `count` values from their gradient, in place: grad, values, exp_avg and
+/// exp_avg_sq are [count]; `step` is the number of this update (1 for the first). The gradient
+/// is used as stored (in T); the update is computed in float (double for double) and rounded once.
+template <typename T>
+Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig& config, T* values, T* exp_avg,
+                    T* exp_avg_sq);
+
 }  // namespace cpu
 
 namespace cuda {
@@ -90,6 +99,18 @@ inline constexpr int64_t kSddmmRowsMaxBatch = 128;
 /// Workspace bytes of sddmm() for w.rows = rows, w.cols = cols, batch n and values of value_bytes.
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes,
                              SddmmVariant variant = SddmmVariant::kAuto);
+
+/// The weight gradient and AdamW's step in one pass: each slot's gradient dv[s], computed as
+/// sddmm() computes it and rounded to T, updates values[s], exp_avg[s] and exp_avg_sq[s] in place
+/// (cpu::adamw_update's arithmetic) and is never stored, so the step costs no gradient buffer and
+/// its loads and stores overlap the products. `step` points to one float in device memory, the
+/// number of this update (1 for the first): read by the kernel, so that a replayed CUDA graph uses
+/// the current count. values must not alias dy or x. Workspace (sddmm_workspace_bytes()) and
+/// variant as for sddmm().
+template <typename T, typename Index>
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const float* step,
+                   const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,
+                   SddmmVariant variant = SddmmVariant::kAuto);
 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);

@@ -10,7 +10,7 @@ from pathlib import Path
 from ._ops import LIBRARY_PATH, default_index_dtype, ops
 from .kernels import DETERMINISTIC_VARIANTS, SPMM_VARIANTS, explain, set_spmm_variant, spmm_variant
 from .layer import SparseLinear, prepare_ddp, sparse_linear
-from . import dst
+from . import dst, optim
 from .sparsify import sparsify
 
 __version__ = "0.1.0"
@@ -20,4 +20,4 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "cmake")
 
 __all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH",
-           "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS", "dst", "sparsify", "prepare_ddp"]
+           "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS", "dst", "optim", "sparsify", "prepare_ddp"]

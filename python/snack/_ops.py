@@ -69,6 +69,18 @@ def _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc
     return values.new_empty((*x.shape[:-1], row_ptr.shape[0] - 1))
 
 
+@torch.library.register_fake("snack::sparse_linear_adamw")
+def _sparse_linear_adamw_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg, exp_avg_sq, step,
+                              lr, beta1, beta2, eps, weight_decay, maximize=False, activation="none"):
+    return _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation)
+
+
+@torch.library.register_fake("snack::sddmm_adamw_")
+def _sddmm_adamw_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr,
+                      beta1, beta2, eps, weight_decay, maximize=False, variant="auto"):
+    return None
+
+
 @torch.library.register_fake("snack::slots_from_coo")
 def _slots_from_coo_fake(rows, cols, out_features, in_features, index_dtype=None):
     dtype = _index_dtype(out_features, in_features, index_dtype)

@@ -8,6 +8,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
+from . import optim as _optim
 from ._ops import ops
 
 _PATTERN_BUFFERS = ("row_idx", "col_idx")
@@ -200,6 +201,10 @@ class SparseLinear(nn.Module):
 
     # ---- the layer -------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
+        if self.values.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            optimizer = _optim.in_backward_optimizer(self.values)
+            if optimizer is not None:  # snack.optim.AdamW: the update runs in this layer's backward
+                return optimizer._apply_layer(self, x)
         return ops.sparse_linear(x, self.values, self.bias, self.row_idx, self.col_idx, self.row_ptr, self.col_ptr,
                                  self.csc_perm, self.activation)
 

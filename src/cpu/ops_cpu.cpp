@@ -89,6 +89,25 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias) {
   return Status::Ok();
 }
 
+template <typename T>
+Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig& config, T* values, T* exp_avg,
+                    T* exp_avg_sq) {
+  if (count < 0) return InvalidArgument("adamw_update: count must be non-negative");
+  if (count > 0 && (!grad || !values || !exp_avg || !exp_avg_sq))
+    return InvalidArgument("adamw_update: grad, values, exp_avg and exp_avg_sq must not be null");
+  if (!(step >= 1)) return InvalidArgument("adamw_update: step must be at least 1, got " + std::to_string(step));
+  using A = accum_t<T>;
+  const AdamWStep<A> constants = AdamWStep<A>::make(config, A(step));
+  for (int64_t s = 0; s < count; ++s) {
+    A value = to_accum(values[s]), m = to_accum(exp_avg[s]), v = to_accum(exp_avg_sq[s]);
+    constants.apply(to_accum(grad[s]), value, m, v);
+    values[s] = from_accum<T>(value);
+    exp_avg[s] = from_accum<T>(m);
+    exp_avg_sq[s] = from_accum<T>(v);
+  }
+  return Status::Ok();
+}
+
 #define SNACK_INSTANTIATE_CPU_OPS(T, Index)                                                                  \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
                                          Activation);                                                            \
@@ -108,5 +127,11 @@ template Status bias_grad<float>(const float*, int64_t, int64_t, float*);
 template Status bias_grad<double>(const double*, int64_t, int64_t, double*);
 template Status bias_grad<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*);
 template Status bias_grad<float16>(const float16*, int64_t, int64_t, float16*);
+template Status adamw_update<float>(const float*, int64_t, double, const AdamWConfig&, float*, float*, float*);
+template Status adamw_update<double>(const double*, int64_t, double, const AdamWConfig&, double*, double*, double*);
+template Status adamw_update<bfloat16>(const bfloat16*, int64_t, double, const AdamWConfig&, bfloat16*, bfloat16*,
+                                       bfloat16*);
+template Status adamw_update<float16>(const float16*, int64_t, double, const AdamWConfig&, float16*, float16*,
+                                      float16*);
 
 }  // namespace snack::cpu

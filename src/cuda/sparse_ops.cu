@@ -9,6 +9,7 @@
 #include "../common/op_checks.h"
 #include "cuda_utils.cuh"
 #include "snack/ops.h"
+#include "snack/optimizer_math.h"
 #include "spmm_kernels.cuh"
 
 namespace snack::cuda {
@@ -27,17 +28,56 @@ using detail::DeviceLimits;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
+// What the SDDMM kernels do with a slot's gradient g (float accumulation): store it (sddmm), or
+// apply AdamW's step to the slot's value with it at once (sddmm_adamw), so that the gradient never
+// goes to memory. fetch(e) loads what apply(e, g, fetched) needs; the kernels issue it before they
+// compute g, so its loads overlap the products. begin() runs once per thread after the kernel has
+// waited for the grids before it.
+template <typename T>
+struct StoreGradient {
+  T* __restrict__ dvalues;
+  struct Fetched {};
+  __device__ __forceinline__ void begin() {}
+  __device__ __forceinline__ Fetched fetch(int64_t) const { return {}; }
+  __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
+};
+
+template <typename T>
+struct AdamWUpdate {
+  using A = accum_t<T>;
+  T* __restrict__ values;
+  T* __restrict__ exp_avg;
+  T* __restrict__ exp_avg_sq;
+  const float* __restrict__ step;  // device memory: a replayed CUDA graph reads the current count
+  AdamWConfig config;
+  AdamWStep<A> constants;
+  struct Fetched {
+    T value, m, v;
+  };
+  __device__ __forceinline__ void begin() { constants = AdamWStep<A>::make(config, A(*step)); }
+  __device__ __forceinline__ Fetched fetch(int64_t e) const { return {values[e], exp_avg[e], exp_avg_sq[e]}; }
+  __device__ __forceinline__ void apply(int64_t e, A g, Fetched f) const {
+    A value = to_accum(f.value), m = to_accum(f.m), v = to_accum(f.v);
+    // The gradient rounded to T first, as the update from a stored gradient would see it.
+    constants.apply(to_accum(from_accum<T>(g)), value, m, v);
+    values[e] = from_accum<T>(value);
+    exp_avg[e] = from_accum<T>(m);
+    exp_avg_sq[e] = from_accum<T>(v);
+  }
+};
+
 // One thread per slot; neighbouring threads share a row, so dY[n, r] is mostly a broadcast.
-template <typename T, typename Index>
+template <typename T, typename Index, typename Out>
 __global__ void __launch_bounds__(kThreads) sddmm_thread_slot_kernel(SlotPattern<Index> w, const T* __restrict__ dy,
-                                                                     const T* __restrict__ x, int64_t n,
-                                                                     T* __restrict__ dvalues) {
+                                                                     const T* __restrict__ x, int64_t n, Out out) {
+  out.begin();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < w.nnz; s += stride) {
-    const int64_t r = w.row_idx[s], c = w.col_idx[s];
+    const auto fetched = out.fetch(s);
+    const int64_t r = __ldg(w.row_idx + s), c = __ldg(w.col_idx + s);
     accum_t<T> acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += to_accum(dy[i * w.rows + r]) * to_accum(x[i * w.cols + c]);
-    dvalues[s] = from_accum<T>(acc);
+    out.apply(s, acc, fetched);
   }
 }
 
@@ -45,10 +85,9 @@ __global__ void __launch_bounds__(kThreads) sddmm_thread_slot_kernel(SlotPattern
 // batch values, so one slot's two vectors are contiguous: G lanes per slot read them as 16-byte
 // vectors, 32 / G slots per warp, and a fixed butterfly sums the G lanes (deterministic).
 // Consecutive slots share a row, so dy_t[row] is reused from L1.
-template <typename T, typename Index, int G>
+template <typename T, typename Index, int G, typename Out>
 __global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Index> w, const T* __restrict__ dy_t,
-                                                                const T* __restrict__ x_t, int64_t np,
-                                                                T* __restrict__ dvalues) {
+                                                                const T* __restrict__ x_t, int64_t np, Out out) {
   using A = accum_t<T>;
   constexpr int kSlotsPerWarp = 32 / G;
   constexpr int kUnrollSlots = 4;
@@ -57,15 +96,18 @@ __global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Inde
   const int64_t warp_count = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const int64_t per_step = int64_t(kSlotsPerWarp) * kUnrollSlots;
   detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
+  out.begin();
   for (int64_t s0 = warp_global * per_step; s0 < w.nnz; s0 += warp_count * per_step) {
     A acc[kUnrollSlots];
     int64_t r[kUnrollSlots], c[kUnrollSlots];
+    typename Out::Fetched fetched[kUnrollSlots];
 #pragma unroll
     for (int u = 0; u < kUnrollSlots; ++u) {
       const int64_t slot = s0 + u * kSlotsPerWarp + slot_lane;
       const bool ok = slot < w.nnz;
       r[u] = ok ? int64_t(w.row_idx[slot]) : 0;
       c[u] = ok ? int64_t(w.col_idx[slot]) : 0;
+      if (ok && g == 0) fetched[u] = out.fetch(slot);
       acc[u] = A(0);
     }
 #pragma unroll
@@ -82,13 +124,13 @@ __global__ void __launch_bounds__(kThreads) sddmm_vector_kernel(SlotPattern<Inde
 #pragma unroll
       for (int offset = 1; offset < G; offset <<= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], offset);
       const int64_t slot = s0 + u * kSlotsPerWarp + slot_lane;
-      if (g == 0 && slot < w.nnz) dvalues[slot] = from_accum<T>(acc[u]);
+      if (g == 0 && slot < w.nnz) out.apply(slot, acc[u], fetched[u]);
     }
   }
 }
 
-template <typename T, typename Index, int G>
-Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, T* dvalues,
+template <typename T, typename Index, int G, typename Out>
+Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, const Out& out,
                            Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
@@ -96,8 +138,8 @@ Status launch_sddmm_vector(const SlotPattern<Index>& w, const T* dy_t, const T* 
   // Eight resident blocks per SM; a grid-stride loop covers the rest.
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
   // Programmatic launch: starts during the transpose of X (see detail::launch_programmatic).
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_vector_kernel<T, Index, G>, dim3(blocks),
-                                                         dim3(kThreads), 0, stream, w, dy_t, x_t, np, dvalues));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_vector_kernel<T, Index, G, Out>, dim3(blocks),
+                                                         dim3(kThreads), 0, stream, w, dy_t, x_t, np, out));
   return check_launch("sddmm_vector_kernel");
 }
 
@@ -132,10 +174,10 @@ inline bool aligned_for_4(const void* p, size_t elem) {
 // are butterfly rounds. The rounds add at lane distance 1, 2, 4, the order of sddmm_vector_kernel's
 // butterfly, so for NC = 1 (np <= 32) the results are bitwise equal to it.
 // The column indices of the next kU slots are requested before this chunk's gathers.
-template <typename T, typename Index, int GN, int NC>
+template <typename T, typename Index, int GN, int NC, typename Out>
 __global__ void __launch_bounds__(kThreads, 4)
     sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy_t, const T* __restrict__ x_t,
-                      int64_t np, int lanes_per_row, T* __restrict__ dvalues) {
+                      int64_t np, int lanes_per_row, Out out) {
   using A = accum_t<T>;
   constexpr int kGroup = 4;
   constexpr int kU = NC >= 4 ? 4 : 8;  // slots per lane per chunk (fewer where dy_t takes more registers)
@@ -161,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     else stores = stores && !upper;
   }
   detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
+  out.begin();
 
   // Column indices of the kU slots of groups g0, g0 + g_step, ...; -1 for slots outside [lo, hi).
   auto load_cols = [&](int32_t g0, int g_step, int32_t lo, int32_t hi, int32_t (&col)[kU]) {
@@ -203,6 +246,15 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int32_t step = 0; step < chunks; ++step, g0 += kG * g_step) {
       int32_t next_col[kU];
       load_cols(g0 + kG * g_step, g_step, lo, hi, next_col);
+      // The slots whose sums this lane keeps, and what the epilogue needs of them.
+      int32_t kept_slot[kKept];
+      typename Out::Fetched fetched[kKept];
+#pragma unroll
+      for (int i = 0; i < kKept; ++i) {
+        const int u = kept_first + i;
+        kept_slot[i] = kGroup * (g0 + (u / kGroup) * g_step) + u % kGroup;
+        if (stores && kept_slot[i] >= lo && kept_slot[i] < hi) fetched[i] = out.fetch(kept_slot[i]);
+      }
       A part[kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -235,9 +287,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       if (stores) {
 #pragma unroll
         for (int i = 0; i < kKept; ++i) {
-          const int u = kept_first + i;
-          const int32_t e = kGroup * (g0 + (u / kGroup) * g_step) + u % kGroup;
-          if (e >= lo && e < hi) dvalues[e] = from_accum<T>(part[i]);
+          if (kept_slot[i] >= lo && kept_slot[i] < hi) out.apply(kept_slot[i], part[i], fetched[i]);
         }
       }
 #pragma unroll
@@ -246,8 +296,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
-template <typename T, typename Index, int GN, int NC>
-Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, T* dvalues,
+template <typename T, typename Index, int GN, int NC, typename Out>
+Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, const Out& out,
                          Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
@@ -268,9 +318,9 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   const int64_t warps = ceil_div(w.rows, kFree / lanes);
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
   const bool vector_ok = aligned_for_4(w.col_idx, sizeof(Index));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC>, dim3(blocks),
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC, Out>, dim3(blocks),
                                                          dim3(kThreads), 0, stream, w, vector_ok, dy_t, x_t, np,
-                                                         lanes, dvalues));
+                                                         lanes, out));
   return check_launch("sddmm_rows_kernel");
 }
 
@@ -285,21 +335,10 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
   }
 }
 
-}  // namespace
-
-size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
-  if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
-    return 0;
-  return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
-}
-
-template <typename T, typename Index>
-Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
-             Stream stream, SddmmVariant variant) {
-  using snack::detail::required_if;
-  SNACK_RETURN_IF_ERROR(snack::detail::check_op(
-      w, n, required_if(w.nnz > 0, dvalues),
-      {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
+// The SDDMM kernels with `out` as their epilogue: the variant, the transposes, the launch.
+template <typename T, typename Index, typename Out>
+Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const Out& out, void* workspace,
+                 Stream stream, SddmmVariant variant) {
   if (w.nnz == 0) return Status::Ok();
   const int64_t np = sddmm_padded_batch(n);
   if (variant == SddmmVariant::kAuto) {
@@ -315,7 +354,7 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
     }
   }
   if (variant == SddmmVariant::kSlot || n == 0) {
-    sddmm_thread_slot_kernel<T, Index><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, dvalues);
+    sddmm_thread_slot_kernel<T, Index, Out><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, out);
     return check_launch("sddmm_thread_slot_kernel");
   }
   if (variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
@@ -334,27 +373,61 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
   // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
   const int64_t lanes = std::min<int64_t>(32, np / 4);
   if (variant == SddmmVariant::kRows) {
-    if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy_t, x_t, np, dvalues, stream);
-    if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy_t, x_t, np, dvalues, stream);
+    if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy_t, x_t, np, out, stream);
+    if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy_t, x_t, np, out, stream);
     switch (lanes) {
-      case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy_t, x_t, np, dvalues, stream);
-      case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy_t, x_t, np, dvalues, stream);
+      case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy_t, x_t, np, out, stream);
+      case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy_t, x_t, np, out, stream);
       case 3:
-      case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy_t, x_t, np, dvalues, stream);
-      default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy_t, x_t, np, dvalues, stream);
+      case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy_t, x_t, np, out, stream);
+      default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy_t, x_t, np, out, stream);
     }
   }
   switch (lanes) {
-    case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, dvalues, stream);
-    case 2: return launch_sddmm_vector<T, Index, 2>(w, dy_t, x_t, np, dvalues, stream);
+    case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, out, stream);
+    case 2: return launch_sddmm_vector<T, Index, 2>(w, dy_t, x_t, np, out, stream);
     case 3:
-    case 4: return launch_sddmm_vector<T, Index, 4>(w, dy_t, x_t, np, dvalues, stream);
+    case 4: return launch_sddmm_vector<T, Index, 4>(w, dy_t, x_t, np, out, stream);
     case 5: case 6: case 7:
-    case 8: return launch_sddmm_vector<T, Index, 8>(w, dy_t, x_t, np, dvalues, stream);
+    case 8: return launch_sddmm_vector<T, Index, 8>(w, dy_t, x_t, np, out, stream);
     default:
-      if (lanes <= 16) return launch_sddmm_vector<T, Index, 16>(w, dy_t, x_t, np, dvalues, stream);
-      return launch_sddmm_vector<T, Index, 32>(w, dy_t, x_t, np, dvalues, stream);
+      if (lanes <= 16) return launch_sddmm_vector<T, Index, 16>(w, dy_t, x_t, np, out, stream);
+      return launch_sddmm_vector<T, Index, 32>(w, dy_t, x_t, np, out, stream);
   }
+}
+
+}  // namespace
+
+size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
+  if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
+    return 0;
+  return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
+}
+
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
+             Stream stream, SddmmVariant variant) {
+  using snack::detail::required_if;
+  SNACK_RETURN_IF_ERROR(snack::detail::check_op(
+      w, n, required_if(w.nnz > 0, dvalues),
+      {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
+  return run_sddmm(w, dy, x, n, StoreGradient<T>{dvalues}, workspace, stream, variant);
+}
+
+template <typename T, typename Index>
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const float* step,
+                   const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,
+                   SddmmVariant variant) {
+  using snack::detail::required_if;
+  SNACK_RETURN_IF_ERROR(snack::detail::check_op(
+      w, n, required_if(w.nnz > 0, values),
+      {{"dy", required_if(n * w.rows > 0, dy)},
+       {"x", required_if(n * w.cols > 0, x)},
+       {"exp_avg", required_if(w.nnz > 0, exp_avg)},
+       {"exp_avg_sq", required_if(w.nnz > 0, exp_avg_sq)},
+       {"step", required_if(w.nnz > 0, step)}}));
+  return run_sddmm(w, dy, x, n, AdamWUpdate<T>{values, exp_avg, exp_avg_sq, step, config, {}}, workspace, stream,
+                   variant);
 }
 
 template <typename T, typename Index>
@@ -380,7 +453,9 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
 #define SNACK_INSTANTIATE_CUDA_OPS(T, Index)                                                                     \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, void*, Stream,        \
-                                  SddmmVariant);
+                                  SddmmVariant);                                                                     \
+  template Status sddmm_adamw<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const float*,          \
+                                        const AdamWConfig&, T*, T*, T*, void*, Stream, SddmmVariant);
 
 SNACK_INSTANTIATE_CUDA_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(float, int32_t)

@@ -71,69 +71,180 @@ at::Tensor sparse_linear_forward(const at::Tensor& x, const at::Tensor& values, 
   return y2d.view(output_shape(x, out_features));
 }
 
+void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                      const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                      const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                      const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                      bool maximize) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sddmm_adamw_", "").typed<void(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, double, double, double, double, double, bool, c10::string_view)>();
+  op.call(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr, beta1, beta2,
+          eps, weight_decay, maximize, "auto");
+}
+
+// The forward of both autograd functions below. ReLU is fused and its gradient mask comes from
+// the output. GELU's gradient needs the pre-activation, so under autograd it is computed unfused
+// and the pre-activation is saved.
+at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& values,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                            const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                            c10::string_view activation) {
+  const Activation act = activation_arg(activation, "sparse_linear");
+  ctx->saved_data["has_bias"] = bias.has_value();
+  ctx->saved_data["activation"] = static_cast<int64_t>(act);
+  at::Tensor y, saved_activation;
+  if (act == Activation::kGELU) {
+    const at::Tensor z = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "none");
+    y = at::gelu(z);
+    saved_activation = z;
+  } else {
+    y = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+    if (act == Activation::kReLU) saved_activation = y;
+  }
+  ctx->save_for_backward({x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, saved_activation});
+  return y;
+}
+
+// What forward_and_save kept, and dY: the output gradient through the activation, as [N, M].
+struct Saved {
+  at::Tensor x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, dy;
+  int64_t in_features;
+};
+
+Saved unpack(AutogradContext* ctx, const variable_list& grad_outputs) {
+  const auto saved = ctx->get_saved_variables();
+  Saved s{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], at::Tensor(), saved[5].size(0) - 1};
+  const int64_t out_features = s.row_ptr.size(0) - 1;
+  at::Tensor grad = grad_outputs[0];
+  switch (static_cast<Activation>(ctx->saved_data["activation"].toInt())) {
+    case Activation::kReLU: grad = at::threshold_backward(grad, saved[7], 0); break;  // one kernel: grad where y > 0
+    case Activation::kGELU: grad = at::gelu_backward(grad, saved[7]); break;
+    default: break;
+  }
+  s.dy = grad.reshape({-1, out_features}).contiguous();
+  return s;
+}
+
+at::Tensor input_grad(const Saved& s) {
+  return call_spmm_t(s.dy, s.values, s.row_idx, s.col_idx, s.row_ptr, s.col_ptr, s.csc_perm).view(s.x.sizes());
+}
+
+at::Tensor bias_grad_if_needed(AutogradContext* ctx, const Saved& s) {
+  return ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2) ? call_bias_grad(s.dy) : at::Tensor();
+}
+
 class SparseLinearFunction : public torch::autograd::Function<SparseLinearFunction> {
  public:
-  // ReLU is fused and its gradient mask comes from the output. GELU's gradient needs the
-  // pre-activation, so under autograd it is computed unfused and the pre-activation is saved.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& values,
                             const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
                             const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                             const at::Tensor& csc_perm, c10::string_view activation) {
-    const Activation act = activation_arg(activation, "sparse_linear");
-    ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["activation"] = static_cast<int64_t>(act);
-    at::Tensor y, saved_activation;
-    if (act == Activation::kGELU) {
-      const at::Tensor z = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "none");
-      y = at::gelu(z);
-      saved_activation = z;
-    } else {
-      y = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
-      if (act == Activation::kReLU) saved_activation = y;
-    }
-    ctx->save_for_backward({x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, saved_activation});
-    return y;
+    return forward_and_save(ctx, x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &values = saved[1], &row_idx = saved[2], &col_idx = saved[3],
-                     &row_ptr = saved[4], &col_ptr = saved[5], &csc_perm = saved[6];
-    const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
-    at::Tensor grad = grad_outputs[0];
-    switch (static_cast<Activation>(ctx->saved_data["activation"].toInt())) {
-      case Activation::kReLU: grad = at::threshold_backward(grad, saved[7], 0); break;  // one kernel: grad where y > 0
-      case Activation::kGELU: grad = at::gelu_backward(grad, saved[7]); break;
-      default: break;
-    }
-    const at::Tensor dy = grad.reshape({-1, out_features}).contiguous();
-    at::Tensor dx, dvalues, dbias;
-    if (ctx->needs_input_grad(0))
-      dx = call_spmm_t(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm).view(x.sizes());
+    const Saved s = unpack(ctx, grad_outputs);
+    at::Tensor dx, dvalues;
+    if (ctx->needs_input_grad(0)) dx = input_grad(s);
     if (ctx->needs_input_grad(1))
-      dvalues = call_sddmm(dy, flatten_input(x, in_features), row_idx, col_idx, row_ptr, col_ptr, csc_perm);
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) dbias = call_bias_grad(dy);
-    return {dx, dvalues, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      dvalues = call_sddmm(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
+                           s.csc_perm);
+    return {dx, dvalues, bias_grad_if_needed(ctx, s), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
+
+// The layer with AdamW applied to values inside its backward: no gradient is returned for them.
+class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearAdamWFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& values,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
+                            const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                            const at::Tensor& csc_perm, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                            const at::Tensor& step, double lr, double beta1, double beta2, double eps,
+                            double weight_decay, bool maximize, c10::string_view activation) {
+    // The optimizer's tensors are not saved variables: the backward updates them, and they have no gradient.
+    ctx->saved_data["exp_avg"] = exp_avg;
+    ctx->saved_data["exp_avg_sq"] = exp_avg_sq;
+    ctx->saved_data["step"] = step;
+    ctx->saved_data["hyper"] = std::vector<double>{lr, beta1, beta2, eps, weight_decay};
+    ctx->saved_data["maximize"] = maximize;
+    return forward_and_save(ctx, x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const Saved s = unpack(ctx, grad_outputs);
+    at::Tensor dx;
+    if (ctx->needs_input_grad(0)) dx = input_grad(s);  // enqueued first: it reads the values before the update
+    if (ctx->needs_input_grad(1)) {
+      const auto hyper = ctx->saved_data["hyper"].toDoubleVector();
+      call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
+                       s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
+                       ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0],
+                       hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool());
+      // A second backward through a graph that saved these values (the layer applied twice, or a
+      // retained graph) now fails autograd's version check instead of using updated values.
+      s.values.unsafeGetTensorImpl()->bump_version();
+    }
+    variable_list grads(18);
+    grads[0] = dx;
+    grads[2] = bias_grad_if_needed(ctx, s);
+    return grads;
+  }
+};
+
+bool needs_grad(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias) {
+  return at::GradMode::is_enabled() &&
+         (x.requires_grad() || values.requires_grad() || (bias && bias->requires_grad()));
+}
 
 at::Tensor sparse_linear_autograd(const at::Tensor& x, const at::Tensor& values, const std::optional<at::Tensor>& bias,
                                   const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& row_ptr,
                                   const at::Tensor& col_ptr, const at::Tensor& csc_perm, c10::string_view activation) {
-  const bool needs_grad = at::GradMode::is_enabled() &&
-                          (x.requires_grad() || values.requires_grad() || (bias && bias->requires_grad()));
-  if (!needs_grad) {  // inference: the fully fused kernel, nothing saved
+  if (!needs_grad(x, values, bias)) {  // inference: the fully fused kernel, nothing saved
     at::AutoDispatchBelowADInplaceOrView guard;
     return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
   }
   return SparseLinearFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
 }
 
+// Below autograd the optimizer's arguments play no part: the layer's forward.
+at::Tensor sparse_linear_adamw_forward(const at::Tensor& x, const at::Tensor& values,
+                                       const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
+                                       const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                                       const at::Tensor& csc_perm, const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, double, double, double, double, double, bool,
+                                       c10::string_view activation) {
+  return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+}
+
+at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& values,
+                                        const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
+                                        const at::Tensor& col_idx, const at::Tensor& row_ptr,
+                                        const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                                        const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                        const at::Tensor& step, double lr, double beta1, double beta2, double eps,
+                                        double weight_decay, bool maximize, c10::string_view activation) {
+  if (!needs_grad(x, values, bias)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+  }
+  return SparseLinearAdamWFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg,
+                                          exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize,
+                                          activation);
+}
+
 }  // namespace
 }  // namespace snack::binding
 
-TORCH_LIBRARY_IMPL(snack, Autograd, m) { m.impl("sparse_linear", &snack::binding::sparse_linear_autograd); }
+TORCH_LIBRARY_IMPL(snack, Autograd, m) {
+  m.impl("sparse_linear", &snack::binding::sparse_linear_autograd);
+  m.impl("sparse_linear_adamw", &snack::binding::sparse_linear_adamw_autograd);
+}
 // Below autograd (inference, tracing, meta/fake tensors) the layer is just spmm on a flattened input.
 TORCH_LIBRARY_IMPL(snack, CompositeExplicitAutograd, m) {
   m.impl("sparse_linear", &snack::binding::sparse_linear_forward);
+  m.impl("sparse_linear_adamw", &snack::binding::sparse_linear_adamw_forward);
 }

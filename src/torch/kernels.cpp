@@ -65,6 +65,8 @@ template <typename... Args>
 Status sddmm(Args&&...) { return unsupported(); }
 template <typename... Args>
 Status bias_grad(Args&&...) { return unsupported(); }
+template <typename... Args>
+Status sddmm_adamw(Args&&...) { return unsupported(); }
 template <typename Index, typename... Args>
 Status slots_from_coo(Args&&...) { return unsupported(); }
 template <typename Index, typename... Args>
@@ -287,6 +289,82 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
   return dv;
 }
 
+// The slot tensors of the optimizer: [nnz], the weight's dtype and device, distinct memory.
+void check_slot_state(const at::Tensor& t, const at::Tensor& values, const char* name, const char* op) {
+  check_1d(t, name, op);
+  TORCH_CHECK_VALUE(t.size(0) == values.size(0), "snack.", op, ": ", name, " has ", t.size(0),
+                    " elements, expected one per slot (", values.size(0), ")");
+  TORCH_CHECK_TYPE(t.scalar_type() == values.scalar_type(), "snack.", op, ": ", name, " dtype ", t.scalar_type(),
+                   " differs from the weight dtype ", values.scalar_type());
+  check_same_device(t, values, name, op);
+  TORCH_CHECK_VALUE(values.numel() == 0 || t.data_ptr() != values.data_ptr(), "snack.", op, ": ", name,
+                    " shares memory with values");
+}
+
+void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                  const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                  const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                  bool maximize, c10::string_view variant_name) {
+  const char* op = "sddmm_adamw_";
+  const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
+  SddmmVariant variant = SddmmVariant::kAuto;
+  TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(variant_name), &variant), "snack.", op, ": unknown variant '",
+                    variant_name, "' (expected auto, slot, vector or rows)");
+  check_value_dtype(values, op);
+  check_pattern(p, values, op);
+  check_dense(dy, values, p.rows(), "dy", op);
+  check_dense(x, values, p.cols(), "x", op);
+  TORCH_CHECK_VALUE(dy.size(0) == x.size(0), "snack.", op, ": dy has ", dy.size(0), " rows but x has ", x.size(0));
+  check_slot_state(exp_avg, values, "exp_avg", op);
+  check_slot_state(exp_avg_sq, values, "exp_avg_sq", op);
+  TORCH_CHECK_VALUE(values.numel() == 0 || exp_avg.data_ptr() != exp_avg_sq.data_ptr(), "snack.", op,
+                    ": exp_avg and exp_avg_sq share memory");
+  TORCH_CHECK_TYPE(step.scalar_type() == at::kFloat, "snack.", op, ": step must be float32, got ", step.scalar_type());
+  TORCH_CHECK_VALUE(step.numel() == 1, "snack.", op, ": step must hold one number, got shape ", step.sizes());
+  check_same_device(step, values, "step", op);
+  // torch.optim.AdamW's checks of its hyperparameters.
+  TORCH_CHECK_VALUE(lr >= 0, "snack.", op, ": invalid learning rate ", lr);
+  TORCH_CHECK_VALUE(eps >= 0, "snack.", op, ": invalid epsilon ", eps);
+  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1, "snack.", op, ": invalid beta1 ", beta1);
+  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1, "snack.", op, ": invalid beta2 ", beta2);
+  TORCH_CHECK_VALUE(weight_decay >= 0, "snack.", op, ": invalid weight_decay ", weight_decay);
+  const AdamWConfig config{lr, beta1, beta2, eps, weight_decay, maximize};
+  // The count is advanced on the device (no host synchronisation), then the update reads it.
+  step.add_(1);
+  if (values.numel() == 0) return;
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    if (values.is_cpu()) {
+      const at::Tensor dv = sddmm(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, variant_name);
+      const double count = step.item<double>();
+      throw_if_error(parallel_chunks(values.size(0), 1 << 14,
+                                     [&](int64_t s0, int64_t s1) {
+                                       return cpu::adamw_update(data_as<T>(dv) + s0, s1 - s0, count, config,
+                                                                data_as<T>(values) + s0, data_as<T>(exp_avg) + s0,
+                                                                data_as<T>(exp_avg_sq) + s0);
+                                     }),
+                     op);
+      return;
+    }
+    const at::Tensor dyc = dy.contiguous(), xc = x.contiguous();
+    throw_if_error(with_pattern(p, [&](auto w) {
+                     return on_device(
+                         values, [&] { return Status::Ok(); },
+                         [&](Stream s) {
+                           const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T), variant);
+                           at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
+                           return gpu::sddmm_adamw(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0),
+                                                   step.data_ptr<float>(), config, data_as<T>(values),
+                                                   data_as<T>(exp_avg), data_as<T>(exp_avg_sq),
+                                                   ws.defined() ? ws.data_ptr() : nullptr, s, variant);
+                         },
+                         op);
+                   }),
+                   op);
+  });
+}
+
 at::Tensor bias_grad(const at::Tensor& dy) {
   check_value_dtype(dy, "bias_grad");
   TORCH_CHECK_VALUE(dy.dim() == 2, "snack.bias_grad: dy must be 2-D, got shape ", dy.sizes());
@@ -500,6 +578,7 @@ void register_device_kernels(torch::Library& m) {
   m.impl("spmm_t", &spmm_t);
   m.impl("sddmm", &sddmm);
   m.impl("bias_grad", &bias_grad);
+  m.impl("sddmm_adamw_", &sddmm_adamw_);
   m.impl("slots_from_coo", &slots_from_coo);
   m.impl("slots_from_dense", &slots_from_dense);
   m.impl("slots_from_mask", &slots_from_mask);

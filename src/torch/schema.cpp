@@ -22,9 +22,23 @@ TORCH_LIBRARY(snack, m) {
         "Tensor csc_perm, str variant=\"auto\") -> Tensor");
   // db = dy.sum(0): dy [N, M] -> [M].
   m.def("bias_grad(Tensor dy) -> Tensor");
+  // One AdamW step (torch.optim.AdamW's arithmetic) of values from their gradient sddmm(dy, x),
+  // fused: the gradient is never stored. values, exp_avg, exp_avg_sq [nnz] are updated in place;
+  // step (float32, one element, on values' device) is advanced by one first and the update uses the
+  // new count. variant as for sddmm.
+  m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
+        "Tensor csc_perm, Tensor(a!) values, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, float lr, "
+        "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str variant=\"auto\") -> ()");
   // The layer: act(x W^T + b), x [..., K] -> [..., M], differentiable in x, values and bias.
   m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, Tensor row_ptr, "
         "Tensor col_ptr, Tensor csc_perm, str activation=\"none\") -> Tensor");
+  // The layer whose backward applies AdamW to values at once (sddmm_adamw_) instead of returning
+  // their gradient: differentiable in x and bias; values, exp_avg, exp_avg_sq and step are updated
+  // in place by the backward, after dX has used the old values (snack.optim.AdamW calls it).
+  m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, "
+        "Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor exp_avg, Tensor exp_avg_sq, Tensor step, float lr, "
+        "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str activation=\"none\") "
+        "-> Tensor");
 
   // Which kernel spmm (or spmm_t when transposed) runs for a batch of n rows on this weight, and why.
   m.def("explain_spmm(Tensor values, Tensor row_ptr, Tensor col_ptr, int n, bool transposed=False, "

@@ -1,4 +1,6 @@
 // The CPU ops of the core against dense float64 references, on odd sizes and both index widths.
+#include <cmath>
+
 #include "test_util.h"
 
 namespace snack::test {
@@ -121,6 +123,25 @@ TEST(CpuOpsErrors, RejectsBadArguments) {
   Status s = cpu::spmm_forward<float, uint16_t>(big, v.data(), x.data(), 0, nullptr, y.data());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("index type"), std::string::npos) << s.message();
+}
+
+TEST(CpuOptimizer, AdamWUpdateFollowsTorchFormula) {
+  const AdamWConfig c{0.01, 0.8, 0.95, 1e-6, 0.1, false};
+  std::vector<double> g{0.5, -2.0, 0.0}, v{1.0, -0.25, 3.0}, m{0.1, 0.2, -0.3}, s{0.01, 0.5, 0.0};
+  auto value = v, exp_avg = m, exp_avg_sq = s;
+  ASSERT_TRUE(cpu::adamw_update<double>(g.data(), 3, 3.0, c, value.data(), exp_avg.data(), exp_avg_sq.data()).ok());
+  for (size_t i = 0; i < 3; ++i) {  // torch.optim.AdamW, written out
+    const double w = v[i] - c.lr * c.weight_decay * v[i];
+    const double m1 = c.beta1 * m[i] + (1 - c.beta1) * g[i], s1 = c.beta2 * s[i] + (1 - c.beta2) * g[i] * g[i];
+    const double denom = std::sqrt(s1) / std::sqrt(1 - std::pow(c.beta2, 3.0)) + c.eps;
+    EXPECT_NEAR(value[i], w - c.lr / (1 - std::pow(c.beta1, 3.0)) * m1 / denom, 1e-15) << i;
+    EXPECT_NEAR(exp_avg[i], m1, 1e-15);
+    EXPECT_NEAR(exp_avg_sq[i], s1, 1e-15);
+  }
+  EXPECT_EQ(cpu::adamw_update<double>(g.data(), 3, 0.0, c, value.data(), exp_avg.data(), exp_avg_sq.data()).code(),
+            StatusCode::kInvalidArgument);  // steps count from 1
+  EXPECT_EQ(cpu::adamw_update<double>(g.data(), 3, 1.0, c, value.data(), nullptr, exp_avg_sq.data()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

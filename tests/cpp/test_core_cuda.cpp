@@ -94,6 +94,28 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
       ASSERT_TRUE((cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv_forced.ptr, ws.ptr, nullptr, v).ok()));
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_LT(rel_error(dv_forced.host(), ref_sddmm(p, dy64, x64, sh.n)), tol);
+
+      // The same kernel with AdamW's step fused: equal to the CPU's sddmm, then its update.
+      const size_t nnz = p.row_idx.size();
+      const AdamWConfig config{1e-2, 0.9, 0.99, 1e-6, 0.05, v == SddmmVariant::kVector};
+      const auto m64 = random_dense(int64_t(nnz), seed + 1), s64 = random_dense(int64_t(nnz), seed + 2);
+      std::vector<T> exp_avg_h = cast<T>(m64), exp_avg_sq_h(nnz), values_h = cast<T>(p.values);
+      for (size_t i = 0; i < nnz; ++i) exp_avg_sq_h[i] = T(s64[i] * s64[i]);
+      DeviceArray<T> dvalues(values_h), exp_avg(exp_avg_h), exp_avg_sq(exp_avg_sq_h);
+      DeviceArray<float> step(std::vector<float>{3.0f});
+      ASSERT_TRUE((cuda::sddmm_adamw<T, Index>(d.w, dy.ptr, x.ptr, sh.n, step.ptr, config, dvalues.ptr, exp_avg.ptr,
+                                               exp_avg_sq.ptr, ws.ptr, nullptr, v).ok()));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto w_cpu = p.view(), x_t = cast<T>(x64), dy_t = cast<T>(dy64);
+      std::vector<T> dv_cpu(nnz);
+      ASSERT_TRUE((cpu::sddmm<T, Index>(w_cpu, dy_t.data(), x_t.data(), sh.n, dv_cpu.data()).ok()));
+      ASSERT_TRUE(cpu::adamw_update<T>(dv_cpu.data(), int64_t(nnz), 3.0, config, values_h.data(), exp_avg_h.data(),
+                                       exp_avg_sq_h.data())
+                      .ok());
+      const auto wide = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
+      EXPECT_LT(rel_error(dvalues.host(), wide(values_h)), tol);
+      EXPECT_LT(rel_error(exp_avg.host(), wide(exp_avg_h)), tol);
+      EXPECT_LT(rel_error(exp_avg_sq.host(), wide(exp_avg_sq_h)), tol);
     }
   }
 }

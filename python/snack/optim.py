@@ -1,0 +1,123 @@
+"""Optimizers that update a SparseLinear's values inside the backward pass.
+
+:class:`AdamW` is ``torch.optim.AdamW`` (same arguments, state and checkpoints) with one change:
+the values of every :class:`snack.SparseLinear` whose parameters it holds are updated by the
+layer's backward, in the kernel that computes their gradient (``snack.ops.sddmm_adamw_``). That
+gradient is never stored: a step moves fewer bytes and runs fewer kernels, and ``values.grad``
+stays ``None`` (4 bytes per connection less memory). Every other parameter (biases, dense layers)
+is updated by ``step()`` as ``torch.optim.AdamW`` does.
+
+The update happens when the backward runs, so it suits the common loop
+``zero_grad(); loss.backward(); step()`` on one process. What needs the values' gradient first
+cannot be combined with it:
+
+* gradient accumulation over several backward passes, and a layer applied twice in one forward
+  (both raise ``RuntimeError`` in the backward, before a second update);
+* gradient clipping, gradient scaling (AMP's ``GradScaler``), and ``DistributedDataParallel``,
+  which need the gradient before the update.
+
+Use ``torch.optim.AdamW`` for those; the two share their state layout, so a checkpoint of one
+loads into the other. Capturing the whole step in a CUDA graph works (the step count lives on the
+GPU). Under ``torch.compile`` the layer returns its values' gradient as usual and ``step()``
+applies the same AdamW to it: the fusion is an eager-mode (and CUDA-graph) optimisation.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ._ops import ops
+
+__all__ = ["AdamW"]
+
+# values Parameter -> the AdamW that updates it in the backward (a weak reference both ways).
+_IN_BACKWARD: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+class AdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` whose update of SparseLinear values is fused into their backward.
+
+    Args: as ``torch.optim.AdamW`` (``params``, ``lr``, ``betas``, ``eps``, ``weight_decay``,
+    ``maximize``, ``foreach``, ``capturable``, ``fused``: the last three choose how ``step()``
+    updates the other parameters), except that ``amsgrad`` and ``differentiable`` are not offered
+    and ``lr`` must be a number.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 *, maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
+                 fused: Optional[bool] = None) -> None:
+        if isinstance(lr, Tensor):
+            raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
+        # Parameters whose update ran in a backward since the last step() (the accumulation guard).
+        self._updated_since_step: set[int] = set()
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
+                         maximize=maximize, foreach=foreach, capturable=capturable, fused=fused)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if isinstance(self.param_groups[-1]["lr"], Tensor):
+            raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
+        for p in self.param_groups[-1]["params"]:
+            _IN_BACKWARD[p] = weakref.ref(self)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Updates the parameters that have a gradient (SparseLinear values were updated by the backward)."""
+        self._updated_since_step.clear()
+        return super().step(closure)
+
+    def _group_of(self, param: Tensor) -> dict:
+        for group in self.param_groups:
+            if any(p is param for p in group["params"]):
+                return group
+        raise KeyError("parameter not in this optimizer")
+
+    def _slot_state(self, values: Tensor) -> dict:
+        """values' AdamW state, created as torch.optim.AdamW creates it; the step count on values' device."""
+        state = self.state[values]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=values.device)
+            state["exp_avg"] = torch.zeros_like(values, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(values, memory_format=torch.preserve_format)
+        elif state["step"].device != values.device or state["step"].dtype != torch.float32:
+            # A checkpoint of a torch.optim.AdamW without capturable/fused keeps the count on the CPU.
+            state["step"] = state["step"].to(device=values.device, dtype=torch.float32)
+        return state
+
+    def _apply_layer(self, layer, x: Tensor) -> Tensor:
+        """layer(x), with AdamW's update of layer.values in the backward."""
+        values = layer.values
+        group = self._group_of(values)
+        state = self._slot_state(values)
+        beta1, beta2 = group["betas"]
+        y = ops.sparse_linear_adamw(x, values, layer.bias, layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr,
+                                    layer.csc_perm, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                                    float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                                    float(group["weight_decay"]), bool(group["maximize"]), layer.activation)
+        if y.requires_grad:
+            key = id(values)
+
+            def guard(grad: Tensor) -> Tensor:
+                # Runs in the backward just before the layer's update.
+                if key in self._updated_since_step:
+                    raise RuntimeError(
+                        "snack.optim.AdamW: this SparseLinear's values were already updated by a backward since the "
+                        "last optimizer.step() (a second backward pass, or the layer applied twice); the update is "
+                        "fused into the backward, so gradients cannot be accumulated. Call step() after every "
+                        "backward, or use torch.optim.AdamW")
+                self._updated_since_step.add(key)
+                return grad
+
+            y.register_hook(guard)
+        return y
+
+
+def in_backward_optimizer(values: Tensor) -> Optional[AdamW]:
+    """The snack.optim.AdamW that updates `values` in the backward, or None."""
+    ref = _IN_BACKWARD.get(values)
+    return ref() if ref is not None else None

@@ -1,0 +1,311 @@
+"""snack.optim.AdamW (the update of SparseLinear values fused into their backward) and the op under
+it, snack.ops.sddmm_adamw_: trajectories equal torch.optim.AdamW (and Dense+Mask), every SDDMM
+kernel forced against a float64 reference, the guards, checkpoints, DST, CUDA graphs, compile."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import snack
+from common import capture_graph  # bench/common.py, on the path through conftest.py
+from helpers import Pattern, ops, rel_error, tolerance
+
+HYPER = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+
+
+def twin_layers(device, dtype=torch.float32, m=48, k=40, density=0.2, activation=None, bias=True, seed=0):
+    torch.manual_seed(seed)
+    layer = snack.SparseLinear(k, m, density=density, device=device, dtype=dtype, activation=activation, bias=bias)
+    return layer, copy.deepcopy(layer)
+
+
+def step(layer, opt, x, target):
+    opt.zero_grad()
+    ((layer(x) - target) ** 2).mean().backward()
+    opt.step()
+
+
+def batches(count, n, k, m, dtype, device, seed=1, lead=()):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*lead, n, k, generator=gen, dtype=torch.float64).to(device, dtype),
+             torch.randn(*lead, n, m, generator=gen, dtype=torch.float64).to(device, dtype)) for _ in range(count)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("activation,bias,lead,n,maximize",
+                         [(None, True, (), 6, False), ("relu", False, (), 1, False), ("gelu", True, (2,), 5, True),
+                          (None, True, (), 16, False), (None, True, (), 40, False)])
+def test_trajectory_equals_torch_adamw(device, dtype, activation, bias, lead, n, maximize):
+    fused_layer, torch_layer = twin_layers(device, dtype, activation=activation, bias=bias)
+    fused = snack.optim.AdamW(fused_layer.parameters(), maximize=maximize, **HYPER)
+    reference = torch.optim.AdamW(torch_layer.parameters(), maximize=maximize, **HYPER)
+    for x, target in batches(10, n, 40, 48, dtype, device, lead=lead):
+        step(fused_layer, fused, x, target)
+        step(torch_layer, reference, x, target)
+        assert fused_layer.values.grad is None  # the gradient of the values is never stored
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    state, ref_state = fused.state[fused_layer.values], reference.state[torch_layer.values]
+    assert rel_error(fused_layer.values, torch_layer.values) < tol
+    assert rel_error(state["exp_avg"], ref_state["exp_avg"]) < tol
+    assert rel_error(state["exp_avg_sq"], ref_state["exp_avg_sq"]) < tol
+    assert float(state["step"]) == 10.0 and state["step"].device == fused_layer.values.device
+    if bias:
+        assert rel_error(fused_layer.bias, torch_layer.bias) < tol
+
+
+def test_trajectory_equals_dense_mask(device):
+    """The issue's statement: a 10-step AdamW trajectory equals Dense+Mask AdamW restricted to the mask."""
+    layer, _ = twin_layers(device)
+    mask = layer.mask().float()
+    dense_w = nn.Parameter(layer.to_dense().detach().clone())
+    dense_b = nn.Parameter(layer.bias.detach().clone())
+    opt = snack.optim.AdamW(layer.parameters(), **HYPER)
+    opt_d = torch.optim.AdamW([dense_w, dense_b], **HYPER)
+    for x, target in batches(10, 6, 40, 48, torch.float32, device):
+        step(layer, opt, x, target)
+        step(lambda x: nn.functional.linear(x, dense_w * mask, dense_b), opt_d, x, target)
+    rows, cols = layer.row_idx.long(), layer.col_idx.long()
+    assert rel_error(layer.values, dense_w.detach()[rows, cols]) < 1e-5
+    assert rel_error(layer.bias, dense_b) < 1e-5
+
+
+def test_other_parameters_step_as_torch_adamw(device):
+    torch.manual_seed(2)
+    model = nn.Sequential(snack.SparseLinear(20, 30, density=0.3, device=device), nn.ReLU(),
+                          nn.Linear(30, 7, device=device))
+    twin = copy.deepcopy(model)
+    opt = snack.optim.AdamW(model.parameters(), **HYPER)
+    ref = torch.optim.AdamW(twin.parameters(), **HYPER)
+    for x, target in batches(5, 9, 20, 7, torch.float32, device):
+        step(model, opt, x, target)
+        step(twin, ref, x, target)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert rel_error(p, q) < 1e-5
+    assert model[2].weight.grad is not None and model[0].values.grad is None
+
+
+def test_second_backward_before_step_raises(device):
+    layer, _ = twin_layers(device)
+    opt = snack.optim.AdamW(layer.parameters(), **HYPER)
+    (x, target), (x2, _) = batches(2, 6, 40, 48, torch.float32, device)
+    ((layer(x) - target) ** 2).mean().backward()
+    after_first = layer.values.detach().clone()
+    with pytest.raises(RuntimeError, match="already updated"):
+        ((layer(x2) - target) ** 2).mean().backward()
+    assert torch.equal(layer.values.detach(), after_first)  # no second update
+    opt.step()
+    step(layer, opt, x, target)  # after step() the next backward updates again
+    assert not torch.equal(layer.values.detach(), after_first)
+
+
+def test_layer_applied_twice_raises(device):
+    layer = snack.SparseLinear(16, 16, density=0.5, device=device)
+    opt = snack.optim.AdamW(layer.parameters(), **HYPER)  # noqa: F841 (the layer finds it while it lives)
+    x = torch.randn(3, 16, device=device)
+    with pytest.raises(RuntimeError):
+        layer(layer(x)).sum().backward()
+
+
+def test_no_update_without_gradient(device):
+    layer, _ = twin_layers(device)
+    opt = snack.optim.AdamW(layer.parameters(), **HYPER)
+    before = layer.values.detach().clone()
+    x = torch.randn(4, 40, device=device)
+    with torch.no_grad():
+        layer(x)
+    assert not opt.state  # nothing created by an inference forward
+    layer.values.requires_grad_(False)
+    layer(x).sum().backward()  # only the bias learns
+    opt.step()
+    assert torch.equal(layer.values, before) and layer.values not in opt.state
+    assert layer.bias.grad is not None
+
+
+def test_checkpoints_load_across_torch_and_snack(device):
+    fused_layer, torch_layer = twin_layers(device)
+    fused = snack.optim.AdamW(fused_layer.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_layer.parameters(), **HYPER)
+    data = batches(6, 6, 40, 48, torch.float32, device)
+    for x, target in data[:3]:
+        step(fused_layer, fused, x, target)
+        step(torch_layer, reference, x, target)
+    # Swap: torch's state (step on the CPU) into snack's optimizer, and snack's into torch's.
+    a_layer, b_layer = copy.deepcopy(torch_layer), copy.deepcopy(fused_layer)
+    a = snack.optim.AdamW(a_layer.parameters(), **HYPER)
+    a.load_state_dict(copy.deepcopy(reference.state_dict()))  # as from a saved checkpoint
+    b = torch.optim.AdamW(b_layer.parameters(), **HYPER)
+    b.load_state_dict(copy.deepcopy(fused.state_dict()))
+    for x, target in data[3:]:
+        for lyr, o in ((fused_layer, fused), (torch_layer, reference), (a_layer, a), (b_layer, b)):
+            step(lyr, o, x, target)
+    for lyr in (torch_layer, a_layer, b_layer):
+        assert rel_error(lyr.values, fused_layer.values) < 1e-5
+
+
+def test_topology_update_remaps_the_fused_state(device):
+    fused_layer, torch_layer = twin_layers(device, density=0.3)
+    fused = snack.optim.AdamW(fused_layer.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_layer.parameters(), **HYPER)
+    data = batches(6, 6, 40, 48, torch.float32, device)
+    for i, (x, target) in enumerate(data):
+        step(fused_layer, fused, x, target)
+        step(torch_layer, reference, x, target)
+        if i in (1, 3):
+            k = fused_layer.nnz // 5
+            gen = torch.Generator(device=device).manual_seed(i)
+            drop = snack.dst.prune_magnitude(fused_layer, k)
+            grow = snack.dst.grow_random(fused_layer, k, gen)
+            fused_layer.update_topology(drop, grow, optimizer=fused)
+            torch_layer.update_topology(drop, grow, optimizer=reference)
+    assert torch.equal(fused_layer.row_idx, torch_layer.row_idx)
+    assert rel_error(fused_layer.values, torch_layer.values) < 1e-5
+    assert rel_error(fused.state[fused_layer.values]["exp_avg_sq"], reference.state[torch_layer.values]["exp_avg_sq"]) < 1e-5
+
+
+def test_compile_falls_back_to_the_stored_gradient(device):
+    torch._dynamo.reset()
+    fused_layer, torch_layer = twin_layers(device)
+    fused = snack.optim.AdamW(fused_layer.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_layer.parameters(), **HYPER)
+    compiled = torch.compile(fused_layer, fullgraph=True, backend="aot_eager")
+    for x, target in batches(3, 6, 40, 48, torch.float32, device):
+        step(compiled, fused, x, target)
+        step(torch_layer, reference, x, target)
+    assert rel_error(fused_layer.values, torch_layer.values) < 1e-5
+
+
+def test_rejects_a_tensor_learning_rate():
+    layer = snack.SparseLinear(8, 8, density=0.5)
+    with pytest.raises(ValueError, match="lr must be a number"):
+        snack.optim.AdamW(layer.parameters(), lr=torch.tensor(1e-3))
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_of_a_fused_step():
+    eager, captured = twin_layers("cuda", activation="relu", density=0.1, m=200, k=300)
+    x, target = torch.randn(16, 300, device="cuda"), torch.randn(16, 200, device="cuda")
+    opts = [snack.optim.AdamW(lyr.parameters(), capturable=True, **HYPER) for lyr in (eager, captured)]
+
+    def fused_step(layer, opt):
+        opt.zero_grad(set_to_none=False)
+        ((layer(x) - target) ** 2).mean().backward()
+        opt.step()
+
+    graph = capture_graph(lambda: fused_step(captured, opts[1]), warmup=3)
+    for _ in range(3):
+        graph.replay()
+    for _ in range(6):
+        fused_step(eager, opts[0])
+    torch.cuda.synchronize()
+    assert float(opts[1].state[captured.values]["step"]) == 6.0
+    assert rel_error(captured.values, eager.values) < 1e-6
+    assert rel_error(captured.bias, eager.bias) < 1e-6
+
+
+# ---- the op: snack.ops.sddmm_adamw_ ----------------------------------------------------------------
+
+def reference_update(p, dy, x, values, m, v, step, lr, beta1, beta2, eps, wd, maximize, dtype):
+    """float64 AdamW from the float64 SDDMM, the gradient rounded to `dtype` first as a stored one would be."""
+    dense = dy.double().t() @ x.double()
+    g = dense[p.row_idx.long().cpu(), p.col_idx.long().cpu()].to(dtype).double()
+    if maximize:
+        g = -g
+    values, m, v = values.double(), m.double(), v.double()
+    values = values - lr * wd * values
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    denom = v.sqrt() / (1 - beta2 ** step) ** 0.5 + eps
+    return values - lr / (1 - beta1 ** step) * m / denom, m, v
+
+
+SHAPES = [  # m, k, nnz, n, empty rows
+    (37, 29, 300, 1, 3), (37, 29, 300, 3, 0), (64, 53, 900, 5, 4), (130, 77, 2000, 16, 7), (33, 1, 20, 40, 0),
+    (70, 90, 1500, 130, 2), (5, 7, 0, 4, 0),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows"])
+def test_sddmm_adamw_op(device, shape, dtype, variant):
+    m, k, nnz, n, empty = shape
+    if device.type == "cpu" and (variant != "auto" or dtype in (torch.bfloat16, torch.float16) and n > 5):
+        pytest.skip("the CPU runs one kernel; the 16-bit types once")
+    if variant == "rows" and n > 128:
+        pytest.skip("rows runs batches up to 128")
+    p = Pattern(m, k, nnz, device=device, dtype=dtype, seed=m + n, empty_rows=empty)
+    dy, x = p.randn(n, m, seed=1), p.randn(n, k, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    values = p.values.clone()
+    exp_avg = torch.randn(p.nnz, generator=gen).to(device, dtype)
+    exp_avg_sq = torch.rand(p.nnz, generator=gen).to(device, dtype)
+    step = torch.full((), 4.0, device=device)
+    hyper = (1e-2, 0.9, 0.99, 1e-6, 0.05)
+    for maximize in (False, True):
+        ref = reference_update(p, dy.cpu(), x.cpu(), values.cpu(), exp_avg.cpu(), exp_avg_sq.cpu(), float(step) + 1,
+                               *hyper, maximize, dtype)
+        ops.sddmm_adamw_(dy, x, *p.tensors, values, exp_avg, exp_avg_sq, step, *hyper, maximize, variant)
+        tol = 1e-12 if dtype == torch.float64 else 1e-5 if dtype == torch.float32 else tolerance(dtype)
+        for got, want in zip((values, exp_avg, exp_avg_sq), ref):
+            assert rel_error(got, want) < tol
+        values, exp_avg, exp_avg_sq = (t.to(dtype) for t in ref)  # the next round starts from the reference
+        values, exp_avg, exp_avg_sq = (t.to(device).contiguous() for t in (values, exp_avg, exp_avg_sq))
+    assert float(step) == 6.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [2, 16, 40])
+def test_sddmm_adamw_is_bitwise_reproducible_and_matches_sddmm(n):
+    """Same inputs, same bits; and the fused update equals the unfused one (sddmm, then the same math)."""
+    p = Pattern(300, 200, 6000, device="cuda", seed=n, empty_rows=5)
+    dy, x = p.randn(n, 300, seed=1), p.randn(n, 200, seed=2)
+    start = [p.values.clone(), torch.randn_like(p.values), torch.rand_like(p.values)]
+    results = []
+    for _ in range(2):
+        state = [t.clone() for t in start] + [torch.zeros((), device="cuda")]
+        ops.sddmm_adamw_(dy, x, *p.tensors, *state, 1e-3, 0.9, 0.999, 1e-8, 0.01)
+        results.append(state)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    cpu_state = [t.cpu().clone() for t in start] + [torch.zeros(())]
+    grad = ops.sddmm(dy, x, *p.tensors).cpu()
+    cpu_p = Pattern(300, 200, 6000, device="cpu", seed=n, empty_rows=5)
+    assert rel_error(grad, ops.sddmm(dy.cpu(), x.cpu(), *cpu_p.tensors)) < 1e-5
+    ops.sddmm_adamw_(dy.cpu(), x.cpu(), *cpu_p.tensors, *cpu_state, 1e-3, 0.9, 0.999, 1e-8, 0.01)
+    for got, want in zip(results[0][:3], cpu_state[:3]):
+        assert rel_error(got, want) < 1e-5
+
+
+def test_sddmm_adamw_checks_its_arguments(device):
+    p = Pattern(11, 13, 40, device=device, seed=3)
+    dy, x = p.randn(5, 11, seed=1), p.randn(5, 13, seed=2)
+    m, v = torch.zeros_like(p.values), torch.zeros_like(p.values)
+    step = torch.zeros((), device=device)
+    hyper = (1e-3, 0.9, 0.999, 1e-8, 0.0)
+    with pytest.raises(TypeError, match="step must be float32"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step.double(), *hyper)
+    with pytest.raises(ValueError, match="exp_avg has 39 elements"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m[1:], v, step, *hyper)
+    with pytest.raises(ValueError, match="shares memory"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, p.values, v, step, *hyper)
+    with pytest.raises(ValueError, match="invalid beta2"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, 1e-3, 0.9, 1.0, 1e-8, 0.0)
+    with pytest.raises(ValueError, match="dy has 5 rows but x has 4"):
+        ops.sddmm_adamw_(dy, x[:4], *p.tensors, p.values, m, v, step, *hyper)
+    assert float(step) == 0.0  # nothing changed by a rejected call
+
+
+def test_opcheck_sddmm_adamw(device):
+    p = Pattern(11, 13, 40, device=device, seed=3, empty_rows=2)
+    dy, x = p.randn(5, 11, seed=1), p.randn(5, 13, seed=2)
+    args = (dy, x, *p.tensors, p.values.clone(), torch.zeros_like(p.values), torch.zeros_like(p.values),
+            torch.zeros((), device=device), 1e-3, 0.9, 0.999, 1e-8, 0.01)
+    torch.library.opcheck(ops.sddmm_adamw_.default, args)
+    layer_args = (x, p.values, None, *p.tensors, torch.zeros_like(p.values), torch.zeros_like(p.values),
+                  torch.zeros((), device=device), 1e-3, 0.9, 0.999, 1e-8, 0.01)
+    # Its backward updates the optimizer's tensors, which the schema of the forward cannot declare:
+    # checked without AOT dispatch (compile takes the stored-gradient path, test above).
+    torch.library.opcheck(ops.sparse_linear_adamw.default, layer_args,
+                          test_utils=("test_schema", "test_faketensor"))
