@@ -71,7 +71,7 @@ def _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc
 
 @torch.library.register_fake("snack::sparse_linear_adamw")
 def _sparse_linear_adamw_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg, exp_avg_sq, step,
-                              lr, beta1, beta2, eps, weight_decay, maximize=False, activation="none"):
+                              update_guard, lr, beta1, beta2, eps, weight_decay, maximize=False, activation="none"):
     return _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation)
 
 

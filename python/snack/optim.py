@@ -53,8 +53,9 @@ class AdamW(torch.optim.AdamW):
                  fused: Optional[bool] = None) -> None:
         if isinstance(lr, Tensor):
             raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
-        # Parameters whose update ran in a backward since the last step() (the accumulation guard).
-        self._updated_since_step: set[int] = set()
+        # Per values Parameter, a one-element CPU flag: set by the backward that updates it, cleared by
+        # step(); the backward refuses a second update before a step (the accumulation guard).
+        self._update_guards = WeakIdKeyDictionary()
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
                          maximize=maximize, foreach=foreach, capturable=capturable, fused=fused)
 
@@ -68,7 +69,8 @@ class AdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         """Updates the parameters that have a gradient (SparseLinear values were updated by the backward)."""
-        self._updated_since_step.clear()
+        for flag in self._update_guards.values():
+            flag.zero_()
         return super().step(closure)
 
     def _group_of(self, param: Tensor) -> dict:
@@ -95,26 +97,14 @@ class AdamW(torch.optim.AdamW):
         group = self._group_of(values)
         state = self._slot_state(values)
         beta1, beta2 = group["betas"]
-        y = ops.sparse_linear_adamw(x, values, layer.bias, layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr,
-                                    layer.csc_perm, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                                    float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                                    float(group["weight_decay"]), bool(group["maximize"]), layer.activation)
-        if y.requires_grad:
-            key = id(values)
-
-            def guard(grad: Tensor) -> Tensor:
-                # Runs in the backward just before the layer's update.
-                if key in self._updated_since_step:
-                    raise RuntimeError(
-                        "snack.optim.AdamW: this SparseLinear's values were already updated by a backward since the "
-                        "last optimizer.step() (a second backward pass, or the layer applied twice); the update is "
-                        "fused into the backward, so gradients cannot be accumulated. Call step() after every "
-                        "backward, or use torch.optim.AdamW")
-                self._updated_since_step.add(key)
-                return grad
-
-            y.register_hook(guard)
-        return y
+        guard = self._update_guards.get(values)
+        if guard is None:
+            guard = self._update_guards[values] = torch.zeros(1, dtype=torch.int64)
+        return ops.sparse_linear_adamw(x, values, layer.bias, layer.row_idx, layer.col_idx, layer.row_ptr,
+                                       layer.col_ptr, layer.csc_perm, state["exp_avg"], state["exp_avg_sq"],
+                                       state["step"], guard, float(group["lr"]), float(beta1), float(beta2),
+                                       float(group["eps"]), float(group["weight_decay"]), bool(group["maximize"]),
+                                       layer.activation)
 
 
 def in_backward_optimizer(values: Tensor) -> Optional[AdamW]:

@@ -163,8 +163,15 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
                             const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
                             const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                             const at::Tensor& csc_perm, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                            const at::Tensor& step, double lr, double beta1, double beta2, double eps,
-                            double weight_decay, bool maximize, c10::string_view activation) {
+                            const at::Tensor& step, const std::optional<at::Tensor>& update_guard, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, bool maximize,
+                            c10::string_view activation) {
+    if (update_guard) {
+      TORCH_CHECK_VALUE(update_guard->is_cpu() && update_guard->scalar_type() == at::kLong &&
+                            update_guard->numel() == 1,
+                        "snack.sparse_linear_adamw: update_guard must be a one-element int64 CPU tensor");
+      ctx->saved_data["update_guard"] = *update_guard;
+    }
     // The optimizer's tensors are not saved variables: the backward updates them, and they have no gradient.
     ctx->saved_data["exp_avg"] = exp_avg;
     ctx->saved_data["exp_avg_sq"] = exp_avg_sq;
@@ -179,6 +186,15 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) dx = input_grad(s);  // enqueued first: it reads the values before the update
     if (ctx->needs_input_grad(1)) {
+      if (ctx->saved_data.count("update_guard")) {  // host memory: no synchronisation
+        int64_t* updated = ctx->saved_data["update_guard"].toTensor().data_ptr<int64_t>();
+        TORCH_CHECK(*updated == 0,
+                    "snack.optim.AdamW: this SparseLinear's values were already updated by a backward since the last "
+                    "optimizer.step() (a second backward pass, or the layer applied twice); the update is fused into "
+                    "the backward, so gradients cannot be accumulated. Call step() after every backward, or use "
+                    "torch.optim.AdamW");
+        *updated = 1;
+      }
       const auto hyper = ctx->saved_data["hyper"].toDoubleVector();
       call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
                        s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
@@ -188,7 +204,7 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();
     }
-    variable_list grads(18);
+    variable_list grads(19);
     grads[0] = dx;
     grads[2] = bias_grad_if_needed(ctx, s);
     return grads;
@@ -215,8 +231,8 @@ at::Tensor sparse_linear_adamw_forward(const at::Tensor& x, const at::Tensor& va
                                        const std::optional<at::Tensor>& bias, const at::Tensor& row_idx,
                                        const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                                        const at::Tensor& csc_perm, const at::Tensor&, const at::Tensor&,
-                                       const at::Tensor&, double, double, double, double, double, bool,
-                                       c10::string_view activation) {
+                                       const at::Tensor&, const std::optional<at::Tensor>&, double, double, double,
+                                       double, double, bool, c10::string_view activation) {
   return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
 }
 
@@ -225,15 +241,16 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
                                         const at::Tensor& col_idx, const at::Tensor& row_ptr,
                                         const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                                         const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                                        const at::Tensor& step, double lr, double beta1, double beta2, double eps,
-                                        double weight_decay, bool maximize, c10::string_view activation) {
+                                        const at::Tensor& step, const std::optional<at::Tensor>& update_guard,
+                                        double lr, double beta1, double beta2, double eps, double weight_decay,
+                                        bool maximize, c10::string_view activation) {
   if (!needs_grad(x, values, bias)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
   }
   return SparseLinearAdamWFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg,
-                                          exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize,
-                                          activation);
+                                          exp_avg_sq, step, update_guard, lr, beta1, beta2, eps, weight_decay,
+                                          maximize, activation);
 }
 
 }  // namespace

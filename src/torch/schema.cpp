@@ -35,8 +35,11 @@ TORCH_LIBRARY(snack, m) {
   // The layer whose backward applies AdamW to values at once (sddmm_adamw_) instead of returning
   // their gradient: differentiable in x and bias; values, exp_avg, exp_avg_sq and step are updated
   // in place by the backward, after dX has used the old values (snack.optim.AdamW calls it).
+  // update_guard: None, or a one-element int64 CPU tensor; the backward raises if it is non-zero,
+  // then sets it (snack.optim.AdamW clears it in step(): no second update before a step).
   m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, "
-        "Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor exp_avg, Tensor exp_avg_sq, Tensor step, float lr, "
+        "Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor exp_avg, Tensor exp_avg_sq, Tensor step, "
+        "Tensor? update_guard, float lr, "
         "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str activation=\"none\") "
         "-> Tensor");
 

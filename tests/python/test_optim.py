@@ -304,7 +304,7 @@ def test_opcheck_sddmm_adamw(device):
             torch.zeros((), device=device), 1e-3, 0.9, 0.999, 1e-8, 0.01)
     torch.library.opcheck(ops.sddmm_adamw_.default, args)
     layer_args = (x, p.values, None, *p.tensors, torch.zeros_like(p.values), torch.zeros_like(p.values),
-                  torch.zeros((), device=device), 1e-3, 0.9, 0.999, 1e-8, 0.01)
+                  torch.zeros((), device=device), torch.zeros(1, dtype=torch.int64), 1e-3, 0.9, 0.999, 1e-8, 0.01)
     # Its backward updates the optimizer's tensors, which the schema of the forward cannot declare:
     # checked without AOT dispatch (compile takes the stored-gradient path, test above).
     torch.library.opcheck(ops.sparse_linear_adamw.default, layer_args,
