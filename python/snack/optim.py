@@ -53,11 +53,16 @@ class AdamW(torch.optim.AdamW):
                  fused: Optional[bool] = None) -> None:
         if isinstance(lr, Tensor):
             raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
-        # Per values Parameter, a one-element CPU flag: set by the backward that updates it, cleared by
-        # step(); the backward refuses a second update before a step (the accumulation guard).
+        # Per values Parameter, a one-element CPU flag: set by the backward that updates it, cleared
+        # before every step(); the backward refuses a second update before a step (the accumulation
+        # guard). A step pre-hook, not an override of step(): a second step wrapper (profiling
+        # range, grad mode) costs more host time than the hook.
         self._update_guards = WeakIdKeyDictionary()
+        # Parameter -> index of its group (load_state_dict replaces the group dicts, not their order).
+        self._group_index = WeakIdKeyDictionary()
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
                          maximize=maximize, foreach=foreach, capturable=capturable, fused=fused)
+        self.register_step_pre_hook(_clear_update_guards)
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -65,19 +70,7 @@ class AdamW(torch.optim.AdamW):
             raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
         for p in self.param_groups[-1]["params"]:
             _IN_BACKWARD[p] = weakref.ref(self)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """Updates the parameters that have a gradient (SparseLinear values were updated by the backward)."""
-        for flag in self._update_guards.values():
-            flag.zero_()
-        return super().step(closure)
-
-    def _group_of(self, param: Tensor) -> dict:
-        for group in self.param_groups:
-            if any(p is param for p in group["params"]):
-                return group
-        raise KeyError("parameter not in this optimizer")
+            self._group_index[p] = len(self.param_groups) - 1
 
     def _slot_state(self, values: Tensor) -> dict:
         """values' AdamW state, created as torch.optim.AdamW creates it; the step count on values' device."""
@@ -94,7 +87,7 @@ class AdamW(torch.optim.AdamW):
     def _apply_layer(self, layer, x: Tensor) -> Tensor:
         """layer(x), with AdamW's update of layer.values in the backward."""
         values = layer.values
-        group = self._group_of(values)
+        group = self.param_groups[self._group_index[values]]
         state = self._slot_state(values)
         beta1, beta2 = group["betas"]
         guard = self._update_guards.get(values)
@@ -105,6 +98,12 @@ class AdamW(torch.optim.AdamW):
                                        state["step"], guard, float(group["lr"]), float(beta1), float(beta2),
                                        float(group["eps"]), float(group["weight_decay"]), bool(group["maximize"]),
                                        layer.activation)
+
+
+def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
+    """step() pre-hook: the values may be updated again by the next backward."""
+    for flag in optimizer._update_guards.values():
+        flag.zero_()
 
 
 def in_backward_optimizer(values: Tensor) -> Optional[AdamW]:

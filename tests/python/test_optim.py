@@ -144,6 +144,22 @@ def test_checkpoints_load_across_torch_and_snack(device):
         assert rel_error(lyr.values, fused_layer.values) < 1e-5
 
 
+def test_learning_rate_is_read_from_the_current_param_groups(device):
+    """A scheduler (or load_state_dict) changes the group's lr: the next fused update uses it."""
+    layer, _ = twin_layers(device)
+    opt = snack.optim.AdamW(layer.parameters(), **HYPER)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.0 if epoch >= 1 else 1.0)
+    (x, target), (x2, t2) = batches(2, 6, 40, 48, torch.float32, device)
+    step(layer, opt, x, target)
+    sched.step()  # lr is now 0: no change at all (the decay is lr * weight_decay too)
+    before = layer.values.detach().clone()
+    step(layer, opt, x2, t2)
+    assert torch.equal(layer.values.detach(), before)
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()) | {"param_groups": [dict(g, lr=1e-2) for g in opt.state_dict()["param_groups"]]})
+    step(layer, opt, x, target)
+    assert not torch.equal(layer.values.detach(), before)
+
+
 def test_topology_update_remaps_the_fused_state(device):
     fused_layer, torch_layer = twin_layers(device, density=0.3)
     fused = snack.optim.AdamW(fused_layer.parameters(), **HYPER)
