@@ -180,6 +180,28 @@ def test_topology_update_remaps_the_fused_state(device):
     assert rel_error(fused.state[fused_layer.values]["exp_avg_sq"], reference.state[torch_layer.values]["exp_avg_sq"]) < 1e-5
 
 
+def test_dst_scheduler_drives_layers_updated_in_the_backward(device):
+    """RigL captures dY through a hook on the layer's output, which the fused op keeps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    snack.sparsify(model, 0.2)
+    opt = snack.optim.AdamW(model.parameters(), lr=1e-2)
+    dst = snack.dst.DSTScheduler(model, opt, algorithm="rigl", update_every=5, end=40, drop_fraction=0.3,
+                                 generator=torch.Generator(device=device).manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 32, generator=gen).to(device), torch.randint(0, 10, (64,), generator=gen).to(device)
+    losses = []
+    for _ in range(40):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+    assert sum(entry["moved"] for entry in dst.report()) > 0
+    assert all(m.values.grad is None for m in model if isinstance(m, snack.SparseLinear))
+
+
 def test_compile_falls_back_to_the_stored_gradient(device):
     torch._dynamo.reset()
     fused_layer, torch_layer = twin_layers(device)
