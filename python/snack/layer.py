@@ -74,6 +74,10 @@ class SparseLinear(nn.Module):
     The pattern is drawn uniformly at random without replacement. Values and bias are drawn from
     ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with the *effective* fan-in ``density * in_features``,
     so the output has the scale an ``nn.Linear`` would have.
+
+    While ``values`` belongs to a live :class:`snack.optim.AdamW`, a forward under autograd runs the
+    op whose backward applies that optimizer's update to ``values`` at once (``values.grad`` stays
+    ``None``); otherwise the backward returns the gradient as usual.
     """
 
     __constants__ = ["in_features", "out_features"]
