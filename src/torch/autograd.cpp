@@ -84,14 +84,6 @@ void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
           eps, weight_decay, maximize, "auto");
 }
 
-void call_bias_grad_adamw(const at::Tensor& dy, const at::Tensor& bias, const at::Tensor& exp_avg,
-                          const at::Tensor& exp_avg_sq, const at::Tensor& step, const std::vector<double>& hyper) {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::bias_grad_adamw_", "").typed<void(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
-      double, double, double, bool)>();
-  op.call(dy, bias, exp_avg, exp_avg_sq, step, hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], hyper[5] != 0);
-}
-
 // The forward of both autograd functions below. ReLU is fused and its gradient mask comes from
 // the output. GELU's gradient needs the pre-activation, so under autograd it is computed unfused
 // and the pre-activation is saved.
@@ -173,23 +165,7 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
                             const at::Tensor& csc_perm, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                             const at::Tensor& step, const std::optional<at::Tensor>& update_guard, double lr,
                             double beta1, double beta2, double eps, double weight_decay, bool maximize,
-                            c10::string_view activation, const std::optional<at::Tensor>& bias_exp_avg,
-                            const std::optional<at::Tensor>& bias_exp_avg_sq,
-                            const std::optional<at::Tensor>& bias_step,
-                            std::optional<c10::ArrayRef<double>> bias_hyper) {
-    const int given = int(bias_exp_avg.has_value()) + int(bias_exp_avg_sq.has_value()) +
-                      int(bias_step.has_value()) + int(bias_hyper.has_value());
-    TORCH_CHECK_VALUE(given == 0 || (given == 4 && bias.has_value()), "snack.sparse_linear_adamw: give bias_exp_avg, "
-                      "bias_exp_avg_sq, bias_step and bias_hyper together, and only with a bias");
-    if (given == 4) {
-      TORCH_CHECK_VALUE(bias_hyper->size() == 6, "snack.sparse_linear_adamw: bias_hyper holds lr, beta1, beta2, "
-                        "eps, weight_decay and maximize, got ", bias_hyper->size(), " numbers");
-      ctx->saved_data["bias_exp_avg"] = *bias_exp_avg;
-      ctx->saved_data["bias_exp_avg_sq"] = *bias_exp_avg_sq;
-      ctx->saved_data["bias_step"] = *bias_step;
-      ctx->saved_data["bias_hyper"] = bias_hyper->vec();
-      ctx->saved_data["bias"] = *bias;
-    }
+                            c10::string_view activation) {
     if (update_guard) {
       TORCH_CHECK_VALUE(update_guard->is_cpu() && update_guard->scalar_type() == at::kLong &&
                             update_guard->numel() == 1,
@@ -228,18 +204,9 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();
     }
-    variable_list grads(23);
+    variable_list grads(19);
     grads[0] = dx;
-    if (ctx->saved_data.count("bias_step") && ctx->needs_input_grad(2)) {
-      // The bias is an input of this node, not a saved variable: the layer's next forward reads it.
-      at::Tensor bias = ctx->saved_data["bias"].toTensor();
-      call_bias_grad_adamw(s.dy, bias, ctx->saved_data["bias_exp_avg"].toTensor(),
-                           ctx->saved_data["bias_exp_avg_sq"].toTensor(), ctx->saved_data["bias_step"].toTensor(),
-                           ctx->saved_data["bias_hyper"].toDoubleVector());
-      bias.unsafeGetTensorImpl()->bump_version();
-    } else {
-      grads[2] = bias_grad_if_needed(ctx, s);
-    }
+    grads[2] = bias_grad_if_needed(ctx, s);
     return grads;
   }
 };
@@ -265,9 +232,7 @@ at::Tensor sparse_linear_adamw_forward(const at::Tensor& x, const at::Tensor& va
                                        const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                                        const at::Tensor& csc_perm, const at::Tensor&, const at::Tensor&,
                                        const at::Tensor&, const std::optional<at::Tensor>&, double, double, double,
-                                       double, double, bool, c10::string_view activation,
-                                       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                                       const std::optional<at::Tensor>&, std::optional<c10::ArrayRef<double>>) {
+                                       double, double, bool, c10::string_view activation) {
   return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
 }
 
@@ -278,19 +243,14 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
                                         const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                                         const at::Tensor& step, const std::optional<at::Tensor>& update_guard,
                                         double lr, double beta1, double beta2, double eps, double weight_decay,
-                                        bool maximize, c10::string_view activation,
-                                        const std::optional<at::Tensor>& bias_exp_avg,
-                                        const std::optional<at::Tensor>& bias_exp_avg_sq,
-                                        const std::optional<at::Tensor>& bias_step,
-                                        std::optional<c10::ArrayRef<double>> bias_hyper) {
+                                        bool maximize, c10::string_view activation) {
   if (!needs_grad(x, values, bias)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
   }
   return SparseLinearAdamWFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg,
                                           exp_avg_sq, step, update_guard, lr, beta1, beta2, eps, weight_decay,
-                                          maximize, activation, bias_exp_avg, bias_exp_avg_sq, bias_step,
-                                          bias_hyper);
+                                          maximize, activation);
 }
 
 }  // namespace
