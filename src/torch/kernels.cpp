@@ -242,19 +242,31 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
   return dx;
 }
 
+// The SDDMM kernel a schema string names.
+SddmmVariant sddmm_variant_arg(c10::string_view name, const char* op) {
+  SddmmVariant variant = SddmmVariant::kAuto;
+  TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(name), &variant), "snack.", op, ": unknown variant '", name,
+                    "' (expected auto, slot, vector or rows)");
+  return variant;
+}
+
+// dy [N, M] and x [N, K] of an SDDMM over pattern p, of `like`'s dtype and device.
+void check_sddmm_operands(const at::Tensor& dy, const at::Tensor& x, const PatternTensors& p, const at::Tensor& like,
+                          const char* op) {
+  check_dense(dy, like, p.rows(), "dy", op);
+  check_dense(x, like, p.cols(), "x", op);
+  TORCH_CHECK_VALUE(dy.size(0) == x.size(0), "snack.", op, ": dy has ", dy.size(0), " rows but x has ", x.size(0));
+}
+
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                  c10::string_view variant_name) {
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
-  SddmmVariant variant = SddmmVariant::kAuto;
-  TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(variant_name), &variant), "snack.sddmm: unknown variant '",
-                    variant_name, "' (expected auto, slot, vector or rows)");
+  const SddmmVariant variant = sddmm_variant_arg(variant_name, "sddmm");
   check_value_dtype(dy, "sddmm");
   check_pattern(p, at::Tensor(), "sddmm");
-  check_dense(dy, dy, p.rows(), "dy", "sddmm");
-  check_dense(x, dy, p.cols(), "x", "sddmm");
   check_same_device(row_idx, dy, "row_idx", "sddmm");
-  TORCH_CHECK_VALUE(dy.size(0) == x.size(0), "snack.sddmm: dy has ", dy.size(0), " rows but x has ", x.size(0));
+  check_sddmm_operands(dy, x, p, dy, "sddmm");
   const at::Tensor dyc = dy.contiguous(), xc = x.contiguous();
   at::Tensor dv = at::empty({p.nnz()}, dy.options());
   dispatch_value_type(dy, "sddmm", [&](auto tag) {
@@ -308,14 +320,10 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
                   bool maximize, c10::string_view variant_name) {
   const char* op = "sddmm_adamw_";
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
-  SddmmVariant variant = SddmmVariant::kAuto;
-  TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(variant_name), &variant), "snack.", op, ": unknown variant '",
-                    variant_name, "' (expected auto, slot, vector or rows)");
+  const SddmmVariant variant = sddmm_variant_arg(variant_name, op);
   check_value_dtype(values, op);
   check_pattern(p, values, op);
-  check_dense(dy, values, p.rows(), "dy", op);
-  check_dense(x, values, p.cols(), "x", op);
-  TORCH_CHECK_VALUE(dy.size(0) == x.size(0), "snack.", op, ": dy has ", dy.size(0), " rows but x has ", x.size(0));
+  check_sddmm_operands(dy, x, p, values, op);
   check_slot_state(exp_avg, values, "exp_avg", op);
   check_slot_state(exp_avg_sq, values, "exp_avg_sq", op);
   TORCH_CHECK_VALUE(values.numel() == 0 || exp_avg.data_ptr() != exp_avg_sq.data_ptr(), "snack.", op,
