@@ -8,11 +8,11 @@ rows, for: snack (SparseLinear), dense (nn.Linear), dense_mask (a dense weight t
 mask, as dynamic-sparse-training code does it) and torch_sparse (a COO weight built from a values
 Parameter and torch.sparse.mm, as a user would write it); with AdamW also snack_fused_step
 (SparseLinear with snack.optim.AdamW: the values' update runs in the backward, fused with their
-gradient kernel; the bias gets the same torch AdamW flavour as the other implementations). Per step: GPU time (CUDA events around a
-warm step; and the replay of a captured CUDA graph where capture works), the wall time a user sees
-(many steps back to back, divided), and peak memory (torch.cuda.max_memory_allocated over a step,
-minus what was allocated before the layer existed: parameters, gradients, optimizer state, indices,
-activations). Backward kernels: dX (transposed SpMM) against cuSPARSE on the transposed CSR, and dW
+gradient kernel; the bias gets the same torch AdamW flavour as the other implementations).
+Per step: GPU time (CUDA events around a warm step; and the replay of a captured CUDA graph where
+capture works), the wall time a user sees (many steps back to back, divided), and peak memory
+(torch.cuda.max_memory_allocated over a step, minus what was allocated before the layer existed:
+parameters, gradients, optimizer state, indices, activations). Backward kernels: dX (transposed SpMM) against cuSPARSE on the transposed CSR, and dW
 (SDDMM) against torch.sparse.sampled_addmm, cold L2, checked against float64 first.
 Writes bench/results/layer_<gpu>.{csv,md} and backward_<gpu>.{csv,md}, and a PNG plot.
 """
@@ -169,7 +169,7 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     }
     for variant in sddmm_variants:
         cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, *pattern, variant=v), ref_dw)
-    rows += adamw_step_rows(ref, dy, x, n, sparsity, timer, bandwidth)
+    rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth)
     for (op, impl), (fn, ref_out) in cands.items():
         try:
             out = fn()
@@ -190,11 +190,10 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
 ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8)
 
 
-def adamw_step_rows(ref, dy, x, n, sparsity, timer, bandwidth):
+def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth):
     """op dw_adamw: the weight gradient and AdamW's step of the values. snack_fused: one kernel
     (sddmm_adamw_); snack_unfused: snack's SDDMM, then torch's fused AdamW kernel on the gradient.
     Both start from the same state and are checked against each other first."""
-    pattern = (ref.row_idx, ref.col_idx, ref.row_ptr, ref.col_ptr, ref.csc_perm)
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
 
     def fresh(step):  # values, exp_avg, exp_avg_sq, step

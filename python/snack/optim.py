@@ -51,8 +51,7 @@ class AdamW(torch.optim.AdamW):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  *, maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
                  fused: Optional[bool] = None) -> None:
-        if isinstance(lr, Tensor):
-            raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
+        _check_lr(lr)  # before torch's own checks, which would name other options
         # Per values Parameter, a one-element CPU flag: set by the backward that updates it, cleared
         # before every step(); the backward refuses a second update before a step (the accumulation
         # guard). A step pre-hook, not an override of step(): a second step wrapper (profiling
@@ -65,9 +64,8 @@ class AdamW(torch.optim.AdamW):
         self.register_step_pre_hook(_clear_update_guards)
 
     def add_param_group(self, param_group: dict) -> None:
+        _check_lr(param_group.get("lr", self.defaults["lr"]))  # before the group is added: nothing half-done
         super().add_param_group(param_group)
-        if isinstance(self.param_groups[-1]["lr"], Tensor):
-            raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
         for p in self.param_groups[-1]["params"]:
             _IN_BACKWARD[p] = weakref.ref(self)
             self._group_index[p] = len(self.param_groups) - 1
@@ -98,6 +96,11 @@ class AdamW(torch.optim.AdamW):
                                        state["step"], guard, float(group["lr"]), float(beta1), float(beta2),
                                        float(group["eps"]), float(group["weight_decay"]), bool(group["maximize"]),
                                        layer.activation)
+
+
+def _check_lr(lr) -> None:
+    if isinstance(lr, Tensor):
+        raise ValueError("snack.optim.AdamW: lr must be a number (the fused update takes it as an argument)")
 
 
 def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
