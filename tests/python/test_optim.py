@@ -218,6 +218,10 @@ def test_rejects_a_tensor_learning_rate():
     layer = snack.SparseLinear(8, 8, density=0.5)
     with pytest.raises(ValueError, match="lr must be a number"):
         snack.optim.AdamW(layer.parameters(), lr=torch.tensor(1e-3))
+    opt = snack.optim.AdamW([layer.values])
+    with pytest.raises(ValueError, match="lr must be a number"):
+        opt.add_param_group({"params": [layer.bias], "lr": torch.tensor(1e-3)})
+    assert len(opt.param_groups) == 1  # the rejected group was not added
 
 
 @pytest.mark.cuda
