@@ -181,6 +181,27 @@ def write_csv(path: Path, header: dict[str, str], columns: list[str], rows: list
             f.write(",".join(_fmt(row.get(c, "")) for c in columns) + "\n")
 
 
+def read_csv(path: Path) -> tuple[dict[str, str], list[dict]]:
+    """A result CSV written by write_csv: its provenance block and its rows (M, K, N as int, the
+    other numbers as float, the rest as text)."""
+    info, rows, header = {}, [], None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("# "):
+            key, _, value = line[2:].partition(": ")
+            info[key] = value
+        elif header is None:
+            header = line.split(",")
+        else:
+            row = dict(zip(header, line.split(",")))
+            for key, value in row.items():
+                try:
+                    row[key] = int(value) if key in ("M", "K", "N") else float(value)
+                except ValueError:
+                    pass
+            rows.append(row)
+    return info, rows
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.1f}"

@@ -228,26 +228,8 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth):
 
 def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
     """Rebuilds the Markdown summary from result files written by an earlier run."""
-    def load(path):
-        info, rows, header = {}, [], None
-        for line in path.read_text().splitlines():
-            if line.startswith("# "):
-                key, _, value = line[2:].partition(": ")
-                info[key] = value
-            elif header is None:
-                header = line.split(",")
-            else:
-                row = dict(zip(header, line.split(",")))
-                for key, value in row.items():
-                    try:
-                        row[key] = int(value) if key in ("M", "K", "N") else float(value)
-                    except ValueError:
-                        pass
-                rows.append(row)
-        return info, rows
-
-    info, layer_rows = load(layer_csv)
-    _, back_rows = load(backward_csv)
+    info, layer_rows = common.read_csv(layer_csv)
+    _, back_rows = common.read_csv(backward_csv)
     return summarize(layer_rows, back_rows, info)
 
 

@@ -1,0 +1,43 @@
+"""The benchmark summaries rebuilt from result files (no GPU): bench/spmm.py --render states each
+target, and where the floor target is missed, the row-by-row evidence."""
+
+import common  # bench/common.py, on the path through conftest.py
+import spmm
+
+
+def write_results(path, snack_us):
+    """A result file for 16384x4096, uniform, 90%, N = 1 and 16: snack at snack_us[N], baselines 10x slower."""
+    info = {"gpu": "Test GPU", "commit": "0123456789", "copy_bandwidth": "4000 GB/s (test)"}
+    rows = []
+    for n, floor in ((1, 13.5), (16, 13.8)):
+        for impl, scale in (("snack", 1.0), ("dense", 10.0), ("dense_mask", 10.0), ("cusparse_csr", 10.0)):
+            rows.append(dict(op="fwd", M=16384, K=4096, N=n, sparsity=0.9, pattern="uniform", dtype="fp32",
+                             impl=impl, median_us=snack_us[n] * scale, floor_us=floor))
+    common.write_csv(path / "spmm_test_gpu.csv", info, spmm.COLUMNS, rows)
+
+
+def test_render_states_the_missed_floor_target_row_by_row(tmp_path):
+    write_results(tmp_path, {1: 27.0, 16: 55.2})
+    assert spmm.main(["--render", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "spmm_test_gpu.md").read_text()
+    assert "min 25%, max 50% (target >= 60%) MISSED" in md
+    assert "| 1 | 0.9 | 13.5 | 27.0 | 50% | 22.5 | 2000 |" in md
+    assert "| 16 | 0.9 | 13.8 | 55.2 | 25% | 23.0 | 1000 |" in md
+    assert "geomean speedup over cusparse_csr: **10.00x** (target >= 3x) met" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return  # the plot is optional
+    assert (tmp_path / "spmm_test_gpu.png").stat().st_size > 0
+
+
+def test_render_without_evidence_where_the_floor_target_is_met(tmp_path):
+    write_results(tmp_path, {1: 20.0, 16: 20.0})
+    assert spmm.main(["--render", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "spmm_test_gpu.md").read_text()
+    assert "(target >= 60%) met" in md
+    assert "row by row" not in md
+
+
+def test_render_needs_result_files(tmp_path):
+    assert spmm.main(["--render", "--out", str(tmp_path)]) == 1
