@@ -199,13 +199,16 @@ def floor_evidence(t, keys, info) -> list[str]:
         share = r["floor_us"] / r["median_us"]
         lines.append(f"| {k[2]} | {k[3]} | {r['floor_us']:.1f} | {r['median_us']:.1f} | {100 * share:.0f}% | "
                      f"{r['floor_us'] / 0.6:.1f} | {share * bandwidth:.0f} |")
-    lines += ["", "Why, with the evidence in `docs/kernels.md` (\"Why the floor target stays missed\") and "
-              "Nsight Compute in `spmm_ncu_<gpu>.txt`: from N = 8 the kernel is bound by the L1 gathers of X^T, "
-              "one L1 wavefront per entry (L1 ~85% busy, DRAM ~15%); at N = 1 by the latency of the chain row "
-              "pointer -> slot -> X at half occupancy; at 99% the floor (1.3-1.7 us) is below the cost of one "
-              "launch under this timer (~4-5 us). What would close it at N = 8-16: entries that share X^T lines "
-              "within an instruction (slots grouped by row block and column block at topology time, X^T staged "
-              "in shared memory), estimated at ~0.5 (N = 8) and ~0.75 (N = 16) bank cycles per entry."]
+    sparse = [t[k + ("snack",)]["floor_us"] for k in keys if k[3] >= 0.99]
+    at_99 = f" ({min(sparse):.1f}-{max(sparse):.1f} us here)" if sparse else ""
+    lines += ["", "Why (the analysis and its evidence: `docs/kernels.md`, \"Why the floor target stays missed\", "
+              "and Nsight Compute on the H200 in `spmm_ncu_nvidia_h200.txt`): from N = 8 the kernel is bound by "
+              "the L1 gathers of X^T, one L1 wavefront per entry (on the H200: L1 ~85% busy, DRAM ~15%); at N = 1 "
+              "by the latency of the chain row pointer -> slot -> X at half occupancy; at 99% the floor"
+              f"{at_99} is below the cost of one launch under this timer (~4-5 us on the H200). What would "
+              "close it at N = 8-16: entries that share X^T lines within an instruction (slots grouped by row "
+              "block and column block at topology time, X^T staged in shared memory), estimated at ~0.5 (N = 8) "
+              "and ~0.75 (N = 16) shared-memory cycles per entry."]
     return lines
 
 
