@@ -52,6 +52,17 @@ struct AdamWStep {
     const A denom = sqrt(exp_avg_sq) / bias_correction2_sqrt + eps;
     value -= step_size * exp_avg / denom;
   }
+
+  /// The same update of a value and moments stored as T (A = accum_t<T>), from a gradient stored as
+  /// T: each is widened, updated, and rounded back once.
+  template <typename T>
+  SNACK_HOST_DEVICE void apply_stored(T g, T& value, T& exp_avg, T& exp_avg_sq) const {
+    A v = to_accum(value), m = to_accum(exp_avg), s = to_accum(exp_avg_sq);
+    apply(to_accum(g), v, m, s);
+    value = from_accum<T>(v);
+    exp_avg = from_accum<T>(m);
+    exp_avg_sq = from_accum<T>(s);
+  }
 };
 
 }  // namespace snack

@@ -98,13 +98,7 @@ Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig
   if (!(step >= 1)) return InvalidArgument("adamw_update: step must be at least 1, got " + std::to_string(step));
   using A = accum_t<T>;
   const AdamWStep<A> constants = AdamWStep<A>::make(config, A(step));
-  for (int64_t s = 0; s < count; ++s) {
-    A value = to_accum(values[s]), m = to_accum(exp_avg[s]), v = to_accum(exp_avg_sq[s]);
-    constants.apply(to_accum(grad[s]), value, m, v);
-    values[s] = from_accum<T>(value);
-    exp_avg[s] = from_accum<T>(m);
-    exp_avg_sq[s] = from_accum<T>(v);
-  }
+  for (int64_t s = 0; s < count; ++s) constants.apply_stored(grad[s], values[s], exp_avg[s], exp_avg_sq[s]);
   return Status::Ok();
 }
 

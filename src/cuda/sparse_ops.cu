@@ -57,12 +57,11 @@ struct AdamWUpdate {
   __device__ __forceinline__ void begin() { constants = AdamWStep<A>::make(config, A(*step)); }
   __device__ __forceinline__ Fetched fetch(int64_t e) const { return {values[e], exp_avg[e], exp_avg_sq[e]}; }
   __device__ __forceinline__ void apply(int64_t e, A g, Fetched f) const {
-    A value = to_accum(f.value), m = to_accum(f.m), v = to_accum(f.v);
     // The gradient rounded to T first, as the update from a stored gradient would see it.
-    constants.apply(to_accum(from_accum<T>(g)), value, m, v);
-    values[e] = from_accum<T>(value);
-    exp_avg[e] = from_accum<T>(m);
-    exp_avg_sq[e] = from_accum<T>(v);
+    constants.apply_stored(from_accum<T>(g), f.value, f.m, f.v);
+    values[e] = f.value;
+    exp_avg[e] = f.m;
+    exp_avg_sq[e] = f.v;
   }
 };
 
