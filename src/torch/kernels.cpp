@@ -258,6 +258,13 @@ void check_sddmm_operands(const at::Tensor& dy, const at::Tensor& x, const Patte
   TORCH_CHECK_VALUE(dy.size(0) == x.size(0), "snack.", op, ": dy has ", dy.size(0), " rows but x has ", x.size(0));
 }
 
+// The CUDA SDDMM's workspace for a batch of n rows of `like`'s dtype (undefined where none is needed).
+template <typename Pattern>
+at::Tensor sddmm_workspace(const Pattern& w, int64_t n, SddmmVariant variant, const at::Tensor& like) {
+  const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, n, like.element_size(), variant);
+  return bytes ? at::empty({int64_t(bytes)}, like.options().dtype(at::kByte)) : at::Tensor();
+}
+
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                  c10::string_view variant_name) {
@@ -289,8 +296,7 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& ro
                            });
                          },
                          [&](Stream s) {
-                           const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T), variant);
-                           at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
+                           const at::Tensor ws = sddmm_workspace(w, xc.size(0), variant, dy);
                            return gpu::sddmm(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0), data_as<T>(dv),
                                              ws.defined() ? ws.data_ptr() : nullptr, s, variant);
                          },
@@ -343,25 +349,22 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
   if (values.numel() == 0) return;
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
-    if (values.is_cpu()) {
-      const at::Tensor dv = sddmm(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, variant_name);
-      const double count = step.item<double>();
-      throw_if_error(parallel_chunks(values.size(0), 1 << 14,
-                                     [&](int64_t s0, int64_t s1) {
-                                       return cpu::adamw_update(data_as<T>(dv) + s0, s1 - s0, count, config,
-                                                                data_as<T>(values) + s0, data_as<T>(exp_avg) + s0,
-                                                                data_as<T>(exp_avg_sq) + s0);
-                                     }),
-                     op);
-      return;
-    }
     const at::Tensor dyc = dy.contiguous(), xc = x.contiguous();
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
-                         values, [&] { return Status::Ok(); },
+                         values,
+                         [&] {  // the stored gradient, then the update: the CPU has no fused kernel
+                           const at::Tensor dv = sddmm(dyc, xc, row_idx, col_idx, row_ptr, col_ptr, csc_perm,
+                                                       variant_name);
+                           const double count = step.item<double>();
+                           return parallel_chunks(values.size(0), 1 << 14, [&](int64_t s0, int64_t s1) {
+                             return cpu::adamw_update(data_as<T>(dv) + s0, s1 - s0, count, config,
+                                                      data_as<T>(values) + s0, data_as<T>(exp_avg) + s0,
+                                                      data_as<T>(exp_avg_sq) + s0);
+                           });
+                         },
                          [&](Stream s) {
-                           const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, xc.size(0), sizeof(T), variant);
-                           at::Tensor ws = bytes ? at::empty({int64_t(bytes)}, dy.options().dtype(at::kByte)) : at::Tensor();
+                           const at::Tensor ws = sddmm_workspace(w, xc.size(0), variant, values);
                            return gpu::sddmm_adamw(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0),
                                                    step.data_ptr<float>(), config, data_as<T>(values),
                                                    data_as<T>(exp_avg), data_as<T>(exp_avg_sq),
