@@ -12,8 +12,9 @@ gradient kernel; the bias gets the same torch AdamW flavour as the other impleme
 Per step: GPU time (CUDA events around a warm step; and the replay of a captured CUDA graph where
 capture works), the wall time a user sees (many steps back to back, divided), and peak memory
 (torch.cuda.max_memory_allocated over a step, minus what was allocated before the layer existed:
-parameters, gradients, optimizer state, indices, activations). Backward kernels: dX (transposed SpMM) against cuSPARSE on the transposed CSR, and dW
-(SDDMM) against torch.sparse.sampled_addmm, cold L2, checked against float64 first.
+parameters, gradients, optimizer state, indices, activations). Backward kernels: dX (transposed
+SpMM) against cuSPARSE on the transposed CSR, and dW (SDDMM) against torch.sparse.sampled_addmm,
+cold L2, checked against float64 first.
 Writes bench/results/layer_<gpu>.{csv,md} and backward_<gpu>.{csv,md}, and a PNG plot.
 """
 
