@@ -361,6 +361,265 @@ __global__ void __launch_bounds__((kX == XLayout::kShared ? kSpmmSmemWarps : kSp
   }
 }
 
+// The shared-memory address of p, for PTX operands.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+// An mbarrier in shared memory expecting `count` arrivals per phase, visible to the bulk-copy engine.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory with
+// the bulk-copy engine; the calling thread arrives on `bar`, which completes when the bytes have
+// landed. Before sm_90: the calling thread copies them itself.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the threads' reads of dst come first
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+#else
+  for (uint32_t i = 0; i < bytes / 16; ++i) static_cast<uint4*>(dst)[i] = static_cast<const uint4*>(src)[i];
+#endif
+}
+// Waits until phase `parity` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT_%=;\n}" ::"r"(
+          shared_address(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// Reads V consecutive elements from shared memory (vectors where V allows; the caller guarantees alignment).
+template <typename T, int V>
+__device__ __forceinline__ void load_shared_vec(const T* p, accum_t<T> (&out)[V]) {
+  if constexpr (std::is_same_v<T, float> && V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p + j);
+      out[j] = q.x; out[j + 1] = q.y; out[j + 2] = q.z; out[j + 3] = q.w;
+    }
+  } else if constexpr (std::is_same_v<T, double> && V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      const double2 q = *reinterpret_cast<const double2*>(p + j);
+      out[j] = q.x; out[j + 1] = q.y;
+    }
+  } else if constexpr (kIsHalfType<T> && V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const uint2 q = *reinterpret_cast<const uint2*>(p + j);
+      unpack_pair<T>(q.x, out[j], out[j + 1]);
+      unpack_pair<T>(q.y, out[j + 2], out[j + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = to_accum(p[j]);
+  }
+}
+
+constexpr int kTiledWarps = 32;     // one 1024-thread block per SM: the whole SM shares one staged tile
+constexpr int kTiledLongRows = 32;  // long rows a block of the tiled kernel sums together (see below)
+// Static shared memory of the tiled kernel (long-row lists, partial and running sums), at most this
+// much; the planner leaves it free next to the staged tile.
+constexpr size_t kTiledStaticSmem = 20 * 1024;
+
+// out[n, o] = sum_e value(e) * in[n, input(e)] (+ bias[o]) for the batch tile n0 .. n0 + NPAD, with
+// the input read from shared memory: `in` is the transposed copy of the batch tiles, [tiles,
+// in_dim + 2, NPAD] (rows in_dim and in_dim + 1 zero), as the transpose kernel writes it, and each
+// block stages rows [lo, lo + pass_cols) of its tile, plus a zero row for the slots past a row's
+// end, in as many passes as in_dim needs. Against global_xt this replaces one L1 gather per entry
+// (which misses to L2 whenever X^T outgrows L1) with a shared-memory read that never misses.
+//
+// Lanes as in spmm_rows_kernel (TileLayout; lanes_per_row lanes split a row, GS / lanes_per_row rows
+// per warp), but every warp owns fixed rows (block b: rows b * rows_per_block ..), so that its sums
+// stay in registers across the passes. A row's entries are sorted by input, so each pass takes a
+// contiguous stretch of them: a lane stops at its first entry past the pass, the row's lanes add up
+// how many entries they used, and the next pass starts there. Entries past a row's end or past the
+// pass read the zero row. Rows longer than long_threshold (skewed patterns) are summed by the whole
+// block in every pass (each warp a slice, masked to the pass's columns), in a fixed order: the
+// result stays deterministic.
+template <typename T, typename View, int NPAD>
+__global__ void __launch_bounds__(kTiledWarps * 32, 1)
+    spmm_tiled_kernel(View view, int64_t out_dim, int64_t in_dim, const T* __restrict__ in, int64_t n,
+                      const T* __restrict__ bias, T* __restrict__ out, int lanes_per_row, int32_t pass_cols,
+                      int32_t long_threshold, Activation act) {
+  using A = accum_t<T>;
+  constexpr int V = TileLayout<NPAD>::V;
+  constexpr int GN = TileLayout<NPAD>::GN;
+  constexpr int GS = TileLayout<NPAD>::GS;
+  static_assert(V == 4, "the tiled kernel runs batch tiles of 4 to 128 rows");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* xs = reinterpret_cast<T*>(smem_raw);
+  __shared__ int32_t long_rows[kTiledLongRows];
+  __shared__ int long_count;
+  __shared__ A partial[kTiledWarps][NPAD];
+  __shared__ A long_sum[kTiledLongRows][NPAD];
+  static_assert(sizeof(partial) + sizeof(long_sum) + sizeof(long_rows) + sizeof(int) <= kTiledStaticSmem,
+                "static shared memory of the tiled kernel");
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int lane_n = lane % GN;
+  const int lane_s = lane / GN;
+  const int sub = lane_s / lanes_per_row;
+  const int lane_e = lane_s % lanes_per_row;
+  const int rows_per_warp = GS / lanes_per_row;
+  const int leader = sub * lanes_per_row * GN;
+  const int64_t n0 = int64_t(blockIdx.y) * NPAD;
+  in += int64_t(blockIdx.y) * (in_dim + 2) * NPAD;  // this tile's copy
+  const int64_t o = (int64_t(blockIdx.x) * kTiledWarps + warp) * rows_per_warp + sub;
+  const bool row_ok = o < out_dim;
+  int32_t begin = row_ok ? view.ptr[o] : 0;
+  const int32_t end = row_ok ? view.ptr[o + 1] : 0;
+
+  if (threadIdx.x == 0) long_count = 0;
+  __syncthreads();
+  int defer = 0;
+  if (row_ok && lane == leader && end - begin > long_threshold) {
+    const int slot = atomicAdd(&long_count, 1);  // list order varies; each row's sum does not
+    if (slot < kTiledLongRows) {
+      long_rows[slot] = int32_t(o);
+      defer = 1;
+    }
+  }
+  const bool deferred = __shfl_sync(0xffffffffu, defer, leader) != 0;
+  if (deferred) begin = end;
+  __syncthreads();
+  const int longs = min(long_count, kTiledLongRows);
+  for (int i = threadIdx.x; i < longs * NPAD; i += blockDim.x) long_sum[i / NPAD][i % NPAD] = A(0);
+
+  // Sum of value(e) * tile[input(e) - lo] over e = first, first + step, ... < last, stopping at the
+  // first entry at or past lo + width; returns how many entries it used. Entries below lo (only in
+  // the long rows' full scans) and past the range read the zero row `width`.
+  constexpr int kU = sizeof(A) == 8 ? kUnroll / 2 : kUnroll;
+  auto accumulate = [&](int32_t first, int32_t last, int step, int32_t lo, int32_t width, A (&acc)[V]) {
+    auto load_chunk = [&](int32_t e0, A (&val)[kU], uint32_t (&col)[kU]) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int32_t e = e0 + u * step;
+        const bool ok = e < last;
+        val[u] = ok ? to_accum(view.value(e)) : A(0);
+        col[u] = ok ? uint32_t(view.input(e) - lo) : uint32_t(width);
+      }
+    };
+    A val[kU];
+    uint32_t col[kU];
+    int32_t used = 0;
+    if (first < last) load_chunk(first, val, col);
+    for (int32_t e0 = first; e0 < last; e0 += kU * step) {
+      A next_val[kU];
+      uint32_t next_col[kU];
+      load_chunk(e0 + kU * step, next_val, next_col);  // before the test below waits for this chunk
+      // Inputs ascend along a row: a chunk that starts past the pass ends this lane's share of it.
+      if (int32_t(col[0]) >= width) break;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const uint32_t c = min(col[u], uint32_t(width));
+        used += c < uint32_t(width);
+        A x[V];
+        load_shared_vec<T, V>(xs + int64_t(c) * NPAD + lane_n * V, x);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += val[u] * x[j];
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        val[u] = next_val[u];
+        col[u] = next_col[u];
+      }
+    }
+    return used;
+  };
+
+  // Staging: the pass's rows of X^T are one contiguous stretch of in_t, copied by the bulk-copy
+  // engine (one instruction, completion counted on an mbarrier) rather than by the threads' loads:
+  // loads of 128 KiB per SM by 1024 threads, each 16 bytes, took ~15-20 us a pass on the H200.
+  // The zero row past the pass: written by the threads, or (last pass) copied, in_t's row in_dim.
+  __shared__ __align__(8) uint64_t staged;
+  if (threadIdx.x == 0) mbarrier_init(&staged, 1);
+  wait_for_prior_grid();  // in_t comes from the transpose just before
+  auto stage = [&](int64_t lo, int32_t width, uint32_t parity) {
+    const bool last = lo + width == in_dim;
+    if (threadIdx.x == 0) {
+      const uint32_t bytes = uint32_t(int64_t(width + (last ? 1 : 0)) * NPAD * int64_t(sizeof(T)));
+      bulk_copy_to_shared(xs, in + lo * NPAD, (bytes + 15u) & ~15u, &staged);
+    }
+    if (!last && threadIdx.x < NPAD) xs[int64_t(width) * NPAD + threadIdx.x] = T{};
+    mbarrier_wait(&staged, parity);
+  };
+
+  A acc[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) acc[j] = A(0);
+  uint32_t parity = 0;
+  for (int64_t lo = 0; lo < in_dim; lo += pass_cols, parity ^= 1u) {
+    const int32_t width = int32_t(min(int64_t(pass_cols), in_dim - lo));
+    __syncthreads();  // nobody still reads the previous pass's tile (and the mbarrier is initialised)
+    stage(lo, width, parity);
+    __syncthreads();  // the zero row
+    int32_t used = accumulate(begin + lane_e, end, lanes_per_row, int32_t(lo), width, acc);
+    for (int offset = GN; offset < GN * lanes_per_row; offset <<= 1) used += __shfl_xor_sync(0xffffffffu, used, offset);
+    begin += used;
+    for (int i = 0; i < longs; ++i) {  // block-uniform
+      const int64_t r = long_rows[i];
+      const int32_t r_begin = view.ptr[r], r_end = view.ptr[r + 1];
+      const int32_t slice = (r_end - r_begin + kTiledWarps - 1) / kTiledWarps;
+      const int32_t s_lo = r_begin + warp * slice;
+      const int32_t s_hi = min(r_end, s_lo + slice);
+      A part[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) part[j] = A(0);
+      accumulate(s_lo + lane_s, s_hi, GS, int32_t(lo), width, part);
+      for (int offset = GN; offset < 32; offset <<= 1) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) part[j] += __shfl_xor_sync(0xffffffffu, part[j], offset);
+      }
+      if (lane_s == 0) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) partial[warp][lane_n * V + j] = part[j];
+      }
+      __syncthreads();
+      if (threadIdx.x < NPAD) {
+        A total = long_sum[i][threadIdx.x];
+        for (int k = 0; k < kTiledWarps; ++k) total += partial[k][threadIdx.x];
+        long_sum[i][threadIdx.x] = total;
+      }
+      __syncthreads();
+    }
+  }
+
+  for (int offset = GN; offset < GN * lanes_per_row; offset <<= 1) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
+  }
+  if (row_ok && !deferred && lane_e == 0) {
+    const A b = bias ? to_accum(bias[o]) : A(0);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t nn = n0 + lane_n * V + j;
+      if (nn < n) out[nn * out_dim + o] = from_accum<T>(apply_activation(acc[j] + b, act));
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < longs * NPAD; i += blockDim.x) {
+    const int64_t r = long_rows[i / NPAD];
+    const int64_t nn = n0 + i % NPAD;
+    const A b = bias ? to_accum(bias[r]) : A(0);
+    if (nn < n) out[nn * out_dim + r] = from_accum<T>(apply_activation(long_sum[i / NPAD][i % NPAD] + b, act));
+  }
+}
+
 // in_t[t, c, j] = in[t * npad + j, c] for c < in_dim, zero past the batch and for the rows
 // in_dim <= c < out_rows (the row kernels' zero slot): every batch tile t = blockIdx.z, transposed
 // into [tiles, out_rows, npad].
