@@ -18,13 +18,10 @@ enum class SpmmVariant : int {
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
   kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
                ///< Batch tiles up to 32; chosen for one row and for small products.
-  kSmemXT,     ///< a block per SM stages its batch tile of X transposed in shared memory, in passes over
-               ///< the input columns; its warps own fixed rows and keep their sums across the passes.
-               ///< No transpose launch, no workspace. Batch tiles 4..32.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "global_x",
-/// "coo_atomic", "smem_xt").
+/// "coo_atomic").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -51,7 +48,6 @@ struct SpmmPlan {
   int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT with a tile > 1)
-  int32_t pass_cols = 0;       ///< kSmemXT: input columns staged per pass (in_dim / pass_cols passes, rounded up)
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of W's slot arrays
                                ///< (and of X, for kGlobalX)
   std::string reason;          ///< why this plan, for snack.explain()

@@ -10,7 +10,7 @@ from ._ops import ops
 #: Kernel variants of the forward SpMM (the transposed product uses all but ``coo_atomic``).
 #: ``coo_atomic`` (the SNACK-style COO kernel) uses float atomics, so its results may differ in the
 #: last bits between runs: it is never chosen automatically.
-SPMM_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x", "smem_xt", "coo_atomic")
+SPMM_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x", "coo_atomic")
 DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v != "coo_atomic")
 
 _current_default = "auto"

@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <limits>
 #include <string>
 
 #include "../common/op_checks.h"
@@ -177,68 +176,6 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
   return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
 }
 
-// Input columns per pass and shared memory of the tiled kernel: as many columns as fit next to its
-// static buffers, spread evenly over the passes that in_dim needs.
-struct TiledPasses {
-  int32_t pass_cols = 0;
-  size_t smem_bytes = 0;
-};
-TiledPasses tiled_passes(int64_t in_dim, int batch_tile, size_t value_bytes, const DeviceLimits& limits) {
-  TiledPasses p;
-  const size_t budget =
-      limits.smem_per_block > detail::kTiledStaticSmem ? limits.smem_per_block - detail::kTiledStaticSmem : 0;
-  const int64_t max_cols = int64_t(budget / (size_t(batch_tile) * value_bytes)) - 1;  // one row is the zero row
-  if (max_cols < 1) return p;
-  const int64_t passes = std::max<int64_t>(1, detail::ceil_div(in_dim, max_cols));
-  p.pass_cols = int32_t(std::max<int64_t>(1, detail::ceil_div(in_dim, passes)));
-  p.smem_bytes = (size_t(p.pass_cols + 1) * size_t(batch_tile) * value_bytes + 15) / 16 * 16;
-  return p;
-}
-
-// The tiled kernel's transposed copy of X: per batch tile, in_dim rows and two zero rows (the
-// bulk copies move whole 16-byte units; see spmm_tiled_kernel).
-size_t tiled_transposed_bytes(int64_t in_dim, int64_t n, int batch_tile, size_t value_bytes) {
-  return size_t(in_dim + 2) * size_t((n + batch_tile - 1) / batch_tile * batch_tile) * value_bytes;
-}
-
-// Output rows one block of the tiled kernel owns.
-int64_t tiled_rows_per_block(int batch_tile, int lanes_per_row) {
-  return int64_t(detail::kTiledWarps) * (lanes_free_for(batch_tile) / lanes_per_row);
-}
-
-template <typename T, typename View, int NPAD>
-Status launch_tiled(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                    const T* bias, T* out, Activation act, Stream stream) {
-  auto kernel = detail::spmm_tiled_kernel<T, View, NPAD>;
-  if (plan.smem_bytes > 48 * 1024) {
-    SNACK_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  }
-  const int64_t tiles = detail::ceil_div(n, NPAD);
-  if (tiles > kMaxGridY)
-    return InvalidArgument("batch too large for a batch tile of " + std::to_string(NPAD) + ": " + std::to_string(n) +
-                           " rows");
-  const int64_t blocks = detail::ceil_div(out_dim, tiled_rows_per_block(NPAD, plan.lanes_per_row));
-  if (blocks > int64_t(std::numeric_limits<int32_t>::max())) return InvalidArgument("smem_xt: too many output rows");
-  // Programmatic launch after the transpose of X, as for global_xt.
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(
-      kernel, dim3(unsigned(blocks), unsigned(tiles)), dim3(detail::kTiledWarps * 32), plan.smem_bytes, stream, view,
-      out_dim, in_dim, in, n, bias, out, plan.lanes_per_row, plan.pass_cols, plan.long_row_threshold, act));
-  return check_launch("spmm_tiled_kernel");
-}
-
-template <typename T, typename View>
-Status launch_tiled_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                         const T* bias, T* out, Activation act, Stream stream) {
-  switch (plan.batch_tile) {
-    case 4: return launch_tiled<T, View, 4>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 8: return launch_tiled<T, View, 8>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 16: return launch_tiled<T, View, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 32: return launch_tiled<T, View, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    default: return InvalidArgument("smem_xt: unsupported batch tile " + std::to_string(plan.batch_tile));
-  }
-}
-
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
 template <typename T, typename View>
 Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in,
@@ -276,18 +213,6 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
       rl.after_transpose = true;
       return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream,
                                                              rl);
-    }
-    case SpmmVariant::kSmemXT: {
-      if (workspace == nullptr || plan.workspace_bytes < tiled_transposed_bytes(in_dim, n, plan.batch_tile, sizeof(T)))
-        return InvalidArgument("smem_xt: the workspace is missing or too small for this batch");
-      T* in_t = static_cast<T*>(workspace);
-      const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
-      const dim3 tgrid(unsigned(detail::ceil_div(in_dim + 2, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
-                       unsigned(tiles));
-      detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, in_dim + 2, plan.batch_tile,
-                                                                         in_t);
-      SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
-      return launch_tiled_tile<T, View>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
     }
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
@@ -353,43 +278,17 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     case SpmmVariant::kWarpRow:
       plan.batch_tile = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
       break;
-    case SpmmVariant::kSmemXT: {
-      // At least 16 bytes per row of X^T (the bulk copies' unit).
-      plan.batch_tile = std::max({4, int(16 / value_bytes), next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)))});
-      const TiledPasses passes = tiled_passes(in_dim, plan.batch_tile, value_bytes, limits);
-      plan.pass_cols = passes.pass_cols;
-      plan.smem_bytes = passes.smem_bytes;
-      plan.workspace_bytes = tiled_transposed_bytes(in_dim, n, plan.batch_tile, value_bytes);
-      break;
-    }
     default:
       plan.batch_tile = 1;
       break;
   }
-  const int64_t tiles = (n + plan.batch_tile - 1) / plan.batch_tile;
-  if (v == SpmmVariant::kWarpRow) {
-    plan.lanes_per_row = 32;
-  } else if (v == SpmmVariant::kSmemXT) {
-    // One block per SM, and every block stages all of X: the lanes per row that give the fewest rows
-    // per SM (waves of blocks times rows per block), with the fewest waves among equals.
-    int best = 1;
-    int64_t best_cost = -1;
-    for (int lanes = 1; lanes <= max_lanes_per_row(plan.batch_tile, avg); lanes <<= 1) {
-      const int64_t rows = tiled_rows_per_block(plan.batch_tile, lanes);
-      const int64_t waves = detail::ceil_div(detail::ceil_div(out_dim, rows) * tiles, std::max(1, limits.sms));
-      if (best_cost < 0 || waves * rows < best_cost) {
-        best = lanes;
-        best_cost = waves * rows;
-      }
-    }
-    plan.lanes_per_row = best;
-  } else {
-    plan.lanes_per_row = lanes_per_row_for(plan.batch_tile, avg, out_dim, tiles, wanted_warps(limits));
-  }
+  plan.lanes_per_row = v == SpmmVariant::kWarpRow
+                           ? 32
+                           : lanes_per_row_for(plan.batch_tile, avg, out_dim, (n + plan.batch_tile - 1) / plan.batch_tile,
+                                               wanted_warps(limits));
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = nnz * int64_t(value_bytes + sizeof(int32_t)) + n * in_dim * int64_t(value_bytes);
-  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kSmemXT &&
-                     operand_bytes <= kPrefetchMaxBytes;
+  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
@@ -399,7 +298,6 @@ std::string describe(const SpmmPlan& plan) {
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
-  if (plan.pass_cols) s += ", " + std::to_string(plan.pass_cols) + " input columns per pass";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
   if (plan.prefetch_l2) s += ", L2 prefetch";
   return s + "): " + plan.reason;
@@ -415,15 +313,6 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
     if (plan.batch_tile > 32 || smem_for(plan.batch_tile, in_dim, value_bytes) > smem_budget(limits))
       return InvalidArgument("smem_x: a " + std::to_string(plan.batch_tile) + " x " + std::to_string(in_dim) +
                              " tile of X does not fit in shared memory");
-  }
-  if (plan.variant == SpmmVariant::kSmemXT) {
-    DeviceLimits limits;
-    SNACK_RETURN_IF_ERROR(device_limits(&limits));
-    const size_t tile_bytes = size_t(plan.pass_cols + 1) * size_t(plan.batch_tile) * value_bytes;
-    if (plan.pass_cols < 1 || tile_bytes > plan.smem_bytes ||
-        plan.smem_bytes + detail::kTiledStaticSmem > limits.smem_per_block)
-      return InvalidArgument("smem_xt: a " + std::to_string(plan.batch_tile) + "-row tile of " +
-                             std::to_string(plan.pass_cols) + " input columns does not fit in shared memory");
   }
   return Status::Ok();
 }
