@@ -205,10 +205,11 @@ def floor_evidence(t, keys, info) -> list[str]:
               "and Nsight Compute on the H200 in `spmm_ncu_nvidia_h200.txt`): from N = 8 the kernel is bound by "
               "the L1 gathers of X^T, one L1 wavefront per entry (on the H200: L1 ~85% busy, DRAM ~15%); at N = 1 "
               "by the latency of the chain row pointer -> slot -> X at half occupancy; at 99% the floor"
-              f"{at_99} is below the cost of one launch under this timer (~4-5 us on the H200). What would "
-              "close it at N = 8-16: entries that share X^T lines within an instruction (slots grouped by row "
-              "block and column block at topology time, X^T staged in shared memory), estimated at ~0.5 (N = 8) "
-              "and ~0.75 (N = 16) shared-memory cycles per entry."]
+              f"{at_99} is below the cost of one launch under this timer (~4-5 us on the H200). X^T staged "
+              "in shared memory by column blocks (the tiled view, built and measured in session 9) made the "
+              "gathers cheaper but was slower overall (16384x4096, 90%, N = 16: 61.8 against 55.3 us): the "
+              "warps then wait on the stream of W, and the staging adds ~3-4 us per column block. What is "
+              "left at N = 8-16: more of W in flight per SM."]
     return lines
 
 
