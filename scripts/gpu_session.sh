@@ -87,8 +87,10 @@ sanitize() {
   local rc=0
   compute-sanitizer --tool memcheck --error-exitcode 9 "$bin" --gtest_brief=1 || rc=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$bin" --gtest_brief=1 --gtest_filter='Cuda*' || rc=1
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -k "cuda" -p no:cacheprovider \
-    ${SNACK_SANITIZE_PYTEST_ARGS:-tests/python} || rc=1
+  # Not the capture of a fused step: under the sanitizer, torch fails to capture any backward in
+  # which no parameter receives a gradient (scripts/repro_capture_memcheck.py shows it without snack).
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -k "cuda and not capture_of_a_fused_step" \
+    -p no:cacheprovider ${SNACK_SANITIZE_PYTEST_ARGS:-tests/python} || rc=1
   return $rc
 }
 

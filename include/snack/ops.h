@@ -9,6 +9,7 @@
 //   sddmm           dv[s]    = sum_n dY[n, row(s)] * X[n, col(s)]            (dW at the slots)
 //   bias_grad       db[r]    = sum_n dY[n, r]
 //   sddmm_adamw     AdamW's step of v[s] from dv[s], with dv never stored           (the update fused)
+//   bias_grad_adamw AdamW's step of b[r] from db[r], with db never stored
 //
 // Every output element is written (no zero-initialisation is needed). Results are deterministic:
 // each output is reduced in a fixed order, with no atomics.
@@ -114,6 +115,13 @@ Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t
 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
+
+/// The bias gradient and AdamW's step of the bias in one kernel, as sddmm_adamw() for the values:
+/// db[r] (rounded to T) updates bias[r], exp_avg[r] and exp_avg_sq[r] in place and is never stored;
+/// `step` points to the float count of this update in device memory.
+template <typename T>
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const float* step, const AdamWConfig& config, T* bias,
+                       T* exp_avg, T* exp_avg_sq, Stream stream);
 
 /// Plans a product with `out_dim` outputs per batch row, `in_dim` inputs, `nnz` entries and batch
 /// `n`, for values of `value_bytes` bytes: the forward is (w.rows, w.cols), the transposed product

@@ -71,13 +71,19 @@ def _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc
 
 @torch.library.register_fake("snack::sparse_linear_adamw")
 def _sparse_linear_adamw_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg, exp_avg_sq, step,
-                              update_guard, lr, beta1, beta2, eps, weight_decay, maximize=False, activation="none"):
+                              update_guard, lr, beta1, beta2, eps, weight_decay, maximize=False, activation="none",
+                              bias_exp_avg=None, bias_exp_avg_sq=None, bias_step=None, bias_hyper=None):
     return _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation)
 
 
 @torch.library.register_fake("snack::sddmm_adamw_")
 def _sddmm_adamw_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr,
                       beta1, beta2, eps, weight_decay, maximize=False, variant="auto"):
+    return None
+
+
+@torch.library.register_fake("snack::bias_grad_adamw_")
+def _bias_grad_adamw_fake(dy, bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize=False):
     return None
 
 

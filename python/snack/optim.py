@@ -4,8 +4,11 @@
 the values of every :class:`snack.SparseLinear` whose parameters it holds are updated by the
 layer's backward, in the kernel that computes their gradient (``snack.ops.sddmm_adamw_``). That
 gradient is never stored: a step moves fewer bytes and runs fewer kernels, and ``values.grad``
-stays ``None`` (4 bytes per connection less memory). Every other parameter (biases, dense layers)
+stays ``None`` (4 bytes per connection less memory). Every other parameter (dense layers, ...)
 is updated by ``step()`` as ``torch.optim.AdamW`` does.
+
+The layer's bias, when this optimizer holds it, is updated the same way, in the kernel that
+computes its gradient (``snack.ops.bias_grad_adamw_``), with its own parameter group's settings.
 
 The update happens when the backward runs, so it suits the common loop
 ``zero_grad(); loss.backward(); step()`` on one process. What needs the values' gradient first
@@ -71,7 +74,7 @@ class AdamW(torch.optim.AdamW):
             self._group_index[p] = len(self.param_groups) - 1
 
     def _slot_state(self, values: Tensor) -> dict:
-        """values' AdamW state, created as torch.optim.AdamW creates it; the step count on values' device."""
+        """A parameter's AdamW state, created as torch.optim.AdamW creates it; the step count on its device."""
         state = self.state[values]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=values.device)
@@ -83,19 +86,29 @@ class AdamW(torch.optim.AdamW):
         return state
 
     def _apply_layer(self, layer, x: Tensor) -> Tensor:
-        """layer(x), with AdamW's update of layer.values in the backward."""
-        values = layer.values
+        """layer(x), with AdamW's update of layer.values (and of layer.bias, when this optimizer holds
+        it and it learns) in the backward."""
+        values, bias = layer.values, layer.bias
         group = self.param_groups[self._group_index[values]]
         state = self._slot_state(values)
         beta1, beta2 = group["betas"]
         guard = self._update_guards.get(values)
         if guard is None:
             guard = self._update_guards[values] = torch.zeros(1, dtype=torch.int64)
-        return ops.sparse_linear_adamw(x, values, layer.bias, layer.row_idx, layer.col_idx, layer.row_ptr,
+        bias_args = {}
+        bias_index = self._group_index.get(bias) if bias is not None and bias.requires_grad else None
+        if bias_index is not None:
+            bias_group, bias_state = self.param_groups[bias_index], self._slot_state(bias)
+            b1, b2 = bias_group["betas"]
+            bias_args = dict(bias_exp_avg=bias_state["exp_avg"], bias_exp_avg_sq=bias_state["exp_avg_sq"],
+                             bias_step=bias_state["step"],
+                             bias_hyper=[float(bias_group["lr"]), float(b1), float(b2), float(bias_group["eps"]),
+                                         float(bias_group["weight_decay"]), float(bool(bias_group["maximize"]))])
+        return ops.sparse_linear_adamw(x, values, bias, layer.row_idx, layer.col_idx, layer.row_ptr,
                                        layer.col_ptr, layer.csc_perm, state["exp_avg"], state["exp_avg_sq"],
                                        state["step"], guard, float(group["lr"]), float(beta1), float(beta2),
                                        float(group["eps"]), float(group["weight_decay"]), bool(group["maximize"]),
-                                       layer.activation)
+                                       layer.activation, **bias_args)
 
 
 def _check_lr(lr) -> None:

@@ -323,14 +323,16 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return check_launch("sddmm_rows_kernel");
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m,
-                                                             T* __restrict__ dbias) {
+// db[r] = sum_n dy[n, r], handed to the same epilogues as the SDDMM's (stored, or AdamW's step).
+template <typename T, typename Out>
+__global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m, Out out) {
+  out.begin();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < m; r += stride) {
+    const auto fetched = out.fetch(r);
     accum_t<T> acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += to_accum(dy[i * m + r]);
-    dbias[r] = from_accum<T>(acc);
+    out.apply(r, acc, fetched);
   }
 }
 
@@ -445,8 +447,21 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
   if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
   if (m > 0 && dbias == nullptr) return InvalidArgument("dbias must not be null");
   if (m == 0) return Status::Ok();
-  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, dbias);
+  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, StoreGradient<T>{dbias});
   return check_launch("bias_grad_kernel");
+}
+
+template <typename T>
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const float* step, const AdamWConfig& config, T* bias,
+                       T* exp_avg, T* exp_avg_sq, Stream stream) {
+  if (n < 0 || m < 0) return InvalidArgument("bias_grad_adamw: sizes must be non-negative");
+  if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
+  if (m > 0 && (!bias || !exp_avg || !exp_avg_sq || !step))
+    return InvalidArgument("bias, exp_avg, exp_avg_sq and step must not be null");
+  if (m == 0) return Status::Ok();
+  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(
+      dy, n, m, AdamWUpdate<T>{bias, exp_avg, exp_avg_sq, step, config, {}});
+  return check_launch("bias_grad_kernel(adamw)");
 }
 
 #define SNACK_INSTANTIATE_CUDA_OPS(T, Index)                                                                     \
@@ -468,5 +483,13 @@ template Status bias_grad<float>(const float*, int64_t, int64_t, float*, Stream)
 template Status bias_grad<double>(const double*, int64_t, int64_t, double*, Stream);
 template Status bias_grad<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*, Stream);
 template Status bias_grad<float16>(const float16*, int64_t, int64_t, float16*, Stream);
+template Status bias_grad_adamw<float>(const float*, int64_t, int64_t, const float*, const AdamWConfig&, float*,
+                                       float*, float*, Stream);
+template Status bias_grad_adamw<double>(const double*, int64_t, int64_t, const float*, const AdamWConfig&, double*,
+                                        double*, double*, Stream);
+template Status bias_grad_adamw<bfloat16>(const bfloat16*, int64_t, int64_t, const float*, const AdamWConfig&,
+                                          bfloat16*, bfloat16*, bfloat16*, Stream);
+template Status bias_grad_adamw<float16>(const float16*, int64_t, int64_t, const float*, const AdamWConfig&,
+                                         float16*, float16*, float16*, Stream);
 
 }  // namespace snack::cuda

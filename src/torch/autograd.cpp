@@ -84,6 +84,14 @@ void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
           eps, weight_decay, maximize, "auto");
 }
 
+void call_bias_grad_adamw(const at::Tensor& dy, const at::Tensor& bias, const at::Tensor& exp_avg,
+                          const at::Tensor& exp_avg_sq, const at::Tensor& step, const std::vector<double>& hyper) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::bias_grad_adamw_", "").typed<void(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
+      double, double, double, bool)>();
+  op.call(dy, bias, exp_avg, exp_avg_sq, step, hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], hyper[5] != 0);
+}
+
 // The forward of both autograd functions below. ReLU is fused and its gradient mask comes from
 // the output. GELU's gradient needs the pre-activation, so under autograd it is computed unfused
 // and the pre-activation is saved.
@@ -156,6 +164,20 @@ class SparseLinearFunction : public torch::autograd::Function<SparseLinearFuncti
   }
 };
 
+// Whether sparse_linear_adamw was given the bias's AdamW state (all four arguments, or none).
+bool bias_state_given(const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
+                      const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
+                      std::optional<c10::ArrayRef<double>> bias_hyper) {
+  const int given = int(bias_exp_avg.has_value()) + int(bias_exp_avg_sq.has_value()) + int(bias_step.has_value()) +
+                    int(bias_hyper.has_value());
+  TORCH_CHECK_VALUE(given == 0 || (given == 4 && bias.has_value()), "snack.sparse_linear_adamw: give bias_exp_avg, "
+                    "bias_exp_avg_sq, bias_step and bias_hyper together, and only with a bias");
+  if (given == 0) return false;
+  TORCH_CHECK_VALUE(bias_hyper->size() == 6, "snack.sparse_linear_adamw: bias_hyper holds lr, beta1, beta2, eps, "
+                    "weight_decay and maximize, got ", bias_hyper->size(), " numbers");
+  return true;
+}
+
 // The layer with AdamW applied to values inside its backward: no gradient is returned for them.
 class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearAdamWFunction> {
  public:
@@ -165,7 +187,17 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
                             const at::Tensor& csc_perm, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                             const at::Tensor& step, const std::optional<at::Tensor>& update_guard, double lr,
                             double beta1, double beta2, double eps, double weight_decay, bool maximize,
-                            c10::string_view activation) {
+                            c10::string_view activation, const std::optional<at::Tensor>& bias_exp_avg,
+                            const std::optional<at::Tensor>& bias_exp_avg_sq,
+                            const std::optional<at::Tensor>& bias_step,
+                            std::optional<c10::ArrayRef<double>> bias_hyper) {
+    if (bias_state_given(bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper)) {
+      ctx->saved_data["bias_exp_avg"] = *bias_exp_avg;
+      ctx->saved_data["bias_exp_avg_sq"] = *bias_exp_avg_sq;
+      ctx->saved_data["bias_step"] = *bias_step;
+      ctx->saved_data["bias_hyper"] = bias_hyper->vec();
+      ctx->saved_data["bias"] = *bias;
+    }
     if (update_guard) {
       TORCH_CHECK_VALUE(update_guard->is_cpu() && update_guard->scalar_type() == at::kLong &&
                             update_guard->numel() == 1,
@@ -204,9 +236,18 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();
     }
-    variable_list grads(19);
+    variable_list grads(23);
     grads[0] = dx;
-    grads[2] = bias_grad_if_needed(ctx, s);
+    if (ctx->saved_data.count("bias_step")) {  // the bias entered detached: see sparse_linear_adamw_autograd
+      // The bias is an input of this node, not a saved variable: the layer's next forward reads it.
+      at::Tensor bias = ctx->saved_data["bias"].toTensor();
+      call_bias_grad_adamw(s.dy, bias, ctx->saved_data["bias_exp_avg"].toTensor(),
+                           ctx->saved_data["bias_exp_avg_sq"].toTensor(), ctx->saved_data["bias_step"].toTensor(),
+                           ctx->saved_data["bias_hyper"].toDoubleVector());
+      bias.unsafeGetTensorImpl()->bump_version();
+    } else {
+      grads[2] = bias_grad_if_needed(ctx, s);
+    }
     return grads;
   }
 };
@@ -232,7 +273,9 @@ at::Tensor sparse_linear_adamw_forward(const at::Tensor& x, const at::Tensor& va
                                        const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
                                        const at::Tensor& csc_perm, const at::Tensor&, const at::Tensor&,
                                        const at::Tensor&, const std::optional<at::Tensor>&, double, double, double,
-                                       double, double, bool, c10::string_view activation) {
+                                       double, double, bool, c10::string_view activation,
+                                       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                                       const std::optional<at::Tensor>&, std::optional<c10::ArrayRef<double>>) {
   return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
 }
 
@@ -243,14 +286,29 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
                                         const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                                         const at::Tensor& step, const std::optional<at::Tensor>& update_guard,
                                         double lr, double beta1, double beta2, double eps, double weight_decay,
-                                        bool maximize, c10::string_view activation) {
+                                        bool maximize, c10::string_view activation,
+                                        const std::optional<at::Tensor>& bias_exp_avg,
+                                        const std::optional<at::Tensor>& bias_exp_avg_sq,
+                                        const std::optional<at::Tensor>& bias_step,
+                                        std::optional<c10::ArrayRef<double>> bias_hyper) {
   if (!needs_grad(x, values, bias)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
   }
-  return SparseLinearAdamWFunction::apply(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg,
-                                          exp_avg_sq, step, update_guard, lr, beta1, beta2, eps, weight_decay,
-                                          maximize, activation);
+  // A bias updated by the backward enters the node detached: autograd gives it no edge, so no
+  // AccumulateGrad node of it runs with an undefined gradient. (Such a node keeps the stream it was
+  // created on, and torch 2.11's engine makes the caller's stream wait on it at the end of the
+  // backward: under CUDA-graph capture that crosses the capture boundary, pytorch#189371.) Without
+  // values that learn the node may never run, and the bias then takes the usual gradient.
+  const bool bias_in_backward =
+      bias_state_given(bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper) && values.requires_grad();
+  const std::optional<at::Tensor> bias_input = bias_in_backward ? std::optional<at::Tensor>(bias->detach()) : bias;
+  const std::optional<at::Tensor> none;
+  return SparseLinearAdamWFunction::apply(x, values, bias_input, row_idx, col_idx, row_ptr, col_ptr, csc_perm,
+                                          exp_avg, exp_avg_sq, step, update_guard, lr, beta1, beta2, eps,
+                                          weight_decay, maximize, activation, bias_in_backward ? bias_exp_avg : none,
+                                          bias_in_backward ? bias_exp_avg_sq : none,
+                                          bias_in_backward ? bias_step : none, bias_in_backward ? bias_hyper : std::nullopt);
 }
 
 }  // namespace

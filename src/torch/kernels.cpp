@@ -67,6 +67,8 @@ template <typename... Args>
 Status bias_grad(Args&&...) { return unsupported(); }
 template <typename... Args>
 Status sddmm_adamw(Args&&...) { return unsupported(); }
+template <typename... Args>
+Status bias_grad_adamw(Args&&...) { return unsupported(); }
 template <typename Index, typename... Args>
 Status slots_from_coo(Args&&...) { return unsupported(); }
 template <typename Index, typename... Args>
@@ -319,6 +321,38 @@ void check_slot_state(const at::Tensor& t, const at::Tensor& values, const char*
                     " shares memory with values");
 }
 
+// The optimizer's arguments of sddmm_adamw_ and bias_grad_adamw_ (params: values or bias, 1-D).
+AdamWConfig check_adamw(const at::Tensor& params, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                        const at::Tensor& step, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, bool maximize, const char* op) {
+  check_slot_state(exp_avg, params, "exp_avg", op);
+  check_slot_state(exp_avg_sq, params, "exp_avg_sq", op);
+  TORCH_CHECK_VALUE(params.numel() == 0 || exp_avg.data_ptr() != exp_avg_sq.data_ptr(), "snack.", op,
+                    ": exp_avg and exp_avg_sq share memory");
+  TORCH_CHECK_TYPE(step.scalar_type() == at::kFloat, "snack.", op, ": step must be float32, got ", step.scalar_type());
+  TORCH_CHECK_VALUE(step.numel() == 1, "snack.", op, ": step must hold one number, got shape ", step.sizes());
+  check_same_device(step, params, "step", op);
+  // torch.optim.AdamW's checks of its hyperparameters.
+  TORCH_CHECK_VALUE(lr >= 0, "snack.", op, ": invalid learning rate ", lr);
+  TORCH_CHECK_VALUE(eps >= 0, "snack.", op, ": invalid epsilon ", eps);
+  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1, "snack.", op, ": invalid beta1 ", beta1);
+  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1, "snack.", op, ": invalid beta2 ", beta2);
+  TORCH_CHECK_VALUE(weight_decay >= 0, "snack.", op, ": invalid weight_decay ", weight_decay);
+  return AdamWConfig{lr, beta1, beta2, eps, weight_decay, maximize};
+}
+
+// AdamW's step of the parameters from a stored gradient `grad` on the CPU (the count already
+// advanced): the CPU has no fused kernels.
+template <typename T>
+Status adamw_on_cpu(const at::Tensor& grad, const at::Tensor& params, const at::Tensor& exp_avg,
+                    const at::Tensor& exp_avg_sq, const at::Tensor& step, const AdamWConfig& config) {
+  const double count = step.item<double>();
+  return parallel_chunks(params.size(0), 1 << 14, [&](int64_t s0, int64_t s1) {
+    return cpu::adamw_update(data_as<T>(grad) + s0, s1 - s0, count, config, data_as<T>(params) + s0,
+                             data_as<T>(exp_avg) + s0, data_as<T>(exp_avg_sq) + s0);
+  });
+}
+
 void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                   const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                   const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
@@ -330,20 +364,8 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
   check_value_dtype(values, op);
   check_pattern(p, values, op);
   check_sddmm_operands(dy, x, p, values, op);
-  check_slot_state(exp_avg, values, "exp_avg", op);
-  check_slot_state(exp_avg_sq, values, "exp_avg_sq", op);
-  TORCH_CHECK_VALUE(values.numel() == 0 || exp_avg.data_ptr() != exp_avg_sq.data_ptr(), "snack.", op,
-                    ": exp_avg and exp_avg_sq share memory");
-  TORCH_CHECK_TYPE(step.scalar_type() == at::kFloat, "snack.", op, ": step must be float32, got ", step.scalar_type());
-  TORCH_CHECK_VALUE(step.numel() == 1, "snack.", op, ": step must hold one number, got shape ", step.sizes());
-  check_same_device(step, values, "step", op);
-  // torch.optim.AdamW's checks of its hyperparameters.
-  TORCH_CHECK_VALUE(lr >= 0, "snack.", op, ": invalid learning rate ", lr);
-  TORCH_CHECK_VALUE(eps >= 0, "snack.", op, ": invalid epsilon ", eps);
-  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1, "snack.", op, ": invalid beta1 ", beta1);
-  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1, "snack.", op, ": invalid beta2 ", beta2);
-  TORCH_CHECK_VALUE(weight_decay >= 0, "snack.", op, ": invalid weight_decay ", weight_decay);
-  const AdamWConfig config{lr, beta1, beta2, eps, weight_decay, maximize};
+  const AdamWConfig config =
+      check_adamw(values, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize, op);
   // The count is advanced on the device (no host synchronisation), then the update reads it.
   step.add_(1);
   if (values.numel() == 0) return;
@@ -353,15 +375,10 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
     throw_if_error(with_pattern(p, [&](auto w) {
                      return on_device(
                          values,
-                         [&] {  // the stored gradient, then the update: the CPU has no fused kernel
-                           const at::Tensor dv = sddmm(dyc, xc, row_idx, col_idx, row_ptr, col_ptr, csc_perm,
-                                                       variant_name);
-                           const double count = step.item<double>();
-                           return parallel_chunks(values.size(0), 1 << 14, [&](int64_t s0, int64_t s1) {
-                             return cpu::adamw_update(data_as<T>(dv) + s0, s1 - s0, count, config,
-                                                      data_as<T>(values) + s0, data_as<T>(exp_avg) + s0,
-                                                      data_as<T>(exp_avg_sq) + s0);
-                           });
+                         [&] {
+                           return adamw_on_cpu<T>(sddmm(dyc, xc, row_idx, col_idx, row_ptr, col_ptr, csc_perm,
+                                                        variant_name),
+                                                  values, exp_avg, exp_avg_sq, step, config);
                          },
                          [&](Stream s) {
                            const at::Tensor ws = sddmm_workspace(w, xc.size(0), variant, values);
@@ -390,6 +407,32 @@ at::Tensor bias_grad(const at::Tensor& dy) {
                    "bias_grad");
   });
   return db;
+}
+
+void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1, double beta2,
+                      double eps, double weight_decay, bool maximize) {
+  const char* op = "bias_grad_adamw_";
+  check_value_dtype(bias, op);
+  check_1d(bias, "bias", op);
+  check_dense(dy, bias, bias.size(0), "dy", op);
+  const AdamWConfig config =
+      check_adamw(bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize, op);
+  step.add_(1);  // on the device, as sddmm_adamw_
+  if (bias.numel() == 0) return;
+  const at::Tensor dyc = dy.contiguous();
+  dispatch_value_type(bias, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(on_device(
+                       bias, [&] { return adamw_on_cpu<T>(bias_grad(dyc), bias, exp_avg, exp_avg_sq, step, config); },
+                       [&](Stream s) {
+                         return gpu::bias_grad_adamw(data_as<T>(dyc), dyc.size(0), dyc.size(1), step.data_ptr<float>(),
+                                                     config, data_as<T>(bias), data_as<T>(exp_avg),
+                                                     data_as<T>(exp_avg_sq), s);
+                       },
+                       op),
+                   op);
+  });
 }
 
 template <typename Fn>
@@ -590,6 +633,7 @@ void register_device_kernels(torch::Library& m) {
   m.impl("sddmm", &sddmm);
   m.impl("bias_grad", &bias_grad);
   m.impl("sddmm_adamw_", &sddmm_adamw_);
+  m.impl("bias_grad_adamw_", &bias_grad_adamw_);
   m.impl("slots_from_coo", &slots_from_coo);
   m.impl("slots_from_dense", &slots_from_dense);
   m.impl("slots_from_mask", &slots_from_mask);

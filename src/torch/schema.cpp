@@ -29,6 +29,9 @@ TORCH_LIBRARY(snack, m) {
   m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, Tensor(a!) values, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, float lr, "
         "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str variant=\"auto\") -> ()");
+  // The same for a bias from its gradient bias_grad(dy): bias, exp_avg, exp_avg_sq [M] in place.
+  m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
+        "float lr, float beta1, float beta2, float eps, float weight_decay, bool maximize=False) -> ()");
   // The layer: act(x W^T + b), x [..., K] -> [..., M], differentiable in x, values and bias.
   m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, Tensor row_ptr, "
         "Tensor col_ptr, Tensor csc_perm, str activation=\"none\") -> Tensor");
@@ -37,11 +40,14 @@ TORCH_LIBRARY(snack, m) {
   // in place by the backward, after dX has used the old values (snack.optim.AdamW calls it).
   // update_guard: None, or a one-element int64 CPU tensor; the backward raises if it is non-zero,
   // then sets it (snack.optim.AdamW clears it in step(): no second update before a step).
+  // bias_exp_avg, bias_exp_avg_sq, bias_step and bias_hyper ([lr, beta1, beta2, eps, weight_decay,
+  // maximize as 0 or 1], the bias's own group): given together, the backward updates the bias the
+  // same way (bias_grad_adamw_) and returns no gradient for it either.
   m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, "
         "Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor exp_avg, Tensor exp_avg_sq, Tensor step, "
-        "Tensor? update_guard, float lr, "
-        "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str activation=\"none\") "
-        "-> Tensor");
+        "Tensor? update_guard, float lr, float beta1, float beta2, float eps, float weight_decay, "
+        "bool maximize=False, str activation=\"none\", Tensor? bias_exp_avg=None, Tensor? bias_exp_avg_sq=None, "
+        "Tensor? bias_step=None, float[]? bias_hyper=None) -> Tensor");
 
   // Which kernel spmm (or spmm_t when transposed) runs for a batch of n rows on this weight, and why.
   m.def("explain_spmm(Tensor values, Tensor row_ptr, Tensor col_ptr, int n, bool transposed=False, "

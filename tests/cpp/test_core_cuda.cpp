@@ -120,6 +120,31 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
   }
 }
 
+TEST(CudaBiasGrad, PlainAndWithAdamWMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 5, m = 37;
+  const auto dy64 = random_dense(n * m, 11), b64 = random_dense(m, 12), m64 = random_dense(m, 13);
+  const std::vector<float> dy_h = cast<float>(dy64);
+  std::vector<float> bias_h = cast<float>(b64), exp_avg_h = cast<float>(m64), exp_avg_sq_h(m, 0.25f), db_h(m);
+  DeviceArray<float> dy(dy_h), db(m), bias(bias_h), exp_avg(exp_avg_h), exp_avg_sq(exp_avg_sq_h);
+  DeviceArray<float> step(std::vector<float>{2.0f});
+  const AdamWConfig config{1e-2, 0.9, 0.99, 1e-6, 0.05, false};
+  ASSERT_TRUE(cuda::bias_grad<float>(dy.ptr, n, m, db.ptr, nullptr).ok());
+  ASSERT_TRUE(cuda::bias_grad_adamw<float>(dy.ptr, n, m, step.ptr, config, bias.ptr, exp_avg.ptr, exp_avg_sq.ptr,
+                                           nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(cpu::bias_grad<float>(dy_h.data(), n, m, db_h.data()).ok());
+  ASSERT_TRUE(cpu::adamw_update<float>(db_h.data(), m, 2.0, config, bias_h.data(), exp_avg_h.data(),
+                                       exp_avg_sq_h.data())
+                  .ok());
+  const auto wide = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  EXPECT_LT(rel_error(db.host(), wide(db_h)), 1e-6);
+  EXPECT_LT(rel_error(bias.host(), wide(bias_h)), 1e-6);
+  EXPECT_LT(rel_error(exp_avg.host(), wide(exp_avg_h)), 1e-6);
+  EXPECT_LT(rel_error(exp_avg_sq.host(), wide(exp_avg_sq_h)), 1e-6);
+}
+
 TEST(CudaOpsLongRows, BlockSplitRowsMatchReference) {
   SKIP_WITHOUT_GPU();
   for (int64_t n : {1, 5, 16}) {
