@@ -7,8 +7,9 @@ Step = forward + backward + optimizer step (SGD with momentum, AdamW) of one lay
 rows, for: snack (SparseLinear), dense (nn.Linear), dense_mask (a dense weight times a fixed 0/1
 mask, as dynamic-sparse-training code does it) and torch_sparse (a COO weight built from a values
 Parameter and torch.sparse.mm, as a user would write it); with AdamW also snack_fused_step
-(SparseLinear with snack.optim.AdamW: the values' update runs in the backward, fused with their
-gradient kernel; the bias gets the same torch AdamW flavour as the other implementations).
+(SparseLinear with snack.optim.AdamW: the updates of the values and of the bias run in the
+backward, fused with their gradient kernels, so the torch AdamW flavour of a row applies to the
+baselines only).
 Per step: GPU time (CUDA events around a warm step; and the replay of a captured CUDA graph where
 capture works), the wall time a user sees (many steps back to back, divided), and peak memory
 (torch.cuda.max_memory_allocated over a step, minus what was allocated before the layer existed:
@@ -387,8 +388,8 @@ def summarize(layer_rows, back_rows, info) -> str:
                   "peak memory >= 80% below dense", "",
                   "CUDA-graph replay (GPU time of the step alone); \"events\": CUDA events around an eager step, "
                   "which also count the GPU waiting for the host. torch AdamW: the flavour the baselines use, and "
-                  "snack for its values (snack) or its bias (snack_fused_step, whose values snack.optim.AdamW "
-                  "updates in the backward).", "",
+                  "snack for its values and bias (snack); snack_fused_step updates both in the backward "
+                  "(snack.optim.AdamW).", "",
                   "| snack as | torch AdamW | snack us | Dense+Mask us | dense us | vs Dense+Mask | vs dense | "
                   "events vs D+M / dense | memory below dense |", "|---|---|---|---|---|---|---|---|---|"] + target_rows
     b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r for r in back_rows}
