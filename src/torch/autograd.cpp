@@ -191,7 +191,7 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
                             const std::optional<at::Tensor>& bias_exp_avg_sq,
                             const std::optional<at::Tensor>& bias_step,
                             std::optional<c10::ArrayRef<double>> bias_hyper) {
-    if (bias_state_given(bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper)) {
+    if (bias_step) {  // given together, checked by sparse_linear_adamw_autograd
       ctx->saved_data["bias_exp_avg"] = *bias_exp_avg;
       ctx->saved_data["bias_exp_avg_sq"] = *bias_exp_avg_sq;
       ctx->saved_data["bias_step"] = *bias_step;
@@ -291,6 +291,7 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
                                         const std::optional<at::Tensor>& bias_exp_avg_sq,
                                         const std::optional<at::Tensor>& bias_step,
                                         std::optional<c10::ArrayRef<double>> bias_hyper) {
+  const bool bias_state = bias_state_given(bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper);
   if (!needs_grad(x, values, bias)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
@@ -300,8 +301,7 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
   // created on, and torch 2.11's engine makes the caller's stream wait on it at the end of the
   // backward: under CUDA-graph capture that crosses the capture boundary, pytorch#189371.) Without
   // values that learn the node may never run, and the bias then takes the usual gradient.
-  const bool bias_in_backward =
-      bias_state_given(bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper) && values.requires_grad();
+  const bool bias_in_backward = bias_state && values.requires_grad();
   const std::optional<at::Tensor> bias_input = bias_in_backward ? std::optional<at::Tensor>(bias->detach()) : bias;
   const std::optional<at::Tensor> none;
   return SparseLinearAdamWFunction::apply(x, values, bias_input, row_idx, col_idx, row_ptr, col_ptr, csc_perm,

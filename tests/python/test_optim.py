@@ -172,6 +172,22 @@ def test_bias_updated_in_the_backward_has_no_autograd_edge(device):
     assert torch.equal(layer.bias.grad, torch.full_like(layer.bias, 4.0))
 
 
+def test_bias_state_is_given_whole_or_not_at_all(device):
+    layer, _ = twin_layers(device)
+    state = (torch.zeros_like(layer.values), torch.zeros_like(layer.values), torch.zeros((), device=device), None,
+             1e-2, 0.9, 0.999, 1e-8, 0.0)
+    args = (torch.randn(4, 40, device=device), layer.values, layer.bias, layer.row_idx, layer.col_idx, layer.row_ptr,
+            layer.col_ptr, layer.csc_perm) + state
+    zeros = torch.zeros_like(layer.bias)
+    for x_grad in (False, True):  # checked with and without a backward to run
+        with torch.set_grad_enabled(x_grad):
+            with pytest.raises(ValueError, match="together"):
+                ops.sparse_linear_adamw(*args, bias_exp_avg=zeros, bias_exp_avg_sq=zeros.clone())
+            with pytest.raises(ValueError, match="bias_hyper holds"):
+                ops.sparse_linear_adamw(*args, bias_exp_avg=zeros, bias_exp_avg_sq=zeros.clone(),
+                                        bias_step=torch.zeros((), device=device), bias_hyper=[1e-2, 0.9])
+
+
 def test_checkpoints_load_across_torch_and_snack(device):
     fused_layer, torch_layer = twin_layers(device)
     fused = snack.optim.AdamW(fused_layer.parameters(), **HYPER)
