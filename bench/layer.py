@@ -141,7 +141,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     return statistics.median(gpu), graph_us, wall, peak
 
 
-SDDMM_VARIANTS = ("vector", "rows")  # forced with --sddmm-variants, as impl "snack_<variant>"
+SDDMM_VARIANTS = ("vector", "rows", "tile")  # forced with --sddmm-variants, as impl "snack_<variant>"
 
 
 def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
@@ -171,7 +171,7 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     }
     for variant in sddmm_variants:
         cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, *pattern, variant=v), ref_dw)
-    rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth)
+    rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants)
     for (op, impl), (fn, ref_out) in cands.items():
         try:
             out = fn()
@@ -192,40 +192,53 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
 ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8)
 
 
-def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth):
+def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants=()):
     """op dw_adamw: the weight gradient and AdamW's step of the values. snack_fused: one kernel
-    (sddmm_adamw_); snack_unfused: snack's SDDMM, then torch's fused AdamW kernel on the gradient.
-    Both start from the same state and are checked against each other first."""
+    (sddmm_adamw_, the automatic choice); snack_fused_<variant>: the same with an SDDMM kernel forced;
+    snack_unfused: snack's SDDMM, then torch's fused AdamW kernel on the gradient. All start from
+    the same state; each fused one is checked against the unfused one first."""
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
 
     def fresh(step):  # values, exp_avg, exp_avg_sq, step
         return [ref.values.detach().clone(), torch.full_like(ref.values, 1e-3), torch.full_like(ref.values, 1e-6),
                 torch.full((), float(step), device="cuda")]
 
-    # sddmm_adamw_ advances the count itself; torch's optimizer advances it before its kernel.
-    fused_state, unfused_state = fresh(0), fresh(1)
     h = ADAMW
-
-    def fused():
-        snack.ops.sddmm_adamw_(dy, x, *pattern, *fused_state, h["lr"], h["beta1"], h["beta2"], h["eps"],
-                               h["weight_decay"])
+    unfused_state = fresh(1)  # torch's optimizer advances the count before its kernel
 
     def unfused():
         grad = snack.ops.sddmm(dy, x, *pattern)
         torch._fused_adamw_([unfused_state[0]], [grad], [unfused_state[1]], [unfused_state[2]], [], [unfused_state[3]],
                             amsgrad=False, maximize=False, **h)
 
-    fused()
+    def fused_step(variant):
+        state = fresh(0)  # sddmm_adamw_ advances the count itself
+
+        def fused():
+            snack.ops.sddmm_adamw_(dy, x, *pattern, *state, h["lr"], h["beta1"], h["beta2"], h["eps"],
+                                   h["weight_decay"], False, variant)
+        return fused, state
+
+    candidates = [("snack_fused", *fused_step("auto"))]
+    candidates += [(f"snack_fused_{v}", *fused_step(v)) for v in sddmm_variants]
     unfused()
-    err = max(common.rel_error(a, b) for a, b in zip(fused_state[:3], unfused_state[:3]))
-    if not err < 1e-5:
-        print(f"  dw_adamw {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
-        return []
     # Indices, then values and both moments read and written once, dy and x read once.
     floor = (nnz * (2 * ref.row_idx.element_size() + 24) + 4 * n * (m + k)) / (bandwidth * 1e3)
-    return [dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
-                 median_us=timer.median_us(fn, reps=20), floor_us=floor)
-            for impl, fn in (("snack_fused", fused), ("snack_unfused", unfused))]
+    rows = []
+    for impl, fn, state in candidates + [("snack_unfused", unfused, unfused_state)]:
+        if fn is not unfused:
+            try:
+                fn()
+            except ValueError as e:  # a forced SDDMM kernel that cannot run this shape
+                print(f"  dw_adamw/{impl} {m}x{k} N={n}: {e}")
+                continue
+            err = max(common.rel_error(a, b) for a, b in zip(state[:3], unfused_state[:3]))
+            if not err < 1e-5:
+                print(f"  dw_adamw/{impl} {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
+                continue
+        rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
+                         median_us=timer.median_us(fn, reps=20), floor_us=floor))
+    return rows
 
 
 def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
@@ -248,7 +261,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="suffix of the result files' names (layer_<gpu>_<tag>.*)")
     parser.add_argument("--backward-only", action="store_true", help="only the backward kernels (no layer steps)")
     parser.add_argument("--sddmm-variants", action="store_true",
-                        help="also time every SDDMM kernel forced (impl snack_vector, snack_rows)")
+                        help="also time every SDDMM kernel forced (impl snack_vector, snack_rows, snack_tile; "
+                             "with AdamW fused: snack_fused_<variant>)")
     parser.add_argument("--profile", action="store_true",
                         help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
                              "(16384x4096, N=16, 90%%): snack with torch's AdamW, and snack_fused_step with the "

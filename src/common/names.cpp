@@ -25,7 +25,8 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
-                                                  {SddmmVariant::kRows, "rows"}};
+                                                  {SddmmVariant::kRows, "rows"},
+                                                  {SddmmVariant::kTile, "tile"}};
 
 template <typename E, size_t N>
 const char* name_in(const Named<E> (&table)[N], E v) {

@@ -323,6 +323,240 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return check_launch("sddmm_rows_kernel");
 }
 
+// Tensor-core tiles (fp32 values, batch <= kSddmmTileMaxBatch). A block owns kTileRows rows of W and
+// walks their columns in chunks of kTileCols: the MMA units compute the chunk's dense tile of
+// dY^T X (dy_t and x_t rows of np = 16 NK values), the block stores it in shared memory, and each
+// slot of those rows and columns reads its product from there. At N = 8..32 and 5% density or
+// more this beats gathering each slot's x_t row through L1 (the rows kernel): the tensor cores
+// do the dense tile's 16-32 products per position in less time than L1 takes to hand each slot
+// its 64-128 bytes, and the slots' own traffic (index, and AdamW's value and moments) streams
+// beside the MMAs.
+// fp32 accuracy from TF32 inputs: each operand is split into big = tf32(x) and small =
+// tf32(x - big), and big*big + big*small + small*big (3xTF32) loses only small*small, ~2^-22
+// relative per product; the three MMAs accumulate in fp32. Non-finite inputs give NaN (inf - inf
+// in the split) where the other kernels give +-inf.
+// The batch index k is permuted inside each MMA step so that a thread's operands are one 16-byte
+// load: thread (g = lane / 4, t = lane % 4) holds logical k = t, t + 4 of step 2 kk from physical
+// 16 kk + 4 t + {0, 1}, and of step 2 kk + 1 from 16 kk + 4 t + {2, 3}, the same for A and B, so
+// the sum over k is unchanged.
+constexpr int kTileRows = 64;                 // 4 MMA row tiles of 16, one per warp row
+constexpr int kTileCols = 128;                // 2 warp columns of 64 (8 MMA column tiles of 8)
+constexpr int kTilePitch = kTileCols + 8;     // floats per shared row: a warp's 64-bit stores hit all 32 banks
+constexpr int kTilePrefixStride = kTileRows + 8;
+constexpr int kTileSlotsPerThread = 4;        // slots per thread whose loads are issued before the MMAs
+
+__host__ __device__ constexpr int sddmm_tile_chunks(int64_t cols) { return int((cols + kTileCols - 1) / kTileCols); }
+
+// Shared memory of the tile kernel for `cols` columns of W: the tile, two chunk prefixes, and the
+// slot bounds of every row and chunk.
+size_t sddmm_tile_smem_bytes(int64_t cols) {
+  return sizeof(float) * kTileRows * kTilePitch + sizeof(int32_t) * 2 * kTilePrefixStride +
+         sizeof(int32_t) * kTileRows * size_t(sddmm_tile_chunks(cols) + 1);
+}
+
+int64_t sddmm_tile_padded_batch(int64_t n) { return (n + 15) / 16 * 16; }
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t bits;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
+  return bits;
+}
+
+// d += a b for one m16n8k8 TF32 MMA (fragments as the PTX ISA lays them out).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();  // the launcher refuses devices below compute capability 8.0
+#endif
+}
+
+// Four values as TF32 big parts and small remainders.
+__device__ __forceinline__ void split_tf32(const float (&x)[4], uint32_t (&big)[4], uint32_t (&small)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    big[i] = to_tf32(x[i]);
+    small[i] = to_tf32(x[i] - __uint_as_float(big[i]));
+  }
+}
+
+__device__ __forceinline__ void load_float4_or_zero(const float* __restrict__ p, bool ok, float (&v)[4]) {
+  const float4 q = ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+
+// The block's row (0..kTileRows-1) whose slots hold chunk position i: the last r with prefix[r] <= i.
+__device__ __forceinline__ int tile_row_of(const int32_t* prefix, int32_t i) {
+  int r = 0;
+#pragma unroll
+  for (int step = kTileRows / 2; step >= 1; step >>= 1) r += prefix[r + step] <= i ? step : 0;
+  return r;
+}
+
+template <typename Index, int NK, typename Out>
+__global__ void __launch_bounds__(kThreads, 2)
+    sddmm_tile_kernel(SlotPattern<Index> w, const float* __restrict__ dy_t, const float* __restrict__ x_t, int chunks,
+                      Out out) {
+  constexpr int np = 16 * NK;
+  extern __shared__ __align__(16) unsigned char tile_smem[];
+  float* tile = reinterpret_cast<float*>(tile_smem);                              // [kTileRows][kTilePitch]
+  int32_t* prefixes = reinterpret_cast<int32_t*>(tile + kTileRows * kTilePitch);  // [2][kTilePrefixStride]
+  int32_t* bound = prefixes + 2 * kTilePrefixStride;                              // [kTileRows][chunks + 1]
+  const int bound_stride = chunks + 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r0 = int64_t(blockIdx.x) * kTileRows;
+
+  // bound[r][j]: the first slot of row r0 + r whose column is >= j kTileCols (the row's end for
+  // j = chunks). A row's columns ascend, so slot s starts every chunk j with prev < j kTileCols <=
+  // col(s). The pattern is not written by the transposes: read before waiting for them.
+  for (int r = warp; r < kTileRows; r += kWarpsPerBlock) {
+    const int64_t row = r0 + r;
+    const int32_t lo = row < w.rows ? w.row_ptr[row] : 0, hi = row < w.rows ? w.row_ptr[row + 1] : 0;
+    int32_t carry = 0;
+    for (int32_t base = lo; base <= hi; base += 32) {
+      const int32_t s = base + lane;
+      const int32_t c = s < hi ? int32_t(w.col_idx[s]) : 0;
+      int32_t prev = __shfl_up_sync(0xffffffffu, c, 1);
+      if (lane == 0) prev = carry;
+      carry = __shfl_sync(0xffffffffu, c, 31);
+      if (s <= hi) {
+        const int first = s == lo ? 0 : prev / kTileCols + 1;
+        const int last = s == hi ? chunks : c / kTileCols;
+        for (int j = first; j <= last; ++j) bound[r * bound_stride + j] = s;
+      }
+    }
+  }
+  // prefix[r] = slots of chunk j in rows before r; prefix[kTileRows] = the chunk's slots.
+  auto write_prefix = [&](int j, int32_t* prefix) {  // by one warp
+    const int32_t n0 = bound[(2 * lane) * bound_stride + j + 1] - bound[(2 * lane) * bound_stride + j];
+    const int32_t n1 = bound[(2 * lane + 1) * bound_stride + j + 1] - bound[(2 * lane + 1) * bound_stride + j];
+    int32_t inclusive = n0 + n1;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int32_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += v;
+    }
+    prefix[2 * lane] = inclusive - n0 - n1;
+    prefix[2 * lane + 1] = inclusive - n1;
+    if (lane == 31) prefix[kTileRows] = inclusive;
+  };
+  static_assert(kTileRows == 64, "write_prefix gives each lane two rows");
+  __syncthreads();
+  if (warp == 0) write_prefix(0, prefixes);
+  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
+  out.begin();
+
+  // This warp's 16 rows of dY^T as A fragments, split, for the whole batch: held for every chunk.
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_m = warp & 3, warp_n = warp >> 2;
+  const int64_t row_a = r0 + 16 * warp_m + g;
+  uint32_t a_big[NK][2][4], a_small[NK][2][4];
+#pragma unroll
+  for (int kk = 0; kk < NK; ++kk) {
+    float lo[4], hi[4];
+    load_float4_or_zero(dy_t + row_a * np + 16 * kk + 4 * t, row_a < w.rows, lo);
+    load_float4_or_zero(dy_t + (row_a + 8) * np + 16 * kk + 4 * t, row_a + 8 < w.rows, hi);
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      const float f[4] = {lo[2 * step], hi[2 * step], lo[2 * step + 1], hi[2 * step + 1]};
+      split_tf32(f, a_big[kk][step], a_small[kk][step]);
+    }
+  }
+  __syncthreads();
+
+  for (int j = 0; j < chunks; ++j) {
+    const int32_t* prefix = prefixes + (j & 1) * kTilePrefixStride;
+    const int32_t total = prefix[kTileRows];
+    const int64_t c0 = int64_t(j) * kTileCols;
+    if (total == 0) {  // no slot in the chunk (the same for every thread): no products
+      if (warp == 0 && j + 1 < chunks) write_prefix(j + 1, prefixes + ((j + 1) & 1) * kTilePrefixStride);
+      __syncthreads();
+      continue;
+    }
+    // The first slots' loads, issued before the products.
+    int32_t slot[kTileSlotsPerThread], pos[kTileSlotsPerThread];
+    typename Out::Fetched fetched[kTileSlotsPerThread];
+#pragma unroll
+    for (int u = 0; u < kTileSlotsPerThread; ++u) {
+      const int32_t i = int32_t(threadIdx.x) + u * kThreads;
+      slot[u] = -1;
+      if (i < total) {
+        const int r = tile_row_of(prefix, i);
+        slot[u] = bound[r * bound_stride + j] + (i - prefix[r]);
+        pos[u] = r * kTilePitch + int32_t(int64_t(w.col_idx[slot[u]]) - c0);
+        fetched[u] = out.fetch(slot[u]);
+      }
+    }
+    // The warp's 16 x 64 part of the tile: 8 column tiles of 8, 3 MMAs per step of 8 batch values.
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+      float b[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int64_t col = c0 + 64 * warp_n + 8 * n + g;
+        load_float4_or_zero(x_t + col * np + 16 * kk + 4 * t, col < w.cols, b[n]);
+      }
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        uint32_t b_big[4], b_small[4];
+        split_tf32(b[n], b_big, b_small);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          const uint32_t bb[2] = {b_big[2 * step], b_big[2 * step + 1]};
+          const uint32_t bs[2] = {b_small[2 * step], b_small[2 * step + 1]};
+          mma_tf32(acc[n], a_small[kk][step], bb);
+          mma_tf32(acc[n], a_big[kk][step], bs);
+          mma_tf32(acc[n], a_big[kk][step], bb);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      float* p = tile + (16 * warp_m + g) * kTilePitch + 64 * warp_n + 8 * n + 2 * t;
+      *reinterpret_cast<float2*>(p) = make_float2(acc[n][0], acc[n][1]);
+      *reinterpret_cast<float2*>(p + 8 * kTilePitch) = make_float2(acc[n][2], acc[n][3]);
+    }
+    if (warp == 0 && j + 1 < chunks) write_prefix(j + 1, prefixes + ((j + 1) & 1) * kTilePrefixStride);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kTileSlotsPerThread; ++u) {
+      if (slot[u] >= 0) out.apply(slot[u], tile[pos[u]], fetched[u]);
+    }
+    // Chunks with more slots than the first loads cover (dense rows): the rest one at a time.
+    for (int32_t i = int32_t(threadIdx.x) + kTileSlotsPerThread * kThreads; i < total; i += kThreads) {
+      const int r = tile_row_of(prefix, i);
+      const int32_t s = bound[r * bound_stride + j] + (i - prefix[r]);
+      const auto f = out.fetch(s);
+      out.apply(s, tile[r * kTilePitch + int32_t(int64_t(w.col_idx[s]) - c0)], f);
+    }
+    __syncthreads();  // the tile and this prefix are rewritten next chunk
+  }
+}
+
+template <typename Index, int NK, typename Out>
+Status launch_sddmm_tile(const SlotPattern<Index>& w, const float* dy_t, const float* x_t, const Out& out,
+                         Stream stream) {
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  const size_t smem = sddmm_tile_smem_bytes(w.cols);
+  const auto kernel = sddmm_tile_kernel<Index, NK, Out>;
+  if (smem > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const unsigned blocks = unsigned(ceil_div(w.rows, kTileRows));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, dim3(blocks), dim3(kThreads), smem, stream, w, dy_t,
+                                                         x_t, sddmm_tile_chunks(w.cols), out));
+  return check_launch("sddmm_tile_kernel");
+}
+
 // db[r] = sum_n dy[n, r], handed to the same epilogues as the SDDMM's (stored, or AdamW's step).
 template <typename T, typename Out>
 __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m, Out out) {
@@ -336,31 +570,54 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
   }
 }
 
+// Whether the tile kernel can run a product with w.cols = cols on this device, and why not.
+Status sddmm_tile_runs(int64_t cols, int64_t n, bool float_values) {
+  if (!float_values) return InvalidArgument("sddmm: tile runs float32 values only");
+  if (n > kSddmmTileMaxBatch)
+    return InvalidArgument("sddmm: tile runs batches of at most " + std::to_string(kSddmmTileMaxBatch));
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  if (limits.compute_major < 8) return InvalidArgument("sddmm: tile needs tensor cores of compute capability 8.0+");
+  if (sddmm_tile_smem_bytes(cols) > limits.smem_per_block)
+    return InvalidArgument("sddmm: tile's shared memory for " + std::to_string(cols) +
+                           " columns exceeds the device's limit");
+  return Status::Ok();
+}
+
+// The kernel sddmm() picks for a pattern and batch.
+template <typename T, typename Index>
+SddmmVariant choose_sddmm_variant(const SlotPattern<Index>& w, int64_t n) {
+  if (n < kSddmmVectorMinBatch) return SddmmVariant::kSlot;
+  // Measured on the H200 (session 10, bench/results/backward_nvidia_h200.csv): at a batch of
+  // 8-32 and a density of kSddmmTileMinDensity or more, the tile kernel is faster than the rows
+  // kernel (16384x4096, N = 16, 90%: see docs/kernels.md).
+  const double density = double(w.nnz) / (double(w.rows) * double(w.cols));
+  if (n >= kSddmmTileMinBatch && density >= kSddmmTileMinDensity &&
+      sddmm_tile_runs(w.cols, n, std::is_same_v<T, float>).ok())
+    return SddmmVariant::kTile;
+  // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
+  // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
+  // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
+  // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
+  // transposes, is faster.
+  return sddmm_padded_batch(n) <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
+}
+
 // The SDDMM kernels with `out` as their epilogue: the variant, the transposes, the launch.
 template <typename T, typename Index, typename Out>
 Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const Out& out, void* workspace,
                  Stream stream, SddmmVariant variant) {
   if (w.nnz == 0) return Status::Ok();
-  const int64_t np = sddmm_padded_batch(n);
-  if (variant == SddmmVariant::kAuto) {
-    if (n < kSddmmVectorMinBatch) {
-      variant = SddmmVariant::kSlot;
-    } else {
-      // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
-      // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
-      // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
-      // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
-      // transposes, is faster.
-      variant = np <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
-    }
-  }
+  if (variant == SddmmVariant::kAuto) variant = choose_sddmm_variant<T>(w, n);
   if (variant == SddmmVariant::kSlot || n == 0) {
     sddmm_thread_slot_kernel<T, Index, Out><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, out);
     return check_launch("sddmm_thread_slot_kernel");
   }
-  if (variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
+  if (variant == SddmmVariant::kRows && sddmm_padded_batch(n) > kSddmmRowsMaxBatch)
     return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
+  if (variant == SddmmVariant::kTile) SNACK_RETURN_IF_ERROR(sddmm_tile_runs(w.cols, n, std::is_same_v<T, float>));
   if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
+  const int64_t np = variant == SddmmVariant::kTile ? sddmm_tile_padded_batch(n) : sddmm_padded_batch(n);
   // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one product kernel.
   T* dy_t = static_cast<T*>(workspace);
   T* x_t = dy_t + w.rows * np;
@@ -371,6 +628,12 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
   detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.cols, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
                                      stream>>>(x, n, w.cols, w.cols, int(np), x_t);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
+  if (variant == SddmmVariant::kTile) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (np == 16) return launch_sddmm_tile<Index, 1>(w, dy_t, x_t, out, stream);
+      return launch_sddmm_tile<Index, 2>(w, dy_t, x_t, out, stream);
+    }
+  }
   // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
   const int64_t lanes = std::min<int64_t>(32, np / 4);
   if (variant == SddmmVariant::kRows) {
@@ -402,7 +665,12 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
   if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
     return 0;
-  return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
+  // Room for the tile kernel's wider padding wherever the automatic choice may pick it (fp32 values).
+  const bool tile = variant == SddmmVariant::kTile ||
+                    (variant == SddmmVariant::kAuto && value_bytes == sizeof(float) && n >= kSddmmTileMinBatch &&
+                     n <= kSddmmTileMaxBatch);
+  const int64_t np = tile ? sddmm_tile_padded_batch(n) : sddmm_padded_batch(n);
+  return size_t(rows + cols) * size_t(np) * value_bytes;
 }
 
 template <typename T, typename Index>
