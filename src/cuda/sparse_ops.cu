@@ -323,14 +323,14 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return check_launch("sddmm_rows_kernel");
 }
 
-// Tensor-core tiles (fp32 values, batch <= kSddmmTileMaxBatch). A block owns kTileRows rows of W and
-// walks their columns in chunks of kTileCols: the MMA units compute the chunk's dense tile of
-// dY^T X (dy_t and x_t rows of np = 16 NK values), the block stores it in shared memory, and each
-// slot of those rows and columns reads its product from there. At N = 8..32 and 5% density or
-// more this beats gathering each slot's x_t row through L1 (the rows kernel): the tensor cores
-// do the dense tile's 16-32 products per position in less time than L1 takes to hand each slot
-// its 64-128 bytes, and the slots' own traffic (index, and AdamW's value and moments) streams
-// beside the MMAs.
+// Tensor-core tiles (fp32 values, batch <= kSddmmTileMaxBatch). Each warp owns 16 rows of W and
+// one part of its columns, which it walks in chunks of kTileChunkCols: the MMA units compute the
+// chunk's dense 16 x 64 tile of dY^T X (dy_t and x_t rows of np = 16 NK values), the warp stores
+// it in its own shared memory, and its lanes take the slots of those rows and columns, each
+// reading its product from there. No block-wide barrier: the warps of an SM drift apart, so one
+// warp's MMAs overlap another's slot traffic. The gathers of the rows kernel (64-128 bytes of
+// x_t through L1 per slot) become tensor-core work on the whole tile, which pays at a high enough
+// density (the automatic choice's kSddmmTileMinDensity).
 // fp32 accuracy from TF32 inputs: each operand is split into big = tf32(x) and small =
 // tf32(x - big), and big*big + big*small + small*big (3xTF32) loses only small*small, ~2^-22
 // relative per product; the three MMAs accumulate in fp32. Non-finite inputs give NaN (inf - inf
@@ -339,20 +339,33 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
 // load: thread (g = lane / 4, t = lane % 4) holds logical k = t, t + 4 of step 2 kk from physical
 // 16 kk + 4 t + {0, 1}, and of step 2 kk + 1 from 16 kk + 4 t + {2, 3}, the same for A and B, so
 // the sum over k is unchanged.
-constexpr int kTileRows = 64;                 // 4 MMA row tiles of 16, one per warp row
-constexpr int kTileCols = 128;                // 2 warp columns of 64 (8 MMA column tiles of 8)
-constexpr int kTilePitch = kTileCols + 8;     // floats per shared row: a warp's 64-bit stores hit all 32 banks
-constexpr int kTilePrefixStride = kTileRows + 8;
-constexpr int kTileSlotsPerThread = 4;        // slots per thread whose loads are issued before the MMAs
+constexpr int kTileWarps = 4;                      // warps per block, 16 rows each, one column part
+constexpr int kTileThreads = kTileWarps * 32;
+constexpr int kTileChunkCols = 64;                 // columns per chunk: 8 MMA column tiles of 8
+constexpr int kTilePitch = kTileChunkCols + 8;     // floats per shared row: 64-bit stores hit all 32 banks
+constexpr int kTileMaxChunksPerPart = 16;          // bounds the slot-bound table and its search
+constexpr int kTileSlotsPerLane = 4;               // slots per lane whose loads are issued before the MMAs
 
-__host__ __device__ constexpr int sddmm_tile_chunks(int64_t cols) { return int((cols + kTileCols - 1) / kTileCols); }
+struct TileGrid {
+  int parts = 1;            // column parts (grid.y)
+  int chunks_per_part = 1;  // chunks of kTileChunkCols columns in a part (the last may hold fewer)
+};
 
-// Shared memory of the tile kernel for `cols` columns of W: the tile, two chunk prefixes, and the
-// slot bounds of every row and chunk.
-size_t sddmm_tile_smem_bytes(int64_t cols) {
-  return sizeof(float) * kTileRows * kTilePitch + sizeof(int32_t) * 2 * kTilePrefixStride +
-         sizeof(int32_t) * kTileRows * size_t(sddmm_tile_chunks(cols) + 1);
+// Column parts: enough warps to fill the SMs (20 per SM), at least 8 chunks a part where the
+// columns allow (each warp searches its rows' slot bounds once), at most kTileMaxChunksPerPart.
+TileGrid sddmm_tile_grid(int64_t rows, int64_t cols, int sms) {
+  const int64_t chunks = ceil_div(cols, kTileChunkCols), row_tiles = ceil_div(rows, 16);
+  int64_t parts = ceil_div(int64_t(sms) * 20, row_tiles);
+  parts = std::min<int64_t>(parts, std::max<int64_t>(1, chunks / 8));
+  parts = std::max<int64_t>(parts, ceil_div(chunks, kTileMaxChunksPerPart));
+  const int64_t per_part = ceil_div(chunks, parts);
+  return {int(ceil_div(chunks, per_part)), int(per_part)};
 }
+
+// Shared memory of one warp: its tile, its slot bounds, the chunk's prefix.
+constexpr size_t kTileWarpTileFloats = 16 * kTilePitch;
+constexpr size_t kTileWarpInts = 16 * (kTileMaxChunksPerPart + 1) + 16;
+constexpr size_t kTileSmemBytes = kTileWarps * (sizeof(float) * kTileWarpTileFloats + sizeof(int32_t) * kTileWarpInts);
 
 int64_t sddmm_tile_padded_batch(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -388,109 +401,125 @@ __device__ __forceinline__ void load_float4_or_zero(const float* __restrict__ p,
   v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
 
-// The block's row (0..kTileRows-1) whose slots hold chunk position i: the last r with prefix[r] <= i.
-__device__ __forceinline__ int tile_row_of(const int32_t* prefix, int32_t i) {
-  int r = 0;
-#pragma unroll
-  for (int step = kTileRows / 2; step >= 1; step >>= 1) r += prefix[r + step] <= i ? step : 0;
-  return r;
-}
-
 template <typename Index, int NK, typename Out>
-__global__ void __launch_bounds__(kThreads, 2)
-    sddmm_tile_kernel(SlotPattern<Index> w, const float* __restrict__ dy_t, const float* __restrict__ x_t, int chunks,
-                      Out out) {
+__global__ void __launch_bounds__(kTileThreads, 5)
+    sddmm_tile_kernel(SlotPattern<Index> w, const float* __restrict__ dy_t, const float* __restrict__ x_t,
+                      int chunks_per_part, Out out) {
   constexpr int np = 16 * NK;
+  constexpr int kQueries = (16 * (kTileMaxChunksPerPart + 1) + 31) / 32;  // slot-bound searches per lane
   extern __shared__ __align__(16) unsigned char tile_smem[];
-  float* tile = reinterpret_cast<float*>(tile_smem);                              // [kTileRows][kTilePitch]
-  int32_t* prefixes = reinterpret_cast<int32_t*>(tile + kTileRows * kTilePitch);  // [2][kTilePrefixStride]
-  int32_t* bound = prefixes + 2 * kTilePrefixStride;                              // [kTileRows][chunks + 1]
-  const int bound_stride = chunks + 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 = int64_t(blockIdx.x) * kTileRows;
+  float* tile = reinterpret_cast<float*>(tile_smem) + warp * kTileWarpTileFloats;
+  int32_t* bound = reinterpret_cast<int32_t*>(reinterpret_cast<float*>(tile_smem) + kTileWarps * kTileWarpTileFloats) +
+                   warp * kTileWarpInts;          // [16][part_chunks + 1]
+  int32_t* prefix = bound + kTileWarpInts - 16;  // [16]
+  const int64_t r0 = (int64_t(blockIdx.x) * kTileWarps + warp) * 16;
+  if (r0 >= w.rows) return;  // a whole warp; the kernel has no block-wide barrier
+  const int64_t first_chunk = int64_t(blockIdx.y) * chunks_per_part;
+  const int part_chunks =
+      int(std::min<int64_t>(chunks_per_part, ceil_div(w.cols, kTileChunkCols) - first_chunk));
+  const int stride = part_chunks + 1;
 
-  // bound[r][j]: the first slot of row r0 + r whose column is >= j kTileCols (the row's end for
-  // j = chunks). A row's columns ascend, so slot s starts every chunk j with prev < j kTileCols <=
-  // col(s). The pattern is not written by the transposes: read before waiting for them.
-  for (int r = warp; r < kTileRows; r += kWarpsPerBlock) {
-    const int64_t row = r0 + r;
-    const int32_t lo = row < w.rows ? w.row_ptr[row] : 0, hi = row < w.rows ? w.row_ptr[row + 1] : 0;
-    int32_t carry = 0;
-    for (int32_t base = lo; base <= hi; base += 32) {
-      const int32_t s = base + lane;
-      const int32_t c = s < hi ? int32_t(w.col_idx[s]) : 0;
-      int32_t prev = __shfl_up_sync(0xffffffffu, c, 1);
-      if (lane == 0) prev = carry;
-      carry = __shfl_sync(0xffffffffu, c, 31);
-      if (s <= hi) {
-        const int first = s == lo ? 0 : prev / kTileCols + 1;
-        const int last = s == hi ? chunks : c / kTileCols;
-        for (int j = first; j <= last; ++j) bound[r * bound_stride + j] = s;
+  // bound[r][j]: the first slot of row r0 + r whose column is >= (first_chunk + j) kTileChunkCols
+  // (j = part_chunks: the part's end). The 16 (part_chunks + 1) lower bounds are searched at once,
+  // kQueries per lane, one probe each per round. The pattern is not written by the transposes:
+  // read before waiting for them.
+  {
+    int32_t row_lo = 0, row_hi = 0;
+    if (lane < 16 && r0 + lane < w.rows) {
+      row_lo = w.row_ptr[r0 + lane];
+      row_hi = w.row_ptr[r0 + lane + 1];
+    }
+    int32_t longest = row_hi - row_lo;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, offset));
+    const int rounds = longest > 0 ? 32 - __clz(longest) : 0;
+    const int queries = 16 * stride;
+    int32_t base[kQueries], len[kQueries], target[kQueries];
+#pragma unroll
+    for (int i = 0; i < kQueries; ++i) {
+      const int q = lane + 32 * i;
+      const int r = q < queries ? q / stride : 0;
+      const int32_t lo = __shfl_sync(0xffffffffu, row_lo, r), hi = __shfl_sync(0xffffffffu, row_hi, r);
+      base[i] = lo;
+      len[i] = q < queries ? hi - lo : 0;
+      target[i] = int32_t((first_chunk + (q < queries ? q % stride : 0)) * kTileChunkCols);
+    }
+    for (int round = 0; round < rounds; ++round) {
+#pragma unroll
+      for (int i = 0; i < kQueries; ++i) {
+        if (len[i] > 0) {
+          const int32_t half = len[i] / 2;
+          if (int32_t(w.col_idx[base[i] + half]) < target[i]) {
+            base[i] += half + 1;
+            len[i] -= half + 1;
+          } else {
+            len[i] = half;
+          }
+        }
       }
     }
-  }
-  // prefix[r] = slots of chunk j in rows before r; prefix[kTileRows] = the chunk's slots.
-  auto write_prefix = [&](int j, int32_t* prefix) {  // by one warp
-    const int32_t n0 = bound[(2 * lane) * bound_stride + j + 1] - bound[(2 * lane) * bound_stride + j];
-    const int32_t n1 = bound[(2 * lane + 1) * bound_stride + j + 1] - bound[(2 * lane + 1) * bound_stride + j];
-    int32_t inclusive = n0 + n1;
 #pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int32_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += v;
+    for (int i = 0; i < kQueries; ++i) {
+      const int q = lane + 32 * i;
+      if (q < queries) bound[q] = base[i];
     }
-    prefix[2 * lane] = inclusive - n0 - n1;
-    prefix[2 * lane + 1] = inclusive - n1;
-    if (lane == 31) prefix[kTileRows] = inclusive;
-  };
-  static_assert(kTileRows == 64, "write_prefix gives each lane two rows");
-  __syncthreads();
-  if (warp == 0) write_prefix(0, prefixes);
+    __syncwarp();
+  }
   detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
   out.begin();
 
-  // This warp's 16 rows of dY^T as A fragments, split, for the whole batch: held for every chunk.
+  // The warp's 16 rows of dY^T as A fragments, split, for the whole batch: held for every chunk.
   const int g = lane >> 2, t = lane & 3;
-  const int warp_m = warp & 3, warp_n = warp >> 2;
-  const int64_t row_a = r0 + 16 * warp_m + g;
   uint32_t a_big[NK][2][4], a_small[NK][2][4];
 #pragma unroll
   for (int kk = 0; kk < NK; ++kk) {
     float lo[4], hi[4];
-    load_float4_or_zero(dy_t + row_a * np + 16 * kk + 4 * t, row_a < w.rows, lo);
-    load_float4_or_zero(dy_t + (row_a + 8) * np + 16 * kk + 4 * t, row_a + 8 < w.rows, hi);
+    load_float4_or_zero(dy_t + (r0 + g) * np + 16 * kk + 4 * t, r0 + g < w.rows, lo);
+    load_float4_or_zero(dy_t + (r0 + g + 8) * np + 16 * kk + 4 * t, r0 + g + 8 < w.rows, hi);
 #pragma unroll
     for (int step = 0; step < 2; ++step) {
       const float f[4] = {lo[2 * step], hi[2 * step], lo[2 * step + 1], hi[2 * step + 1]};
       split_tf32(f, a_big[kk][step], a_small[kk][step]);
     }
   }
-  __syncthreads();
 
-  for (int j = 0; j < chunks; ++j) {
-    const int32_t* prefix = prefixes + (j & 1) * kTilePrefixStride;
-    const int32_t total = prefix[kTileRows];
-    const int64_t c0 = int64_t(j) * kTileCols;
-    if (total == 0) {  // no slot in the chunk (the same for every thread): no products
-      if (warp == 0 && j + 1 < chunks) write_prefix(j + 1, prefixes + ((j + 1) & 1) * kTilePrefixStride);
-      __syncthreads();
-      continue;
-    }
-    // The first slots' loads, issued before the products.
-    int32_t slot[kTileSlotsPerThread], pos[kTileSlotsPerThread];
-    typename Out::Fetched fetched[kTileSlotsPerThread];
+  for (int j = 0; j < part_chunks; ++j) {
+    // The chunk's slots, row by row: prefix[r] of them in rows before r (lanes 0-15 own a row).
+    const int32_t count = lane < 16 ? bound[lane * stride + j + 1] - bound[lane * stride + j] : 0;
+    int32_t inclusive = count;
 #pragma unroll
-    for (int u = 0; u < kTileSlotsPerThread; ++u) {
-      const int32_t i = int32_t(threadIdx.x) + u * kThreads;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int32_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += v;
+    }
+    const int32_t total = __shfl_sync(0xffffffffu, inclusive, 31);
+    if (total == 0) continue;  // the same for the whole warp: no products
+    __syncwarp();              // the last chunk's readers of prefix and tile are done
+    if (lane < 16) prefix[lane] = inclusive - count;
+    __syncwarp();
+    const int64_t c0 = (first_chunk + j) * kTileChunkCols;
+    auto slot_of = [&](int32_t i, int& r) {
+      r = 0;
+#pragma unroll
+      for (int step = 8; step >= 1; step >>= 1) r += prefix[r + step] <= i ? step : 0;
+      return bound[r * stride + j] + (i - prefix[r]);
+    };
+    // The first slots' loads, issued before the products.
+    int32_t slot[kTileSlotsPerLane], pos[kTileSlotsPerLane];
+    typename Out::Fetched fetched[kTileSlotsPerLane];
+#pragma unroll
+    for (int u = 0; u < kTileSlotsPerLane; ++u) {
+      const int32_t i = lane + 32 * u;
       slot[u] = -1;
       if (i < total) {
-        const int r = tile_row_of(prefix, i);
-        slot[u] = bound[r * bound_stride + j] + (i - prefix[r]);
+        int r;
+        slot[u] = slot_of(i, r);
         pos[u] = r * kTilePitch + int32_t(int64_t(w.col_idx[slot[u]]) - c0);
         fetched[u] = out.fetch(slot[u]);
       }
     }
-    // The warp's 16 x 64 part of the tile: 8 column tiles of 8, 3 MMAs per step of 8 batch values.
+    // The 16 x 64 tile: 8 column tiles of 8, 3 MMAs per step of 8 batch values.
     float acc[8][4];
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
@@ -499,16 +528,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 #pragma unroll
     for (int kk = 0; kk < NK; ++kk) {
-      float b[8][4];
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        const int64_t col = c0 + 64 * warp_n + 8 * n + g;
-        load_float4_or_zero(x_t + col * np + 16 * kk + 4 * t, col < w.cols, b[n]);
-      }
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
+        const int64_t col = c0 + 8 * n + g;
+        float b[4];
+        load_float4_or_zero(x_t + col * np + 16 * kk + 4 * t, col < w.cols, b);
         uint32_t b_big[4], b_small[4];
-        split_tf32(b[n], b_big, b_small);
+        split_tf32(b, b_big, b_small);
 #pragma unroll
         for (int step = 0; step < 2; ++step) {
           const uint32_t bb[2] = {b_big[2 * step], b_big[2 * step + 1]};
@@ -521,24 +547,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      float* p = tile + (16 * warp_m + g) * kTilePitch + 64 * warp_n + 8 * n + 2 * t;
+      float* p = tile + g * kTilePitch + 8 * n + 2 * t;
       *reinterpret_cast<float2*>(p) = make_float2(acc[n][0], acc[n][1]);
       *reinterpret_cast<float2*>(p + 8 * kTilePitch) = make_float2(acc[n][2], acc[n][3]);
     }
-    if (warp == 0 && j + 1 < chunks) write_prefix(j + 1, prefixes + ((j + 1) & 1) * kTilePrefixStride);
-    __syncthreads();
+    __syncwarp();
 #pragma unroll
-    for (int u = 0; u < kTileSlotsPerThread; ++u) {
+    for (int u = 0; u < kTileSlotsPerLane; ++u) {
       if (slot[u] >= 0) out.apply(slot[u], tile[pos[u]], fetched[u]);
     }
-    // Chunks with more slots than the first loads cover (dense rows): the rest one at a time.
-    for (int32_t i = int32_t(threadIdx.x) + kTileSlotsPerThread * kThreads; i < total; i += kThreads) {
-      const int r = tile_row_of(prefix, i);
-      const int32_t s = bound[r * bound_stride + j] + (i - prefix[r]);
+    // Chunks with more slots than the first loads cover: the rest one at a time.
+    for (int32_t i = lane + 32 * kTileSlotsPerLane; i < total; i += 32) {
+      int r;
+      const int32_t s = slot_of(i, r);
       const auto f = out.fetch(s);
       out.apply(s, tile[r * kTilePitch + int32_t(int64_t(w.col_idx[s]) - c0)], f);
     }
-    __syncthreads();  // the tile and this prefix are rewritten next chunk
   }
 }
 
@@ -547,13 +571,10 @@ Status launch_sddmm_tile(const SlotPattern<Index>& w, const float* dy_t, const f
                          Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  const size_t smem = sddmm_tile_smem_bytes(w.cols);
-  const auto kernel = sddmm_tile_kernel<Index, NK, Out>;
-  if (smem > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const unsigned blocks = unsigned(ceil_div(w.rows, kTileRows));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, dim3(blocks), dim3(kThreads), smem, stream, w, dy_t,
-                                                         x_t, sddmm_tile_chunks(w.cols), out));
+  const TileGrid grid = sddmm_tile_grid(w.rows, w.cols, limits.sms);
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(
+      sddmm_tile_kernel<Index, NK, Out>, dim3(unsigned(ceil_div(w.rows, 16 * kTileWarps)), unsigned(grid.parts)),
+      dim3(kTileThreads), kTileSmemBytes, stream, w, dy_t, x_t, grid.chunks_per_part, out));
   return check_launch("sddmm_tile_kernel");
 }
 
@@ -578,9 +599,9 @@ Status sddmm_tile_runs(int64_t cols, int64_t n, bool float_values) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   if (limits.compute_major < 8) return InvalidArgument("sddmm: tile needs tensor cores of compute capability 8.0+");
-  if (sddmm_tile_smem_bytes(cols) > limits.smem_per_block)
-    return InvalidArgument("sddmm: tile's shared memory for " + std::to_string(cols) +
-                           " columns exceeds the device's limit");
+  if (sddmm_tile_grid(1, cols, limits.sms).parts > 65535)
+    return InvalidArgument("sddmm: tile runs up to " + std::to_string(65535 * kTileMaxChunksPerPart * kTileChunkCols) +
+                           " columns");
   return Status::Ok();
 }
 
@@ -607,15 +628,16 @@ SddmmVariant choose_sddmm_variant(const SlotPattern<Index>& w, int64_t n) {
 template <typename T, typename Index, typename Out>
 Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const Out& out, void* workspace,
                  Stream stream, SddmmVariant variant) {
+  // A forced kernel that cannot run this product says so, with or without slots.
+  if (variant == SddmmVariant::kRows && sddmm_padded_batch(n) > kSddmmRowsMaxBatch)
+    return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
+  if (variant == SddmmVariant::kTile) SNACK_RETURN_IF_ERROR(sddmm_tile_runs(w.cols, n, std::is_same_v<T, float>));
   if (w.nnz == 0) return Status::Ok();
   if (variant == SddmmVariant::kAuto) variant = choose_sddmm_variant<T>(w, n);
   if (variant == SddmmVariant::kSlot || n == 0) {
     sddmm_thread_slot_kernel<T, Index, Out><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, out);
     return check_launch("sddmm_thread_slot_kernel");
   }
-  if (variant == SddmmVariant::kRows && sddmm_padded_batch(n) > kSddmmRowsMaxBatch)
-    return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
-  if (variant == SddmmVariant::kTile) SNACK_RETURN_IF_ERROR(sddmm_tile_runs(w.cols, n, std::is_same_v<T, float>));
   if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
   const int64_t np = variant == SddmmVariant::kTile ? sddmm_tile_padded_batch(n) : sddmm_padded_batch(n);
   // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one product kernel.

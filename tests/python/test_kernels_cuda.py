@@ -219,7 +219,7 @@ def test_sddmm_variant(shape, variant, dtype):
                                                  (64, 128, 8192, None), (70, 300, 21000, None)],
                          ids=["long-rows", "sparse", "full", "full-ragged"])
 def test_sddmm_tile_chunks(n, m, k, nnz, index_dtype):
-    # The tile kernel's bookkeeping: 313 column chunks (slot bounds past 48 KiB of shared memory),
+    # The tile kernel's bookkeeping: 625 column chunks over 40 column parts,
     # chunks without a slot (skipped), and tiles in which every position is a slot (past the
     # loads issued before the products), with and without a partial last block of rows and chunk.
     p = Pattern(m, k, nnz, device="cuda", index_dtype=index_dtype)
