@@ -378,7 +378,7 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 // d += a b for one m16n8k8 TF32 MMA (fragments as the PTX ISA lays them out).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -526,22 +526,30 @@ __global__ void __launch_bounds__(kTileThreads, 5)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
     }
+    // Four column tiles at a time, so that each MMA's neighbours are independent of it.
 #pragma unroll
     for (int kk = 0; kk < NK; ++kk) {
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const int64_t col = c0 + 8 * n + g;
-        float b[4];
-        load_float4_or_zero(x_t + col * np + 16 * kk + 4 * t, col < w.cols, b);
-        uint32_t b_big[4], b_small[4];
-        split_tf32(b, b_big, b_small);
+      for (int quad = 0; quad < 2; ++quad) {
+        uint32_t b_big[4][4], b_small[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t col = c0 + 8 * (4 * quad + q) + g;
+          float b[4];
+          load_float4_or_zero(x_t + col * np + 16 * kk + 4 * t, col < w.cols, b);
+          split_tf32(b, b_big[q], b_small[q]);
+        }
 #pragma unroll
         for (int step = 0; step < 2; ++step) {
-          const uint32_t bb[2] = {b_big[2 * step], b_big[2 * step + 1]};
-          const uint32_t bs[2] = {b_small[2 * step], b_small[2 * step + 1]};
-          mma_tf32(acc[n], a_small[kk][step], bb);
-          mma_tf32(acc[n], a_big[kk][step], bs);
-          mma_tf32(acc[n], a_big[kk][step], bb);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t bs[2] = {b_small[q][2 * step], b_small[q][2 * step + 1]};
+            mma_tf32(acc[4 * quad + q], a_small[kk][step], {b_big[q][2 * step], b_big[q][2 * step + 1]});
+            mma_tf32(acc[4 * quad + q], a_big[kk][step], bs);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            mma_tf32(acc[4 * quad + q], a_big[kk][step], {b_big[q][2 * step], b_big[q][2 * step + 1]});
         }
       }
     }
