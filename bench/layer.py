@@ -141,7 +141,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     return statistics.median(gpu), graph_us, wall, peak
 
 
-SDDMM_VARIANTS = ("vector", "rows", "tile")  # forced with --sddmm-variants, as impl "snack_<variant>"
+SDDMM_VARIANTS = ("vector", "rows")  # forced with --sddmm-variants, as impl "snack_<variant>"
 
 
 def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="suffix of the result files' names (layer_<gpu>_<tag>.*)")
     parser.add_argument("--backward-only", action="store_true", help="only the backward kernels (no layer steps)")
     parser.add_argument("--sddmm-variants", action="store_true",
-                        help="also time every SDDMM kernel forced (impl snack_vector, snack_rows, snack_tile; "
+                        help="also time every SDDMM kernel forced (impl snack_vector, snack_rows; "
                              "with AdamW fused: snack_fused_<variant>)")
     parser.add_argument("--profile", action="store_true",
                         help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "

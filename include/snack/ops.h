@@ -97,11 +97,6 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 inline constexpr int64_t kSddmmVectorMinBatch = 4;
 /// Largest batch (padded to a multiple of 4) of the kRows SDDMM kernel.
 inline constexpr int64_t kSddmmRowsMaxBatch = 128;
-/// Largest batch of the kTile SDDMM kernel (fp32 values, compute capability 8.0 or newer).
-inline constexpr int64_t kSddmmTileMaxBatch = 32;
-/// The automatic choice takes kTile from this batch and this density (nnz / (rows cols)) on.
-inline constexpr int64_t kSddmmTileMinBatch = 8;
-inline constexpr double kSddmmTileMinDensity = 0.04;
 /// Workspace bytes of sddmm() for w.rows = rows, w.cols = cols, batch n and values of value_bytes.
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes,
                              SddmmVariant variant = SddmmVariant::kAuto);

@@ -34,11 +34,9 @@ enum class SddmmVariant : int {
   kVector,    ///< dY and X transposed once; G lanes per slot read 16-byte vectors of both through L1
   kRows,      ///< a warp per row of W keeps dY's row in registers, gathers X^T through L1, and sums a
               ///< chunk of slots over the batch lanes with a reduce-scatter (batch <= 128)
-  kTile,      ///< dense tiles of dY^T X on the tensor cores (3xTF32, fp32 accuracy), sampled at the
-              ///< slots from shared memory (fp32 values, batch <= 32)
 };
 
-/// Names used by the Python API ("auto", "slot", "vector", "rows", "tile").
+/// Names used by the Python API ("auto", "slot", "vector", "rows").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);

@@ -25,8 +25,7 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
-                                                  {SddmmVariant::kRows, "rows"},
-                                                  {SddmmVariant::kTile, "tile"}};
+                                                  {SddmmVariant::kRows, "rows"}};
 
 template <typename E, size_t N>
 const char* name_in(const Named<E> (&table)[N], E v) {

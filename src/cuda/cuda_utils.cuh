@@ -113,7 +113,6 @@ struct DeviceLimits {
   int sms = 0;
   size_t smem_per_block = 0;  // opt-in maximum of dynamic shared memory per block, bytes
   size_t smem_per_sm = 0;     // bytes
-  int compute_major = 0;      // compute capability, major version (8: Ampere, 9: Hopper)
 };
 
 // The current device's limits, queried once per device (cudaDeviceGetAttribute does not synchronise).

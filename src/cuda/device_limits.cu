@@ -17,12 +17,11 @@ Status device_limits(DeviceLimits* out) {
   std::lock_guard<std::mutex> lock(mutex);
   DeviceLimits& l = dev < kMaxDevices ? cache[dev] : fresh;
   if (l.sms == 0) {
-    int sms = 0, per_block = 0, per_sm = 0, major = 0;
+    int sms = 0, per_block = 0, per_sm = 0;
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm), major};
+    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm)};
   }
   *out = l;
   return Status::Ok();

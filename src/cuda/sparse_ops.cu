@@ -323,269 +323,6 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   return check_launch("sddmm_rows_kernel");
 }
 
-// Tensor-core tiles (fp32 values, batch <= kSddmmTileMaxBatch). Each warp owns 16 rows of W and
-// one part of its columns, which it walks in chunks of kTileChunkCols: the MMA units compute the
-// chunk's dense 16 x 64 tile of dY^T X (dy_t and x_t rows of np = 16 NK values), the warp stores
-// it in its own shared memory, and its lanes take the slots of those rows and columns, each
-// reading its product from there. No block-wide barrier: the warps of an SM drift apart, so one
-// warp's MMAs overlap another's slot traffic. The gathers of the rows kernel (64-128 bytes of
-// x_t through L1 per slot) become tensor-core work on the whole tile, which pays at a high enough
-// density (the automatic choice's kSddmmTileMinDensity).
-// fp32 accuracy from TF32 inputs: each operand is split into big = tf32(x) and small =
-// tf32(x - big), and big*big + big*small + small*big (3xTF32) loses only small*small, ~2^-22
-// relative per product; the three MMAs accumulate in fp32. Non-finite inputs give NaN (inf - inf
-// in the split) where the other kernels give +-inf.
-// The batch index k is permuted inside each MMA step so that a thread's operands are one 16-byte
-// load: thread (g = lane / 4, t = lane % 4) holds logical k = t, t + 4 of step 2 kk from physical
-// 16 kk + 4 t + {0, 1}, and of step 2 kk + 1 from 16 kk + 4 t + {2, 3}, the same for A and B, so
-// the sum over k is unchanged.
-constexpr int kTileWarps = 4;                      // warps per block, 16 rows each, one column part
-constexpr int kTileThreads = kTileWarps * 32;
-constexpr int kTileChunkCols = 64;                 // columns per chunk: 8 MMA column tiles of 8
-constexpr int kTilePitch = kTileChunkCols + 8;     // floats per shared row: 64-bit stores hit all 32 banks
-constexpr int kTileMaxChunksPerPart = 16;          // bounds the slot-bound table and its search
-constexpr int kTileSlotsPerLane = 4;               // slots per lane whose loads are issued before the MMAs
-
-struct TileGrid {
-  int parts = 1;            // column parts (grid.y)
-  int chunks_per_part = 1;  // chunks of kTileChunkCols columns in a part (the last may hold fewer)
-};
-
-// Column parts: enough warps to fill the SMs (20 per SM), at least 8 chunks a part where the
-// columns allow (each warp searches its rows' slot bounds once), at most kTileMaxChunksPerPart.
-TileGrid sddmm_tile_grid(int64_t rows, int64_t cols, int sms) {
-  const int64_t chunks = ceil_div(cols, kTileChunkCols), row_tiles = ceil_div(rows, 16);
-  int64_t parts = ceil_div(int64_t(sms) * 20, row_tiles);
-  parts = std::min<int64_t>(parts, std::max<int64_t>(1, chunks / 8));
-  parts = std::max<int64_t>(parts, ceil_div(chunks, kTileMaxChunksPerPart));
-  const int64_t per_part = ceil_div(chunks, parts);
-  return {int(ceil_div(chunks, per_part)), int(per_part)};
-}
-
-// Shared memory of one warp: its tile, its slot bounds, the chunk's prefix.
-constexpr size_t kTileWarpTileFloats = 16 * kTilePitch;
-constexpr size_t kTileWarpInts = 16 * (kTileMaxChunksPerPart + 1) + 16;
-constexpr size_t kTileSmemBytes = kTileWarps * (sizeof(float) * kTileWarpTileFloats + sizeof(int32_t) * kTileWarpInts);
-
-int64_t sddmm_tile_padded_batch(int64_t n) { return (n + 15) / 16 * 16; }
-
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t bits;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
-  return bits;
-}
-
-// d += a b for one m16n8k8 TF32 MMA (fragments as the PTX ISA lays them out).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  __trap();  // the launcher refuses devices below compute capability 8.0
-#endif
-}
-
-// Four values as TF32 big parts and small remainders.
-__device__ __forceinline__ void split_tf32(const float (&x)[4], uint32_t (&big)[4], uint32_t (&small)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    big[i] = to_tf32(x[i]);
-    small[i] = to_tf32(x[i] - __uint_as_float(big[i]));
-  }
-}
-
-__device__ __forceinline__ void load_float4_or_zero(const float* __restrict__ p, bool ok, float (&v)[4]) {
-  const float4 q = ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.f, 0.f, 0.f, 0.f);
-  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-}
-
-template <typename Index, int NK, typename Out>
-__global__ void __launch_bounds__(kTileThreads, 5)
-    sddmm_tile_kernel(SlotPattern<Index> w, const float* __restrict__ dy_t, const float* __restrict__ x_t,
-                      int chunks_per_part, Out out) {
-  constexpr int np = 16 * NK;
-  constexpr int kQueries = (16 * (kTileMaxChunksPerPart + 1) + 31) / 32;  // slot-bound searches per lane
-  extern __shared__ __align__(16) unsigned char tile_smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* tile = reinterpret_cast<float*>(tile_smem) + warp * kTileWarpTileFloats;
-  int32_t* bound = reinterpret_cast<int32_t*>(reinterpret_cast<float*>(tile_smem) + kTileWarps * kTileWarpTileFloats) +
-                   warp * kTileWarpInts;          // [16][part_chunks + 1]
-  int32_t* prefix = bound + kTileWarpInts - 16;  // [16]
-  const int64_t r0 = (int64_t(blockIdx.x) * kTileWarps + warp) * 16;
-  if (r0 >= w.rows) return;  // a whole warp; the kernel has no block-wide barrier
-  const int64_t first_chunk = int64_t(blockIdx.y) * chunks_per_part;
-  const int part_chunks =
-      int(std::min<int64_t>(chunks_per_part, ceil_div(w.cols, kTileChunkCols) - first_chunk));
-  const int stride = part_chunks + 1;
-
-  // bound[r][j]: the first slot of row r0 + r whose column is >= (first_chunk + j) kTileChunkCols
-  // (j = part_chunks: the part's end). The 16 (part_chunks + 1) lower bounds are searched at once,
-  // kQueries per lane, one probe each per round. The pattern is not written by the transposes:
-  // read before waiting for them.
-  {
-    int32_t row_lo = 0, row_hi = 0;
-    if (lane < 16 && r0 + lane < w.rows) {
-      row_lo = w.row_ptr[r0 + lane];
-      row_hi = w.row_ptr[r0 + lane + 1];
-    }
-    int32_t longest = row_hi - row_lo;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, offset));
-    const int rounds = longest > 0 ? 32 - __clz(longest) : 0;
-    const int queries = 16 * stride;
-    int32_t base[kQueries], len[kQueries], target[kQueries];
-#pragma unroll
-    for (int i = 0; i < kQueries; ++i) {
-      const int q = lane + 32 * i;
-      const int r = q < queries ? q / stride : 0;
-      const int32_t lo = __shfl_sync(0xffffffffu, row_lo, r), hi = __shfl_sync(0xffffffffu, row_hi, r);
-      base[i] = lo;
-      len[i] = q < queries ? hi - lo : 0;
-      target[i] = int32_t((first_chunk + (q < queries ? q % stride : 0)) * kTileChunkCols);
-    }
-    for (int round = 0; round < rounds; ++round) {
-#pragma unroll
-      for (int i = 0; i < kQueries; ++i) {
-        if (len[i] > 0) {
-          const int32_t half = len[i] / 2;
-          if (int32_t(w.col_idx[base[i] + half]) < target[i]) {
-            base[i] += half + 1;
-            len[i] -= half + 1;
-          } else {
-            len[i] = half;
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kQueries; ++i) {
-      const int q = lane + 32 * i;
-      if (q < queries) bound[q] = base[i];
-    }
-    __syncwarp();
-  }
-  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
-  out.begin();
-
-  // The warp's 16 rows of dY^T as A fragments, split, for the whole batch: held for every chunk.
-  const int g = lane >> 2, t = lane & 3;
-  uint32_t a_big[NK][2][4], a_small[NK][2][4];
-#pragma unroll
-  for (int kk = 0; kk < NK; ++kk) {
-    float lo[4], hi[4];
-    load_float4_or_zero(dy_t + (r0 + g) * np + 16 * kk + 4 * t, r0 + g < w.rows, lo);
-    load_float4_or_zero(dy_t + (r0 + g + 8) * np + 16 * kk + 4 * t, r0 + g + 8 < w.rows, hi);
-#pragma unroll
-    for (int step = 0; step < 2; ++step) {
-      const float f[4] = {lo[2 * step], hi[2 * step], lo[2 * step + 1], hi[2 * step + 1]};
-      split_tf32(f, a_big[kk][step], a_small[kk][step]);
-    }
-  }
-
-  for (int j = 0; j < part_chunks; ++j) {
-    // The chunk's slots, row by row: prefix[r] of them in rows before r (lanes 0-15 own a row).
-    const int32_t count = lane < 16 ? bound[lane * stride + j + 1] - bound[lane * stride + j] : 0;
-    int32_t inclusive = count;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int32_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += v;
-    }
-    const int32_t total = __shfl_sync(0xffffffffu, inclusive, 31);
-    if (total == 0) continue;  // the same for the whole warp: no products
-    __syncwarp();              // the last chunk's readers of prefix and tile are done
-    if (lane < 16) prefix[lane] = inclusive - count;
-    __syncwarp();
-    const int64_t c0 = (first_chunk + j) * kTileChunkCols;
-    auto slot_of = [&](int32_t i, int& r) {
-      r = 0;
-#pragma unroll
-      for (int step = 8; step >= 1; step >>= 1) r += prefix[r + step] <= i ? step : 0;
-      return bound[r * stride + j] + (i - prefix[r]);
-    };
-    // The first slots' loads, issued before the products.
-    int32_t slot[kTileSlotsPerLane], pos[kTileSlotsPerLane];
-    typename Out::Fetched fetched[kTileSlotsPerLane];
-#pragma unroll
-    for (int u = 0; u < kTileSlotsPerLane; ++u) {
-      const int32_t i = lane + 32 * u;
-      slot[u] = -1;
-      if (i < total) {
-        int r;
-        slot[u] = slot_of(i, r);
-        pos[u] = r * kTilePitch + int32_t(int64_t(w.col_idx[slot[u]]) - c0);
-        fetched[u] = out.fetch(slot[u]);
-      }
-    }
-    // The 16 x 64 tile: 8 column tiles of 8, 3 MMAs per step of 8 batch values.
-    float acc[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
-    }
-    // Four column tiles at a time, so that each MMA's neighbours are independent of it.
-#pragma unroll
-    for (int kk = 0; kk < NK; ++kk) {
-#pragma unroll
-      for (int quad = 0; quad < 2; ++quad) {
-        uint32_t b_big[4][4], b_small[4][4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t col = c0 + 8 * (4 * quad + q) + g;
-          float b[4];
-          load_float4_or_zero(x_t + col * np + 16 * kk + 4 * t, col < w.cols, b);
-          split_tf32(b, b_big[q], b_small[q]);
-        }
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t bs[2] = {b_small[q][2 * step], b_small[q][2 * step + 1]};
-            mma_tf32(acc[4 * quad + q], a_small[kk][step], {b_big[q][2 * step], b_big[q][2 * step + 1]});
-            mma_tf32(acc[4 * quad + q], a_big[kk][step], bs);
-          }
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            mma_tf32(acc[4 * quad + q], a_big[kk][step], {b_big[q][2 * step], b_big[q][2 * step + 1]});
-        }
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float* p = tile + g * kTilePitch + 8 * n + 2 * t;
-      *reinterpret_cast<float2*>(p) = make_float2(acc[n][0], acc[n][1]);
-      *reinterpret_cast<float2*>(p + 8 * kTilePitch) = make_float2(acc[n][2], acc[n][3]);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < kTileSlotsPerLane; ++u) {
-      if (slot[u] >= 0) out.apply(slot[u], tile[pos[u]], fetched[u]);
-    }
-    // Chunks with more slots than the first loads cover: the rest one at a time.
-    for (int32_t i = lane + 32 * kTileSlotsPerLane; i < total; i += 32) {
-      int r;
-      const int32_t s = slot_of(i, r);
-      const auto f = out.fetch(s);
-      out.apply(s, tile[r * kTilePitch + int32_t(int64_t(w.col_idx[s]) - c0)], f);
-    }
-  }
-}
-
-template <typename Index, int NK, typename Out>
-Status launch_sddmm_tile(const SlotPattern<Index>& w, const float* dy_t, const float* x_t, const Out& out,
-                         Stream stream) {
-  DeviceLimits limits;
-  SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  const TileGrid grid = sddmm_tile_grid(w.rows, w.cols, limits.sms);
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(
-      sddmm_tile_kernel<Index, NK, Out>, dim3(unsigned(ceil_div(w.rows, 16 * kTileWarps)), unsigned(grid.parts)),
-      dim3(kTileThreads), kTileSmemBytes, stream, w, dy_t, x_t, grid.chunks_per_part, out));
-  return check_launch("sddmm_tile_kernel");
-}
-
 // db[r] = sum_n dy[n, r], handed to the same epilogues as the SDDMM's (stored, or AdamW's step).
 template <typename T, typename Out>
 __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict__ dy, int64_t n, int64_t m, Out out) {
@@ -599,55 +336,31 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
   }
 }
 
-// Whether the tile kernel can run a product with w.cols = cols on this device, and why not.
-Status sddmm_tile_runs(int64_t cols, int64_t n, bool float_values) {
-  if (!float_values) return InvalidArgument("sddmm: tile runs float32 values only");
-  if (n > kSddmmTileMaxBatch)
-    return InvalidArgument("sddmm: tile runs batches of at most " + std::to_string(kSddmmTileMaxBatch));
-  DeviceLimits limits;
-  SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  if (limits.compute_major < 8) return InvalidArgument("sddmm: tile needs tensor cores of compute capability 8.0+");
-  if (sddmm_tile_grid(1, cols, limits.sms).parts > 65535)
-    return InvalidArgument("sddmm: tile runs up to " + std::to_string(65535 * kTileMaxChunksPerPart * kTileChunkCols) +
-                           " columns");
-  return Status::Ok();
-}
-
-// The kernel sddmm() picks for a pattern and batch.
-template <typename T, typename Index>
-SddmmVariant choose_sddmm_variant(const SlotPattern<Index>& w, int64_t n) {
-  if (n < kSddmmVectorMinBatch) return SddmmVariant::kSlot;
-  // Measured on the H200 (session 10, bench/results/backward_nvidia_h200.csv): at a batch of
-  // 8-32 and a density of kSddmmTileMinDensity or more, the tile kernel is faster than the rows
-  // kernel (16384x4096, N = 16, 90%: see docs/kernels.md).
-  const double density = double(w.nnz) / (double(w.rows) * double(w.cols));
-  if (n >= kSddmmTileMinBatch && density >= kSddmmTileMinDensity &&
-      sddmm_tile_runs(w.cols, n, std::is_same_v<T, float>).ok())
-    return SddmmVariant::kTile;
-  // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
-  // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
-  // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
-  // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
-  // transposes, is faster.
-  return sddmm_padded_batch(n) <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
-}
-
 // The SDDMM kernels with `out` as their epilogue: the variant, the transposes, the launch.
 template <typename T, typename Index, typename Out>
 Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const Out& out, void* workspace,
                  Stream stream, SddmmVariant variant) {
-  // A forced kernel that cannot run this product says so, with or without slots.
-  if (variant == SddmmVariant::kRows && sddmm_padded_batch(n) > kSddmmRowsMaxBatch)
-    return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
-  if (variant == SddmmVariant::kTile) SNACK_RETURN_IF_ERROR(sddmm_tile_runs(w.cols, n, std::is_same_v<T, float>));
   if (w.nnz == 0) return Status::Ok();
-  if (variant == SddmmVariant::kAuto) variant = choose_sddmm_variant<T>(w, n);
+  const int64_t np = sddmm_padded_batch(n);
+  if (variant == SddmmVariant::kAuto) {
+    if (n < kSddmmVectorMinBatch) {
+      variant = SddmmVariant::kSlot;
+    } else {
+      // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
+      // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
+      // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
+      // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
+      // transposes, is faster.
+      variant = np <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
+    }
+  }
   if (variant == SddmmVariant::kSlot || n == 0) {
     sddmm_thread_slot_kernel<T, Index, Out><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, out);
     return check_launch("sddmm_thread_slot_kernel");
   }
+  if (variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
+    return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
   if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
-  const int64_t np = variant == SddmmVariant::kTile ? sddmm_tile_padded_batch(n) : sddmm_padded_batch(n);
   // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one product kernel.
   T* dy_t = static_cast<T*>(workspace);
   T* x_t = dy_t + w.rows * np;
@@ -658,12 +371,6 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
   detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.cols, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
                                      stream>>>(x, n, w.cols, w.cols, int(np), x_t);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
-  if (variant == SddmmVariant::kTile) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (np == 16) return launch_sddmm_tile<Index, 1>(w, dy_t, x_t, out, stream);
-      return launch_sddmm_tile<Index, 2>(w, dy_t, x_t, out, stream);
-    }
-  }
   // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
   const int64_t lanes = std::min<int64_t>(32, np / 4);
   if (variant == SddmmVariant::kRows) {
@@ -695,12 +402,7 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
   if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
     return 0;
-  // Room for the tile kernel's wider padding wherever the automatic choice may pick it (fp32 values).
-  const bool tile = variant == SddmmVariant::kTile ||
-                    (variant == SddmmVariant::kAuto && value_bytes == sizeof(float) && n >= kSddmmTileMinBatch &&
-                     n <= kSddmmTileMaxBatch);
-  const int64_t np = tile ? sddmm_tile_padded_batch(n) : sddmm_padded_batch(n);
-  return size_t(rows + cols) * size_t(np) * value_bytes;
+  return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
 }
 
 template <typename T, typename Index>

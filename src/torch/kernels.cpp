@@ -248,7 +248,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
 SddmmVariant sddmm_variant_arg(c10::string_view name, const char* op) {
   SddmmVariant variant = SddmmVariant::kAuto;
   TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(name), &variant), "snack.", op, ": unknown variant '", name,
-                    "' (expected auto, slot, vector, rows or tile)");
+                    "' (expected auto, slot, vector or rows)");
   return variant;
 }
 

@@ -17,7 +17,7 @@ TORCH_LIBRARY(snack, m) {
   m.def("spmm_t(Tensor dy, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, str variant=\"auto\") -> Tensor");
   // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.
-  // variant: "auto" or a CUDA kernel: slot, vector, rows, tile (the CPU ignores it).
+  // variant: "auto" or a CUDA kernel: slot, vector, rows (the CPU ignores it).
   m.def("sddmm(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, str variant=\"auto\") -> Tensor");
   // db = dy.sum(0): dy [N, M] -> [M].

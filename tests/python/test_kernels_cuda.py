@@ -163,21 +163,18 @@ def check_sddmm(p, n, dtype, variant="auto"):
     assert torch.equal(ops.sddmm(dy, x, *p.tensors, variant=variant), dv)
 
 
-@pytest.mark.parametrize("variant", ["rows", "vector", "tile"])
+@pytest.mark.parametrize("variant", ["rows", "vector"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,m,k,density", [(32, 3000, 1700, 0.25), (16, 4000, 1200, 0.2), (13, 60, 700, 0.2)])
 def test_sddmm_skewed_rows(n, m, k, density, dtype, variant):
     # Three full rows among sparse ones: the rows kernel walks each long row with one warp, the
-    # vector kernel splits the slots evenly, the tile kernel takes the chunks past its first loads
-    # one slot per thread at a time.
-    if not sddmm_runs(variant, n, dtype):
-        pytest.skip("tile runs float32 values")
+    # vector kernel splits the slots evenly.
     nnz_rest = int(density * m * k)
     rows, cols = skewed_positions(m, k, dense_rows=3, nnz_rest=nnz_rest, seed=n)
     check_sddmm(Pattern(m, k, rows.numel(), device="cuda", dtype=dtype, positions=(rows, cols)), n, dtype, variant)
 
 
-SDDMM_VARIANTS = ("slot", "vector", "rows", "tile")
+SDDMM_VARIANTS = ("slot", "vector", "rows")
 
 
 def sddmm_cases():
@@ -187,11 +184,8 @@ def sddmm_cases():
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
-def sddmm_runs(variant, n, dtype=torch.float32):
-    """The rows kernel runs batches of at most 128 (padded to a multiple of 4), the tile kernel
-    float32 values and batches of at most 32; the others any."""
-    if variant == "tile":
-        return dtype == torch.float32 and n <= 32
+def sddmm_runs(variant, n):
+    """The rows kernel runs batches of at most 128 (padded to a multiple of 4); the others any."""
     return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
@@ -202,7 +196,7 @@ def test_sddmm_variant(shape, variant, dtype):
     m, k, n, nnz, empty = shape
     p = Pattern(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
     dy, x = p.randn(n, m, seed=3), p.randn(n, k, seed=4)
-    if not sddmm_runs(variant, n, dtype):
+    if not sddmm_runs(variant, n):
         with pytest.raises(ValueError, match="sddmm"):
             ops.sddmm(dy, x, *p.tensors, variant=variant)
         return
@@ -212,27 +206,6 @@ def test_sddmm_variant(shape, variant, dtype):
     assert rel_error(dv, ref) < tolerance(dtype)
     for _ in range(2):
         assert torch.equal(ops.sddmm(dy, x, *p.tensors, variant=variant), dv), "not bitwise reproducible"
-
-
-@pytest.mark.parametrize("n", [1, 8, 17, 32])
-@pytest.mark.parametrize("m,k,nnz,index_dtype", [(130, 40000, 60000, torch.int32), (100, 5000, 300, None),
-                                                 (64, 128, 8192, None), (70, 300, 21000, None)],
-                         ids=["long-rows", "sparse", "full", "full-ragged"])
-def test_sddmm_tile_chunks(n, m, k, nnz, index_dtype):
-    # The tile kernel's bookkeeping: 625 column chunks over 40 column parts,
-    # chunks without a slot (skipped), and tiles in which every position is a slot (past the
-    # loads issued before the products), with and without a partial last block of rows and chunk.
-    p = Pattern(m, k, nnz, device="cuda", index_dtype=index_dtype)
-    check_sddmm(p, n, torch.float32, "tile")
-    # With AdamW's step fused: the CPU's update from the float64-exact gradient, within fp32.
-    dy, x = p.randn(n, m, seed=1), p.randn(n, k, seed=2)
-    state = [p.values.clone(), torch.randn_like(p.values), torch.rand_like(p.values), torch.zeros((), device="cuda")]
-    want = [t.cpu().clone() for t in state]
-    hyper = (1e-2, 0.9, 0.99, 1e-6, 0.05, False)
-    ops.sddmm_adamw_(dy, x, *p.tensors, *state, *hyper, "tile")
-    ops.sddmm_adamw_(dy.cpu(), x.cpu(), *(t.cpu() for t in p.tensors), *want, *hyper)
-    for got, ref in zip(state[:3], want[:3]):
-        assert rel_error(got, ref) < 1e-5
 
 
 @pytest.mark.parametrize("n", [4, 7, 12, 16, 32])
@@ -320,7 +293,7 @@ def test_programmatic_launches_replay_in_a_cuda_graph(n, shape, dtype):
     p = Pattern(m, k, nnz, device="cuda", dtype=dtype)
     x, dy = p.randn(n, k), p.randn(n, m, seed=2)
     outputs = {}
-    sddmm_variants = ["auto", "vector"] + (["tile"] if sddmm_runs("tile", n, dtype) else [])
+    sddmm_variants = ["auto", "vector"]
 
     def products():
         outputs["y"] = ops.spmm(x, p.values, *p.tensors, None, "none", "global_xt")
