@@ -441,27 +441,31 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
   return status;
 }
 
+// The bias-gradient kernel with `out` as its epilogue; `op` names the caller in errors. `outputs`
+// says whether the epilogue's arrays are all non-null (checked where m > 0).
+template <typename T, typename Out>
+Status run_bias_grad(const char* op, const T* dy, int64_t n, int64_t m, bool outputs, const char* outputs_error,
+                     const Out& out, Stream stream) {
+  if (n < 0 || m < 0) return InvalidArgument(std::string(op) + ": sizes must be non-negative");
+  if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
+  if (m > 0 && !outputs) return InvalidArgument(outputs_error);
+  if (m == 0) return Status::Ok();
+  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, out);
+  return check_launch(op);
+}
+
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
-  if (n < 0 || m < 0) return InvalidArgument("bias_grad: sizes must be non-negative");
-  if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
-  if (m > 0 && dbias == nullptr) return InvalidArgument("dbias must not be null");
-  if (m == 0) return Status::Ok();
-  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, StoreGradient<T>{dbias});
-  return check_launch("bias_grad_kernel");
+  return run_bias_grad("bias_grad", dy, n, m, dbias != nullptr, "dbias must not be null", StoreGradient<T>{dbias},
+                       stream);
 }
 
 template <typename T>
 Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const float* step, const AdamWConfig& config, T* bias,
                        T* exp_avg, T* exp_avg_sq, Stream stream) {
-  if (n < 0 || m < 0) return InvalidArgument("bias_grad_adamw: sizes must be non-negative");
-  if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
-  if (m > 0 && (!bias || !exp_avg || !exp_avg_sq || !step))
-    return InvalidArgument("bias, exp_avg, exp_avg_sq and step must not be null");
-  if (m == 0) return Status::Ok();
-  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(
-      dy, n, m, AdamWUpdate<T>{bias, exp_avg, exp_avg_sq, step, config, {}});
-  return check_launch("bias_grad_kernel(adamw)");
+  return run_bias_grad("bias_grad_adamw", dy, n, m, bias && exp_avg && exp_avg_sq && step,
+                       "bias, exp_avg, exp_avg_sq and step must not be null",
+                       AdamWUpdate<T>{bias, exp_avg, exp_avg_sq, step, config, {}}, stream);
 }
 
 #define SNACK_INSTANTIATE_CUDA_OPS(T, Index)                                                                     \
