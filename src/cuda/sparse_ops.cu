@@ -350,8 +350,13 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
       // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
       // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
       // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
-      // transposes, is faster.
-      variant = np <= kSddmmRowsMaxBatch ? SddmmVariant::kRows : SddmmVariant::kVector;
+      // transposes, is faster. With AdamW's step in the epilogue the vector kernel is faster up to
+      // a padded batch of 8 (session 10, gpu_session10_nvidia_h200.log call 5: 16384x4096, 90%:
+      // 88 against 188 us at N = 4, 143 against 184 us at N = 8), the rows kernel from 16
+      // (124 against 225 us at N = 16). Both give the same bits up to a batch of 32.
+      constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
+      if (np > kSddmmRowsMaxBatch || (kUpdatesState && np <= 8)) variant = SddmmVariant::kVector;
+      else variant = SddmmVariant::kRows;
     }
   }
   if (variant == SddmmVariant::kSlot || n == 0) {
