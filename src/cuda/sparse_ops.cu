@@ -179,7 +179,13 @@ __global__ void __launch_bounds__(kThreads, 4)
                       int64_t np, int lanes_per_row, Out out) {
   using A = accum_t<T>;
   constexpr int kGroup = 4;
-  constexpr int kU = NC >= 4 ? 4 : 8;  // slots per lane per chunk (fewer where dy_t takes more registers)
+  // Slots per lane per chunk: fewer where dy_t takes more registers, and with AdamW's step in the
+  // epilogue up to 4 batch lanes, where a lane would otherwise keep 2-8 slots' sums, values and
+  // moments (measured on the H200, session 10 call 7, with AdamW: 16384x4096, 90%, N = 8: 105
+  // against 184 us, N = 16: 116 against 123 us; at N = 32, 8 batch lanes, 4 slots lost: 185
+  // against 149 us).
+  constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
+  constexpr int kU = NC >= 4 || (kUpdatesState && GN <= 4) ? 4 : 8;
   constexpr int kG = kU / kGroup;
   constexpr int GS = 32 / GN;
   constexpr int kKept = kU >= GN ? kU / GN : 1;  // sums a lane holds after the reduction
@@ -350,12 +356,12 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
       // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
       // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
       // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
-      // transposes, is faster. With AdamW's step in the epilogue the vector kernel is faster up to
-      // a padded batch of 8 (session 10, gpu_session10_nvidia_h200.log call 5: 16384x4096, 90%:
-      // 88 against 188 us at N = 4, 143 against 184 us at N = 8), the rows kernel from 16
-      // (124 against 225 us at N = 16). Both give the same bits up to a batch of 32.
+      // transposes, is faster. With AdamW's step in the epilogue the vector kernel is faster at a
+      // padded batch of 4 (session 10, gpu_session10_nvidia_h200.log call 7: 16384x4096, 90%:
+      // 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223
+      // at N = 16). Both give the same bits up to a batch of 32.
       constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
-      if (np > kSddmmRowsMaxBatch || (kUpdatesState && np <= 8)) variant = SddmmVariant::kVector;
+      if (np > kSddmmRowsMaxBatch || (kUpdatesState && np <= 4)) variant = SddmmVariant::kVector;
       else variant = SddmmVariant::kRows;
     }
   }
