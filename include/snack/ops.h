@@ -108,7 +108,7 @@ size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value
 /// number of this update (1 for the first): read by the kernel, so that a replayed CUDA graph uses
 /// the current count. values must not alias dy or x. Workspace (sddmm_workspace_bytes()) and
 /// variant as for sddmm(), except that kAuto takes kVector at a batch of 4 (padded), where it runs
-/// this epilogue faster than kRows (same bits).
+/// this epilogue faster than kRows (the two agree to rounding).
 template <typename T, typename Index>
 Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const float* step,
                    const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,

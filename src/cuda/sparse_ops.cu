@@ -359,7 +359,8 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
       // transposes, is faster. With AdamW's step in the epilogue the vector kernel is faster at a
       // padded batch of 4 (session 10, gpu_session10_nvidia_h200.log call 7: 16384x4096, 90%:
       // 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223
-      // at N = 16). Both give the same bits up to a batch of 32.
+      // at N = 16). Their plain SDDMMs are bitwise equal up to a batch of 32; with this epilogue
+      // they agree to rounding (the compiler fuses AdamW's multiply-adds per kernel).
       constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
       if (np > kSddmmRowsMaxBatch || (kUpdatesState && np <= 4)) variant = SddmmVariant::kVector;
       else variant = SddmmVariant::kRows;
