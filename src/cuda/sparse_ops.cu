@@ -360,7 +360,7 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
       // padded batch of 4 (session 10, gpu_session10_nvidia_h200.log call 7: 16384x4096, 90%:
       // 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223
       // at N = 16). Their plain SDDMMs are bitwise equal up to a batch of 32; with this epilogue
-      // they agree to rounding (the compiler fuses AdamW's multiply-adds per kernel).
+      // they agree to rounding, not bitwise (tested; the cause was not isolated).
       constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
       if (np > kSddmmRowsMaxBatch || (kUpdatesState && np <= 4)) variant = SddmmVariant::kVector;
       else variant = SddmmVariant::kRows;
