@@ -35,6 +35,7 @@ constexpr int kThreads = kWarpsPerBlock * 32;
 // waited for the grids before it.
 template <typename T>
 struct StoreGradient {
+  static constexpr bool kUpdatesState = false;  // apply() writes only the gradient
   T* __restrict__ dvalues;
   struct Fetched {};
   __device__ __forceinline__ void begin() {}
@@ -44,6 +45,7 @@ struct StoreGradient {
 
 template <typename T>
 struct AdamWUpdate {
+  static constexpr bool kUpdatesState = true;  // apply() reads and writes each slot's value and moments
   using A = accum_t<T>;
   T* __restrict__ values;
   T* __restrict__ exp_avg;
@@ -184,8 +186,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   // moments (measured on the H200, session 10 call 7, with AdamW: 16384x4096, 90%, N = 8: 105
   // against 184 us, N = 16: 116 against 123 us; at N = 32, 8 batch lanes, 4 slots lost: 185
   // against 149 us).
-  constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
-  constexpr int kU = NC >= 4 || (kUpdatesState && GN <= 4) ? 4 : 8;
+  constexpr int kU = NC >= 4 || (Out::kUpdatesState && GN <= 4) ? 4 : 8;
   constexpr int kG = kU / kGroup;
   constexpr int GS = 32 / GN;
   constexpr int kKept = kU >= GN ? kU / GN : 1;  // sums a lane holds after the reduction
@@ -361,8 +362,7 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
       // 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223
       // at N = 16). Their plain SDDMMs are bitwise equal up to a batch of 32; with this epilogue
       // they agree to rounding, not bitwise (tested; the cause was not isolated).
-      constexpr bool kUpdatesState = !std::is_same_v<Out, StoreGradient<T>>;
-      if (np > kSddmmRowsMaxBatch || (kUpdatesState && np <= 4)) variant = SddmmVariant::kVector;
+      if (np > kSddmmRowsMaxBatch || (Out::kUpdatesState && np <= 4)) variant = SddmmVariant::kVector;
       else variant = SddmmVariant::kRows;
     }
   }
