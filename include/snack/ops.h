@@ -71,6 +71,17 @@ Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig
 
 namespace cuda {
 
+/// One parameter tensor under AdamW, in device memory: its values with their two moments, its float
+/// count of updates (`step`, as for sddmm_adamw()) and the parameter group's settings.
+template <typename T>
+struct AdamWParameter {
+  T* values = nullptr;
+  T* exp_avg = nullptr;
+  T* exp_avg_sq = nullptr;
+  float* step = nullptr;
+  AdamWConfig config;
+};
+
 /// CUDA versions of the ops above: same arguments, all pointers in device memory of the current
 /// device, work enqueued on `stream` (nullptr = the legacy default stream). A non-ok Status means
 /// the launch failed; errors raised asynchronously by a kernel surface at the next synchronisation.
@@ -86,10 +97,10 @@ template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues,
              Stream stream);
 
-/// SDDMM with a caller-provided workspace of sddmm_workspace_bytes() bytes (it holds dY and X
-/// transposed; 0 bytes, workspace may be null, for the kSlot kernel). `variant` forces a kernel
-/// (kAuto: kSlot below a batch of kSddmmVectorMinBatch, else chosen from the shape); a forced
-/// variant that cannot run this product returns InvalidArgument.
+/// SDDMM with a caller-provided workspace of sddmm_workspace_bytes() bytes (it holds X transposed,
+/// and dY too for the kVector kernel; 0 bytes, workspace may be null, for the kSlot kernel).
+/// `variant` forces a kernel (kAuto: kSlot below a batch of kSddmmVectorMinBatch, else chosen from
+/// the shape); a forced variant that cannot run this product returns InvalidArgument.
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
              Stream stream, SddmmVariant variant = SddmmVariant::kAuto);
@@ -105,23 +116,29 @@ size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value
 /// sddmm() computes it and rounded to T, updates values[s], exp_avg[s] and exp_avg_sq[s] in place
 /// (cpu::adamw_update's arithmetic) and is never stored, so the step costs no gradient buffer and
 /// its loads and stores overlap the products. `step` points to one float in device memory, the
-/// number of this update (1 for the first): read by the kernel, so that a replayed CUDA graph uses
-/// the current count. values must not alias dy or x. Workspace (sddmm_workspace_bytes()) and
+/// number of updates so far: advanced by one on the device (by the first kernel of the call), then
+/// read by the update, so that a replayed CUDA graph uses the current count and the caller
+/// launches nothing for it. values must not alias dy or x. Workspace (sddmm_workspace_bytes()) and
 /// variant as for sddmm(), except that kAuto takes kVector at a batch of 4 (padded), where it runs
 /// this epilogue faster than kRows (the two agree to rounding).
+///
+/// `bias` (optional): a bias of w.rows values updated in the same call from its gradient
+/// db[r] = sum_n dY[n, r], as bias_grad_adamw() would, with its own settings and count. The kRows
+/// kernel computes it from the dY it holds anyway (no launch of its own); the others launch the
+/// bias kernel after the product.
 template <typename T, typename Index>
-Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const float* step,
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, float* step,
                    const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,
-                   SddmmVariant variant = SddmmVariant::kAuto);
+                   SddmmVariant variant = SddmmVariant::kAuto, const AdamWParameter<T>* bias = nullptr);
 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
 
 /// The bias gradient and AdamW's step of the bias in one kernel, as sddmm_adamw() for the values:
 /// db[r] (rounded to T) updates bias[r], exp_avg[r] and exp_avg_sq[r] in place and is never stored;
-/// `step` points to the float count of this update in device memory.
+/// `step` points to the float count of updates so far in device memory, advanced by one first.
 template <typename T>
-Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const float* step, const AdamWConfig& config, T* bias,
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, float* step, const AdamWConfig& config, T* bias,
                        T* exp_avg, T* exp_avg_sq, Stream stream);
 
 /// Plans a product with `out_dim` outputs per batch row, `in_dim` inputs, `nnz` entries and batch

@@ -78,7 +78,8 @@ def _sparse_linear_adamw_fake(x, values, bias, row_idx, col_idx, row_ptr, col_pt
 
 @torch.library.register_fake("snack::sddmm_adamw_")
 def _sddmm_adamw_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr,
-                      beta1, beta2, eps, weight_decay, maximize=False, variant="auto"):
+                      beta1, beta2, eps, weight_decay, maximize=False, variant="auto", bias=None, bias_exp_avg=None,
+                      bias_exp_avg_sq=None, bias_step=None, bias_hyper=None):
     return None
 
 

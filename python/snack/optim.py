@@ -7,8 +7,9 @@ gradient is never stored: a step moves fewer bytes and runs fewer kernels, and `
 stays ``None`` (4 bytes per connection less memory). Every other parameter (dense layers, ...)
 is updated by ``step()`` as ``torch.optim.AdamW`` does.
 
-The layer's bias, when this optimizer holds it, is updated the same way, in the kernel that
-computes its gradient (``snack.ops.bias_grad_adamw_``), with its own parameter group's settings.
+The layer's bias, when this optimizer holds it, is updated the same way and in the same call
+(``sddmm_adamw_`` with the bias's state; on the GPU the SDDMM's rows kernel sums the bias gradient
+from the dY it reads anyway), with its own parameter group's settings.
 
 The update happens when the backward runs, so it suits the common loop
 ``zero_grad(); loss.backward(); step()`` on one process. What needs the values' gradient first

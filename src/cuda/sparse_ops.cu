@@ -38,6 +38,7 @@ struct StoreGradient {
   static constexpr bool kUpdatesState = false;  // apply() writes only the gradient
   T* __restrict__ dvalues;
   struct Fetched {};
+  float* count() const { return nullptr; }  // no step count to advance
   __device__ __forceinline__ void begin() {}
   __device__ __forceinline__ Fetched fetch(int64_t) const { return {}; }
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
@@ -50,12 +51,13 @@ struct AdamWUpdate {
   T* __restrict__ values;
   T* __restrict__ exp_avg;
   T* __restrict__ exp_avg_sq;
-  const float* __restrict__ step;  // device memory: a replayed CUDA graph reads the current count
+  float* step;  // device memory: a replayed CUDA graph reads the current count
   AdamWConfig config;
   AdamWStep<A> constants;
   struct Fetched {
     T value, m, v;
   };
+  float* count() const { return step; }  // advanced by one before the kernel that reads it
   __device__ __forceinline__ void begin() { constants = AdamWStep<A>::make(config, A(*step)); }
   __device__ __forceinline__ Fetched fetch(int64_t e) const { return {values[e], exp_avg[e], exp_avg_sq[e]}; }
   __device__ __forceinline__ void apply(int64_t e, A g, Fetched f) const {
@@ -168,20 +170,24 @@ inline bool aligned_for_4(const void* p, size_t elem) {
 // The same products over the rows of W, for np <= 4 GN NC: a warp takes rows_per_warp rows at a
 // time and lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
 // column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
-// dy_t (kept in registers for the whole row: chunk c covers batch values 4 (GN c + lane_n) .. + 3);
-// every slot's x_t vectors are gathered through L1, as in the forward's global_xt. A lane's kU slots
+// dY column, read in place from dy [n, rows] (kept in registers for the whole row: chunk c covers
+// batch values 4 (GN c + lane_n) .. + 3; a row's 4 n values are strided, but the rows of a block
+// are neighbours, so their reads share sectors and no transpose of dY is needed); every slot's x_t
+// vectors are gathered through L1, as in the forward's global_xt. A lane's kU slots
 // are then summed over the GN batch lanes by a reduce-scatter: each round of shuffles halves the
 // values a lane holds (kU - kU / GN shuffles instead of kU log2 GN); rounds past one value per lane
 // are butterfly rounds. The rounds add at lane distance 1, 2, 4, the order of sddmm_vector_kernel's
 // butterfly, so for NC = 1 (np <= 32) the results are bitwise equal to it.
 // The column indices of the next kU slots are requested before this chunk's gathers.
+// With with_bias, bias_out also receives each row's bias gradient db[o] = sum_n dY[n, o] (the
+// row's dY is in registers already; bias_grad_kernel's work without its launch).
 template <typename T, typename Index, int GN, int NC, typename Out>
 __global__ void __launch_bounds__(kThreads, 4)
-    sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy_t, const T* __restrict__ x_t,
-                      int64_t np, int lanes_per_row, Out out) {
+    sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy, int64_t n,
+                      const T* __restrict__ x_t, int64_t np, int lanes_per_row, Out out, Out bias_out, bool with_bias) {
   using A = accum_t<T>;
   constexpr int kGroup = 4;
-  // Slots per lane per chunk: fewer where dy_t takes more registers, and with AdamW's step in the
+  // Slots per lane per chunk: fewer where the row's dY takes more registers, and with AdamW's step in the
   // epilogue up to 4 batch lanes, where a lane would otherwise keep 2-8 slots' sums, values and
   // moments (measured on the H200, session 10 call 7, with AdamW: 16384x4096, 90%, N = 8: 105
   // against 184 us, N = 16: 116 against 123 us; at N = 32, 8 batch lanes, 4 slots lost: 185
@@ -208,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     if ((kU >> (r + 1)) >= 1) kept_first += upper ? (kU >> (r + 1)) : 0;
     else stores = stores && !upper;
   }
-  detail::wait_for_prior_grid();  // dy_t and x_t come from the transposes just before
+  detail::wait_for_prior_grid();  // x_t comes from the transpose just before
   out.begin();
 
   // Column indices of the kU slots of groups g0, g0 + g_step, ...; -1 for slots outside [lo, hi).
@@ -239,8 +245,25 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int c = 0; c < NC; ++c) {
       const int64_t k = 4 * (int64_t(GN) * c + lane_n);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[c][j] = A(0);
-      if (row_ok && lo < hi && k < np) detail::load_vec<T, 4>(dy_t + o * np + k, a[c]);
+      for (int j = 0; j < 4; ++j)
+        a[c][j] = row_ok && (lo < hi || with_bias) && k + j < n ? to_accum(dy[(k + j) * w.rows + o]) : A(0);
+    }
+    if (with_bias) {  // warp-uniform: every lane takes part in the shuffles
+      A db = A(0);
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) db += a[c][j];
+      }
+#pragma unroll
+      for (int offset = 1; offset < GN; offset <<= 1) db += __shfl_xor_sync(0xffffffffu, db, offset);
+      if (row_ok && lane_n == 0 && lane_e == 0) {
+        // The step constants per row, not per kernel: a warp meets a few rows, and registers kept
+        // through the slot loop would cost more.
+        Out bias_epilogue = bias_out;
+        bias_epilogue.begin();
+        bias_epilogue.apply(o, db, bias_epilogue.fetch(o));
+      }
     }
     // Every lane runs the warp's longest chunk count: the shuffles need all lanes.
     int32_t g0 = lo / kGroup + lane_e;
@@ -303,8 +326,8 @@ __global__ void __launch_bounds__(kThreads, 4)
 }
 
 template <typename T, typename Index, int GN, int NC, typename Out>
-Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t np, const Out& out,
-                         Stream stream) {
+Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy, int64_t n, const T* x_t, int64_t np,
+                         const Out& out, const Out* bias_out, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   // Lanes per row as the forward plans them: about a group of 4 slots per lane at most, then, up to
@@ -325,8 +348,9 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy_t, const T* x_
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
   const bool vector_ok = aligned_for_4(w.col_idx, sizeof(Index));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC, Out>, dim3(blocks),
-                                                         dim3(kThreads), 0, stream, w, vector_ok, dy_t, x_t, np,
-                                                         lanes, out));
+                                                         dim3(kThreads), 0, stream, w, vector_ok, dy, n, x_t, np,
+                                                         lanes, out, bias_out ? *bias_out : out,
+                                                         bias_out != nullptr));
   return check_launch("sddmm_rows_kernel");
 }
 
@@ -343,70 +367,98 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
   }
 }
 
-// The SDDMM kernels with `out` as their epilogue: the variant, the transposes, the launch.
+__global__ void advance_counts_kernel(detail::StepCounts counts) { counts.advance(); }
+
+Status advance_counts(const detail::StepCounts& counts, Stream stream) {
+  if (!counts.any()) return Status::Ok();
+  advance_counts_kernel<<<1, 1, 0, stream>>>(counts);
+  return check_launch("advance_counts_kernel");
+}
+
+template <typename T, typename Out>
+Status launch_bias_grad(const T* dy, int64_t n, int64_t m, const Out& out, Stream stream) {
+  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, out);
+  return check_launch("bias_grad_kernel");
+}
+
+// The kernel kAuto runs for a batch of n (padded to np); updates_state: an epilogue such as AdamW's.
+SddmmVariant automatic_sddmm_variant(int64_t n, int64_t np, bool updates_state) {
+  // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel is
+  // faster than the vector kernel at every shape of the benchmark grid it runs (N = 16: 2.2x at
+  // 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it replaced
+  // (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no transposes,
+  // is faster. With AdamW's step in the epilogue the vector kernel is faster at a padded batch of 4
+  // (session 10, gpu_session10_nvidia_h200.log call 7: 16384x4096, 90%: 88 against 146 us), the
+  // rows kernel from 8 (105 against 142 us at N = 8, 116 against 223 at N = 16). Their plain
+  // SDDMMs are bitwise equal up to a batch of 32; with this epilogue they agree to rounding, not
+  // bitwise (tested; the cause was not isolated).
+  if (n < kSddmmVectorMinBatch) return SddmmVariant::kSlot;
+  if (np > kSddmmRowsMaxBatch || (updates_state && np <= 4)) return SddmmVariant::kVector;
+  return SddmmVariant::kRows;
+}
+
+// The SDDMM kernels with `out` as their epilogue: the variant, the transposes, the launch. With
+// bias_out, the bias gradient goes to that epilogue too: inside the rows kernel, else by
+// bias_grad_kernel after the product (bias_out's arrays have w.rows elements). The epilogues' step
+// counts are advanced first, by the first transpose where there is one.
 template <typename T, typename Index, typename Out>
 Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const Out& out, void* workspace,
-                 Stream stream, SddmmVariant variant) {
-  if (w.nnz == 0) return Status::Ok();
+                 Stream stream, SddmmVariant variant, const Out* bias_out = nullptr) {
   const int64_t np = sddmm_padded_batch(n);
-  if (variant == SddmmVariant::kAuto) {
-    if (n < kSddmmVectorMinBatch) {
-      variant = SddmmVariant::kSlot;
-    } else {
-      // Measured on the H200 (session 6, bench/results/backward_nvidia_h200.csv): the rows kernel
-      // is faster than the vector kernel at every shape of the benchmark grid it runs (N = 16:
-      // 2.2x at 16384x4096 and 90%, 1.7x at 4096x4096), and than the shared-memory kernel that it
-      // replaced (N = 16: 1.4x at 16384x4096); below a batch of 4 the slot kernel, which needs no
-      // transposes, is faster. With AdamW's step in the epilogue the vector kernel is faster at a
-      // padded batch of 4 (session 10, gpu_session10_nvidia_h200.log call 7: 16384x4096, 90%:
-      // 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223
-      // at N = 16). Their plain SDDMMs are bitwise equal up to a batch of 32; with this epilogue
-      // they agree to rounding, not bitwise (tested; the cause was not isolated).
-      if (np > kSddmmRowsMaxBatch || (Out::kUpdatesState && np <= 4)) variant = SddmmVariant::kVector;
-      else variant = SddmmVariant::kRows;
-    }
-  }
-  if (variant == SddmmVariant::kSlot || n == 0) {
-    sddmm_thread_slot_kernel<T, Index, Out><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, out);
-    return check_launch("sddmm_thread_slot_kernel");
-  }
-  if (variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
+  if (variant == SddmmVariant::kAuto) variant = automatic_sddmm_variant(n, np, Out::kUpdatesState);
+  const bool transposed = w.nnz > 0 && n > 0 && variant != SddmmVariant::kSlot;
+  if (transposed && variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
     return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
-  if (workspace == nullptr) return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
-  // Transpose dY and X once into [rows, np] and [cols, np] (zero-padded), then one product kernel.
-  T* dy_t = static_cast<T*>(workspace);
-  T* x_t = dy_t + w.rows * np;
+  if (transposed && workspace == nullptr)
+    return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
+  const detail::StepCounts counts{out.count(), bias_out ? bias_out->count() : nullptr};
+  if (w.nnz == 0 || !transposed) {
+    SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
+    if (w.nnz > 0) {
+      sddmm_thread_slot_kernel<T, Index, Out><<<grid_for(w.nnz, kThreads), kThreads, 0, stream>>>(w, dy, x, n, out);
+      SNACK_RETURN_IF_ERROR(check_launch("sddmm_thread_slot_kernel"));
+    }
+    return bias_out && w.rows > 0 ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
+  }
+  // X transposed once into [cols, np] (zero-padded); the vector kernel also takes dY as [rows, np].
+  T* x_t = static_cast<T*>(workspace);
+  T* dy_t = x_t + w.cols * np;
   const dim3 block(32, 8);
-  detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.rows, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
-                                     stream>>>(dy, n, w.rows, w.rows, int(np), dy_t);
-  SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(dy)"));
+  if (variant == SddmmVariant::kVector) {
+    detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.rows, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
+                                       stream>>>(dy, n, w.rows, w.rows, int(np), dy_t, counts);
+    SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(dy)"));
+  }
   detail::transpose_tile_kernel<T><<<dim3(unsigned(ceil_div(w.cols, 32)), unsigned(ceil_div(np, 32)), 1), block, 0,
-                                     stream>>>(x, n, w.cols, w.cols, int(np), x_t);
+                                     stream>>>(x, n, w.cols, w.cols, int(np), x_t,
+                                               variant == SddmmVariant::kVector ? detail::StepCounts{} : counts);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
-  // Batch lanes: one per 4 values of np (3 lanes run as 4, 5..7 as 8).
-  const int64_t lanes = std::min<int64_t>(32, np / 4);
   if (variant == SddmmVariant::kRows) {
-    if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy_t, x_t, np, out, stream);
-    if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy_t, x_t, np, out, stream);
-    switch (lanes) {
-      case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy_t, x_t, np, out, stream);
-      case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy_t, x_t, np, out, stream);
+    if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy, n, x_t, np, out, bias_out, stream);
+    if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy, n, x_t, np, out, bias_out, stream);
+    switch (np / 4) {  // batch lanes: one per 4 values of np (3 lanes run as 4, 5..8 as 8)
+      case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy, n, x_t, np, out, bias_out, stream);
+      case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy, n, x_t, np, out, bias_out, stream);
       case 3:
-      case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy_t, x_t, np, out, stream);
-      default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy_t, x_t, np, out, stream);
+      case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy, n, x_t, np, out, bias_out, stream);
+      default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy, n, x_t, np, out, bias_out, stream);
     }
   }
-  switch (lanes) {
-    case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, out, stream);
-    case 2: return launch_sddmm_vector<T, Index, 2>(w, dy_t, x_t, np, out, stream);
-    case 3:
-    case 4: return launch_sddmm_vector<T, Index, 4>(w, dy_t, x_t, np, out, stream);
-    case 5: case 6: case 7:
-    case 8: return launch_sddmm_vector<T, Index, 8>(w, dy_t, x_t, np, out, stream);
-    default:
-      if (lanes <= 16) return launch_sddmm_vector<T, Index, 16>(w, dy_t, x_t, np, out, stream);
-      return launch_sddmm_vector<T, Index, 32>(w, dy_t, x_t, np, out, stream);
-  }
+  const Status status = [&] {
+    switch (std::min<int64_t>(32, np / 4)) {  // batch lanes
+      case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, out, stream);
+      case 2: return launch_sddmm_vector<T, Index, 2>(w, dy_t, x_t, np, out, stream);
+      case 3:
+      case 4: return launch_sddmm_vector<T, Index, 4>(w, dy_t, x_t, np, out, stream);
+      case 5: case 6: case 7:
+      case 8: return launch_sddmm_vector<T, Index, 8>(w, dy_t, x_t, np, out, stream);
+      case 9: case 10: case 11: case 12: case 13: case 14: case 15:
+      case 16: return launch_sddmm_vector<T, Index, 16>(w, dy_t, x_t, np, out, stream);
+      default: return launch_sddmm_vector<T, Index, 32>(w, dy_t, x_t, np, out, stream);
+    }
+  }();
+  SNACK_RETURN_IF_ERROR(status);
+  return bias_out ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
 }
 
 }  // namespace
@@ -428,9 +480,9 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 }
 
 template <typename T, typename Index>
-Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const float* step,
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, float* step,
                    const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,
-                   SddmmVariant variant) {
+                   SddmmVariant variant, const AdamWParameter<T>* bias) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, required_if(w.nnz > 0, values),
@@ -439,8 +491,13 @@ Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t
        {"exp_avg", required_if(w.nnz > 0, exp_avg)},
        {"exp_avg_sq", required_if(w.nnz > 0, exp_avg_sq)},
        {"step", required_if(w.nnz > 0, step)}}));
+  if (bias && w.rows > 0 && !(bias->values && bias->exp_avg && bias->exp_avg_sq && bias->step))
+    return InvalidArgument("sddmm_adamw: the bias's values, exp_avg, exp_avg_sq and step must not be null");
+  const AdamWUpdate<T> bias_update{bias ? bias->values : nullptr, bias ? bias->exp_avg : nullptr,
+                                   bias ? bias->exp_avg_sq : nullptr, bias ? bias->step : nullptr,
+                                   bias ? bias->config : AdamWConfig{}, {}};
   return run_sddmm(w, dy, x, n, AdamWUpdate<T>{values, exp_avg, exp_avg_sq, step, config, {}}, workspace, stream,
-                   variant);
+                   variant, bias ? &bias_update : nullptr);
 }
 
 template <typename T, typename Index>
@@ -461,9 +518,9 @@ Status run_bias_grad(const char* op, const T* dy, int64_t n, int64_t m, bool out
   if (n < 0 || m < 0) return InvalidArgument(std::string(op) + ": sizes must be non-negative");
   if (n * m > 0 && dy == nullptr) return InvalidArgument("dy must not be null");
   if (m > 0 && !outputs) return InvalidArgument(outputs_error);
+  SNACK_RETURN_IF_ERROR(advance_counts(detail::StepCounts{out.count(), nullptr}, stream));
   if (m == 0) return Status::Ok();
-  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, out);
-  return check_launch(op);
+  return launch_bias_grad(dy, n, m, out, stream);
 }
 
 template <typename T>
@@ -473,7 +530,7 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
 }
 
 template <typename T>
-Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const float* step, const AdamWConfig& config, T* bias,
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, float* step, const AdamWConfig& config, T* bias,
                        T* exp_avg, T* exp_avg_sq, Stream stream) {
   return run_bias_grad("bias_grad_adamw", dy, n, m, bias && exp_avg && exp_avg_sq && step,
                        "bias, exp_avg, exp_avg_sq and step must not be null",
@@ -484,8 +541,9 @@ Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const float* step, con
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, void*, Stream,        \
                                   SddmmVariant);                                                                     \
-  template Status sddmm_adamw<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const float*,          \
-                                        const AdamWConfig&, T*, T*, T*, void*, Stream, SddmmVariant);
+  template Status sddmm_adamw<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, float*,                \
+                                        const AdamWConfig&, T*, T*, T*, void*, Stream, SddmmVariant,                 \
+                                        const AdamWParameter<T>*);
 
 SNACK_INSTANTIATE_CUDA_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(float, int32_t)
@@ -499,13 +557,13 @@ template Status bias_grad<float>(const float*, int64_t, int64_t, float*, Stream)
 template Status bias_grad<double>(const double*, int64_t, int64_t, double*, Stream);
 template Status bias_grad<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*, Stream);
 template Status bias_grad<float16>(const float16*, int64_t, int64_t, float16*, Stream);
-template Status bias_grad_adamw<float>(const float*, int64_t, int64_t, const float*, const AdamWConfig&, float*,
+template Status bias_grad_adamw<float>(const float*, int64_t, int64_t, float*, const AdamWConfig&, float*,
                                        float*, float*, Stream);
-template Status bias_grad_adamw<double>(const double*, int64_t, int64_t, const float*, const AdamWConfig&, double*,
+template Status bias_grad_adamw<double>(const double*, int64_t, int64_t, float*, const AdamWConfig&, double*,
                                         double*, double*, Stream);
-template Status bias_grad_adamw<bfloat16>(const bfloat16*, int64_t, int64_t, const float*, const AdamWConfig&,
+template Status bias_grad_adamw<bfloat16>(const bfloat16*, int64_t, int64_t, float*, const AdamWConfig&,
                                           bfloat16*, bfloat16*, bfloat16*, Stream);
-template Status bias_grad_adamw<float16>(const float16*, int64_t, int64_t, const float*, const AdamWConfig&,
+template Status bias_grad_adamw<float16>(const float16*, int64_t, int64_t, float*, const AdamWConfig&,
                                          float16*, float16*, float16*, Stream);
 
 }  // namespace snack::cuda

@@ -208,7 +208,7 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
       const dim3 tgrid(unsigned(detail::ceil_div(in_dim + 1, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
                        unsigned(tiles));
       detail::transpose_tile_kernel<T><<<tgrid, dim3(32, 8), 0, stream>>>(in, n, in_dim, in_dim + 1, plan.batch_tile,
-                                                                         in_t);
+                                                                         in_t, detail::StepCounts{});
       SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
       rl.after_transpose = true;
       return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream,

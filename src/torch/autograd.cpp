@@ -71,17 +71,22 @@ at::Tensor sparse_linear_forward(const at::Tensor& x, const at::Tensor& values, 
   return y2d.view(output_shape(x, out_features));
 }
 
+// bias_* given (all, or none): the bias is updated in the same pass (see sddmm_adamw_'s schema).
 void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                       const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                       const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                       const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
-                      bool maximize) {
+                      bool maximize, const std::optional<at::Tensor>& bias,
+                      const std::optional<at::Tensor>& bias_exp_avg, const std::optional<at::Tensor>& bias_exp_avg_sq,
+                      const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper) {
+  using OptionalTensor = const std::optional<at::Tensor>&;
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sddmm_adamw_", "").typed<void(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, double, double, double, double, double, bool, c10::string_view)>();
+      const at::Tensor&, double, double, double, double, double, bool, c10::string_view, OptionalTensor,
+      OptionalTensor, OptionalTensor, OptionalTensor, std::optional<c10::ArrayRef<double>>)>();
   op.call(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr, beta1, beta2,
-          eps, weight_decay, maximize, "auto");
+          eps, weight_decay, maximize, "auto", bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper);
 }
 
 void call_bias_grad_adamw(const at::Tensor& dy, const at::Tensor& bias, const at::Tensor& exp_avg,
@@ -217,6 +222,19 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
     const Saved s = unpack(ctx, grad_outputs);
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) dx = input_grad(s);  // enqueued first: it reads the values before the update
+    // The bias entered detached (see sparse_linear_adamw_autograd): it is an input of this node,
+    // not a saved variable, since the layer's next forward reads it.
+    const bool bias_in_backward = ctx->saved_data.count("bias_step") > 0;
+    std::optional<at::Tensor> bias, bias_exp_avg, bias_exp_avg_sq, bias_step;
+    std::vector<double> bias_hyper;
+    if (bias_in_backward) {
+      bias = ctx->saved_data["bias"].toTensor();
+      bias_exp_avg = ctx->saved_data["bias_exp_avg"].toTensor();
+      bias_exp_avg_sq = ctx->saved_data["bias_exp_avg_sq"].toTensor();
+      bias_step = ctx->saved_data["bias_step"].toTensor();
+      bias_hyper = ctx->saved_data["bias_hyper"].toDoubleVector();
+    }
+    bool bias_updated = false;
     if (ctx->needs_input_grad(1)) {
       if (ctx->saved_data.count("update_guard")) {  // host memory: no synchronisation
         int64_t* updated = ctx->saved_data["update_guard"].toTensor().data_ptr<int64_t>();
@@ -228,23 +246,23 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
         *updated = 1;
       }
       const auto hyper = ctx->saved_data["hyper"].toDoubleVector();
+      // The bias's update rides along in the same pass over dY.
       call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
                        s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
                        ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0],
-                       hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool());
+                       hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias,
+                       bias_exp_avg, bias_exp_avg_sq, bias_step,
+                       bias_in_backward ? std::optional<c10::ArrayRef<double>>(bias_hyper) : std::nullopt);
+      bias_updated = bias_in_backward;
       // A second backward through a graph that saved these values (the layer applied twice, or a
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();
     }
     variable_list grads(23);
     grads[0] = dx;
-    if (ctx->saved_data.count("bias_step")) {  // the bias entered detached: see sparse_linear_adamw_autograd
-      // The bias is an input of this node, not a saved variable: the layer's next forward reads it.
-      at::Tensor bias = ctx->saved_data["bias"].toTensor();
-      call_bias_grad_adamw(s.dy, bias, ctx->saved_data["bias_exp_avg"].toTensor(),
-                           ctx->saved_data["bias_exp_avg_sq"].toTensor(), ctx->saved_data["bias_step"].toTensor(),
-                           ctx->saved_data["bias_hyper"].toDoubleVector());
-      bias.unsafeGetTensorImpl()->bump_version();
+    if (bias_in_backward) {
+      if (!bias_updated) call_bias_grad_adamw(s.dy, *bias, *bias_exp_avg, *bias_exp_avg_sq, *bias_step, bias_hyper);
+      bias->unsafeGetTensorImpl()->bump_version();
     } else {
       grads[2] = bias_grad_if_needed(ctx, s);
     }

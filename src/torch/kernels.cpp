@@ -353,11 +353,49 @@ Status adamw_on_cpu(const at::Tensor& grad, const at::Tensor& params, const at::
   });
 }
 
+at::Tensor bias_grad(const at::Tensor& dy);
+
+// sddmm_adamw_'s optional bias: none of the five arguments, or all of them, checked.
+struct BiasUpdate {
+  at::Tensor bias, exp_avg, exp_avg_sq, step;
+  AdamWConfig config;
+};
+
+std::optional<BiasUpdate> bias_update_arg(const std::optional<at::Tensor>& bias,
+                                          const std::optional<at::Tensor>& exp_avg,
+                                          const std::optional<at::Tensor>& exp_avg_sq,
+                                          const std::optional<at::Tensor>& step,
+                                          std::optional<c10::ArrayRef<double>> hyper, const at::Tensor& values,
+                                          const at::Tensor& values_step, int64_t rows, const char* op) {
+  const int given = int(bias.has_value()) + int(exp_avg.has_value()) + int(exp_avg_sq.has_value()) +
+                    int(step.has_value()) + int(hyper.has_value());
+  if (given == 0) return std::nullopt;
+  TORCH_CHECK_VALUE(given == 5, "snack.", op, ": give bias, bias_exp_avg, bias_exp_avg_sq, bias_step and bias_hyper "
+                    "together");
+  TORCH_CHECK_VALUE(hyper->size() == 6, "snack.", op, ": bias_hyper holds lr, beta1, beta2, eps, weight_decay and "
+                    "maximize, got ", hyper->size(), " numbers");
+  check_1d(*bias, "bias", op);
+  TORCH_CHECK_VALUE(bias->size(0) == rows, "snack.", op, ": bias has ", bias->size(0), " elements, expected one per "
+                    "output feature (", rows, ")");
+  TORCH_CHECK_TYPE(bias->scalar_type() == values.scalar_type(), "snack.", op, ": bias dtype ", bias->scalar_type(),
+                   " differs from the weight dtype ", values.scalar_type());
+  check_same_device(*bias, values, "bias", op);
+  TORCH_CHECK_VALUE(!step->is_same(values_step) && step->data_ptr() != values_step.data_ptr(), "snack.", op,
+                    ": bias_step and step must be distinct tensors (each is advanced once)");
+  const auto& h = *hyper;
+  BiasUpdate update{*bias, *exp_avg, *exp_avg_sq, *step, {}};
+  update.config = check_adamw(update.bias, update.exp_avg, update.exp_avg_sq, update.step, h[0], h[1], h[2], h[3],
+                              h[4], h[5] != 0, op);
+  return update;
+}
+
 void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                   const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                   const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                   const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
-                  bool maximize, c10::string_view variant_name) {
+                  bool maximize, c10::string_view variant_name, const std::optional<at::Tensor>& bias,
+                  const std::optional<at::Tensor>& bias_exp_avg, const std::optional<at::Tensor>& bias_exp_avg_sq,
+                  const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper) {
   const char* op = "sddmm_adamw_";
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   const SddmmVariant variant = sddmm_variant_arg(variant_name, op);
@@ -366,9 +404,18 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
   check_sddmm_operands(dy, x, p, values, op);
   const AdamWConfig config =
       check_adamw(values, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize, op);
-  // The count is advanced on the device (no host synchronisation), then the update reads it.
-  step.add_(1);
-  if (values.numel() == 0) return;
+  const std::optional<BiasUpdate> b =
+      bias_update_arg(bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper, values, step, p.rows(), op);
+  // The counts advance on the device (no host synchronisation), then the updates read them: in the
+  // CUDA call (its first kernel advances them, no launch of their own), or here.
+  const auto advance_counts = [&] {
+    if (b) at::_foreach_add_(at::TensorList{step, b->step}, 1);
+    else step.add_(1);
+  };
+  if (values.numel() == 0 && (!b || b->bias.numel() == 0)) {
+    advance_counts();
+    return;
+  }
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     const at::Tensor dyc = dy.contiguous(), xc = x.contiguous();
@@ -376,16 +423,26 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
                      return on_device(
                          values,
                          [&] {
-                           return adamw_on_cpu<T>(sddmm(dyc, xc, row_idx, col_idx, row_ptr, col_ptr, csc_perm,
-                                                        variant_name),
-                                                  values, exp_avg, exp_avg_sq, step, config);
+                           advance_counts();
+                           SNACK_RETURN_IF_ERROR(adamw_on_cpu<T>(sddmm(dyc, xc, row_idx, col_idx, row_ptr, col_ptr,
+                                                                       csc_perm, variant_name),
+                                                                 values, exp_avg, exp_avg_sq, step, config));
+                           return b ? adamw_on_cpu<T>(bias_grad(dyc), b->bias, b->exp_avg, b->exp_avg_sq, b->step,
+                                                      b->config)
+                                    : Status::Ok();
                          },
                          [&](Stream s) {
                            const at::Tensor ws = sddmm_workspace(w, xc.size(0), variant, values);
+                           gpu::AdamWParameter<T> bias_param;
+                           if (b) {
+                             bias_param = {data_as<T>(b->bias), data_as<T>(b->exp_avg), data_as<T>(b->exp_avg_sq),
+                                           b->step.data_ptr<float>(), b->config};
+                           }
                            return gpu::sddmm_adamw(w, data_as<T>(dyc), data_as<T>(xc), xc.size(0),
                                                    step.data_ptr<float>(), config, data_as<T>(values),
                                                    data_as<T>(exp_avg), data_as<T>(exp_avg_sq),
-                                                   ws.defined() ? ws.data_ptr() : nullptr, s, variant);
+                                                   ws.defined() ? ws.data_ptr() : nullptr, s, variant,
+                                                   b ? &bias_param : nullptr);
                          },
                          op);
                    }),
@@ -418,13 +475,20 @@ void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, const at::Te
   check_dense(dy, bias, bias.size(0), "dy", op);
   const AdamWConfig config =
       check_adamw(bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize, op);
-  step.add_(1);  // on the device, as sddmm_adamw_
-  if (bias.numel() == 0) return;
+  // The count advances on the device (no host synchronisation): in the CUDA call, or here.
+  if (bias.numel() == 0) {
+    step.add_(1);
+    return;
+  }
   const at::Tensor dyc = dy.contiguous();
   dispatch_value_type(bias, op, [&](auto tag) {
     using T = decltype(tag);
     throw_if_error(on_device(
-                       bias, [&] { return adamw_on_cpu<T>(bias_grad(dyc), bias, exp_avg, exp_avg_sq, step, config); },
+                       bias,
+                       [&] {
+                         step.add_(1);
+                         return adamw_on_cpu<T>(bias_grad(dyc), bias, exp_avg, exp_avg_sq, step, config);
+                       },
                        [&](Stream s) {
                          return gpu::bias_grad_adamw(data_as<T>(dyc), dyc.size(0), dyc.size(1), step.data_ptr<float>(),
                                                      config, data_as<T>(bias), data_as<T>(exp_avg),

@@ -25,10 +25,15 @@ TORCH_LIBRARY(snack, m) {
   // One AdamW step (torch.optim.AdamW's arithmetic) of values from their gradient sddmm(dy, x),
   // fused: the gradient is never stored. values, exp_avg, exp_avg_sq [nnz] are updated in place;
   // step (float32, one element, on values' device) is advanced by one first and the update uses the
-  // new count. variant as for sddmm.
+  // new count. variant as for sddmm. bias, bias_exp_avg, bias_exp_avg_sq [M], bias_step and
+  // bias_hyper ([lr, beta1, beta2, eps, weight_decay, maximize as 0 or 1], the bias's own group),
+  // given together: the bias is updated too, from bias_grad(dy), as bias_grad_adamw_ would (on the
+  // GPU in the rows kernel's pass over dY, with no launch of its own).
   m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, Tensor(a!) values, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, float lr, "
-        "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str variant=\"auto\") -> ()");
+        "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str variant=\"auto\", "
+        "Tensor(e!)? bias=None, Tensor(f!)? bias_exp_avg=None, Tensor(g!)? bias_exp_avg_sq=None, "
+        "Tensor(h!)? bias_step=None, float[]? bias_hyper=None) -> ()");
   // The same for a bias from its gradient bias_grad(dy): bias, exp_avg, exp_avg_sq [M] in place.
   m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
         "float lr, float beta1, float beta2, float eps, float weight_decay, bool maximize=False) -> ()");
@@ -42,7 +47,7 @@ TORCH_LIBRARY(snack, m) {
   // then sets it (snack.optim.AdamW clears it in step(): no second update before a step).
   // bias_exp_avg, bias_exp_avg_sq, bias_step and bias_hyper ([lr, beta1, beta2, eps, weight_decay,
   // maximize as 0 or 1], the bias's own group): given together, the backward updates the bias the
-  // same way (bias_grad_adamw_) and returns no gradient for it either.
+  // same way (in sddmm_adamw_'s pass) and returns no gradient for it either.
   m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, "
         "Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor exp_avg, Tensor exp_avg_sq, Tensor step, "
         "Tensor? update_guard, float lr, float beta1, float beta2, float eps, float weight_decay, "

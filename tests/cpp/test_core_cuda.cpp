@@ -109,13 +109,43 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
       const auto w_cpu = p.view(), x_t = cast<T>(x64), dy_t = cast<T>(dy64);
       std::vector<T> dv_cpu(nnz);
       ASSERT_TRUE((cpu::sddmm<T, Index>(w_cpu, dy_t.data(), x_t.data(), sh.n, dv_cpu.data()).ok()));
-      ASSERT_TRUE(cpu::adamw_update<T>(dv_cpu.data(), int64_t(nnz), 3.0, config, values_h.data(), exp_avg_h.data(),
+      EXPECT_EQ(step.host()[0], 4.0f);  // the call advances the count, then updates with it
+      ASSERT_TRUE(cpu::adamw_update<T>(dv_cpu.data(), int64_t(nnz), 4.0, config, values_h.data(), exp_avg_h.data(),
                                        exp_avg_sq_h.data())
                       .ok());
       const auto wide = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
       EXPECT_LT(rel_error(dvalues.host(), wide(values_h)), tol);
       EXPECT_LT(rel_error(exp_avg.host(), wide(exp_avg_h)), tol);
       EXPECT_LT(rel_error(exp_avg_sq.host(), wide(exp_avg_sq_h)), tol);
+
+      // Once more with the bias updated in the same call (its own settings and count): the values
+      // as above, the bias as the CPU's bias_grad, then its update.
+      std::vector<T> sq_h(nnz);
+      for (size_t i = 0; i < nnz; ++i) sq_h[i] = T(s64[i] * s64[i]);
+      DeviceArray<T> values2(cast<T>(p.values)), exp_avg2(cast<T>(m64)), exp_avg_sq2(sq_h);
+      const AdamWConfig bias_config{3e-2, 0.8, 0.95, 1e-5, 0.1, v != SddmmVariant::kVector};
+      std::vector<T> bias_h = cast<T>(bias64), bias_m_h = cast<T>(random_dense(sh.m, seed + 3)), bias_v_h(sh.m);
+      for (int64_t r = 0; r < sh.m; ++r) bias_v_h[r] = T(0.5);
+      DeviceArray<T> bias_d(bias_h), bias_m(bias_m_h), bias_v(bias_v_h);
+      DeviceArray<float> step2(std::vector<float>{3.0f}), bias_step(std::vector<float>{6.0f});
+      const cuda::AdamWParameter<T> bias_param{bias_d.ptr, bias_m.ptr, bias_v.ptr, bias_step.ptr, bias_config};
+      ASSERT_TRUE((cuda::sddmm_adamw<T, Index>(d.w, dy.ptr, x.ptr, sh.n, step2.ptr, config, values2.ptr,
+                                               exp_avg2.ptr, exp_avg_sq2.ptr, ws.ptr, nullptr, v, &bias_param)
+                       .ok()));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LT(rel_error(values2.host(), wide(values_h)), tol);
+      EXPECT_LT(rel_error(exp_avg2.host(), wide(exp_avg_h)), tol);
+      EXPECT_LT(rel_error(exp_avg_sq2.host(), wide(exp_avg_sq_h)), tol);
+      std::vector<T> db_cpu(sh.m);
+      ASSERT_TRUE(cpu::bias_grad<T>(dy_t.data(), sh.n, sh.m, db_cpu.data()).ok());
+      EXPECT_EQ(step2.host()[0], 4.0f);
+      EXPECT_EQ(bias_step.host()[0], 7.0f);
+      ASSERT_TRUE(cpu::adamw_update<T>(db_cpu.data(), sh.m, 7.0, bias_config, bias_h.data(), bias_m_h.data(),
+                                       bias_v_h.data())
+                      .ok());
+      EXPECT_LT(rel_error(bias_d.host(), wide(bias_h)), tol);
+      EXPECT_LT(rel_error(bias_m.host(), wide(bias_m_h)), tol);
+      EXPECT_LT(rel_error(bias_v.host(), wide(bias_v_h)), tol);
     }
   }
 }
@@ -135,7 +165,8 @@ TEST(CudaBiasGrad, PlainAndWithAdamWMatchCpu) {
                   .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_TRUE(cpu::bias_grad<float>(dy_h.data(), n, m, db_h.data()).ok());
-  ASSERT_TRUE(cpu::adamw_update<float>(db_h.data(), m, 2.0, config, bias_h.data(), exp_avg_h.data(),
+  EXPECT_EQ(step.host()[0], 3.0f);  // advanced by the call
+  ASSERT_TRUE(cpu::adamw_update<float>(db_h.data(), m, 3.0, config, bias_h.data(), exp_avg_h.data(),
                                        exp_avg_sq_h.data())
                   .ok());
   const auto wide = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };

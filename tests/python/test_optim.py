@@ -407,6 +407,22 @@ def test_sddmm_adamw_rows_and_vector_agree(n):
         assert rel_error(a, b) < 1e-6
 
 
+def reference_bias_update(dy, bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, maximize, dtype):
+    """float64 AdamW of a bias from dy.sum(0), the gradient rounded to `dtype` first as a stored one would be."""
+    g = dy.double().sum(0).to(dtype).double().cpu()
+    if maximize:
+        g = -g
+    b, ma, v = bias.double().cpu(), exp_avg.double().cpu(), exp_avg_sq.double().cpu()
+    b = b - lr * wd * b
+    ma = beta1 * ma + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return b - lr / (1 - beta1 ** step) * ma / (v.sqrt() / (1 - beta2 ** step) ** 0.5 + eps), ma, v
+
+
+def adamw_tolerance(dtype):
+    return 1e-12 if dtype == torch.float64 else 1e-5 if dtype == torch.float32 else tolerance(dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,m", [(1, 37), (6, 130), (0, 9), (3, 0)])
 def test_bias_grad_adamw_op(device, dtype, n, m):
@@ -416,20 +432,50 @@ def test_bias_grad_adamw_op(device, dtype, n, m):
     exp_avg = torch.randn(m, generator=gen).to(device, dtype)
     exp_avg_sq = torch.rand(m, generator=gen).to(device, dtype)
     step = torch.full((), 2.0, device=device)
-    lr, beta1, beta2, eps, wd = 1e-2, 0.9, 0.99, 1e-6, 0.05
-    g = dy.double().sum(0).to(dtype).double().cpu()  # the gradient as a stored one would be
-    b, ma, v = bias.double().cpu(), exp_avg.double().cpu(), exp_avg_sq.double().cpu()
-    b = b - lr * wd * b
-    ma = beta1 * ma + (1 - beta1) * g
-    v = beta2 * v + (1 - beta2) * g * g
-    want = (b - lr / (1 - beta1 ** 3) * ma / (v.sqrt() / (1 - beta2 ** 3) ** 0.5 + eps), ma, v)
-    ops.bias_grad_adamw_(dy, bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd)
+    hyper = (1e-2, 0.9, 0.99, 1e-6, 0.05)
+    want = reference_bias_update(dy, bias, exp_avg, exp_avg_sq, 3, *hyper, False, dtype)
+    ops.bias_grad_adamw_(dy, bias, exp_avg, exp_avg_sq, step, *hyper)
     assert float(step) == 3.0
     if m == 0:
         return
-    tol = 1e-12 if dtype == torch.float64 else 1e-5 if dtype == torch.float32 else tolerance(dtype)
     for got, ref in zip((bias, exp_avg, exp_avg_sq), want):
-        assert rel_error(got, ref) < tol
+        assert rel_error(got, ref) < adamw_tolerance(dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows"])
+def test_sddmm_adamw_updates_the_bias_in_the_same_pass(device, shape, dtype, variant):
+    """With the bias's state, sddmm_adamw_ also updates the bias from dy.sum(0) (inside the rows
+    kernel; after the product for the others) with its own settings and count, and the values
+    exactly as without it."""
+    m, k, nnz, n, empty = shape
+    if device.type == "cpu" and variant != "auto":
+        pytest.skip("the CPU runs one kernel")
+    if variant == "rows" and n > 128:
+        pytest.skip("rows runs batches up to 128")
+    p = Pattern(m, k, nnz, device=device, dtype=dtype, seed=m + n, empty_rows=empty)
+    dy, x = p.randn(n, m, seed=1), p.randn(n, k, seed=2)
+    gen = torch.Generator().manual_seed(4)
+    start = [p.values.clone(), torch.randn(p.nnz, generator=gen).to(device, dtype),
+             torch.rand(p.nnz, generator=gen).to(device, dtype)]
+    bias = torch.randn(m, generator=gen).to(device, dtype)
+    bias_m, bias_v = torch.randn(m, generator=gen).to(device, dtype), torch.rand(m, generator=gen).to(device, dtype)
+    hyper, bias_hyper = (1e-2, 0.9, 0.99, 1e-6, 0.05), (3e-2, 0.8, 0.95, 1e-5, 0.1)
+    for maximize in (False, True):
+        want = reference_bias_update(dy, bias, bias_m, bias_v, 8, *bias_hyper, maximize, dtype)
+        alone = [t.clone() for t in start] + [torch.full((), 2.0, device=device)]
+        ops.sddmm_adamw_(dy, x, *p.tensors, *alone, *hyper, False, variant)
+        fused = [t.clone() for t in start] + [torch.full((), 2.0, device=device)]
+        bias_step = torch.full((), 7.0, device=device)
+        ops.sddmm_adamw_(dy, x, *p.tensors, *fused, *hyper, False, variant, bias=bias, bias_exp_avg=bias_m,
+                         bias_exp_avg_sq=bias_v, bias_step=bias_step, bias_hyper=[*bias_hyper, float(maximize)])
+        assert float(fused[3]) == 3.0 and float(bias_step) == 8.0
+        for a, b in zip(alone, fused):
+            assert torch.equal(a, b)
+        for got, ref in zip((bias, bias_m, bias_v), want):
+            assert rel_error(got, ref) < adamw_tolerance(dtype)
+        bias, bias_m, bias_v = (t.to(device, dtype) for t in want)
 
 
 def test_sddmm_adamw_checks_its_arguments(device):
@@ -448,7 +494,24 @@ def test_sddmm_adamw_checks_its_arguments(device):
         ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, 1e-3, 0.9, 1.0, 1e-8, 0.0)
     with pytest.raises(ValueError, match="dy has 5 rows but x has 4"):
         ops.sddmm_adamw_(dy, x[:4], *p.tensors, p.values, m, v, step, *hyper)
-    assert float(step) == 0.0  # nothing changed by a rejected call
+    bias, bias_m, bias_v = p.randn(11, seed=4), torch.zeros(11, device=device), torch.zeros(11, device=device)
+    bias_step = torch.zeros((), device=device)
+    with pytest.raises(ValueError, match="together"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, *hyper, bias=bias, bias_exp_avg=bias_m)
+    bias_args = dict(bias=bias, bias_exp_avg=bias_m, bias_exp_avg_sq=bias_v, bias_step=bias_step,
+                     bias_hyper=[1e-3, 0.9, 0.999, 1e-8, 0.0, 0.0])
+    with pytest.raises(ValueError, match="bias has 10 elements"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, *hyper, **{**bias_args, "bias": bias[1:]})
+    with pytest.raises(ValueError, match="distinct"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, *hyper, **{**bias_args, "bias_step": step})
+    with pytest.raises(ValueError, match="bias_hyper holds"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, *hyper, **{**bias_args, "bias_hyper": [1e-3]})
+    with pytest.raises(ValueError, match="invalid beta1"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, *hyper,
+                         **{**bias_args, "bias_hyper": [1e-3, 1.5, 0.999, 1e-8, 0.0, 0.0]})
+    with pytest.raises(TypeError, match="bias dtype"):
+        ops.sddmm_adamw_(dy, x, *p.tensors, p.values, m, v, step, *hyper, **{**bias_args, "bias": bias.double()})
+    assert float(step) == 0.0 and float(bias_step) == 0.0  # nothing changed by a rejected call
 
 
 def test_opcheck_sddmm_adamw(device):
@@ -458,6 +521,10 @@ def test_opcheck_sddmm_adamw(device):
             torch.zeros((), device=device), 1e-3, 0.9, 0.999, 1e-8, 0.01)
     torch.library.opcheck(ops.sddmm_adamw_.default, args)
     bias = p.randn(11, seed=4)
+    torch.library.opcheck(ops.sddmm_adamw_.default, args,
+                          dict(bias=bias.clone(), bias_exp_avg=torch.zeros_like(bias),
+                               bias_exp_avg_sq=torch.zeros_like(bias), bias_step=torch.zeros((), device=device),
+                               bias_hyper=[1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0]))
     torch.library.opcheck(ops.bias_grad_adamw_.default,
                           (dy, bias, torch.zeros_like(bias), torch.zeros_like(bias), torch.zeros((), device=device),
                            1e-3, 0.9, 0.999, 1e-8, 0.01))
