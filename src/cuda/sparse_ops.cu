@@ -167,6 +167,11 @@ inline bool aligned_for_4(const void* p, size_t elem) {
   return reinterpret_cast<uintptr_t>(p) % (4 * elem < 16 ? 4 * elem : 16) == 0;
 }
 
+// Slots per lane per chunk of sddmm_rows_kernel (its kU; comment there).
+constexpr int rows_slots_per_lane(int GN, int NC, bool updates_state) {
+  return NC >= 4 || (updates_state && GN <= 4) ? 4 : 8;
+}
+
 // The same products over the rows of W, for np <= 4 GN NC: a warp takes rows_per_warp rows at a
 // time and lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
 // column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
@@ -192,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   // moments (measured on the H200, session 10 call 7, with AdamW: 16384x4096, 90%, N = 8: 105
   // against 184 us, N = 16: 116 against 123 us; at N = 32, 8 batch lanes, 4 slots lost: 185
   // against 149 us).
-  constexpr int kU = NC >= 4 || (Out::kUpdatesState && GN <= 4) ? 4 : 8;
+  constexpr int kU = rows_slots_per_lane(GN, NC, Out::kUpdatesState);
   constexpr int kG = kU / kGroup;
   constexpr int GS = 32 / GN;
   constexpr int kKept = kU >= GN ? kU / GN : 1;  // sums a lane holds after the reduction
@@ -343,6 +348,17 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy, int64_t n, co
   const int64_t wanted = int64_t(limits.sms) * 16;
   if constexpr (NC < 4) {
     while (lanes > 1 && ceil_div(w.rows, kFree / (lanes / 2)) >= wanted) lanes >>= 1;
+  }
+  // With AdamW's epilogue, one row per warp where rows are long (each lane still walks at least 3
+  // chunks of a row) and many (two rows per resident warp: 4 blocks of 8 warps per SM): the slots a
+  // warp updates at once are then consecutive, so their value and moments move in full sectors
+  // instead of one short run per row. Measured on the H200 (session 11, call 3: every lanes value
+  // forced over 5 shapes x 80-99% x N = 8-64): 16384x4096, 90%: N = 16 112.0 -> 103.6 us, N = 8
+  // 98.7 -> 82.8 us; 1.010x in geomean over the 100 rows, none below 0.968x. Fewer rows
+  // (5000x5000, N = 8: 0.93x) or short ones (99%: 0.84x) lose.
+  if constexpr (Out::kUpdatesState) {
+    constexpr int kU = rows_slots_per_lane(GN, NC, true);
+    if (avg >= 3.0 * kFree * kU && w.rows >= int64_t(limits.sms) * 32 * 2) lanes = kFree;
   }
   const int64_t warps = ceil_div(w.rows, kFree / lanes);
   const unsigned blocks = grid_for(warps * 32, kThreads, int64_t(limits.sms) * 8);
