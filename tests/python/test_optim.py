@@ -336,17 +336,23 @@ SHAPES = [  # m, k, nnz, n, empty rows
 ]
 
 
+def sddmm_case(device, shape, dtype, variant):
+    """The pattern, dy and x of one of SHAPES; skips a forced rows kernel past its largest batch."""
+    m, k, nnz, n, empty = shape
+    if variant == "rows" and n > 128:
+        pytest.skip("rows runs batches up to 128")
+    p = Pattern(m, k, nnz, device=device, dtype=dtype, seed=m + n, empty_rows=empty)
+    return p, p.randn(n, m, seed=1), p.randn(n, k, seed=2)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows"])
 def test_sddmm_adamw_op(device, shape, dtype, variant):
-    m, k, nnz, n, empty = shape
+    n = shape[3]
     if device.type == "cpu" and (variant != "auto" or dtype in (torch.bfloat16, torch.float16) and n > 5):
         pytest.skip("the CPU runs one kernel; the 16-bit types once")
-    if variant == "rows" and n > 128:
-        pytest.skip("rows runs batches up to 128")
-    p = Pattern(m, k, nnz, device=device, dtype=dtype, seed=m + n, empty_rows=empty)
-    dy, x = p.randn(n, m, seed=1), p.randn(n, k, seed=2)
+    p, dy, x = sddmm_case(device, shape, dtype, variant)
     gen = torch.Generator().manual_seed(3)
     values = p.values.clone()
     exp_avg = torch.randn(p.nnz, generator=gen).to(device, dtype)
@@ -449,13 +455,10 @@ def test_sddmm_adamw_updates_the_bias_in_the_same_pass(device, shape, dtype, var
     """With the bias's state, sddmm_adamw_ also updates the bias from dy.sum(0) (inside the rows
     kernel; after the product for the others) with its own settings and count, and the values
     exactly as without it."""
-    m, k, nnz, n, empty = shape
+    m = shape[0]
     if device.type == "cpu" and variant != "auto":
         pytest.skip("the CPU runs one kernel")
-    if variant == "rows" and n > 128:
-        pytest.skip("rows runs batches up to 128")
-    p = Pattern(m, k, nnz, device=device, dtype=dtype, seed=m + n, empty_rows=empty)
-    dy, x = p.randn(n, m, seed=1), p.randn(n, k, seed=2)
+    p, dy, x = sddmm_case(device, shape, dtype, variant)
     gen = torch.Generator().manual_seed(4)
     start = [p.values.clone(), torch.randn(p.nnz, generator=gen).to(device, dtype),
              torch.rand(p.nnz, generator=gen).to(device, dtype)]
