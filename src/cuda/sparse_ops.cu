@@ -482,7 +482,14 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
   if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
     return 0;
-  return size_t(rows + cols) * size_t(sddmm_padded_batch(n)) * value_bytes;
+  const int64_t np = sddmm_padded_batch(n);
+  // X transposed always; dY too where the vector kernel may run (kAuto takes it past the rows
+  // kernel's batches, and at a padded batch of 4 with an epilogue that updates state).
+  const bool dy_t = variant == SddmmVariant::kVector ||
+                    (variant == SddmmVariant::kAuto &&
+                     (automatic_sddmm_variant(n, np, false) == SddmmVariant::kVector ||
+                      automatic_sddmm_variant(n, np, true) == SddmmVariant::kVector));
+  return size_t(cols + (dy_t ? rows : 0)) * size_t(np) * value_bytes;
 }
 
 template <typename T, typename Index>

@@ -89,14 +89,6 @@ void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
           eps, weight_decay, maximize, "auto", bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper);
 }
 
-void call_bias_grad_adamw(const at::Tensor& dy, const at::Tensor& bias, const at::Tensor& exp_avg,
-                          const at::Tensor& exp_avg_sq, const at::Tensor& step, const std::vector<double>& hyper) {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::bias_grad_adamw_", "").typed<void(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
-      double, double, double, bool)>();
-  op.call(dy, bias, exp_avg, exp_avg_sq, step, hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], hyper[5] != 0);
-}
-
 // The forward of both autograd functions below. ReLU is fused and its gradient mask comes from
 // the output. GELU's gradient needs the pre-activation, so under autograd it is computed unfused
 // and the pre-activation is saved.
@@ -234,7 +226,8 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
       bias_step = ctx->saved_data["bias_step"].toTensor();
       bias_hyper = ctx->saved_data["bias_hyper"].toDoubleVector();
     }
-    bool bias_updated = false;
+    // The bias enters the backward only with values that learn (sparse_linear_adamw_autograd).
+    TORCH_INTERNAL_ASSERT(!bias_in_backward || ctx->needs_input_grad(1));
     if (ctx->needs_input_grad(1)) {
       if (ctx->saved_data.count("update_guard")) {  // host memory: no synchronisation
         int64_t* updated = ctx->saved_data["update_guard"].toTensor().data_ptr<int64_t>();
@@ -253,7 +246,6 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
                        hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias,
                        bias_exp_avg, bias_exp_avg_sq, bias_step,
                        bias_in_backward ? std::optional<c10::ArrayRef<double>>(bias_hyper) : std::nullopt);
-      bias_updated = bias_in_backward;
       // A second backward through a graph that saved these values (the layer applied twice, or a
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();
@@ -261,7 +253,6 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
     variable_list grads(23);
     grads[0] = dx;
     if (bias_in_backward) {
-      if (!bias_updated) call_bias_grad_adamw(s.dy, *bias, *bias_exp_avg, *bias_exp_avg_sq, *bias_step, bias_hyper);
       bias->unsafeGetTensorImpl()->bump_version();
     } else {
       grads[2] = bias_grad_if_needed(ctx, s);
