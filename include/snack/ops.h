@@ -143,9 +143,11 @@ Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, float* step, const Ada
 
 /// Plans a product with `out_dim` outputs per batch row, `in_dim` inputs, `nnz` entries and batch
 /// `n`, for values of `value_bytes` bytes: the forward is (w.rows, w.cols), the transposed product
-/// (w.cols, w.rows). `requested` forces a variant (kAuto: choose). Uses the current device's limits.
+/// (w.cols, w.rows). `requested` forces a variant (kAuto: choose). `transposed`: the plan is for
+/// spmm_transposed() (the CSC view, whose lanes per row are chosen by their own measured rule).
+/// Uses the current device's limits.
 SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size_t value_bytes,
-                   SpmmVariant requested = SpmmVariant::kAuto);
+                   SpmmVariant requested = SpmmVariant::kAuto, bool transposed = false);
 /// One line saying which kernel a plan runs and why.
 std::string describe(const SpmmPlan& plan);
 

@@ -49,14 +49,37 @@ int64_t warps_for(int64_t out_dim, int64_t tiles, int batch_tile, int lanes_per_
 // Warps a row-kernel launch should have: half of what the SMs hold at once (32 warps per SM at
 // the kernels' 64 registers per thread) keeps enough loads of W in flight on the H200.
 int64_t wanted_warps(const DeviceLimits& limits) { return int64_t(limits.sms) * 16; }
+// Warps the SMs hold at once (one wave of the row kernels).
+int64_t resident_warps(const DeviceLimits& limits) { return int64_t(limits.sms) * 32; }
 
 // Lanes per row: from max_lanes_per_row, halved while the launch keeps wanted_warps. Fewer lanes
 // per row means more rows per warp and a longer stretch of one row per lane, which pays the
 // per-row cost (row pointers, the shuffle reduction, the store) fewer times: measured on the H200
 // (16384x4096, 90%) 4 lanes per row at N = 16 took 55 us against 60 us with 8.
-int lanes_per_row_for(int batch_tile, double avg_row_length, int64_t out_dim, int64_t tiles, int64_t wanted) {
+// Two corrections, from every lanes value forced over 5 shapes x N = 1..128 x 80-99% on the H200
+// (session 12, bench/results/archive/spmm_lanes_sweep_session12.csv; A/B in spmm_lanes_ab_session12.csv):
+// - forward: a launch left just under one wave of warps is doubled to about two when each lane
+//   keeps at least 48 entries (16384x4096, 90%: N = 16 55.0 -> 50.1 us, N = 32 88.3 -> 82.6 us,
+//   N = 8 at 80% 64.3 -> 59.4 us); with shorter stretches (99%) or a launch that would end 1.2
+//   waves deep (5000x5000) the doubling loses.
+// - transposed product (CSC view, values read through csc_perm): at most 8 lanes per row while
+//   the launch keeps 4 warps per SM, the fewer warps walking longer stretches (16384x4096, 90%,
+//   N = 1: 95.8 -> 69.7 us, N = 8: 133 -> 121 us; 4096x4096, N = 1: 26.4 -> 20.9 us).
+// Both were measured for the kernels that read X (or dY) through L1, global_x and global_xt; with
+// the tile staged in shared memory (smem_x, N = 2-4) they lose (0.4-0.85x), so it keeps the first rule.
+int lanes_per_row_for(SpmmVariant variant, int batch_tile, double avg_row_length, int64_t out_dim, int64_t tiles,
+                      bool transposed, const DeviceLimits& limits) {
   int lanes = max_lanes_per_row(batch_tile, avg_row_length);
-  while (lanes > 1 && warps_for(out_dim, tiles, batch_tile, lanes / 2) >= wanted) lanes >>= 1;
+  const auto warps = [&](int l) { return warps_for(out_dim, tiles, batch_tile, l); };
+  while (lanes > 1 && warps(lanes / 2) >= wanted_warps(limits)) lanes >>= 1;
+  if (variant != SpmmVariant::kGlobalX && variant != SpmmVariant::kGlobalXT) return lanes;
+  if (transposed) {
+    while (lanes > 8 && warps(lanes / 2) >= int64_t(limits.sms) * 4) lanes >>= 1;
+  } else if (lanes < max_lanes_per_row(batch_tile, avg_row_length) &&
+             double(warps(2 * lanes)) >= 1.75 * double(resident_warps(limits)) &&
+             avg_row_length >= 48.0 * (2 * lanes)) {
+    lanes <<= 1;
+  }
   return lanes;
 }
 
@@ -222,7 +245,7 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
 }  // namespace
 
 SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size_t value_bytes,
-                   SpmmVariant requested) {
+                   SpmmVariant requested, bool transposed) {
   SpmmPlan plan;
   DeviceLimits limits;
   if (!device_limits(&limits).ok()) limits = DeviceLimits{1, 48 * 1024, 48 * 1024};
@@ -284,8 +307,8 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   }
   plan.lanes_per_row = v == SpmmVariant::kWarpRow
                            ? 32
-                           : lanes_per_row_for(plan.batch_tile, avg, out_dim, (n + plan.batch_tile - 1) / plan.batch_tile,
-                                               wanted_warps(limits));
+                           : lanes_per_row_for(v, plan.batch_tile, avg, out_dim,
+                                               (n + plan.batch_tile - 1) / plan.batch_tile, transposed, limits);
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = nnz * int64_t(value_bytes + sizeof(int32_t)) + n * in_dim * int64_t(value_bytes);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && operand_bytes <= kPrefetchMaxBytes;
@@ -384,7 +407,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
 
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx, Stream stream) {
-  const SpmmPlan plan = plan_spmm(w.cols, w.rows, w.nnz, n, sizeof(T), SpmmVariant::kAuto);
+  const SpmmPlan plan = plan_spmm(w.cols, w.rows, w.nnz, n, sizeof(T), SpmmVariant::kAuto, true);
   AsyncWorkspace ws(stream);
   SNACK_RETURN_IF_ERROR(ws.reserve(plan.workspace_bytes));
   return spmm_transposed(w, values, dy, n, dx, plan, ws.ptr, stream);

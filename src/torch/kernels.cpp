@@ -78,7 +78,7 @@ Status build_views(Args&&...) { return unsupported(); }
 template <typename T, typename... Args>
 Status dense_topk_positions(Args&&...) { return unsupported(); }
 inline size_t sddmm_workspace_bytes(int64_t, int64_t, int64_t, size_t, SddmmVariant) { return 0; }
-inline SpmmPlan plan_spmm(int64_t, int64_t, int64_t, int64_t, size_t, SpmmVariant) { return SpmmPlan(); }
+inline SpmmPlan plan_spmm(int64_t, int64_t, int64_t, int64_t, size_t, SpmmVariant, bool) { return SpmmPlan(); }
 inline std::string describe(const SpmmPlan&) { return "built without CUDA"; }
 }  // namespace gpu
 #endif
@@ -144,10 +144,10 @@ struct PlannedProduct {
 };
 
 PlannedProduct plan_product(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, const at::Tensor& values,
-                            SpmmVariant variant) {
+                            SpmmVariant variant, bool transposed) {
   PlannedProduct p;
   const c10::DeviceGuard guard(values.device());
-  p.plan = gpu::plan_spmm(out_dim, in_dim, nnz, n, values.element_size(), variant);
+  p.plan = gpu::plan_spmm(out_dim, in_dim, nnz, n, values.element_size(), variant, transposed);
   if (p.plan.workspace_bytes > 0)
     p.workspace = at::empty({int64_t(p.plan.workspace_bytes)}, values.options().dtype(at::kByte));
   return p;
@@ -161,7 +161,7 @@ std::string explain_spmm(const at::Tensor& values, const at::Tensor& row_ptr, co
   if (!values.is_cuda()) return "cpu: reference loops (one output at a time, fixed order)";
   const c10::DeviceGuard guard(values.device());
   const int64_t out_dim = transposed ? cols : rows, in_dim = transposed ? rows : cols;
-  return gpu::describe(gpu::plan_spmm(out_dim, in_dim, values.size(0), n, values.element_size(), v));
+  return gpu::describe(gpu::plan_spmm(out_dim, in_dim, values.size(0), n, values.element_size(), v, transposed));
 }
 
 // float or double (the dense inputs of slots_from_dense, converted to one of them).
@@ -203,7 +203,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
                            });
                          },
                          [&](Stream s) {
-                           const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant);
+                           const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant, false);
                            return gpu::spmm_forward(w, data_as<T>(values), data_as<T>(xc), xc.size(0), b, data_as<T>(y), p.plan, p.workspace_ptr(), s, act);
                          },
                          "spmm");
@@ -234,7 +234,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tens
                            });
                          },
                          [&](Stream s) {
-                           const PlannedProduct p = plan_product(w.cols, w.rows, w.nnz, dyc.size(0), values, variant);
+                           const PlannedProduct p = plan_product(w.cols, w.rows, w.nnz, dyc.size(0), values, variant, true);
                            return gpu::spmm_transposed(w, data_as<T>(values), data_as<T>(dyc), dyc.size(0), data_as<T>(dx), p.plan, p.workspace_ptr(), s);
                          },
                          "spmm_t");

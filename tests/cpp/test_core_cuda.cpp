@@ -288,17 +288,32 @@ TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
   // A batch too large for global_x's 32-row tiles in grid.y, even with nothing to multiply.
   p = plan_spmm(8, 8, 0, 65535LL * 32 + 1, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);
+  // Lanes per row on a GPU of 132 SMs (H100 SXM, H200), where session 12 measured the rules
+  // (16384x4096, 90%): the forward at N = 16 goes from one wave of warps to two (4 lanes, not 2);
+  // at N = 1 each lane would keep too few entries for that, and stays at 8; the transposed product
+  // (4096 rows of 1638 entries) takes 8 lanes at N = 1 (not 32) and keeps 8 at N = 16.
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  if (sms == 132) {
+    EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 16, sizeof(float)).lanes_per_row, 4);
+    EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 1, sizeof(float)).lanes_per_row, 8);
+    EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 1, sizeof(float), SpmmVariant::kAuto, true).lanes_per_row, 8);
+    EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 1, sizeof(float)).lanes_per_row, 32);  // the same product as a forward
+    EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 16, sizeof(float), SpmmVariant::kAuto, true).lanes_per_row, 8);
+  }
   // Every plan of the row kernels: a power-of-two tile and lanes per row within its free lanes.
-  for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kGlobalX, SpmmVariant::kGlobalXT}) {
-    for (int64_t n : {1, 2, 3, 8, 16, 33, 100, 128, 1000}) {
-      for (int64_t nnz : {0, 1000, 1000000}) {
-        p = plan_spmm(5000, 3000, nnz, n, sizeof(float), v);
-        const int free_lanes = 32 / (p.batch_tile / std::min(p.batch_tile, 4));
-        EXPECT_EQ(p.batch_tile & (p.batch_tile - 1), 0) << describe(p);
-        EXPECT_LE(p.batch_tile, p.variant == SpmmVariant::kGlobalXT ? 128 : 32) << describe(p);
-        EXPECT_GE(p.lanes_per_row, 1) << describe(p);
-        EXPECT_LE(p.lanes_per_row, free_lanes) << describe(p);
-        EXPECT_EQ(p.lanes_per_row & (p.lanes_per_row - 1), 0) << describe(p);
+  for (const bool transposed : {false, true}) {
+    for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kGlobalX, SpmmVariant::kGlobalXT}) {
+      for (int64_t n : {1, 2, 3, 8, 16, 33, 100, 128, 1000}) {
+        for (int64_t nnz : {0, 1000, 1000000}) {
+          p = plan_spmm(5000, 3000, nnz, n, sizeof(float), v, transposed);
+          const int free_lanes = 32 / (p.batch_tile / std::min(p.batch_tile, 4));
+          EXPECT_EQ(p.batch_tile & (p.batch_tile - 1), 0) << describe(p);
+          EXPECT_LE(p.batch_tile, p.variant == SpmmVariant::kGlobalXT ? 128 : 32) << describe(p);
+          EXPECT_GE(p.lanes_per_row, 1) << describe(p);
+          EXPECT_LE(p.lanes_per_row, free_lanes) << describe(p);
+          EXPECT_EQ(p.lanes_per_row & (p.lanes_per_row - 1), 0) << describe(p);
+        }
       }
     }
   }
