@@ -82,6 +82,16 @@ struct AdamWParameter {
   AdamWConfig config;
 };
 
+/// X already transposed, as the forward leaves it when its plan transposes the whole batch at once
+/// (plan_transposes_whole_input()): row c holds X[0..n-1, c] followed by zeros up to `stride`
+/// values per row (the plan's batch tile), for c < w.cols. Given to sddmm() / sddmm_adamw(), it
+/// spares their transpose of X where they run the kRows kernel (elsewhere it is not read).
+template <typename T>
+struct TransposedInput {
+  const T* data = nullptr;
+  int64_t stride = 0;  ///< values per row: at least n rounded up to a multiple of 4
+};
+
 /// CUDA versions of the ops above: same arguments, all pointers in device memory of the current
 /// device, work enqueued on `stream` (nullptr = the legacy default stream). A non-ok Status means
 /// the launch failed; errors raised asynchronously by a kernel surface at the next synchronisation.
@@ -101,16 +111,18 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 /// and dY too for the kVector kernel; 0 bytes, workspace may be null, for the kSlot kernel).
 /// `variant` forces a kernel (kAuto: kSlot below a batch of kSddmmVectorMinBatch, else chosen from
 /// the shape); a forced variant that cannot run this product returns InvalidArgument.
+/// `x_t`: X already transposed (TransposedInput), or empty.
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
-             Stream stream, SddmmVariant variant = SddmmVariant::kAuto);
+             Stream stream, SddmmVariant variant = SddmmVariant::kAuto, TransposedInput<T> x_t = {});
 /// Batch size from which the automatic choice transposes the operands (and needs a workspace).
 inline constexpr int64_t kSddmmVectorMinBatch = 4;
 /// Largest batch (padded to a multiple of 4) of the kRows SDDMM kernel.
 inline constexpr int64_t kSddmmRowsMaxBatch = 128;
-/// Workspace bytes of sddmm() for w.rows = rows, w.cols = cols, batch n and values of value_bytes.
+/// Workspace bytes of sddmm() and sddmm_adamw() for w.rows = rows, w.cols = cols, batch n and values of
+/// value_bytes; with x_transposed_given, for a call given X transposed (0 where the kRows kernel runs).
 size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes,
-                             SddmmVariant variant = SddmmVariant::kAuto);
+                             SddmmVariant variant = SddmmVariant::kAuto, bool x_transposed_given = false);
 
 /// The weight gradient and AdamW's step in one pass: each slot's gradient dv[s], computed as
 /// sddmm() computes it and rounded to T, updates values[s], exp_avg[s] and exp_avg_sq[s] in place
@@ -125,11 +137,12 @@ size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value
 /// `bias` (optional): a bias of w.rows values updated in the same call from its gradient
 /// db[r] = sum_n dY[n, r], as bias_grad_adamw() would, with its own settings and count. The kRows
 /// kernel computes it from the dY it holds anyway (no launch of its own); the others launch the
-/// bias kernel after the product.
+/// bias kernel after the product. `x_t`: X already transposed, as for sddmm().
 template <typename T, typename Index>
 Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, float* step,
                    const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,
-                   SddmmVariant variant = SddmmVariant::kAuto, const AdamWParameter<T>* bias = nullptr);
+                   SddmmVariant variant = SddmmVariant::kAuto, const AdamWParameter<T>* bias = nullptr,
+                   TransposedInput<T> x_t = {});
 
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
@@ -150,6 +163,10 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
                    SpmmVariant requested = SpmmVariant::kAuto, bool transposed = false);
 /// One line saying which kernel a plan runs and why.
 std::string describe(const SpmmPlan& plan);
+/// Whether spmm_forward() with this plan, for a batch of n, leaves all of X transposed in its
+/// workspace as TransposedInput describes it (stride plan.batch_tile): a global_xt plan whose one
+/// batch tile holds the whole batch.
+bool plan_transposes_whole_input(const SpmmPlan& plan, int64_t n);
 
 /// The two products with an explicit plan. `workspace` must hold plan.workspace_bytes bytes of
 /// device memory (may be null when that is 0) and stays in use until the work on `stream` is done.

@@ -172,8 +172,9 @@ constexpr int rows_slots_per_lane(int GN, int NC, bool updates_state) {
   return NC >= 4 || (updates_state && GN <= 4) ? 4 : 8;
 }
 
-// The same products over the rows of W, for np <= 4 GN NC: a warp takes rows_per_warp rows at a
-// time and lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
+// The same products over the rows of W, for np <= 4 GN NC (x_t's rows hold x_stride >= np values:
+// its own transpose, or the forward's copy): a warp takes rows_per_warp rows at a time and
+// lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
 // column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
 // dY column, read in place from dy [n, rows] (kept in registers for the whole row: chunk c covers
 // batch values 4 (GN c + lane_n) .. + 3; a row's 4 n values are strided, but the rows of a block
@@ -189,7 +190,8 @@ constexpr int rows_slots_per_lane(int GN, int NC, bool updates_state) {
 template <typename T, typename Index, int GN, int NC, typename Out>
 __global__ void __launch_bounds__(kThreads, 4)
     sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy, int64_t n,
-                      const T* __restrict__ x_t, int64_t np, int lanes_per_row, Out out, Out bias_out, bool with_bias) {
+                      const T* __restrict__ x_t, int64_t np, int64_t x_stride, int lanes_per_row, Out out,
+                      Out bias_out, bool with_bias) {
   using A = accum_t<T>;
   constexpr int kGroup = 4;
   // Slots per lane per chunk: fewer where the row's dY takes more registers, and with AdamW's step in the
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           const int64_t k = 4 * (int64_t(GN) * c + lane_n);
           if (col[u] >= 0 && k < np) {
             A b[4];
-            detail::load_vec<T, 4>(x_t + int64_t(col[u]) * np + k, b);
+            detail::load_vec<T, 4>(x_t + int64_t(col[u]) * x_stride + k, b);
             part[u] += detail::dot4(a[c], b);
           }
         }
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 template <typename T, typename Index, int GN, int NC, typename Out>
 Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy, int64_t n, const T* x_t, int64_t np,
-                         const Out& out, const Out* bias_out, Stream stream) {
+                         int64_t x_stride, const Out& out, const Out* bias_out, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   // Lanes per row as the forward plans them: about a group of 4 slots per lane at most, then, up to
@@ -365,9 +367,24 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy, int64_t n, co
   const bool vector_ok = aligned_for_4(w.col_idx, sizeof(Index));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC, Out>, dim3(blocks),
                                                          dim3(kThreads), 0, stream, w, vector_ok, dy, n, x_t, np,
-                                                         lanes, out, bias_out ? *bias_out : out,
+                                                         x_stride, lanes, out, bias_out ? *bias_out : out,
                                                          bias_out != nullptr));
   return check_launch("sddmm_rows_kernel");
+}
+
+// The rows kernel's instantiation for a padded batch np (np <= kSddmmRowsMaxBatch).
+template <typename T, typename Index, typename Out>
+Status launch_sddmm_rows_for_batch(const SlotPattern<Index>& w, const T* dy, int64_t n, const T* x_t, int64_t np,
+                                   int64_t x_stride, const Out& out, const Out* bias_out, Stream stream) {
+  if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+  if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+  switch (np / 4) {  // batch lanes: one per 4 values of np (3 lanes run as 4, 5..8 as 8)
+    case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+    case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+    case 3:
+    case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+    default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+  }
 }
 
 // db[r] = sum_n dy[n, r], handed to the same epilogues as the SDDMM's (stored, or AdamW's step).
@@ -383,7 +400,12 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
   }
 }
 
-__global__ void advance_counts_kernel(detail::StepCounts counts) { counts.advance(); }
+// The SDDMM kernel after it is launched programmatically: it starts at once and waits for this grid
+// (griddepcontrol.wait) before it reads the counts.
+__global__ void advance_counts_kernel(detail::StepCounts counts) {
+  detail::allow_dependent_launch();
+  counts.advance();
+}
 
 Status advance_counts(const detail::StepCounts& counts, Stream stream) {
   if (!counts.any()) return Status::Ok();
@@ -415,17 +437,24 @@ SddmmVariant automatic_sddmm_variant(int64_t n, int64_t np, bool updates_state) 
 
 // The SDDMM kernels with `out` as their epilogue: the variant, the transposes, the launch. With
 // bias_out, the bias gradient goes to that epilogue too: inside the rows kernel, else by
-// bias_grad_kernel after the product (bias_out's arrays have w.rows elements). The epilogues' step
-// counts are advanced first, by the first transpose where there is one.
+// bias_grad_kernel after the product (bias_out's arrays have w.rows elements). given_x_t: X already
+// transposed (the forward's copy), read by the rows kernel in place of a transpose of its own. The
+// epilogues' step counts are advanced first, by the first transpose where there is one, else by a
+// one-thread kernel.
 template <typename T, typename Index, typename Out>
 Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const Out& out, void* workspace,
-                 Stream stream, SddmmVariant variant, const Out* bias_out = nullptr) {
+                 Stream stream, SddmmVariant variant, const Out* bias_out, TransposedInput<T> given_x_t) {
   const int64_t np = sddmm_padded_batch(n);
   if (variant == SddmmVariant::kAuto) variant = automatic_sddmm_variant(n, np, Out::kUpdatesState);
   const bool transposed = w.nnz > 0 && n > 0 && variant != SddmmVariant::kSlot;
   if (transposed && variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
     return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
-  if (transposed && workspace == nullptr)
+  // X^T from the caller (the forward's copy) spares the rows kernel its transpose.
+  const bool x_t_given = transposed && variant == SddmmVariant::kRows && given_x_t.data != nullptr;
+  if (x_t_given && given_x_t.stride < np)
+    return InvalidArgument("sddmm: the transposed input's stride (" + std::to_string(given_x_t.stride) +
+                           ") is below the padded batch (" + std::to_string(np) + ")");
+  if (transposed && !x_t_given && workspace == nullptr)
     return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
   const detail::StepCounts counts{out.count(), bias_out ? bias_out->count() : nullptr};
   if (w.nnz == 0 || !transposed) {
@@ -435,6 +464,10 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
       SNACK_RETURN_IF_ERROR(check_launch("sddmm_thread_slot_kernel"));
     }
     return bias_out && w.rows > 0 ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
+  }
+  if (x_t_given) {
+    SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
+    return launch_sddmm_rows_for_batch(w, dy, n, given_x_t.data, np, given_x_t.stride, out, bias_out, stream);
   }
   // X transposed once into [cols, np] (zero-padded); the vector kernel also takes dY as [rows, np].
   T* x_t = static_cast<T*>(workspace);
@@ -449,17 +482,7 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
                                      stream>>>(x, n, w.cols, w.cols, int(np), x_t,
                                                variant == SddmmVariant::kVector ? detail::StepCounts{} : counts);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
-  if (variant == SddmmVariant::kRows) {
-    if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy, n, x_t, np, out, bias_out, stream);
-    if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy, n, x_t, np, out, bias_out, stream);
-    switch (np / 4) {  // batch lanes: one per 4 values of np (3 lanes run as 4, 5..8 as 8)
-      case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy, n, x_t, np, out, bias_out, stream);
-      case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy, n, x_t, np, out, bias_out, stream);
-      case 3:
-      case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy, n, x_t, np, out, bias_out, stream);
-      default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy, n, x_t, np, out, bias_out, stream);
-    }
-  }
+  if (variant == SddmmVariant::kRows) return launch_sddmm_rows_for_batch(w, dy, n, x_t, np, np, out, bias_out, stream);
   const Status status = [&] {
     switch (std::min<int64_t>(32, np / 4)) {  // batch lanes
       case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, out, stream);
@@ -479,10 +502,17 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
 
 }  // namespace
 
-size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant) {
+size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value_bytes, SddmmVariant variant,
+                             bool x_transposed_given) {
   if (variant == SddmmVariant::kSlot || (variant == SddmmVariant::kAuto && n < kSddmmVectorMinBatch) || n <= 0)
     return 0;
   const int64_t np = sddmm_padded_batch(n);
+  // The rows kernel reads a given X^T and needs nothing else.
+  const auto rows_kernel = [&](bool updates_state) {
+    return variant == SddmmVariant::kRows ||
+           (variant == SddmmVariant::kAuto && automatic_sddmm_variant(n, np, updates_state) == SddmmVariant::kRows);
+  };
+  if (x_transposed_given && rows_kernel(false) && rows_kernel(true)) return 0;
   // X transposed always; dY too where the vector kernel may run (kAuto takes it past the rows
   // kernel's batches, and at a padded batch of 4 with an epilogue that updates state).
   const bool dy_t = variant == SddmmVariant::kVector ||
@@ -494,18 +524,19 @@ size_t sddmm_workspace_bytes(int64_t rows, int64_t cols, int64_t n, size_t value
 
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, void* workspace,
-             Stream stream, SddmmVariant variant) {
+             Stream stream, SddmmVariant variant, TransposedInput<T> x_t) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, required_if(w.nnz > 0, dvalues),
       {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
-  return run_sddmm(w, dy, x, n, StoreGradient<T>{dvalues}, workspace, stream, variant);
+  return run_sddmm(w, dy, x, n, StoreGradient<T>{dvalues}, workspace, stream, variant,
+                   static_cast<const StoreGradient<T>*>(nullptr), x_t);
 }
 
 template <typename T, typename Index>
 Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, float* step,
                    const AdamWConfig& config, T* values, T* exp_avg, T* exp_avg_sq, void* workspace, Stream stream,
-                   SddmmVariant variant, const AdamWParameter<T>* bias) {
+                   SddmmVariant variant, const AdamWParameter<T>* bias, TransposedInput<T> x_t) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, required_if(w.nnz > 0, values),
@@ -520,7 +551,7 @@ Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t
                                    bias ? bias->exp_avg_sq : nullptr, bias ? bias->step : nullptr,
                                    bias ? bias->config : AdamWConfig{}, {}};
   return run_sddmm(w, dy, x, n, AdamWUpdate<T>{values, exp_avg, exp_avg_sq, step, config, {}}, workspace, stream,
-                   variant, bias ? &bias_update : nullptr);
+                   variant, bias ? &bias_update : nullptr, x_t);
 }
 
 template <typename T, typename Index>
@@ -563,10 +594,10 @@ Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, float* step, const Ada
 #define SNACK_INSTANTIATE_CUDA_OPS(T, Index)                                                                     \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, void*, Stream,        \
-                                  SddmmVariant);                                                                     \
+                                  SddmmVariant, TransposedInput<T>);                                                 \
   template Status sddmm_adamw<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, float*,                \
                                         const AdamWConfig&, T*, T*, T*, void*, Stream, SddmmVariant,                 \
-                                        const AdamWParameter<T>*);
+                                        const AdamWParameter<T>*, TransposedInput<T>);
 
 SNACK_INSTANTIATE_CUDA_OPS(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_OPS(float, int32_t)

@@ -317,6 +317,10 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   return plan;
 }
 
+bool plan_transposes_whole_input(const SpmmPlan& plan, int64_t n) {
+  return plan.variant == SpmmVariant::kGlobalXT && plan.batch_tile > 1 && n >= 1 && n <= plan.batch_tile;
+}
+
 std::string describe(const SpmmPlan& plan) {
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";

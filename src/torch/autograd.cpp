@@ -89,23 +89,42 @@ void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
           eps, weight_decay, maximize, "auto", bias, bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper);
 }
 
+// Whether t is a real CUDA tensor, not a fake, meta or functional one of a tracer: only then may the
+// layer run kernels outside the dispatcher.
+bool real_cuda_tensor(const at::Tensor& t) {
+  return t.is_cuda() &&
+         !t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+}
+
 // The forward of both autograd functions below. ReLU is fused and its gradient mask comes from
 // the output. GELU's gradient needs the pre-activation, so under autograd it is computed unfused
-// and the pre-activation is saved.
+// and the pre-activation is saved. With keep_transposed_input, X transposed by the forward's
+// kernel (where its plan makes that copy of the whole batch) is kept in ctx->saved_data["x_t"]
+// for the SDDMM of the backward, which then does not transpose X again.
 at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& values,
                             const std::optional<at::Tensor>& bias, const at::Tensor& row_idx, const at::Tensor& col_idx,
                             const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                            c10::string_view activation) {
+                            c10::string_view activation, bool keep_transposed_input = false) {
   const Activation act = activation_arg(activation, "sparse_linear");
   ctx->saved_data["has_bias"] = bias.has_value();
   ctx->saved_data["activation"] = static_cast<int64_t>(act);
+  const auto product = [&](c10::string_view fused_activation) {
+    if (!keep_transposed_input)
+      return sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, fused_activation);
+    const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
+    at::Tensor x_t;
+    const at::Tensor y2d = spmm_keeping_transposed_input(flatten_input(x, in_features), values, row_idx, col_idx,
+                                                         row_ptr, col_ptr, csc_perm, bias, fused_activation, x_t);
+    if (x_t.defined()) ctx->saved_data["x_t"] = x_t;
+    return y2d.view(output_shape(x, out_features));
+  };
   at::Tensor y, saved_activation;
   if (act == Activation::kGELU) {
-    const at::Tensor z = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, "none");
+    const at::Tensor z = product("none");
     y = at::gelu(z);
     saved_activation = z;
   } else {
-    y = sparse_linear_forward(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+    y = product(activation);
     if (act == Activation::kReLU) saved_activation = y;
   }
   ctx->save_for_backward({x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, saved_activation});
@@ -207,7 +226,10 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
     ctx->saved_data["step"] = step;
     ctx->saved_data["hyper"] = std::vector<double>{lr, beta1, beta2, eps, weight_decay};
     ctx->saved_data["maximize"] = maximize;
-    return forward_and_save(ctx, x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation);
+    // The SDDMM of the backward reads the forward's copy of X^T where there is one (the GPU).
+    const bool keep_transposed_input = values.requires_grad() && real_cuda_tensor(x) && real_cuda_tensor(values);
+    return forward_and_save(ctx, x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation,
+                            keep_transposed_input);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -239,13 +261,24 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
         *updated = 1;
       }
       const auto hyper = ctx->saved_data["hyper"].toDoubleVector();
+      const std::optional<c10::ArrayRef<double>> bias_hyper_arg =
+          bias_in_backward ? std::optional<c10::ArrayRef<double>>(bias_hyper) : std::nullopt;
       // The bias's update rides along in the same pass over dY.
-      call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
-                       s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
-                       ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0],
-                       hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias,
-                       bias_exp_avg, bias_exp_avg_sq, bias_step,
-                       bias_in_backward ? std::optional<c10::ArrayRef<double>>(bias_hyper) : std::nullopt);
+      if (ctx->saved_data.count("x_t")) {
+        sddmm_adamw_with_transposed_input(
+            s.dy, flatten_input(s.x, s.in_features), ctx->saved_data["x_t"].toTensor(), s.row_idx, s.col_idx,
+            s.row_ptr, s.col_ptr, s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
+            ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0], hyper[1],
+            hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias, bias_exp_avg, bias_exp_avg_sq,
+            bias_step, bias_hyper_arg);
+        ctx->saved_data.erase("x_t");  // freed with the backward's other temporaries
+      } else {
+        call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
+                         s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
+                         ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0],
+                         hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias,
+                         bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper_arg);
+      }
       // A second backward through a graph that saved these values (the layer applied twice, or a
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();

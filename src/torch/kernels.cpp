@@ -77,7 +77,8 @@ template <typename Index, typename... Args>
 Status build_views(Args&&...) { return unsupported(); }
 template <typename T, typename... Args>
 Status dense_topk_positions(Args&&...) { return unsupported(); }
-inline size_t sddmm_workspace_bytes(int64_t, int64_t, int64_t, size_t, SddmmVariant) { return 0; }
+inline size_t sddmm_workspace_bytes(int64_t, int64_t, int64_t, size_t, SddmmVariant, bool) { return 0; }
+inline bool plan_transposes_whole_input(const SpmmPlan&, int64_t) { return false; }
 inline SpmmPlan plan_spmm(int64_t, int64_t, int64_t, int64_t, size_t, SpmmVariant, bool) { return SpmmPlan(); }
 inline std::string describe(const SpmmPlan&) { return "built without CUDA"; }
 }  // namespace gpu
@@ -143,13 +144,20 @@ struct PlannedProduct {
   void* workspace_ptr() const { return workspace.defined() ? workspace.data_ptr() : nullptr; }
 };
 
+// keep_transposed_input: where the plan transposes the whole batch, the workspace is allocated as
+// that copy, [in_dim + 1, batch tile] in the values' dtype (see cuda::TransposedInput), so that
+// the caller can keep it.
 PlannedProduct plan_product(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, const at::Tensor& values,
-                            SpmmVariant variant, bool transposed) {
+                            SpmmVariant variant, bool transposed, bool keep_transposed_input = false) {
   PlannedProduct p;
   const c10::DeviceGuard guard(values.device());
   p.plan = gpu::plan_spmm(out_dim, in_dim, nnz, n, values.element_size(), variant, transposed);
-  if (p.plan.workspace_bytes > 0)
+  if (keep_transposed_input && gpu::plan_transposes_whole_input(p.plan, n)) {
+    p.workspace = at::empty({in_dim + 1, p.plan.batch_tile}, values.options());
+    TORCH_INTERNAL_ASSERT(size_t(p.workspace.nbytes()) == p.plan.workspace_bytes);
+  } else if (p.plan.workspace_bytes > 0) {
     p.workspace = at::empty({int64_t(p.plan.workspace_bytes)}, values.options().dtype(at::kByte));
+  }
   return p;
 }
 
@@ -171,10 +179,11 @@ void dispatch_float_or_double(const at::Tensor& t, Fn&& fn) {
   else fn(float{});
 }
 
-at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
-                const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                const std::optional<at::Tensor>& bias, c10::string_view activation_name,
-                c10::string_view variant_name) {
+// spmm; with x_t, it is set to X transposed where the CUDA plan made that copy of the whole batch.
+at::Tensor spmm_impl(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx,
+                     const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                     const at::Tensor& csc_perm, const std::optional<at::Tensor>& bias,
+                     c10::string_view activation_name, c10::string_view variant_name, at::Tensor* x_t) {
   const SpmmVariant variant = resolve_variant(std::string(variant_name), false, "spmm");
   const Activation act = activation_arg(activation_name, "spmm");
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
@@ -203,7 +212,9 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
                            });
                          },
                          [&](Stream s) {
-                           const PlannedProduct p = plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant, false);
+                           const PlannedProduct p =
+                               plan_product(w.rows, w.cols, w.nnz, xc.size(0), values, variant, false, x_t != nullptr);
+                           if (x_t && gpu::plan_transposes_whole_input(p.plan, xc.size(0))) *x_t = p.workspace;
                            return gpu::spmm_forward(w, data_as<T>(values), data_as<T>(xc), xc.size(0), b, data_as<T>(y), p.plan, p.workspace_ptr(), s, act);
                          },
                          "spmm");
@@ -211,6 +222,14 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor&
                    "spmm");
   });
   return y;
+}
+
+at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                const std::optional<at::Tensor>& bias, c10::string_view activation_name,
+                c10::string_view variant_name) {
+  return spmm_impl(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation_name, variant_name,
+                   nullptr);
 }
 
 at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
@@ -262,8 +281,9 @@ void check_sddmm_operands(const at::Tensor& dy, const at::Tensor& x, const Patte
 
 // The CUDA SDDMM's workspace for a batch of n rows of `like`'s dtype (undefined where none is needed).
 template <typename Pattern>
-at::Tensor sddmm_workspace(const Pattern& w, int64_t n, SddmmVariant variant, const at::Tensor& like) {
-  const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, n, like.element_size(), variant);
+at::Tensor sddmm_workspace(const Pattern& w, int64_t n, SddmmVariant variant, const at::Tensor& like,
+                           bool x_transposed_given = false) {
+  const size_t bytes = gpu::sddmm_workspace_bytes(w.rows, w.cols, n, like.element_size(), variant, x_transposed_given);
   return bytes ? at::empty({int64_t(bytes)}, like.options().dtype(at::kByte)) : at::Tensor();
 }
 
@@ -389,13 +409,15 @@ std::optional<BiasUpdate> bias_update_arg(const std::optional<at::Tensor>& bias,
   return update;
 }
 
-void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
-                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                  const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                  const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
-                  bool maximize, c10::string_view variant_name, const std::optional<at::Tensor>& bias,
-                  const std::optional<at::Tensor>& bias_exp_avg, const std::optional<at::Tensor>& bias_exp_avg_sq,
-                  const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper) {
+// sddmm_adamw_; x_t (or undefined): X transposed by the forward (spmm_impl), read instead of a new transpose.
+void sddmm_adamw_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx,
+                      const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
+                      const at::Tensor& csc_perm, const at::Tensor& values, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1, double beta2,
+                      double eps, double weight_decay, bool maximize, c10::string_view variant_name,
+                      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
+                      const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
+                      std::optional<c10::ArrayRef<double>> bias_hyper, const at::Tensor& x_t) {
   const char* op = "sddmm_adamw_";
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   const SddmmVariant variant = sddmm_variant_arg(variant_name, op);
@@ -432,7 +454,14 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
                                     : Status::Ok();
                          },
                          [&](Stream s) {
-                           const at::Tensor ws = sddmm_workspace(w, xc.size(0), variant, values);
+                           const bool x_t_given = x_t.defined();
+                           if (x_t_given) {  // from spmm_impl of the same x: checked for what the kernel reads
+                             TORCH_INTERNAL_ASSERT(x_t.device() == values.device() && x_t.dtype() == values.dtype() &&
+                                                   x_t.dim() == 2 && x_t.is_contiguous() && x_t.size(0) > w.cols);
+                           }
+                           const at::Tensor ws = sddmm_workspace(w, xc.size(0), variant, values, x_t_given);
+                           const snack::cuda::TransposedInput<T> given{x_t_given ? data_as<T>(x_t) : nullptr,
+                                                                       x_t_given ? x_t.size(1) : 0};
                            gpu::AdamWParameter<T> bias_param;
                            if (b) {
                              bias_param = {data_as<T>(b->bias), data_as<T>(b->exp_avg), data_as<T>(b->exp_avg_sq),
@@ -442,12 +471,24 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
                                                    step.data_ptr<float>(), config, data_as<T>(values),
                                                    data_as<T>(exp_avg), data_as<T>(exp_avg_sq),
                                                    ws.defined() ? ws.data_ptr() : nullptr, s, variant,
-                                                   b ? &bias_param : nullptr);
+                                                   b ? &bias_param : nullptr, given);
                          },
                          op);
                    }),
                    op);
   });
+}
+
+void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+                  const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                  const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                  const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                  bool maximize, c10::string_view variant_name, const std::optional<at::Tensor>& bias,
+                  const std::optional<at::Tensor>& bias_exp_avg, const std::optional<at::Tensor>& bias_exp_avg_sq,
+                  const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper) {
+  sddmm_adamw_impl(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr, beta1,
+                   beta2, eps, weight_decay, maximize, variant_name, bias, bias_exp_avg, bias_exp_avg_sq, bias_step,
+                   bias_hyper, at::Tensor());
 }
 
 at::Tensor bias_grad(const at::Tensor& dy) {
@@ -686,6 +727,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
 }
 
 }  // namespace
+
+at::Tensor spmm_keeping_transposed_input(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx,
+                                         const at::Tensor& col_idx, const at::Tensor& row_ptr,
+                                         const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                                         const std::optional<at::Tensor>& bias, c10::string_view activation,
+                                         at::Tensor& x_t) {
+  x_t = at::Tensor();
+  return spmm_impl(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation, "auto", &x_t);
+}
+
+void sddmm_adamw_with_transposed_input(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& x_t, const at::Tensor& row_idx,
+    const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+    const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& step,
+    double lr, double beta1, double beta2, double eps, double weight_decay, bool maximize,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
+    const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
+    std::optional<c10::ArrayRef<double>> bias_hyper) {
+  sddmm_adamw_impl(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr, beta1,
+                   beta2, eps, weight_decay, maximize, "auto", bias, bias_exp_avg, bias_exp_avg_sq, bias_step,
+                   bias_hyper, x_t);
+}
+
 }  // namespace snack::binding
 
 namespace {

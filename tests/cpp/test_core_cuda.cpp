@@ -1,6 +1,8 @@
 // The CUDA ops and topology functions of the core against the CPU reference; skipped without a GPU.
 #include <cuda_runtime.h>
 
+#include <memory>
+
 #include "test_util.h"
 
 namespace snack::test {
@@ -146,6 +148,100 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
       EXPECT_LT(rel_error(bias_d.host(), wide(bias_h)), tol);
       EXPECT_LT(rel_error(bias_m.host(), wide(bias_m_h)), tol);
       EXPECT_LT(rel_error(bias_v.host(), wide(bias_v_h)), tol);
+    }
+  }
+}
+
+// X^T handed to the SDDMM (the forward's copy: cuda::TransposedInput) instead of transposed by it:
+// the rows kernel's results are bitwise those of its own transpose, with no workspace; the layout
+// is the one spmm_forward leaves in a global_xt workspace that holds the whole batch.
+TEST(CudaSddmm, ReadsAGivenTransposedInputBitwise) {
+  SKIP_WITHOUT_GPU();
+  using T = float;
+  using Index = uint16_t;
+  uint32_t seed = 900;
+  for (const Shape& base : odd_shapes()) {
+    for (int64_t n : {4, 5, 16, 33}) {
+      Shape sh = base;
+      sh.n = n;
+      SCOPED_TRACE(::testing::Message() << sh.m << "x" << sh.k << " n=" << sh.n << " nnz=" << sh.nnz);
+      auto p = random_pattern<Index>(sh.m, sh.k, sh.nnz, seed++, sh.empty_rows);
+      DevicePattern<Index> d(p);
+      const auto x64 = random_dense(sh.n * sh.k, seed++), dy64 = random_dense(sh.n * sh.m, seed++);
+      DeviceArray<T> values(cast<T>(p.values)), x(cast<T>(x64)), dy(cast<T>(dy64));
+      // X^T as TransposedInput describes it: k + 1 rows of a power-of-two stride, zero past n.
+      int64_t stride = 4;
+      while (stride < sh.n) stride *= 2;
+      std::vector<T> xt_h(size_t((sh.k + 1) * stride), T(0));
+      for (int64_t c = 0; c < sh.k; ++c)
+        for (int64_t i = 0; i < sh.n; ++i) xt_h[size_t(c * stride + i)] = T(x64[size_t(i * sh.k + c)]);
+      DeviceArray<T> xt_dev(xt_h);
+      const cuda::TransposedInput<T> x_t{xt_dev.ptr, stride};
+      ASSERT_EQ(cuda::sddmm_workspace_bytes(sh.m, sh.k, sh.n, sizeof(T), SddmmVariant::kRows, true), 0u);
+      // It is what a forward whose global_xt plan holds the whole batch leaves in its workspace.
+      const SpmmPlan plan = cuda::plan_spmm(sh.m, sh.k, int64_t(p.row_idx.size()), sh.n, sizeof(T),
+                                            SpmmVariant::kGlobalXT);
+      if (cuda::plan_transposes_whole_input(plan, sh.n)) {
+        DeviceArray<unsigned char> fwd_ws(plan.workspace_bytes);
+        DeviceArray<T> y(sh.n * sh.m);
+        ASSERT_TRUE((cuda::spmm_forward<T, Index>(d.w, values.ptr, x.ptr, sh.n, nullptr, y.ptr, plan, fwd_ws.ptr,
+                                                  nullptr)
+                         .ok()));
+        std::vector<T> copy(plan.workspace_bytes / sizeof(T));
+        ASSERT_EQ(cudaMemcpy(copy.data(), fwd_ws.ptr, plan.workspace_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int64_t c = 0; c <= sh.k; ++c)
+          for (int64_t i = 0; i < plan.batch_tile; ++i)
+            ASSERT_EQ(copy[size_t(c * plan.batch_tile + i)], c < sh.k && i < sh.n ? xt_h[size_t(c * stride + i)] : T(0));
+      }
+
+      const size_t nnz = p.row_idx.size();
+      DeviceArray<unsigned char> ws(cuda::sddmm_workspace_bytes(sh.m, sh.k, sh.n, sizeof(T), SddmmVariant::kRows));
+      DeviceArray<T> dv_own(nnz), dv_given(nnz);
+      ASSERT_TRUE((cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv_own.ptr, ws.ptr, nullptr, SddmmVariant::kRows)
+                       .ok()));
+      ASSERT_TRUE((cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv_given.ptr, nullptr, nullptr,
+                                         SddmmVariant::kRows, x_t)
+                       .ok()));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(dv_given.host(), dv_own.host());
+      EXPECT_LT(rel_error(dv_given.host(), ref_sddmm(p, dy64, x64, sh.n)), 1e-5);
+
+      // With AdamW and the bias: values, moments and bias bitwise equal, each count advanced once.
+      const AdamWConfig config{1e-2, 0.9, 0.99, 1e-6, 0.05, false};
+      const std::vector<T> m_h = cast<T>(random_dense(int64_t(nnz), seed++)), b_h = cast<T>(random_dense(sh.m, seed++));
+      struct State {
+        DeviceArray<T> values, exp_avg, exp_avg_sq, bias, bias_m, bias_v;
+        DeviceArray<float> step, bias_step;
+      };
+      const auto fresh = [&] {
+        return new State{DeviceArray<T>(cast<T>(p.values)), DeviceArray<T>(m_h), DeviceArray<T>(std::vector<T>(nnz, T(0.25))),
+                         DeviceArray<T>(b_h), DeviceArray<T>(b_h), DeviceArray<T>(std::vector<T>(sh.m, T(0.5))),
+                         DeviceArray<float>(std::vector<float>{2.0f}), DeviceArray<float>(std::vector<float>{5.0f})};
+      };
+      std::unique_ptr<State> own(fresh()), given(fresh());
+      for (State* st : {own.get(), given.get()}) {
+        const cuda::AdamWParameter<T> bias_param{st->bias.ptr, st->bias_m.ptr, st->bias_v.ptr, st->bias_step.ptr,
+                                                 config};
+        const bool with_x_t = st == given.get();
+        ASSERT_TRUE((cuda::sddmm_adamw<T, Index>(d.w, dy.ptr, x.ptr, sh.n, st->step.ptr, config, st->values.ptr,
+                                                 st->exp_avg.ptr, st->exp_avg_sq.ptr, with_x_t ? nullptr : ws.ptr,
+                                                 nullptr, SddmmVariant::kRows, &bias_param,
+                                                 with_x_t ? x_t : cuda::TransposedInput<T>{})
+                         .ok()));
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(given->values.host(), own->values.host());
+      EXPECT_EQ(given->exp_avg.host(), own->exp_avg.host());
+      EXPECT_EQ(given->exp_avg_sq.host(), own->exp_avg_sq.host());
+      EXPECT_EQ(given->bias.host(), own->bias.host());
+      EXPECT_EQ(given->step.host()[0], 3.0f);
+      EXPECT_EQ(given->bias_step.host()[0], 6.0f);
+
+      // A copy narrower than the padded batch is refused (where there is a product to compute).
+      const cuda::TransposedInput<T> narrow{x_t.data, (sh.n + 3) / 4 * 4 - 4};
+      const Status refused = cuda::sddmm<T, Index>(d.w, dy.ptr, x.ptr, sh.n, dv_given.ptr, nullptr, nullptr,
+                                                   SddmmVariant::kRows, narrow);
+      EXPECT_EQ(refused.ok(), nnz == 0) << refused.message();
     }
   }
 }

@@ -314,6 +314,51 @@ def test_cuda_graph_capture_of_a_fused_step():
     assert rel_error(captured.bias, eager.bias) < 1e-6
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("activation,lead,n", [(None, (), 16), ("relu", (), 12), ("gelu", (2,), 8), (None, (), 40)])
+def test_fused_step_reads_the_forward_copy_of_x(activation, lead, n):
+    """Where the forward transposes the whole batch (global_xt, one batch tile), the backward's fused
+    update reads that copy of X^T instead of transposing X again: one transpose in the step, and the
+    update bitwise that of sddmm_adamw_ transposing X itself."""
+    k, m = 2048, 2304  # enough output rows for one batch tile of 16-64 rows
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(k, m, density=0.02, device="cuda", activation=activation)
+    rows = n * (lead[0] if lead else 1)
+    plan = snack.explain(layer, rows)
+    assert plan.startswith("global_xt") and int(plan.split("batch tile ")[1].split(",")[0]) >= rows, plan
+    opt = snack.optim.AdamW(layer.parameters(), **HYPER)
+    gen = torch.Generator().manual_seed(1)
+    x, g = torch.randn(*lead, n, k, generator=gen).cuda(), torch.randn(*lead, n, m, generator=gen).cuda()
+    # The reference: dY through the activation as autograd forms it, then the op on the same state.
+    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    values, bias = layer.values.detach().clone(), layer.bias.detach().clone()
+    x2, g2 = x.reshape(-1, k), g.reshape(-1, m)
+    if activation == "relu":
+        dy = torch.ops.aten.threshold_backward(g2, ops.spmm(x2, values, *pattern, bias, "relu"), 0)
+    elif activation == "gelu":
+        dy = torch.ops.aten.gelu_backward(g2, ops.spmm(x2, values, *pattern, bias))
+    else:
+        dy = g2
+    lr, (beta1, beta2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
+    state = [torch.zeros_like(values), torch.zeros_like(values), torch.zeros((), device="cuda")]
+    bias_state = [torch.zeros_like(bias), torch.zeros_like(bias), torch.zeros((), device="cuda")]
+    ops.sddmm_adamw_(dy.contiguous(), x2, *pattern, values, *state, lr, beta1, beta2, eps, wd, False, "auto", bias,
+                     *bias_state, [lr, beta1, beta2, eps, wd, 0.0])
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        opt.zero_grad()
+        (layer(x) * g).sum().backward()
+        opt.step()
+        torch.cuda.synchronize()
+    fused = opt.state[layer.values]
+    assert torch.equal(layer.values.detach(), values) and torch.equal(layer.bias.detach(), bias)
+    assert torch.equal(fused["exp_avg"], state[0]) and torch.equal(fused["exp_avg_sq"], state[1])
+    kernels = {e.key: e.count for e in prof.key_averages() if "snack::cuda" in e.key}  # snack's kernels
+    if not kernels:
+        pytest.skip("the profiler recorded no kernels (under compute-sanitizer)")
+    assert sum(c for name, c in kernels.items() if "transpose_tile_kernel" in name) == 1, kernels
+
+
 # ---- the op: snack.ops.sddmm_adamw_ ----------------------------------------------------------------
 
 def reference_update(p, dy, x, values, m, v, step, lr, beta1, beta2, eps, wd, maximize, dtype):
