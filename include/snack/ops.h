@@ -89,7 +89,7 @@ struct AdamWParameter {
 template <typename T>
 struct TransposedInput {
   const T* data = nullptr;
-  int64_t stride = 0;  ///< values per row: at least n rounded up to a multiple of 4
+  int64_t stride = 0;  ///< values per row: a multiple of 4, from n rounded up to a multiple of 4 to 128
 };
 
 /// CUDA versions of the ops above: same arguments, all pointers in device memory of the current

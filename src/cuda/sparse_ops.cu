@@ -172,8 +172,8 @@ constexpr int rows_slots_per_lane(int GN, int NC, bool updates_state) {
   return NC >= 4 || (updates_state && GN <= 4) ? 4 : 8;
 }
 
-// The same products over the rows of W, for np <= 4 GN NC (x_t's rows hold x_stride >= np values:
-// its own transpose, or the forward's copy): a warp takes rows_per_warp rows at a time and
+// The same products over the rows of W, for np <= 4 GN NC (x_t: [cols, np], zero past n; the SDDMM's
+// own transpose, or the forward's copy): a warp takes rows_per_warp rows at a time and
 // lanes_per_row lanes of each split the row's slots in groups of 4 (one vector load of the
 // column indices per group). GN lanes along the batch each hold NC chunks of 4 values of the row's
 // dY column, read in place from dy [n, rows] (kept in registers for the whole row: chunk c covers
@@ -190,8 +190,7 @@ constexpr int rows_slots_per_lane(int GN, int NC, bool updates_state) {
 template <typename T, typename Index, int GN, int NC, typename Out>
 __global__ void __launch_bounds__(kThreads, 4)
     sddmm_rows_kernel(SlotPattern<Index> w, bool vector_ok, const T* __restrict__ dy, int64_t n,
-                      const T* __restrict__ x_t, int64_t np, int64_t x_stride, int lanes_per_row, Out out,
-                      Out bias_out, bool with_bias) {
+                      const T* __restrict__ x_t, int64_t np, int lanes_per_row, Out out, Out bias_out, bool with_bias) {
   using A = accum_t<T>;
   constexpr int kGroup = 4;
   // Slots per lane per chunk: fewer where the row's dY takes more registers, and with AdamW's step in the
@@ -300,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           const int64_t k = 4 * (int64_t(GN) * c + lane_n);
           if (col[u] >= 0 && k < np) {
             A b[4];
-            detail::load_vec<T, 4>(x_t + int64_t(col[u]) * x_stride + k, b);
+            detail::load_vec<T, 4>(x_t + int64_t(col[u]) * np + k, b);
             part[u] += detail::dot4(a[c], b);
           }
         }
@@ -334,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 template <typename T, typename Index, int GN, int NC, typename Out>
 Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy, int64_t n, const T* x_t, int64_t np,
-                         int64_t x_stride, const Out& out, const Out* bias_out, Stream stream) {
+                         const Out& out, const Out* bias_out, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   // Lanes per row as the forward plans them: about a group of 4 slots per lane at most, then, up to
@@ -367,23 +366,23 @@ Status launch_sddmm_rows(const SlotPattern<Index>& w, const T* dy, int64_t n, co
   const bool vector_ok = aligned_for_4(w.col_idx, sizeof(Index));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(sddmm_rows_kernel<T, Index, GN, NC, Out>, dim3(blocks),
                                                          dim3(kThreads), 0, stream, w, vector_ok, dy, n, x_t, np,
-                                                         x_stride, lanes, out, bias_out ? *bias_out : out,
+                                                         lanes, out, bias_out ? *bias_out : out,
                                                          bias_out != nullptr));
   return check_launch("sddmm_rows_kernel");
 }
 
-// The rows kernel's instantiation for a padded batch np (np <= kSddmmRowsMaxBatch).
+// The rows kernel's instantiation for a padded batch np (a multiple of 4, at most kSddmmRowsMaxBatch).
 template <typename T, typename Index, typename Out>
 Status launch_sddmm_rows_for_batch(const SlotPattern<Index>& w, const T* dy, int64_t n, const T* x_t, int64_t np,
-                                   int64_t x_stride, const Out& out, const Out* bias_out, Stream stream) {
-  if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
-  if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+                                   const Out& out, const Out* bias_out, Stream stream) {
+  if (np > 64) return launch_sddmm_rows<T, Index, 8, 4>(w, dy, n, x_t, np, out, bias_out, stream);
+  if (np > 32) return launch_sddmm_rows<T, Index, 8, 2>(w, dy, n, x_t, np, out, bias_out, stream);
   switch (np / 4) {  // batch lanes: one per 4 values of np (3 lanes run as 4, 5..8 as 8)
-    case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
-    case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+    case 1: return launch_sddmm_rows<T, Index, 1, 1>(w, dy, n, x_t, np, out, bias_out, stream);
+    case 2: return launch_sddmm_rows<T, Index, 2, 1>(w, dy, n, x_t, np, out, bias_out, stream);
     case 3:
-    case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
-    default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy, n, x_t, np, x_stride, out, bias_out, stream);
+    case 4: return launch_sddmm_rows<T, Index, 4, 1>(w, dy, n, x_t, np, out, bias_out, stream);
+    default: return launch_sddmm_rows<T, Index, 8, 1>(w, dy, n, x_t, np, out, bias_out, stream);
   }
 }
 
@@ -449,11 +448,15 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
   const bool transposed = w.nnz > 0 && n > 0 && variant != SddmmVariant::kSlot;
   if (transposed && variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
     return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
-  // X^T from the caller (the forward's copy) spares the rows kernel its transpose.
+  // X^T from the caller (the forward's copy) spares the rows kernel its transpose. The kernel takes
+  // its stride as the padded batch: the extra values are zeros (and so are dY's past n), the same
+  // instantiation runs (a power-of-two tile and n rounded up to 4 give the same batch lanes), and
+  // the row kernel keeps one stride parameter (a separate one cost it 1-3%, session 12 call 7).
   const bool x_t_given = transposed && variant == SddmmVariant::kRows && given_x_t.data != nullptr;
-  if (x_t_given && given_x_t.stride < np)
+  if (x_t_given && (given_x_t.stride < np || given_x_t.stride % 4 != 0 || given_x_t.stride > kSddmmRowsMaxBatch))
     return InvalidArgument("sddmm: the transposed input's stride (" + std::to_string(given_x_t.stride) +
-                           ") is below the padded batch (" + std::to_string(np) + ")");
+                           ") must be a multiple of 4 from the padded batch (" + std::to_string(np) + ") to " +
+                           std::to_string(kSddmmRowsMaxBatch));
   if (transposed && !x_t_given && workspace == nullptr)
     return InvalidArgument("sddmm: a workspace of sddmm_workspace_bytes() is required");
   const detail::StepCounts counts{out.count(), bias_out ? bias_out->count() : nullptr};
@@ -467,7 +470,7 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
   }
   if (x_t_given) {
     SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
-    return launch_sddmm_rows_for_batch(w, dy, n, given_x_t.data, np, given_x_t.stride, out, bias_out, stream);
+    return launch_sddmm_rows_for_batch(w, dy, n, given_x_t.data, given_x_t.stride, out, bias_out, stream);
   }
   // X transposed once into [cols, np] (zero-padded); the vector kernel also takes dY as [rows, np].
   T* x_t = static_cast<T*>(workspace);
@@ -482,7 +485,7 @@ Status run_sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n
                                      stream>>>(x, n, w.cols, w.cols, int(np), x_t,
                                                variant == SddmmVariant::kVector ? detail::StepCounts{} : counts);
   SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel(x)"));
-  if (variant == SddmmVariant::kRows) return launch_sddmm_rows_for_batch(w, dy, n, x_t, np, np, out, bias_out, stream);
+  if (variant == SddmmVariant::kRows) return launch_sddmm_rows_for_batch(w, dy, n, x_t, np, out, bias_out, stream);
   const Status status = [&] {
     switch (std::min<int64_t>(32, np / 4)) {  // batch lanes
       case 1: return launch_sddmm_vector<T, Index, 1>(w, dy_t, x_t, np, out, stream);
