@@ -72,13 +72,22 @@ at::Tensor sparse_linear_forward(const at::Tensor& x, const at::Tensor& values, 
 }
 
 // bias_* given (all, or none): the bias is updated in the same pass (see sddmm_adamw_'s schema).
+// x_t: the forward's copy of X^T (kept only for real CUDA tensors), read in place of a transpose
+// by a direct call; undefined: the op through the dispatcher.
 void call_sddmm_adamw(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                       const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                       const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                       const at::Tensor& step, double lr, double beta1, double beta2, double eps, double weight_decay,
                       bool maximize, const std::optional<at::Tensor>& bias,
                       const std::optional<at::Tensor>& bias_exp_avg, const std::optional<at::Tensor>& bias_exp_avg_sq,
-                      const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper) {
+                      const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper,
+                      const at::Tensor& x_t) {
+  if (x_t.defined()) {
+    sddmm_adamw_given_transposed_input(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg,
+                                       exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize, "auto", bias,
+                                       bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper, x_t);
+    return;
+  }
   using OptionalTensor = const std::optional<at::Tensor>&;
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sddmm_adamw_", "").typed<void(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -114,7 +123,8 @@ at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at:
     const int64_t in_features = col_ptr.size(0) - 1, out_features = row_ptr.size(0) - 1;
     at::Tensor x_t;
     const at::Tensor y2d = spmm_keeping_transposed_input(flatten_input(x, in_features), values, row_idx, col_idx,
-                                                         row_ptr, col_ptr, csc_perm, bias, fused_activation, x_t);
+                                                         row_ptr, col_ptr, csc_perm, bias, fused_activation, "auto",
+                                                         &x_t);
     if (x_t.defined()) ctx->saved_data["x_t"] = x_t;
     return y2d.view(output_shape(x, out_features));
   };
@@ -261,24 +271,15 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
         *updated = 1;
       }
       const auto hyper = ctx->saved_data["hyper"].toDoubleVector();
-      const std::optional<c10::ArrayRef<double>> bias_hyper_arg =
-          bias_in_backward ? std::optional<c10::ArrayRef<double>>(bias_hyper) : std::nullopt;
+      const at::Tensor x_t = ctx->saved_data.count("x_t") ? ctx->saved_data["x_t"].toTensor() : at::Tensor();
+      ctx->saved_data.erase("x_t");  // freed once the update below is enqueued
       // The bias's update rides along in the same pass over dY.
-      if (ctx->saved_data.count("x_t")) {
-        sddmm_adamw_with_transposed_input(
-            s.dy, flatten_input(s.x, s.in_features), ctx->saved_data["x_t"].toTensor(), s.row_idx, s.col_idx,
-            s.row_ptr, s.col_ptr, s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
-            ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0], hyper[1],
-            hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias, bias_exp_avg, bias_exp_avg_sq,
-            bias_step, bias_hyper_arg);
-        ctx->saved_data.erase("x_t");  // freed with the backward's other temporaries
-      } else {
-        call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
-                         s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
-                         ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0],
-                         hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias,
-                         bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper_arg);
-      }
+      call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.row_idx, s.col_idx, s.row_ptr, s.col_ptr,
+                       s.csc_perm, s.values, ctx->saved_data["exp_avg"].toTensor(),
+                       ctx->saved_data["exp_avg_sq"].toTensor(), ctx->saved_data["step"].toTensor(), hyper[0],
+                       hyper[1], hyper[2], hyper[3], hyper[4], ctx->saved_data["maximize"].toBool(), bias,
+                       bias_exp_avg, bias_exp_avg_sq, bias_step,
+                       bias_in_backward ? std::optional<c10::ArrayRef<double>>(bias_hyper) : std::nullopt, x_t);
       // A second backward through a graph that saved these values (the layer applied twice, or a
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();

@@ -156,22 +156,23 @@ inline at::ScalarType choose_index_dtype(int64_t rows, int64_t cols, std::option
   return *requested;
 }
 
-// For the layer's autograd with snack.optim.AdamW (autograd.cpp), not operators: the forward product
-// (spmm with activation, variant "auto") setting x_t to X transposed where the CUDA plan made that
-// copy of the whole batch (else undefined), and sddmm_adamw_ (variant "auto") reading such a copy
-// instead of transposing X again. Real tensors only: they read data pointers outside the dispatcher.
+// The bodies of the ops spmm and sddmm_adamw_ (kernels.cpp), which the layer's autograd with
+// snack.optim.AdamW (autograd.cpp) also calls directly, real tensors only (they read data pointers
+// outside the dispatcher): spmm setting *x_t (when x_t is not null) to X transposed where the CUDA
+// plan made that copy of the whole batch (else undefined), and sddmm_adamw_ reading such a copy
+// (x_t defined) instead of transposing X again.
 at::Tensor spmm_keeping_transposed_input(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx,
                                          const at::Tensor& col_idx, const at::Tensor& row_ptr,
                                          const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                                         const std::optional<at::Tensor>& bias, c10::string_view activation,
-                                         at::Tensor& x_t);
-void sddmm_adamw_with_transposed_input(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& x_t, const at::Tensor& row_idx,
-    const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-    const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& step,
-    double lr, double beta1, double beta2, double eps, double weight_decay, bool maximize,
+                                         const std::optional<at::Tensor>& bias, c10::string_view activation_name,
+                                         c10::string_view variant_name, at::Tensor* x_t);
+void sddmm_adamw_given_transposed_input(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+    const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm, const at::Tensor& values,
+    const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1,
+    double beta2, double eps, double weight_decay, bool maximize, c10::string_view variant_name,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
     const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
-    std::optional<c10::ArrayRef<double>> bias_hyper);
+    std::optional<c10::ArrayRef<double>> bias_hyper, const at::Tensor& x_t);
 
 }  // namespace snack::binding

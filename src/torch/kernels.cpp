@@ -179,11 +179,14 @@ void dispatch_float_or_double(const at::Tensor& t, Fn&& fn) {
   else fn(float{});
 }
 
-// spmm; with x_t, it is set to X transposed where the CUDA plan made that copy of the whole batch.
-at::Tensor spmm_impl(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx,
-                     const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
-                     const at::Tensor& csc_perm, const std::optional<at::Tensor>& bias,
-                     c10::string_view activation_name, c10::string_view variant_name, at::Tensor* x_t) {
+}  // namespace
+
+at::Tensor spmm_keeping_transposed_input(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx,
+                                         const at::Tensor& col_idx, const at::Tensor& row_ptr,
+                                         const at::Tensor& col_ptr, const at::Tensor& csc_perm,
+                                         const std::optional<at::Tensor>& bias, c10::string_view activation_name,
+                                         c10::string_view variant_name, at::Tensor* x_t) {
+  if (x_t) *x_t = at::Tensor();
   const SpmmVariant variant = resolve_variant(std::string(variant_name), false, "spmm");
   const Activation act = activation_arg(activation_name, "spmm");
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
@@ -224,12 +227,14 @@ at::Tensor spmm_impl(const at::Tensor& x, const at::Tensor& values, const at::Te
   return y;
 }
 
+namespace {
+
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
                 const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                 const std::optional<at::Tensor>& bias, c10::string_view activation_name,
                 c10::string_view variant_name) {
-  return spmm_impl(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation_name, variant_name,
-                   nullptr);
+  return spmm_keeping_transposed_input(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation_name,
+                                       variant_name, nullptr);
 }
 
 at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, const at::Tensor& row_idx, const at::Tensor& col_idx,
@@ -409,15 +414,16 @@ std::optional<BiasUpdate> bias_update_arg(const std::optional<at::Tensor>& bias,
   return update;
 }
 
-// sddmm_adamw_; x_t (or undefined): X transposed by the forward (spmm_impl), read instead of a new transpose.
-void sddmm_adamw_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx,
-                      const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr,
-                      const at::Tensor& csc_perm, const at::Tensor& values, const at::Tensor& exp_avg,
-                      const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1, double beta2,
-                      double eps, double weight_decay, bool maximize, c10::string_view variant_name,
-                      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
-                      const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
-                      std::optional<c10::ArrayRef<double>> bias_hyper, const at::Tensor& x_t) {
+}  // namespace
+
+void sddmm_adamw_given_transposed_input(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
+    const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm, const at::Tensor& values,
+    const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1,
+    double beta2, double eps, double weight_decay, bool maximize, c10::string_view variant_name,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
+    const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
+    std::optional<c10::ArrayRef<double>> bias_hyper, const at::Tensor& x_t) {
   const char* op = "sddmm_adamw_";
   const PatternTensors p{row_idx, col_idx, row_ptr, col_ptr, csc_perm};
   const SddmmVariant variant = sddmm_variant_arg(variant_name, op);
@@ -455,7 +461,7 @@ void sddmm_adamw_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
                          },
                          [&](Stream s) {
                            const bool x_t_given = x_t.defined();
-                           if (x_t_given) {  // from spmm_impl of the same x: checked for what the kernel reads
+                           if (x_t_given) {  // from spmm_keeping_transposed_input: checked for what the kernel reads
                              TORCH_INTERNAL_ASSERT(x_t.device() == values.device() && x_t.dtype() == values.dtype() &&
                                                    x_t.dim() == 2 && x_t.is_contiguous() && x_t.size(0) > w.cols);
                            }
@@ -479,6 +485,8 @@ void sddmm_adamw_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
   });
 }
 
+namespace {
+
 void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                   const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
                   const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
@@ -486,9 +494,9 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r
                   bool maximize, c10::string_view variant_name, const std::optional<at::Tensor>& bias,
                   const std::optional<at::Tensor>& bias_exp_avg, const std::optional<at::Tensor>& bias_exp_avg_sq,
                   const std::optional<at::Tensor>& bias_step, std::optional<c10::ArrayRef<double>> bias_hyper) {
-  sddmm_adamw_impl(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr, beta1,
-                   beta2, eps, weight_decay, maximize, variant_name, bias, bias_exp_avg, bias_exp_avg_sq, bias_step,
-                   bias_hyper, at::Tensor());
+  sddmm_adamw_given_transposed_input(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq,
+                                     step, lr, beta1, beta2, eps, weight_decay, maximize, variant_name, bias,
+                                     bias_exp_avg, bias_exp_avg_sq, bias_step, bias_hyper, at::Tensor());
 }
 
 at::Tensor bias_grad(const at::Tensor& dy) {
@@ -727,29 +735,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
 }
 
 }  // namespace
-
-at::Tensor spmm_keeping_transposed_input(const at::Tensor& x, const at::Tensor& values, const at::Tensor& row_idx,
-                                         const at::Tensor& col_idx, const at::Tensor& row_ptr,
-                                         const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-                                         const std::optional<at::Tensor>& bias, c10::string_view activation,
-                                         at::Tensor& x_t) {
-  x_t = at::Tensor();
-  return spmm_impl(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation, "auto", &x_t);
-}
-
-void sddmm_adamw_with_transposed_input(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& x_t, const at::Tensor& row_idx,
-    const at::Tensor& col_idx, const at::Tensor& row_ptr, const at::Tensor& col_ptr, const at::Tensor& csc_perm,
-    const at::Tensor& values, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& step,
-    double lr, double beta1, double beta2, double eps, double weight_decay, bool maximize,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
-    const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
-    std::optional<c10::ArrayRef<double>> bias_hyper) {
-  sddmm_adamw_impl(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr, beta1,
-                   beta2, eps, weight_decay, maximize, "auto", bias, bias_exp_avg, bias_exp_avg_sq, bias_step,
-                   bias_hyper, x_t);
-}
-
 }  // namespace snack::binding
 
 namespace {
