@@ -18,13 +18,10 @@ enum class SpmmVariant : int {
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
   kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
                ///< Batch tiles up to 32; chosen for one row and for small products.
-  kStream,     ///< W's slot arrays streamed through shared memory by the bulk-copy engine, a block-wide
-               ///< segmented sum per row, X's row in shared memory. Forward only; one batch row per
-               ///< pass (a batch of N streams W N times): chosen for a batch of one row.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "global_x",
-/// "stream", "coo_atomic").
+/// "coo_atomic").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);

@@ -21,8 +21,7 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kSmemX, "smem_x"},
                                                 {SpmmVariant::kGlobalXT, "global_xt"},
                                                 {SpmmVariant::kGlobalX, "global_x"},
-                                                {SpmmVariant::kCooAtomic, "coo_atomic"},
-                                                {SpmmVariant::kStream, "stream"}};
+                                                {SpmmVariant::kCooAtomic, "coo_atomic"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},

@@ -101,50 +101,6 @@ cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// The shared-memory address of p, for PTX operands.
-__device__ __forceinline__ uint32_t shared_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// Hopper's bulk-copy engine (sm_90), for kernels that stream an array through shared memory. The
-// callers take these paths only in a build for sm_90 or later (SNACK_NO_PROGRAMMATIC_LAUNCH unset);
-// below it they compile to nothing.
-// An mbarrier in shared memory completing a phase after `count` arrivals and the bytes it expects.
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-// The calling thread arrives on `bar` and tells it to expect `bytes` more from bulk copies (0: none).
-// A buffer the copies overwrite must no longer be read: the threads' loads of it have returned
-// (their values are used before a block barrier that precedes the copies).
-__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-#endif
-}
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory;
-// their arrival completes on `bar` (announced by mbarrier_arrive_expect_bytes).
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   shared_address(dst)),
-               "l"(src), "r"(bytes), "r"(shared_address(bar))
-               : "memory");
-#endif
-}
-// Waits until phase `parity` (0 or 1) of `bar` has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT_%=;\n}" ::"r"(
-          shared_address(bar)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
 // Butterfly sum over the 32 lanes: every lane ends with the total, always in the same order.
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {

@@ -8,7 +8,6 @@
 #include "cuda_utils.cuh"
 #include "snack/ops.h"
 #include "spmm_kernels.cuh"
-#include "spmm_stream.cuh"
 
 namespace snack {
 
@@ -115,49 +114,6 @@ size_t transposed_bytes(int64_t in_dim, int64_t n, int batch_tile, size_t value_
 size_t smem_budget(const DeviceLimits& limits) {
   return limits.smem_per_block > detail::kRowsKernelStaticSmem ? limits.smem_per_block - detail::kRowsKernelStaticSmem
                                                                 : 0;
-}
-
-// Static shared memory of the stream kernel (row-pointer slice, barriers, scan), at most this much.
-constexpr size_t kStreamStaticSmem = 6 * 1024;
-
-// Whether the stream kernel's ring and one row of X fit in a block's shared memory. The planner
-// does not know the index type: it assumes 4-byte indices.
-bool stream_fits(int64_t in_dim, size_t value_bytes, size_t index_bytes, const DeviceLimits& limits) {
-  return detail::stream_smem_bytes(value_bytes, index_bytes, in_dim) + kStreamStaticSmem <= limits.smem_per_block;
-}
-
-// The stream kernel: for each batch row (grid.y), about one block per slot-array share, as many as
-// the SMs hold at once (fewer for a small product, so that each has a stage or more of slots).
-template <typename T, typename Index>
-Status launch_stream(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
-                     Activation act, Stream stream) {
-  DeviceLimits limits;
-  SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  if (!stream_fits(w.cols, sizeof(T), sizeof(Index), limits))
-    return InvalidArgument("stream: its ring of slots and a row of X (" + std::to_string(w.cols) +
-                           " values) do not fit in shared memory");
-  const size_t smem = detail::stream_smem_bytes(sizeof(T), sizeof(Index), w.cols);
-  auto kernel = detail::spmm_stream_kernel<T, Index>;
-  if (smem > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const int64_t per_sm =
-      std::max<int64_t>(1, std::min<int64_t>(2048 / detail::kStreamThreads,
-                                             int64_t(limits.smem_per_sm / (smem + kStreamStaticSmem + 1024))));
-  const int64_t rows_at_once = std::min<int64_t>(n, 65535);
-  int64_t blocks = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / rows_at_once);
-  blocks = std::min<int64_t>(blocks, std::max<int64_t>(1, detail::ceil_div(w.nnz, detail::kStreamStage / 2)));
-  // The bulk copies need 16-byte aligned slot arrays (and sm_90); otherwise the threads load them.
-#if defined(SNACK_NO_PROGRAMMATIC_LAUNCH)
-  const bool bulk = false;
-#else
-  const bool bulk = reinterpret_cast<uintptr_t>(values) % 16 == 0 && reinterpret_cast<uintptr_t>(w.col_idx) % 16 == 0;
-#endif
-  for (int64_t b0 = 0; b0 < n; b0 += 65535) {
-    const unsigned rows = unsigned(std::min<int64_t>(65535, n - b0));
-    kernel<<<dim3(unsigned(blocks), rows), detail::kStreamThreads, smem, stream>>>(w, values, x, b0, bias, y, act, bulk);
-    SNACK_RETURN_IF_ERROR(check_launch("spmm_stream_kernel"));
-  }
-  return Status::Ok();
 }
 
 using detail::XLayout;
@@ -303,12 +259,9 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     // first product, about as long as the whole product at 99% sparsity); staging X in shared
     // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
     // where X is small enough to stay in L1 or the product is tiny (kGlobalXMaxBytes, kTinyProduct).
-    if (n == 1 && !transposed && stream_fits(in_dim, value_bytes, sizeof(int32_t), limits)) {
-      v = SpmmVariant::kStream;
-      plan.reason = "batch of 1: W streamed through shared memory by the bulk-copy engine, X's row in shared memory";
-    } else if (n == 1) {
+    if (n == 1) {
       v = SpmmVariant::kGlobalX;
-      plan.reason = "batch of 1, X's row too long for shared memory: X read in place through L1";
+      plan.reason = "batch of 1: X read in place through L1";
     } else if (n <= 4 && smem_fits) {
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
@@ -348,22 +301,17 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     case SpmmVariant::kWarpRow:
       plan.batch_tile = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
       break;
-    case SpmmVariant::kStream:
-      plan.batch_tile = 1;
-      plan.smem_bytes = detail::stream_smem_bytes(value_bytes, sizeof(int32_t), in_dim);
-      break;
     default:
       plan.batch_tile = 1;
       break;
   }
-  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kStream
+  plan.lanes_per_row = v == SpmmVariant::kWarpRow
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, out_dim,
                                                (n + plan.batch_tile - 1) / plan.batch_tile, transposed, limits);
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = nnz * int64_t(value_bytes + sizeof(int32_t)) + n * in_dim * int64_t(value_bytes);
-  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kStream &&
-                     operand_bytes <= kPrefetchMaxBytes;
+  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
@@ -374,9 +322,6 @@ bool plan_transposes_whole_input(const SpmmPlan& plan, int64_t n) {
 }
 
 std::string describe(const SpmmPlan& plan) {
-  if (plan.variant == SpmmVariant::kStream)
-    return "stream (one batch row per pass, up to " + std::to_string(plan.smem_bytes) + " B shared memory): " +
-           plan.reason;
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
@@ -389,8 +334,6 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
   if (plan.variant == SpmmVariant::kAuto) return InvalidArgument("plan the product first (variant auto)");
   if (plan.variant == SpmmVariant::kCooAtomic && !forward)
     return InvalidArgument("coo_atomic runs only the forward product");
-  if (plan.variant == SpmmVariant::kStream && !forward)
-    return InvalidArgument("stream runs only the forward product");
   if (plan.variant == SpmmVariant::kSmemX) {
     DeviceLimits limits;
     SNACK_RETURN_IF_ERROR(device_limits(&limits));
@@ -425,7 +368,6 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     }
     return Status::Ok();
   }
-  if (plan.variant == SpmmVariant::kStream) return launch_stream<T, Index>(w, values, x, n, bias, y, act, stream);
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }
