@@ -18,10 +18,13 @@ enum class SpmmVariant : int {
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
   kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
                ///< Batch tiles up to 32; chosen for one row and for small products.
+  kWideRows,   ///< a warp per group of consecutive rows reads their slots with 16-byte loads, X's row in
+               ///< shared memory. Forward only; one batch row per pass (a batch of N reads W N times):
+               ///< chosen for a batch of one row.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "global_x",
-/// "coo_atomic").
+/// "wide_rows", "coo_atomic").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -45,6 +48,7 @@ struct SpmmPlan {
   SpmmVariant variant = SpmmVariant::kWarpRow;
   int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128)
   int lanes_per_row = 32;      ///< lanes of a warp that split one row's slots
+  int rows_per_warp = 1;       ///< kWideRows: consecutive rows a warp sums at once (1..16)
   int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller must provide (kGlobalXT with a tile > 1)

@@ -8,7 +8,8 @@ kernels. See the README for the design and the benchmarks.
 from pathlib import Path
 
 from ._ops import LIBRARY_PATH, default_index_dtype, ops
-from .kernels import DETERMINISTIC_VARIANTS, SPMM_VARIANTS, explain, set_spmm_variant, spmm_variant
+from .kernels import (DETERMINISTIC_VARIANTS, FORWARD_ONLY_VARIANTS, SPMM_VARIANTS, TRANSPOSED_VARIANTS, explain,
+                      set_spmm_variant, spmm_variant)
 from .layer import SparseLinear, prepare_ddp, sparse_linear
 from . import dst, optim
 from .sparsify import sparsify
@@ -20,4 +21,5 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "cmake")
 
 __all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH",
-           "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS", "dst", "optim", "sparsify", "prepare_ddp"]
+           "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS",
+           "FORWARD_ONLY_VARIANTS", "TRANSPOSED_VARIANTS", "dst", "optim", "sparsify", "prepare_ddp"]

@@ -7,11 +7,14 @@ from typing import Iterator
 
 from ._ops import ops
 
-#: Kernel variants of the forward SpMM (the transposed product uses all but ``coo_atomic``).
-#: ``coo_atomic`` (the SNACK-style COO kernel) uses float atomics, so its results may differ in the
-#: last bits between runs: it is never chosen automatically.
-SPMM_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x", "coo_atomic")
+#: Kernel variants of the forward SpMM. ``coo_atomic`` (the SNACK-style COO kernel) uses float
+#: atomics, so its results may differ in the last bits between runs: it is never chosen
+#: automatically. ``wide_rows`` and ``coo_atomic`` compute only the forward product
+#: (``FORWARD_ONLY_VARIANTS``); the transposed product (dX) runs ``TRANSPOSED_VARIANTS``.
+SPMM_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x", "wide_rows", "coo_atomic")
 DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v != "coo_atomic")
+FORWARD_ONLY_VARIANTS = ("wide_rows", "coo_atomic")
+TRANSPOSED_VARIANTS = tuple(v for v in DETERMINISTIC_VARIANTS if v not in FORWARD_ONLY_VARIANTS)
 
 _current_default = "auto"
 

@@ -21,7 +21,8 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kSmemX, "smem_x"},
                                                 {SpmmVariant::kGlobalXT, "global_xt"},
                                                 {SpmmVariant::kGlobalX, "global_x"},
-                                                {SpmmVariant::kCooAtomic, "coo_atomic"}};
+                                                {SpmmVariant::kCooAtomic, "coo_atomic"},
+                                                {SpmmVariant::kWideRows, "wide_rows"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},

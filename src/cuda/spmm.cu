@@ -8,6 +8,7 @@
 #include "cuda_utils.cuh"
 #include "snack/ops.h"
 #include "spmm_kernels.cuh"
+#include "spmm_wide_rows.cuh"
 
 namespace snack {
 
@@ -96,6 +97,15 @@ constexpr int64_t kGlobalXMaxBatch = 8;
 constexpr int64_t kGlobalXMaxBytes = 96 * 1024;
 constexpr int64_t kTinyProduct = int64_t(1) << 19;
 
+// A batch of one row runs wide_rows where each warp gets a group of at least this many rows (so the
+// group's slots are one long stream) and rows average at least kWideRowsMinAverage slots. Measured on
+// the H200 at N = 1 (bench/results/gpu_session14_nvidia_h200.log): wide_rows beats global_x by 7-25%
+// on 12288-32768 x 4096 at 80-95% sparsity (groups of 3-8 rows); with groups of 1-2 rows (4096-8192
+// rows) or ~41 slots per row (99%) it is 2-40% slower, its staging of X and its row-pointer load
+// costing more than its faster stream saves.
+constexpr int kWideRowsMinRowsPerWarp = 3;
+constexpr double kWideRowsMinAverage = 128.0;
+
 // Products whose slot arrays and input take at most this many bytes are bound by the latency of
 // their first misses rather than by bandwidth: their blocks first prefetch W (and X) into L2.
 // Measured on the H200 over the benchmark grid (session 5): 8 MiB gave 1.2% more than 64 MiB.
@@ -114,6 +124,56 @@ size_t transposed_bytes(int64_t in_dim, int64_t n, int batch_tile, size_t value_
 size_t smem_budget(const DeviceLimits& limits) {
   return limits.smem_per_block > detail::kRowsKernelStaticSmem ? limits.smem_per_block - detail::kRowsKernelStaticSmem
                                                                 : 0;
+}
+
+// Whether the wide_rows kernel's row of X and its static buffers fit in a block's shared memory.
+bool wide_rows_fits(int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
+  const size_t static_smem = value_bytes == 8 ? detail::wide_rows_static_smem<double>() : detail::wide_rows_static_smem<float>();
+  return detail::wide_rows_smem_bytes(value_bytes, in_dim) + static_smem <= limits.smem_per_block;
+}
+
+// Blocks of the wide_rows kernel that one SM holds: kWideMinBlocks by its register bound, fewer where
+// the row of X takes more shared memory (1 KiB of each block's share is the system's).
+int wide_rows_blocks_per_sm(int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
+  const size_t static_smem = value_bytes == 8 ? detail::wide_rows_static_smem<double>() : detail::wide_rows_static_smem<float>();
+  const size_t per_block = detail::wide_rows_smem_bytes(value_bytes, in_dim) + static_smem + 1024;
+  return int(std::max<size_t>(1, std::min<size_t>(detail::kWideMinBlocks, limits.smem_per_sm / per_block)));
+}
+
+// Rows per warp group: as few as still give every resident warp a group (one wave), at most
+// kWideMaxRows (a longer group would only lengthen the slowest warp).
+int wide_rows_per_warp(int64_t out_dim, int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
+  const int64_t warps = int64_t(limits.sms) * wide_rows_blocks_per_sm(in_dim, value_bytes, limits) * detail::kWideWarps;
+  return int(std::max<int64_t>(1, std::min<int64_t>(detail::kWideMaxRows, detail::ceil_div(out_dim, warps))));
+}
+
+// The wide_rows kernel: per batch row (grid.y), enough blocks for the row groups, at most as many as
+// the SMs hold at once (their warps then stride over the groups).
+template <typename T, typename Index>
+Status launch_wide_rows(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
+                        const T* bias, T* y, Activation act, Stream stream) {
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(device_limits(&limits));
+  if (!wide_rows_fits(w.cols, sizeof(T), limits))
+    return InvalidArgument("wide_rows: a row of X (" + std::to_string(w.cols) + " values) does not fit in shared memory");
+  if (plan.rows_per_warp < 1 || plan.rows_per_warp > detail::kWideMaxRows)
+    return InvalidArgument("wide_rows: rows per warp must be in [1, " + std::to_string(detail::kWideMaxRows) + "]");
+  const size_t smem = detail::wide_rows_smem_bytes(sizeof(T), w.cols);
+  auto kernel = detail::spmm_wide_rows_kernel<T, Index>;
+  if (smem + detail::wide_rows_static_smem<T>() > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int64_t groups = detail::ceil_div(w.rows, plan.rows_per_warp);
+  const int64_t resident = int64_t(limits.sms) * wide_rows_blocks_per_sm(w.cols, sizeof(T), limits);
+  const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(resident, detail::ceil_div(groups, detail::kWideWarps))));
+  const bool vec = reinterpret_cast<uintptr_t>(values) % 16 == 0 && reinterpret_cast<uintptr_t>(w.col_idx) % 16 == 0;
+  for (int64_t b0 = 0; b0 < n; b0 += 65535) {
+    const unsigned rows = unsigned(std::min<int64_t>(65535, n - b0));
+    kernel<<<dim3(blocks, rows), detail::kWideThreads, smem, stream>>>(w.row_ptr, w.col_idx, values, int32_t(w.nnz), w.rows,
+                                                                      w.cols, x, b0, bias, y, act, plan.rows_per_warp,
+                                                                      plan.long_row_threshold, vec);
+    SNACK_RETURN_IF_ERROR(check_launch("spmm_wide_rows_kernel"));
+  }
+  return Status::Ok();
 }
 
 using detail::XLayout;
@@ -254,12 +314,20 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= smem_budget(limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
-    // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row is read in place
+    // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row of a large product
+    // streams W fastest with wide_rows (kWideRowsMinRowsPerWarp); otherwise it is read in place
     // through L1 (staging it in shared memory costs a round trip and a block barrier before the
     // first product, about as long as the whole product at 99% sparsity); staging X in shared
     // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
     // where X is small enough to stay in L1 or the product is tiny (kGlobalXMaxBytes, kTinyProduct).
-    if (n == 1) {
+    if (n == 1 && !transposed && wide_rows_fits(in_dim, value_bytes, limits) &&
+        wide_rows_per_warp(out_dim, in_dim, value_bytes, limits) >= kWideRowsMinRowsPerWarp &&
+        avg >= kWideRowsMinAverage) {
+      v = SpmmVariant::kWideRows;
+      plan.reason = "batch of 1, " + std::to_string(out_dim) + " rows of " + std::to_string(int64_t(avg)) +
+                    " slots on average: a warp per group of rows reads their slots with 16-byte loads, X's row "
+                    "in shared memory";
+    } else if (n == 1) {
       v = SpmmVariant::kGlobalX;
       plan.reason = "batch of 1: X read in place through L1";
     } else if (n <= 4 && smem_fits) {
@@ -301,17 +369,23 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     case SpmmVariant::kWarpRow:
       plan.batch_tile = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
       break;
+    case SpmmVariant::kWideRows:
+      plan.batch_tile = 1;
+      plan.smem_bytes = detail::wide_rows_smem_bytes(value_bytes, in_dim);
+      plan.rows_per_warp = wide_rows_per_warp(out_dim, in_dim, value_bytes, limits);
+      break;
     default:
       plan.batch_tile = 1;
       break;
   }
-  plan.lanes_per_row = v == SpmmVariant::kWarpRow
+  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, out_dim,
                                                (n + plan.batch_tile - 1) / plan.batch_tile, transposed, limits);
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = nnz * int64_t(value_bytes + sizeof(int32_t)) + n * in_dim * int64_t(value_bytes);
-  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && operand_bytes <= kPrefetchMaxBytes;
+  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
+                     operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   return plan;
@@ -322,6 +396,9 @@ bool plan_transposes_whole_input(const SpmmPlan& plan, int64_t n) {
 }
 
 std::string describe(const SpmmPlan& plan) {
+  if (plan.variant == SpmmVariant::kWideRows)
+    return "wide_rows (one batch row per pass, " + std::to_string(plan.rows_per_warp) + " rows per warp, " +
+           std::to_string(plan.smem_bytes) + " B shared memory): " + plan.reason;
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
@@ -334,6 +411,8 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
   if (plan.variant == SpmmVariant::kAuto) return InvalidArgument("plan the product first (variant auto)");
   if (plan.variant == SpmmVariant::kCooAtomic && !forward)
     return InvalidArgument("coo_atomic runs only the forward product");
+  if (plan.variant == SpmmVariant::kWideRows && !forward)
+    return InvalidArgument("wide_rows runs only the forward product");
   if (plan.variant == SpmmVariant::kSmemX) {
     DeviceLimits limits;
     SNACK_RETURN_IF_ERROR(device_limits(&limits));
@@ -368,6 +447,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     }
     return Status::Ok();
   }
+  if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }

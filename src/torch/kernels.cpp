@@ -121,11 +121,11 @@ std::atomic<int> g_default_variant{static_cast<int>(SpmmVariant::kAuto)};
 SpmmVariant resolve_variant(const std::string& name, bool transposed, const char* op) {
   SpmmVariant v = SpmmVariant::kAuto;
   TORCH_CHECK_VALUE(parse_spmm_variant(name, &v), "snack.", op, ": unknown variant '", name,
-                    "' (expected auto, warp_row, smem_x, global_xt, global_x or coo_atomic)");
+                    "' (expected auto, warp_row, smem_x, global_xt, global_x, wide_rows or coo_atomic)");
   if (v == SpmmVariant::kAuto) v = static_cast<SpmmVariant>(g_default_variant.load());
   // The process default may name a forward-only kernel; the transposed product then plans itself.
-  if (transposed && v == SpmmVariant::kCooAtomic) {
-    TORCH_CHECK_VALUE(name == "auto", "snack.", op, ": coo_atomic runs only the forward product");
+  if (transposed && (v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows)) {
+    TORCH_CHECK_VALUE(name == "auto", "snack.", op, ": ", spmm_variant_name(v), " runs only the forward product");
     v = SpmmVariant::kAuto;
   }
   return v;

@@ -10,10 +10,10 @@
 TORCH_LIBRARY(snack, m) {
   // Y = act(X W^T (+ bias)): x [N, K] -> [N, M]. activation: none, relu, gelu (exact). variant: "auto"
   // (the process default, see set_default_spmm_variant) or a CUDA kernel variant: warp_row, smem_x,
-  // global_xt, global_x, coo_atomic.
+  // global_xt, global_x, wide_rows, coo_atomic.
   m.def("spmm(Tensor x, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, Tensor? bias, str activation=\"none\", str variant=\"auto\") -> Tensor");
-  // dX = dY W: dy [N, M] -> [N, K]. Same kernels as spmm, over the CSC view (coo_atomic excluded).
+  // dX = dY W: dy [N, M] -> [N, K]. Same kernels as spmm, over the CSC view (wide_rows and coo_atomic excluded).
   m.def("spmm_t(Tensor dy, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
         "Tensor csc_perm, str variant=\"auto\") -> Tensor");
   // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.

@@ -16,7 +16,7 @@ SHAPES = ODD_SHAPES + [(40, 70, 100, 900, 3), (17, 300, 130, 1000, 2), (64, 9000
 
 
 def variant_cases(transposed):
-    variants = snack.DETERMINISTIC_VARIANTS + (() if transposed else ("coo_atomic",))
+    variants = snack.TRANSPOSED_VARIANTS if transposed else snack.SPMM_VARIANTS
     for shape in SHAPES:
         for variant in variants:
             for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
@@ -24,13 +24,17 @@ def variant_cases(transposed):
 
 
 def fits(variant, n, in_dim, dtype):
-    """smem_x runs only where a batch tile of X fits in shared memory (the planner never picks it otherwise)."""
+    """smem_x runs only where a batch tile of X fits in shared memory, wide_rows where one row of X
+    does (the planner never picks them otherwise)."""
+    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    if variant == "wide_rows":  # X's row rounded to 16 bytes; the lanes' partial sums (17 per lane, 8 warps),
+        accum = 8 if dtype == torch.float64 else 4  # the groups' row pointers and 8 deferred rows per warp
+        return (in_dim * dtype.itemsize + 15) // 16 * 16 + 8 * 32 * 17 * accum + 8 * (17 + 8 + 1) * 4 <= limit
     if variant != "smem_x":
         return True
     tile = 1
     while tile < min(n, 32):
         tile *= 2
-    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     return tile * ((in_dim + 1) | 1) * dtype.itemsize <= limit  # odd row stride past the zero column
 
 
@@ -68,10 +72,14 @@ def test_transposed_variant(shape, variant, dtype):
         assert torch.equal(ops.spmm_t(dy, p.values, *p.tensors, variant), dx)
 
 
-def test_coo_atomic_is_forward_only():
+@pytest.mark.parametrize("variant", snack.FORWARD_ONLY_VARIANTS)
+def test_forward_only_variants(variant):
     p = Pattern(10, 12, 40, device="cuda")
     with pytest.raises(ValueError, match="forward"):
-        ops.spmm_t(p.randn(3, 10), p.values, *p.tensors, "coo_atomic")
+        ops.spmm_t(p.randn(3, 10), p.values, *p.tensors, variant)
+    with snack.spmm_variant(variant):  # as the process default, the transposed product plans itself
+        dx = ops.spmm_t(p.randn(3, 10), p.values, *p.tensors, "auto")
+    assert rel_error(dx, p.randn(3, 10).double().cpu() @ p.dense64) < 1e-5
 
 
 def test_unknown_variant():
@@ -111,6 +119,23 @@ def test_small_inputs_and_tiny_products_read_x_in_place():
     assert "workspace" in snack.explain(big, 16) and "L2 prefetch" not in snack.explain(big, 16)
 
 
+def test_one_row_of_a_large_layer_runs_wide_rows():
+    # A batch of one row: wide_rows where every warp gets a group of several rows with long rows
+    # (12288 or more output rows on an H200, >= 128 slots per row), global_x otherwise.
+    rows_per_sm = 3 * 4 * 8 * torch.cuda.get_device_properties(0).multi_processor_count  # 3-row groups, 32 warps/SM
+    large = snack.SparseLinear(1024, rows_per_sm, density=0.2, device="cuda")  # ~205 slots per row
+    plan = snack.explain(large, 1)
+    assert plan.startswith("wide_rows ") and " 3 rows per warp" in plan
+    assert rel_error(large(torch.ones(1, 1024, device="cuda")),
+                     large(torch.ones(2, 1024, device="cuda"))[:1].double()) < 1e-5
+    assert snack.explain(large, 2).startswith("smem_x")
+    assert "wide_rows" not in snack.explain(large, 1, transposed=True)
+    sparse = snack.SparseLinear(1024, rows_per_sm, density=0.1, device="cuda")  # ~102 slots per row
+    assert snack.explain(sparse, 1).startswith("global_x ")
+    fewer = snack.SparseLinear(1024, rows_per_sm // 3 * 2, density=0.2, device="cuda")  # 2-row groups
+    assert snack.explain(fewer, 1).startswith("global_x ")
+
+
 @pytest.mark.parametrize("variant", snack.DETERMINISTIC_VARIANTS)
 @pytest.mark.parametrize("n", [1, 3, 16, 40])
 def test_long_rows_split_over_a_block(variant, n):
@@ -124,6 +149,8 @@ def test_long_rows_split_over_a_block(variant, n):
     y = ops.spmm(x, p.values, *p.tensors, bias, variant=variant)
     assert rel_error(y, x.double().cpu() @ p.dense64.T + bias.double().cpu()) < 1e-5
     assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant=variant), y)
+    if variant not in snack.TRANSPOSED_VARIANTS:
+        return
     # The transposed product walks columns: make a few columns long instead.
     rows_t, cols_t = skewed_positions(k, m, dense_rows=11, nnz_rest=3000, seed=n, transpose=True)
     q = Pattern(k, m, rows_t.numel(), device="cuda", positions=(rows_t, cols_t))
@@ -132,6 +159,90 @@ def test_long_rows_split_over_a_block(variant, n):
         dx = ops.spmm_t(dy, q.values, *q.tensors, variant)
         assert rel_error(dx, dy.double().cpu() @ q.dense64) < 1e-5
         assert torch.equal(ops.spmm_t(dy, q.values, *q.tensors, variant), dx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [None, torch.int32])
+@pytest.mark.parametrize("n", [1, 2])
+def test_wide_rows_closes_every_row_once(n, index_dtype, dtype):
+    # Few rows, so one row per warp: rows over many chunks of 256 slots that start and end anywhere
+    # in a lane's 8 slots, runs of empty rows between and after them, rows of one slot, and a first
+    # row that ends on a chunk boundary.
+    k = 5000
+    gen = torch.Generator().manual_seed(n)
+    lengths = [2048, 0, 0, 2040, 8, 4096, 1, 0, 3, 2048, 4999, 0, 0] + [1] * 40 + [0] * 7
+    rows = torch.cat([torch.full((length,), i) for i, length in enumerate(lengths)])
+    cols = torch.cat([torch.randperm(k, generator=gen)[:length] for length in lengths])
+    p = Pattern(len(lengths), k, rows.numel(), device="cuda", dtype=dtype, index_dtype=index_dtype,
+                positions=(rows, cols))
+    x, bias = p.randn(n, k, seed=11), p.randn(len(lengths), seed=12)
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, *p.tensors, bias, variant="wide_rows")
+    assert rel_error(y, x.double().cpu() @ p.dense64.T + bias.double().cpu()) < tolerance(dtype)
+    assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant="wide_rows"), y)
+
+
+def spread_positions(lengths, k, seed):
+    """Positions of rows with the given lengths (each <= k): row r holds columns start_r + 7 j mod k,
+    distinct while 7 and k are coprime."""
+    assert k % 7 != 0
+    gen = torch.Generator().manual_seed(seed)
+    m = lengths.numel()
+    rows = torch.repeat_interleave(torch.arange(m), lengths)
+    first = torch.cumsum(lengths, 0) - lengths
+    offset = torch.arange(rows.numel()) - first[rows]
+    start = torch.randint(0, k, (m,), generator=gen)
+    return rows, (start[rows] + 7 * offset) % k
+
+
+def wide_rows_case(lengths, k, index_dtype, seed):
+    """Runs wide_rows with bias and ReLU on rows of the given lengths; returns the result, its float64
+    reference and the plan's description."""
+    m = lengths.numel()
+    rows, cols = spread_positions(lengths, k, seed)
+    row_idx, col_idx, _ = ops.slots_from_coo(rows.cuda(), cols.cuda(), m, k, index_dtype=index_dtype)
+    row_ptr, col_ptr, csc_perm = ops.build_views(row_idx, col_idx, m, k)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    values = torch.randn(row_idx.numel(), device="cuda", generator=gen)
+    x = torch.randn(1, k, device="cuda", dtype=torch.float64, generator=gen)
+    bias = torch.randn(m, device="cuda", dtype=torch.float64, generator=gen)
+    products = values.double() * x[0, col_idx.long()]
+    ref = torch.relu(torch.zeros(m, device="cuda", dtype=torch.float64).index_add_(0, row_idx.long(), products) + bias)
+    tensors = (row_idx, col_idx, row_ptr, col_ptr, csc_perm)
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x.float(), values, *tensors, bias.float(), activation="relu", variant="wide_rows")
+    assert torch.equal(ops.spmm(x.float(), values, *tensors, bias.float(), activation="relu", variant="wide_rows"), y)
+    return y, ref[None], ops.explain_spmm(values, row_ptr, col_ptr, 1, False, "wide_rows")
+
+
+@pytest.mark.parametrize("m,index_dtype", [(65000, None), (120000, torch.int32)])
+def test_wide_rows_groups_of_many_rows(m, index_dtype):
+    # Enough rows for groups of several rows per warp (16 on an H200; 120000 rows: more groups than
+    # resident warps, so warps take further groups): row lengths 0..60, runs of empty rows and of
+    # one-slot rows, and rows longer than the long-row threshold (1024) anywhere in a group, some
+    # groups with two (the first is handed to the block, the second summed by the warp).
+    k = 2000
+    gen = torch.Generator().manual_seed(m)
+    kind = torch.randint(0, 50, (m,), generator=gen)
+    lengths = torch.where(kind == 0, torch.randint(1100, k + 1, (m,), generator=gen),
+                          torch.where(kind < 10, 0, torch.where(kind < 20, 1, torch.randint(0, 61, (m,), generator=gen))))
+    lengths[1000:1300] = 0
+    lengths[5000:5004] = k
+    y, ref, plan = wide_rows_case(lengths, k, index_dtype, seed=m)
+    assert int(plan.split(" rows per warp")[0].split()[-1]) > 1
+    assert rel_error(y, ref) < 1e-5
+
+
+def test_wide_rows_more_long_rows_than_a_warp_keeps():
+    # 600000 rows, every 16th one full (1100 slots, above the long-row threshold): about 9 groups of
+    # 16 rows per warp on an H200, each with a long row, so a warp's list of 8 deferred rows fills
+    # and it sums the rest itself. Which rows are deferred must not vary between runs (bitwise).
+    m, k = 600000, 1100
+    lengths = torch.zeros(m, dtype=torch.int64)
+    lengths[5::16] = k
+    lengths[7::64] = 3
+    y, ref, _ = wide_rows_case(lengths, k, torch.int32, seed=5)
+    assert rel_error(y, ref) < 1e-5
 
 
 @pytest.mark.parametrize("variant", snack.SPMM_VARIANTS)
@@ -242,7 +353,7 @@ def test_unaligned_slot_arrays_give_the_same_bits(nnz, index_dtype):
             if fits(variant, n, 333, torch.float32):
                 assert torch.equal(ops.spmm(x, values, *moved, None, variant=variant),
                                    ops.spmm(x, p.values, *p.tensors, None, variant=variant)), (n, variant)
-            if fits(variant, n, 120, torch.float32):
+            if variant in snack.TRANSPOSED_VARIANTS and fits(variant, n, 120, torch.float32):
                 assert torch.equal(ops.spmm_t(dy, values, *moved, variant),
                                    ops.spmm_t(dy, p.values, *p.tensors, variant)), (n, variant)
         assert torch.equal(ops.sddmm(dy, x, *moved, variant="rows"), ops.sddmm(dy, x, *p.tensors, variant="rows"))
@@ -266,7 +377,7 @@ def test_stored_entries_alone_see_an_infinite_input():
             assert not torch.isfinite(y[touched]).any(), variant
         dy = p.randn(n, 64, seed=n + 1)
         dy[:, 0] = float("inf")
-        for variant in snack.DETERMINISTIC_VARIANTS:  # the transposed product: row 0 of W
+        for variant in snack.TRANSPOSED_VARIANTS:  # the transposed product: row 0 of W
             if not fits(variant, n, 64, torch.float32):
                 continue
             dx = ops.spmm_t(dy, p.values, *p.tensors, variant).cpu()
