@@ -97,12 +97,13 @@ constexpr int64_t kGlobalXMaxBatch = 8;
 constexpr int64_t kGlobalXMaxBytes = 96 * 1024;
 constexpr int64_t kTinyProduct = int64_t(1) << 19;
 
-// A batch of one row runs wide_rows where each warp gets a group of at least this many rows (so the
-// group's slots are one long stream) and rows average at least kWideRowsMinAverage slots. Measured on
-// the H200 at N = 1 (bench/results/gpu_session14_nvidia_h200.log): wide_rows beats global_x by 7-25%
-// on 12288-32768 x 4096 at 80-95% sparsity (groups of 3-8 rows); with groups of 1-2 rows (4096-8192
-// rows) or ~41 slots per row (99%) it is 2-40% slower, its staging of X and its row-pointer load
-// costing more than its faster stream saves.
+// A batch of one row runs wide_rows where X's row leaves room for 4 blocks per SM, each warp gets a
+// group of at least this many rows (so the group's slots are one long stream) and rows average at
+// least kWideRowsMinAverage slots. Measured on the H200 at N = 1 (bench/results/gpu_session14_nvidia_h200.log):
+// wide_rows beats global_x by 5-25% on 12288-32768 x 4096 at 80-95% sparsity (groups of 3-8 rows;
+// a tie at 12288x4096, 95%); with groups of 1-2 rows (4096-8192 rows), ~41 slots per row (99%) or
+// 2 blocks per SM (16384x16384) it is 2-40% slower: its staging of X and its row-pointer load cost
+// more than its faster stream saves.
 constexpr int kWideRowsMinRowsPerWarp = 3;
 constexpr double kWideRowsMinAverage = 128.0;
 
@@ -321,6 +322,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
     // where X is small enough to stay in L1 or the product is tiny (kGlobalXMaxBytes, kTinyProduct).
     if (n == 1 && !transposed && wide_rows_fits(in_dim, value_bytes, limits) &&
+        wide_rows_blocks_per_sm(in_dim, value_bytes, limits) == detail::kWideMinBlocks &&
         wide_rows_per_warp(out_dim, in_dim, value_bytes, limits) >= kWideRowsMinRowsPerWarp &&
         avg >= kWideRowsMinAverage) {
       v = SpmmVariant::kWideRows;

@@ -392,10 +392,23 @@ TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   if (sms == 132) {
     EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 16, sizeof(float)).lanes_per_row, 4);
-    EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 1, sizeof(float)).lanes_per_row, 8);
+    EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 1, sizeof(float), SpmmVariant::kGlobalX).lanes_per_row, 8);
     EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 1, sizeof(float), SpmmVariant::kAuto, true).lanes_per_row, 8);
     EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 1, sizeof(float)).lanes_per_row, 32);  // the same product as a forward
     EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 16, sizeof(float), SpmmVariant::kAuto, true).lanes_per_row, 8);
+  }
+  // One batch row of a large layer: wide_rows with groups of 16384 / (132 SMs x 32 warps) -> 4 rows
+  // per warp; 99% sparse (41 slots per row), 8192 rows (2-row groups) or 16384 inputs (X too large
+  // for 4 blocks per SM): global_x.
+  p = plan_spmm(16384, 4096, 6710886, 1, sizeof(float));
+  EXPECT_EQ(p.variant, SpmmVariant::kWideRows);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  if (sms == 132) EXPECT_EQ(p.rows_per_warp, 4);
+  EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 1, sizeof(float), SpmmVariant::kAuto, true).variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(plan_spmm(16384, 4096, 671089, 1, sizeof(float)).variant, SpmmVariant::kGlobalX);
+  if (sms == 132) {
+    EXPECT_EQ(plan_spmm(8192, 8192, 6710886, 1, sizeof(float)).variant, SpmmVariant::kGlobalX);
+    EXPECT_EQ(plan_spmm(16384, 16384, 26843546, 1, sizeof(float)).variant, SpmmVariant::kGlobalX);
   }
   // Every plan of the row kernels: a power-of-two tile and lanes per row within its free lanes.
   for (const bool transposed : {false, true}) {
