@@ -89,8 +89,9 @@ struct WideChunk {
 // the 32 lanes in lane order.
 // A row longer than long_threshold would keep its warp busy long after the others (power-law row
 // lengths): the warp walks around the first such row of its group and hands it to its block (up to
-// kWideLongPerWarp rows per warp, the first ones in the warp's fixed order of groups), whose 8 warps
-// sum it in slices once their groups are done, then add the slices in warp order.
+// kWideLongPerWarp rows per warp, the first ones in the warp's fixed order of groups); once their
+// groups are done, each of the block's 8 warps sums a slice of every such row, and the slices are
+// added in warp order.
 // Every sum has a fixed order: the result is bitwise reproducible.
 // `vec`: values and col_idx are 16-byte aligned (else every slot is a scalar load).
 template <typename T, typename Index>
@@ -243,10 +244,12 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
     }
   }
 
-  // The deferred rows: each warp sums a slice, then the slices are added in warp order.
+  // The deferred rows: each warp sums its slice of every one, without waiting for the others; then
+  // a thread per row adds the row's slices in warp order.
   if (lane == 0) long_count[warp] = my_long_rows;
   if (!__syncthreads_or(my_long_rows > 0)) return;
-  A* slice_sums = partial[0];
+  A* slice_sums = &partial[0][0];  // [warp that deferred the row][its list entry][slice]
+  static_assert(kWideWarps * kWideLongPerWarp * kWideWarps <= kWideWarps * 32 * kWidePartialStride);
   for (int w = 0; w < kWideWarps; ++w) {  // block-uniform
     for (int i = 0; i < long_count[w]; ++i) {
       const int64_t o = long_rows[w][i];
@@ -256,16 +259,17 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
       acc = A(0);
       walk(lo, lo + slice < re ? lo + slice : re, false, std::false_type{});
       for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-      if (lane == 0) slice_sums[warp] = acc;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        A total = A(0);
-        for (int v = 0; v < kWideWarps; ++v) total += slice_sums[v];
-        if (bias) total += to_accum(bias[o]);
-        yrow[o] = from_accum<T>(apply_activation(total, act));
-      }
-      __syncthreads();
+      if (lane == 0) slice_sums[(w * kWideLongPerWarp + i) * kWideWarps + warp] = acc;
     }
+  }
+  __syncthreads();
+  const int w = threadIdx.x / kWideLongPerWarp, i = threadIdx.x % kWideLongPerWarp;
+  if (w < kWideWarps && i < long_count[w]) {
+    const int64_t o = long_rows[w][i];
+    A total = A(0);
+    for (int v = 0; v < kWideWarps; ++v) total += slice_sums[threadIdx.x * kWideWarps + v];
+    if (bias) total += to_accum(bias[o]);
+    yrow[o] = from_accum<T>(apply_activation(total, act));
   }
 }
 
