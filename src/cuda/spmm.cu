@@ -127,17 +127,22 @@ size_t smem_budget(const DeviceLimits& limits) {
                                                                 : 0;
 }
 
-// Whether the wide_rows kernel's row of X and its static buffers fit in a block's shared memory.
+// Shared memory of one wide_rows block: X's row and the static buffers (8-byte partial sums for fp64).
+size_t wide_rows_block_smem(int64_t in_dim, size_t value_bytes) {
+  const size_t static_smem =
+      value_bytes == 8 ? detail::wide_rows_static_smem<double>() : detail::wide_rows_static_smem<float>();
+  return detail::wide_rows_smem_bytes(value_bytes, in_dim) + static_smem;
+}
+
+// Whether a wide_rows block fits in the shared memory a block may have.
 bool wide_rows_fits(int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
-  const size_t static_smem = value_bytes == 8 ? detail::wide_rows_static_smem<double>() : detail::wide_rows_static_smem<float>();
-  return detail::wide_rows_smem_bytes(value_bytes, in_dim) + static_smem <= limits.smem_per_block;
+  return wide_rows_block_smem(in_dim, value_bytes) <= limits.smem_per_block;
 }
 
 // Blocks of the wide_rows kernel that one SM holds: kWideMinBlocks by its register bound, fewer where
 // the row of X takes more shared memory (1 KiB of each block's share is the system's).
 int wide_rows_blocks_per_sm(int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
-  const size_t static_smem = value_bytes == 8 ? detail::wide_rows_static_smem<double>() : detail::wide_rows_static_smem<float>();
-  const size_t per_block = detail::wide_rows_smem_bytes(value_bytes, in_dim) + static_smem + 1024;
+  const size_t per_block = wide_rows_block_smem(in_dim, value_bytes) + 1024;
   return int(std::max<size_t>(1, std::min<size_t>(detail::kWideMinBlocks, limits.smem_per_sm / per_block)));
 }
 
@@ -161,7 +166,7 @@ Status launch_wide_rows(const SpmmPlan& plan, const SlotPattern<Index>& w, const
     return InvalidArgument("wide_rows: rows per warp must be in [1, " + std::to_string(detail::kWideMaxRows) + "]");
   const size_t smem = detail::wide_rows_smem_bytes(sizeof(T), w.cols);
   auto kernel = detail::spmm_wide_rows_kernel<T, Index>;
-  if (smem + detail::wide_rows_static_smem<T>() > 48 * 1024)
+  if (wide_rows_block_smem(w.cols, sizeof(T)) > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t groups = detail::ceil_div(w.rows, plan.rows_per_warp);
   const int64_t resident = int64_t(limits.sms) * wide_rows_blocks_per_sm(w.cols, sizeof(T), limits);

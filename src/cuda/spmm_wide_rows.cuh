@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
   A acc = A(0);
   int k = 0;            // this lane's current row in its warp's group
   int32_t row_end = 0;  // and where that row ends
-  // Adds slots [lo, hi) into acc; with kTrackRows, acc is parked in my_partial[k] whenever the
+  // Adds slots [lo, hi) into acc; with track_rows, acc is parked in my_partial[k] whenever the
   // lane's next slot lies past row k. `preloaded`: cur already holds the lane's first chunk.
   auto walk = [&](int32_t lo, int32_t hi, bool preloaded, auto track_rows) {
     int32_t s0 = (lo & ~(kWideSlots - 1)) + lane * kWideSlots;
