@@ -28,6 +28,10 @@ enum class SpmmVariant : int {
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
+/// Whether a variant computes only the forward product (kCooAtomic, kWideRows), not dX = dY W.
+inline bool spmm_variant_is_forward_only(SpmmVariant v) {
+  return v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows;
+}
 
 /// Which CUDA kernel computes the SDDMM (the weight gradient at the slots); every one can be forced,
 /// for benchmarks and tests.

@@ -416,10 +416,8 @@ std::string describe(const SpmmPlan& plan) {
 
 Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool forward) {
   if (plan.variant == SpmmVariant::kAuto) return InvalidArgument("plan the product first (variant auto)");
-  if (plan.variant == SpmmVariant::kCooAtomic && !forward)
-    return InvalidArgument("coo_atomic runs only the forward product");
-  if (plan.variant == SpmmVariant::kWideRows && !forward)
-    return InvalidArgument("wide_rows runs only the forward product");
+  if (!forward && spmm_variant_is_forward_only(plan.variant))
+    return InvalidArgument(std::string(spmm_variant_name(plan.variant)) + " runs only the forward product");
   if (plan.variant == SpmmVariant::kSmemX) {
     DeviceLimits limits;
     SNACK_RETURN_IF_ERROR(device_limits(&limits));

@@ -34,7 +34,7 @@ __host__ __device__ inline size_t wide_rows_smem_bytes(size_t value_bytes, int64
 template <typename T>
 constexpr size_t wide_rows_static_smem() {
   return sizeof(accum_t<T>) * kWideWarps * 32 * kWidePartialStride +
-         sizeof(int32_t) * kWideWarps * (kWideMaxRows + 1 + kWideLongPerWarp + 1);
+         sizeof(int32_t) * kWideWarps * (kWideMaxRows + 1 + 3 * kWideLongPerWarp + 1);
 }
 
 // One lane's chunk: kWideSlots consecutive slots, values widened, indices as loaded (packed words).
@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
   T* xs = reinterpret_cast<T*>(smem_raw);
   __shared__ A partial[kWideWarps][32 * kWidePartialStride];
   __shared__ int32_t bounds[kWideWarps][kWideMaxRows + 1];
-  __shared__ int32_t long_rows[kWideWarps][kWideLongPerWarp];
+  __shared__ int32_t long_rows[kWideWarps][kWideLongPerWarp];   // a deferred row,
+  __shared__ int32_t long_range[kWideWarps][kWideLongPerWarp][2];  // and its slots [begin, end)
   __shared__ int long_count[kWideWarps];
 
   const int lane = threadIdx.x & 31;
@@ -118,23 +119,27 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
   A* my_partial = partial[warp] + lane * kWidePartialStride;
   int my_long_rows = 0;  // warp-uniform
 
-  // Lane i <= the group's row count holds row_ptr[first row + i].
-  auto load_bounds = [&](int64_t g) -> int32_t {
-    if (g >= groups) return 0;
-    const int64_t r = g * rows_per_warp + lane;
-    const int64_t last = out_dim < (g + 1) * rows_per_warp ? out_dim : (g + 1) * rows_per_warp;
-    return lane <= rows_per_warp && r <= last ? load_ro(row_ptr + r) : 0;
-  };
   auto group_rows = [&](int64_t g) {
     const int64_t left = out_dim - g * rows_per_warp;
     return int(left < rows_per_warp ? left : rows_per_warp);
+  };
+  // Lane i <= the group's row count holds row_ptr[first row + i].
+  auto load_bounds = [&](int64_t g) -> int32_t {
+    return g < groups && lane <= group_rows(g) ? load_ro(row_ptr + g * rows_per_warp + lane) : 0;
+  };
+  WideChunk<T, Index> cur;
+  // Requests this lane's first chunk of group g (row pointers in bnd) into cur.
+  auto load_first_chunk = [&](int64_t g, int32_t bnd) {
+    const int32_t begin = __shfl_sync(0xffffffffu, bnd, 0);
+    const int32_t end = __shfl_sync(0xffffffffu, bnd, group_rows(g));
+    const int32_t first = (begin & ~(kWideSlots - 1)) + lane * kWideSlots;
+    if (first < end) cur.load(values, col_idx, first, nnz, vec);
   };
 
   // The first group's row pointers and first chunk are requested together with X, so that the
   // three first misses overlap.
   int64_t g = int64_t(blockIdx.x) * kWideWarps + warp;
   int32_t bnd = load_bounds(g);
-  WideChunk<T, Index> cur;
   {
     const int cols = int(in_dim);  // fits in shared memory, so far below 2^31
     int c0 = threadIdx.x;
@@ -144,12 +149,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
       const int c = c0 + u * kWideThreads;
       xv[u] = c < cols ? xrow[c] : T{};
     }
-    if (g < groups) {
-      const int32_t begin = __shfl_sync(0xffffffffu, bnd, 0);
-      const int32_t end = __shfl_sync(0xffffffffu, bnd, group_rows(g));
-      const int32_t first = (begin & ~(kWideSlots - 1)) + lane * kWideSlots;
-      if (first < end) cur.load(values, col_idx, first, nnz, vec);
-    }
+    if (g < groups) load_first_chunk(g, bnd);
     for (;;) {
 #pragma unroll
       for (int u = 0; u < kWideXPerThread; ++u) {
@@ -206,9 +206,16 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
     const int32_t length = __shfl_down_sync(0xffffffffu, bnd, 1) - bnd;
     const unsigned longs = __ballot_sync(0xffffffffu, lane < rows && length > long_threshold);
     int deferred = -1;
+    int32_t deferred_begin = 0, deferred_end = 0;  // its slots
     if (longs && my_long_rows < kWideLongPerWarp) {  // warp-uniform
       deferred = __ffs(longs) - 1;
-      if (lane == 0) long_rows[warp][my_long_rows] = int32_t(g * rows_per_warp + deferred);
+      deferred_begin = __shfl_sync(0xffffffffu, bnd, deferred);
+      deferred_end = __shfl_sync(0xffffffffu, bnd, deferred + 1);
+      if (lane == 0) {
+        long_rows[warp][my_long_rows] = int32_t(g * rows_per_warp + deferred);
+        long_range[warp][my_long_rows][0] = deferred_begin;
+        long_range[warp][my_long_rows][1] = deferred_end;
+      }
       ++my_long_rows;
     }
     __syncwarp();
@@ -220,8 +227,8 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
     if (deferred < 0) {
       walk(begin, end, true, std::true_type{});
     } else {
-      walk(begin, bounds[warp][deferred], true, std::true_type{});
-      walk(bounds[warp][deferred + 1], end, false, std::true_type{});
+      walk(begin, deferred_begin, true, std::true_type{});
+      walk(deferred_end, end, false, std::true_type{});
     }
     my_partial[k] = acc;
     __syncwarp();
@@ -234,14 +241,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
     }
     __syncwarp();
 
-    // The next group's first chunk.
-    const int64_t g_next = g + warp_count;
-    if (g_next < groups) {
-      const int32_t nb = __shfl_sync(0xffffffffu, bnd, 0);
-      const int32_t ne = __shfl_sync(0xffffffffu, bnd, group_rows(g_next));
-      const int32_t first = (nb & ~(kWideSlots - 1)) + lane * kWideSlots;
-      if (first < ne) cur.load(values, col_idx, first, nnz, vec);
-    }
+    if (g + warp_count < groups) load_first_chunk(g + warp_count, bnd);
   }
 
   // The deferred rows: each warp sums its slice of every one, without waiting for the others; then
@@ -252,8 +252,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
   static_assert(kWideWarps * kWideLongPerWarp * kWideWarps <= kWideWarps * 32 * kWidePartialStride);
   for (int w = 0; w < kWideWarps; ++w) {  // block-uniform
     for (int i = 0; i < long_count[w]; ++i) {
-      const int64_t o = long_rows[w][i];
-      const int32_t rb = load_ro(row_ptr + o), re = load_ro(row_ptr + o + 1);
+      const int32_t rb = long_range[w][i][0], re = long_range[w][i][1];
       const int32_t slice = int32_t(ceil_div(re - rb, kWideWarps * kWideSlots)) * kWideSlots;
       const int32_t lo = rb + warp * slice;
       acc = A(0);

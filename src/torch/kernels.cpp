@@ -124,7 +124,7 @@ SpmmVariant resolve_variant(const std::string& name, bool transposed, const char
                     "' (expected auto, warp_row, smem_x, global_xt, global_x, wide_rows or coo_atomic)");
   if (v == SpmmVariant::kAuto) v = static_cast<SpmmVariant>(g_default_variant.load());
   // The process default may name a forward-only kernel; the transposed product then plans itself.
-  if (transposed && (v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows)) {
+  if (transposed && spmm_variant_is_forward_only(v)) {
     TORCH_CHECK_VALUE(name == "auto", "snack.", op, ": ", spmm_variant_name(v), " runs only the forward product");
     v = SpmmVariant::kAuto;
   }

@@ -29,7 +29,7 @@ def fits(variant, n, in_dim, dtype):
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     if variant == "wide_rows":  # X's row rounded to 16 bytes; the lanes' partial sums (17 per lane, 8 warps),
         accum = 8 if dtype == torch.float64 else 4  # the groups' row pointers and 8 deferred rows per warp
-        return (in_dim * dtype.itemsize + 15) // 16 * 16 + 8 * 32 * 17 * accum + 8 * (17 + 8 + 1) * 4 <= limit
+        return (in_dim * dtype.itemsize + 15) // 16 * 16 + 8 * 32 * 17 * accum + 8 * (17 + 3 * 8 + 1) * 4 <= limit
     if variant != "smem_x":
         return True
     tile = 1
