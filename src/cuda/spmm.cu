@@ -127,59 +127,108 @@ size_t smem_budget(const DeviceLimits& limits) {
                                                                 : 0;
 }
 
-// Shared memory of one wide_rows block: X's row and the static buffers (8-byte partial sums for fp64).
-size_t wide_rows_block_smem(int64_t in_dim, size_t value_bytes) {
-  const size_t static_smem =
-      value_bytes == 8 ? detail::wide_rows_static_smem<double>() : detail::wide_rows_static_smem<float>();
-  return detail::wide_rows_smem_bytes(value_bytes, in_dim) + static_smem;
+// Shared memory of one wide_rows block: the batch tile of X, the lanes' partial sums (8-byte for
+// fp64) and the static buffers.
+size_t wide_rows_block_smem(int64_t in_dim, size_t value_bytes, int tile, int rows_per_warp) {
+  const size_t accum_bytes = value_bytes == 8 ? 8 : 4;
+  return detail::wide_rows_smem_bytes(value_bytes, accum_bytes, in_dim, tile, rows_per_warp) +
+         detail::wide_rows_static_smem(tile);
 }
 
-// Whether a wide_rows block fits in the shared memory a block may have.
-bool wide_rows_fits(int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
-  return wide_rows_block_smem(in_dim, value_bytes) <= limits.smem_per_block;
+// Blocks of the wide_rows kernel that one SM holds: 32 warps by its register bound, fewer where
+// shared memory runs out first (1 KiB of each block's share is the system's).
+int wide_rows_blocks_per_sm(size_t block_smem, int tile, const DeviceLimits& limits) {
+  const size_t by_registers = detail::kWideWarpsPerSm * 32 / detail::wide_rows_threads(tile);
+  return int(std::max<size_t>(1, std::min<size_t>(by_registers, limits.smem_per_sm / (block_smem + 1024))));
 }
 
-// Blocks of the wide_rows kernel that one SM holds: kWideMinBlocks by its register bound, fewer where
-// the row of X takes more shared memory (1 KiB of each block's share is the system's).
-int wide_rows_blocks_per_sm(int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
-  const size_t per_block = wide_rows_block_smem(in_dim, value_bytes) + 1024;
-  return int(std::max<size_t>(1, std::min<size_t>(detail::kWideMinBlocks, limits.smem_per_sm / per_block)));
+// How a wide_rows launch runs a product: its batch tile, rows per warp group, dynamic shared memory
+// per block and blocks per SM; tile 0 where not even one row of X fits in shared memory.
+struct WideRowsShape {
+  int tile = 0;
+  int rows_per_warp = 1;
+  size_t smem = 0;
+  int blocks_per_sm = 0;
+};
+
+// The widest batch tile that fits (a power of two, at most the batch and kWideMaxTile; 1 for fp64,
+// which only the gradient checks use), with as few rows per warp group as still give every warp of
+// the SMs a group (one wave), at most kWideMaxRows and at most what shared memory holds beside the
+// tile (a longer group would only lengthen the slowest warp).
+WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t value_bytes,
+                              const DeviceLimits& limits) {
+  const int64_t warps = int64_t(limits.sms) * detail::kWideWarpsPerSm;
+  const int wanted_rows = int(std::clamp<int64_t>(detail::ceil_div(out_dim, warps), 1, detail::kWideMaxRows));
+  const int widest = value_bytes == 8 ? 1 : next_pow2(std::clamp<int64_t>(n, 1, detail::kWideMaxTile));
+  for (int tile = widest; tile >= 1; tile /= 2) {
+    for (int rows = wanted_rows; rows >= 1; --rows) {
+      const size_t block = wide_rows_block_smem(in_dim, value_bytes, tile, rows);
+      if (block > limits.smem_per_block) continue;
+      WideRowsShape shape;
+      shape.tile = tile;
+      shape.rows_per_warp = rows;
+      shape.smem = block - detail::wide_rows_static_smem(tile);
+      shape.blocks_per_sm = wide_rows_blocks_per_sm(block, tile, limits);
+      return shape;
+    }
+  }
+  return {};
 }
 
-// Rows per warp group: as few as still give every resident warp a group (one wave), at most
-// kWideMaxRows (a longer group would only lengthen the slowest warp).
-int wide_rows_per_warp(int64_t out_dim, int64_t in_dim, size_t value_bytes, const DeviceLimits& limits) {
-  const int64_t warps = int64_t(limits.sms) * wide_rows_blocks_per_sm(in_dim, value_bytes, limits) * detail::kWideWarps;
-  return int(std::max<int64_t>(1, std::min<int64_t>(detail::kWideMaxRows, detail::ceil_div(out_dim, warps))));
+template <typename T, typename Index, int kTile>
+Status launch_wide_rows_tile(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
+                             const T* bias, T* y, Activation act, Stream stream, int blocks_per_sm,
+                             const DeviceLimits& limits) {
+  auto kernel = detail::spmm_wide_rows_kernel<T, Index, kTile>;
+  if (plan.smem_bytes + detail::wide_rows_static_smem(kTile) > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  const int64_t groups = detail::ceil_div(w.rows, plan.rows_per_warp);
+  const int64_t resident = int64_t(limits.sms) * blocks_per_sm;
+  constexpr int64_t kWarps = detail::wide_rows_threads(kTile) / 32;
+  const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(resident, detail::ceil_div(groups, kWarps))));
+  const bool vec = reinterpret_cast<uintptr_t>(values) % 16 == 0 && reinterpret_cast<uintptr_t>(w.col_idx) % 16 == 0;
+  const int64_t tiles = detail::ceil_div(n, kTile);
+  for (int64_t t0 = 0; t0 < tiles; t0 += 65535) {
+    const unsigned count = unsigned(std::min<int64_t>(65535, tiles - t0));
+    kernel<<<dim3(blocks, count), detail::wide_rows_threads(kTile), plan.smem_bytes, stream>>>(
+        w.row_ptr, w.col_idx, values, int32_t(w.nnz), w.rows, w.cols, x, n, t0 * kTile, bias, y, act,
+        plan.rows_per_warp, plan.long_row_threshold, vec);
+    SNACK_RETURN_IF_ERROR(check_launch("spmm_wide_rows_kernel"));
+  }
+  return Status::Ok();
 }
 
-// The wide_rows kernel: per batch row (grid.y), enough blocks for the row groups, at most as many as
+// The wide_rows kernel: per batch tile (grid.y), enough blocks for the row groups, at most as many as
 // the SMs hold at once (their warps then stride over the groups).
 template <typename T, typename Index>
 Status launch_wide_rows(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
                         const T* bias, T* y, Activation act, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
-  if (!wide_rows_fits(w.cols, sizeof(T), limits))
-    return InvalidArgument("wide_rows: a row of X (" + std::to_string(w.cols) + " values) does not fit in shared memory");
+  const int tile = plan.batch_tile;
+  if (tile < 1 || tile > detail::kWideMaxTile || (tile & (tile - 1)) || (sizeof(T) == 8 && tile != 1))
+    return InvalidArgument("wide_rows: the batch tile must be 1, 2, 4 or 8 (1 for float64)");
   if (plan.rows_per_warp < 1 || plan.rows_per_warp > detail::kWideMaxRows)
     return InvalidArgument("wide_rows: rows per warp must be in [1, " + std::to_string(detail::kWideMaxRows) + "]");
-  const size_t smem = detail::wide_rows_smem_bytes(sizeof(T), w.cols);
-  auto kernel = detail::spmm_wide_rows_kernel<T, Index>;
-  if (wide_rows_block_smem(w.cols, sizeof(T)) > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const int64_t groups = detail::ceil_div(w.rows, plan.rows_per_warp);
-  const int64_t resident = int64_t(limits.sms) * wide_rows_blocks_per_sm(w.cols, sizeof(T), limits);
-  const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(resident, detail::ceil_div(groups, detail::kWideWarps))));
-  const bool vec = reinterpret_cast<uintptr_t>(values) % 16 == 0 && reinterpret_cast<uintptr_t>(w.col_idx) % 16 == 0;
-  for (int64_t b0 = 0; b0 < n; b0 += 65535) {
-    const unsigned rows = unsigned(std::min<int64_t>(65535, n - b0));
-    kernel<<<dim3(blocks, rows), detail::kWideThreads, smem, stream>>>(w.row_ptr, w.col_idx, values, int32_t(w.nnz), w.rows,
-                                                                      w.cols, x, b0, bias, y, act, plan.rows_per_warp,
-                                                                      plan.long_row_threshold, vec);
-    SNACK_RETURN_IF_ERROR(check_launch("spmm_wide_rows_kernel"));
+  const size_t block = wide_rows_block_smem(w.cols, sizeof(T), tile, plan.rows_per_warp);
+  if (block > limits.smem_per_block)
+    return InvalidArgument("wide_rows: a batch tile of " + std::to_string(tile) + " x " + std::to_string(w.cols) +
+                           " values of X and the partial sums of " + std::to_string(plan.rows_per_warp) +
+                           " rows per warp do not fit in shared memory");
+  if (plan.smem_bytes != block - detail::wide_rows_static_smem(tile))
+    return InvalidArgument("wide_rows: the plan's shared memory does not match its tile and rows per warp");
+  const int blocks_per_sm = wide_rows_blocks_per_sm(block, tile, limits);
+  if constexpr (sizeof(T) == 8) {
+    return launch_wide_rows_tile<T, Index, 1>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+  } else {
+    switch (tile) {
+      case 1: return launch_wide_rows_tile<T, Index, 1>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+      case 2: return launch_wide_rows_tile<T, Index, 2>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+      case 4: return launch_wide_rows_tile<T, Index, 4>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+      default: return launch_wide_rows_tile<T, Index, 8>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+    }
   }
-  return Status::Ok();
 }
 
 using detail::XLayout;
@@ -318,6 +367,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   const double avg = out_dim > 0 ? double(nnz) / double(out_dim) : 0.0;
   const int tile_small = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
   const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= smem_budget(limits);
+  const WideRowsShape wide = transposed ? WideRowsShape{} : wide_rows_shape(out_dim, in_dim, n, value_bytes, limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
     // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row of a large product
@@ -326,10 +376,9 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     // first product, about as long as the whole product at 99% sparsity); staging X in shared
     // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
     // where X is small enough to stay in L1 or the product is tiny (kGlobalXMaxBytes, kTinyProduct).
-    if (n == 1 && !transposed && wide_rows_fits(in_dim, value_bytes, limits) &&
-        wide_rows_blocks_per_sm(in_dim, value_bytes, limits) == detail::kWideMinBlocks &&
-        wide_rows_per_warp(out_dim, in_dim, value_bytes, limits) >= kWideRowsMinRowsPerWarp &&
-        avg >= kWideRowsMinAverage) {
+    const bool wide_full = wide.tile > 0 && wide.blocks_per_sm * detail::wide_rows_threads(wide.tile) ==
+                                                 detail::kWideWarpsPerSm * 32;  // 32 warps per SM
+    if (n == 1 && wide_full && wide.rows_per_warp >= kWideRowsMinRowsPerWarp && avg >= kWideRowsMinAverage) {
       v = SpmmVariant::kWideRows;
       plan.reason = "batch of 1, " + std::to_string(out_dim) + " rows of " + std::to_string(int64_t(avg)) +
                     " slots on average: a warp per group of rows reads their slots with 16-byte loads, X's row "
@@ -377,9 +426,15 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       plan.batch_tile = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
       break;
     case SpmmVariant::kWideRows:
-      plan.batch_tile = 1;
-      plan.smem_bytes = detail::wide_rows_smem_bytes(value_bytes, in_dim);
-      plan.rows_per_warp = wide_rows_per_warp(out_dim, in_dim, value_bytes, limits);
+      if (wide.tile > 0) {
+        plan.batch_tile = wide.tile;
+        plan.rows_per_warp = wide.rows_per_warp;
+        plan.smem_bytes = wide.smem;
+      } else {  // the launch says what does not fit
+        plan.batch_tile = 1;
+        plan.rows_per_warp = 1;
+        plan.smem_bytes = wide_rows_block_smem(in_dim, value_bytes, 1, 1) - detail::wide_rows_static_smem(1);
+      }
       break;
     default:
       plan.batch_tile = 1;
@@ -404,7 +459,8 @@ bool plan_transposes_whole_input(const SpmmPlan& plan, int64_t n) {
 
 std::string describe(const SpmmPlan& plan) {
   if (plan.variant == SpmmVariant::kWideRows)
-    return "wide_rows (one batch row per pass, " + std::to_string(plan.rows_per_warp) + " rows per warp, " +
+    return "wide_rows (batch tile " + std::to_string(plan.batch_tile) + ", " + std::to_string(plan.rows_per_warp) +
+           " rows per warp, " +
            std::to_string(plan.smem_bytes) + " B shared memory): " + plan.reason;
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile) +
                   ", " + std::to_string(plan.lanes_per_row) + " lanes per row";

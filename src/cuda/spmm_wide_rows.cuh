@@ -1,40 +1,114 @@
-// The wide_rows forward SpMM kernel: a batch of one row, W's slot arrays read with 16-byte loads.
+// The wide_rows forward SpMM kernel: a batch tile of 1-8 rows, W's slot arrays read with 16-byte loads.
 //
 // Why a kernel of its own: the row kernels (spmm_kernels.cuh) give each lane one slot of a row at a
-// time, so at one batch row their loads of W are 4- and 2-byte scalars whose chain (row pointer ->
-// slots -> X) keeps little of W in flight, and X's row is gathered through L1, where the stream of W
-// evicts it (H200, 16384x4096 at 90%: ~1.6 TB/s of W, docs/kernels.md). Here a warp owns a group of
-// consecutive rows, whose slots are one contiguous range: each lane reads 8 consecutive slots (values
-// and indices as 16-byte vectors) per chunk, the next chunk requested before the current one is used,
-// and X's row sits in shared memory, whose gathers cost a few bank cycles per warp instead of an L1
-// wavefront per slot.
+// time, so at small batches their loads of W are 4- and 2-byte scalars whose chain (row pointer ->
+// slots -> X) keeps little of W in flight, and X is gathered through L1, one wavefront per slot,
+// where the stream of W evicts it (H200, 16384x4096 at 90%: ~1.6 TB/s of W at one batch row,
+// docs/kernels.md). Here a warp owns a group of consecutive rows, whose slots are one contiguous
+// range: each lane reads 8 consecutive slots (values and indices as 16-byte vectors) per chunk, the
+// next chunk requested before the current one is used, and the batch tile of X sits in shared memory
+// (column-major: one column's tile values side by side), whose gathers cost a few bank cycles per
+// warp instead of an L1 wavefront per slot.
 #pragma once
 
 #include "spmm_kernels.cuh"
 
 namespace snack::cuda::detail {
 
-constexpr int kWideThreads = 256;
-constexpr int kWideWarps = kWideThreads / 32;
 constexpr int kWideSlots = 8;                        // consecutive slots per lane per chunk
 constexpr int kWideChunk = 32 * kWideSlots;          // slots per warp per chunk
 constexpr int kWideMaxRows = 16;                     // rows per warp group, at most
-constexpr int kWidePartialStride = kWideMaxRows + 1; // odd: a row's 32 lane partials fall in 32 banks
-constexpr int kWideXPerThread = 8;                   // X values a thread stages per round
-constexpr int kWideMinBlocks = 4;                    // blocks per SM its 64-register bound allows
+constexpr int kWideMaxTile = 8;                      // batch rows per pass, at most
+constexpr int kWideXPerThread = 8;                   // X values a thread stages per round (tile of 1)
 constexpr int kWideLongPerWarp = 8;                  // long rows a warp can hand to its block
+constexpr int kWideWarpsPerSm = 32;                  // its 64-register bound: 32 warps per SM
 
-// Dynamic shared memory of the kernel: X's row (in_dim values), rounded up to 16 bytes.
-__host__ __device__ inline size_t wide_rows_smem_bytes(size_t value_bytes, int64_t in_dim) {
-  return (size_t(in_dim) * value_bytes + 15) / 16 * 16;
+// Threads per block: a tile of one row runs 4 blocks of 256 per SM (each stages its own copy of the
+// row, 4-16 KiB; measured faster than one block of 1024 in session 14); a wider tile (up to 8 x
+// in_dim values) is staged once per SM by one block of 1024.
+__host__ __device__ constexpr int wide_rows_threads(int tile) { return tile == 1 ? 256 : 1024; }
+
+// Bytes of the batch tile of X in shared memory (in_dim x tile values), rounded up to 16.
+__host__ __device__ inline size_t wide_rows_tile_bytes(size_t value_bytes, int64_t in_dim, int tile) {
+  return (size_t(in_dim) * size_t(tile) * value_bytes + 15) / 16 * 16;
 }
 
-// Static shared memory of the kernel (per-lane partial sums, the groups' row pointers, the list of
-// deferred long rows).
-template <typename T>
-constexpr size_t wide_rows_static_smem() {
-  return sizeof(accum_t<T>) * kWideWarps * 32 * kWidePartialStride +
-         sizeof(int32_t) * kWideWarps * (kWideMaxRows + 1 + 3 * kWideLongPerWarp + 1);
+// The lanes' partial sums of one group: rows_per_warp x tile per lane, an odd stride so that lanes
+// parking the same row at once fall in different banks.
+__host__ __device__ constexpr int wide_rows_partial_stride(int rows_per_warp, int tile) {
+  return (rows_per_warp * tile) | 1;
+}
+
+// Dynamic shared memory of the kernel: the tile of X, then the lanes' partial sums.
+__host__ __device__ inline size_t wide_rows_smem_bytes(size_t value_bytes, size_t accum_bytes, int64_t in_dim, int tile,
+                                                       int rows_per_warp) {
+  return wide_rows_tile_bytes(value_bytes, in_dim, tile) +
+         size_t(wide_rows_threads(tile)) * size_t(wide_rows_partial_stride(rows_per_warp, tile)) * accum_bytes;
+}
+
+// Static shared memory of the kernel (the groups' row pointers, the lists of deferred long rows).
+__host__ __device__ constexpr size_t wide_rows_static_smem(int tile) {
+  return sizeof(int32_t) * size_t(wide_rows_threads(tile) / 32) * (kWideMaxRows + 1 + 3 * kWideLongPerWarp + 1);
+}
+
+// How one column's `tile` values are read: in 16-byte pieces of kElems values (the whole column where
+// it is shorter). With two or more pieces, lane l reads piece q ^ rot (rot = l mod kPieces) into its
+// accumulators q: neighbouring lanes then start in different bank groups, so that the 8 lanes of a
+// 16-byte load's phase spread over all 8 groups instead of half of them.
+template <typename T, int kTile>
+struct WideTile {
+  static constexpr int kElems = int(16 / sizeof(T)) < kTile ? int(16 / sizeof(T)) : kTile;
+  static constexpr int kPieces = kTile / kElems;
+};
+
+// kE consecutive values of T in shared memory (p aligned to kE * sizeof(T)), widened.
+template <typename T, int kE>
+__device__ __forceinline__ void load_shared_vec(const T* p, accum_t<T> (&out)[kE]) {
+  if constexpr (std::is_same_v<T, float> && kE == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
+  } else if constexpr (std::is_same_v<T, float> && kE == 2) {
+    const float2 q = *reinterpret_cast<const float2*>(p);
+    out[0] = q.x; out[1] = q.y;
+  } else if constexpr (std::is_same_v<T, double> && kE == 2) {
+    const double2 q = *reinterpret_cast<const double2*>(p);
+    out[0] = q.x; out[1] = q.y;
+  } else if constexpr (kIsHalfType<T> && kE == 8) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    unpack_pair<T>(q.x, out[0], out[1]); unpack_pair<T>(q.y, out[2], out[3]);
+    unpack_pair<T>(q.z, out[4], out[5]); unpack_pair<T>(q.w, out[6], out[7]);
+  } else if constexpr (kIsHalfType<T> && kE == 4) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    unpack_pair<T>(q.x, out[0], out[1]); unpack_pair<T>(q.y, out[2], out[3]);
+  } else if constexpr (kIsHalfType<T> && kE == 2) {
+    unpack_pair<T>(*reinterpret_cast<const uint32_t*>(p), out[0], out[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kE; ++j) out[j] = to_accum(p[j]);
+  }
+}
+
+// Stores kN values of T to shared memory (p aligned to 16 bytes or to the whole run) as 16-byte
+// vectors where they fill one.
+template <typename T, int kN>
+__device__ __forceinline__ void store_shared_run(T* p, const T (&v)[kN]) {
+  constexpr int kBytes = kN * int(sizeof(T));
+  if constexpr (kBytes % 16 == 0 || kBytes == 8 || kBytes == 4) {
+    constexpr int kWords = kBytes / 4;
+    uint32_t w[kWords];
+    memcpy(w, v, kBytes);  // a register move
+    if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+      for (int q = 0; q < kWords; q += 4) reinterpret_cast<uint4*>(p)[q / 4] = make_uint4(w[q], w[q + 1], w[q + 2], w[q + 3]);
+    } else if constexpr (kBytes == 8) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    } else {
+      *reinterpret_cast<uint32_t*>(p) = w[0];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) p[j] = v[j];
+  }
 }
 
 // One lane's chunk: kWideSlots consecutive slots, values widened, indices as loaded (packed words).
@@ -80,43 +154,49 @@ struct WideChunk {
   }
 };
 
-// y[b, o] = act(sum_s values[s] x[b, col_idx[s]] + bias[o]) for the batch row b = batch0 + blockIdx.y.
+// y[b, o] = act(sum_s values[s] x[b, col_idx[s]] + bias[o]) for the batch rows b of this block's tile,
+// b0 = batch0 + kTile blockIdx.y .. min(b0 + kTile, n) - 1.
 //
 // Rows are taken in groups of rows_per_warp (<= kWideMaxRows) consecutive rows, one group per warp at
 // a time (groups strided over the grid's warps). A lane walks the group's slot range in chunks of 8
-// slots (lane l: slots start + 8 l .. + 7, then + 256), keeps one running sum, and parks it in its
-// column of `partial` when its slots move on to the next row; the group's rows are then summed over
-// the 32 lanes in lane order.
+// slots (lane l: slots start + 8 l .. + 7, then + 256), keeps one running sum per batch row of the
+// tile, and parks them in its part of `partial` when its slots move on to the next row; the group's
+// rows are then summed over the 32 lanes in lane order.
 // A row longer than long_threshold would keep its warp busy long after the others (power-law row
 // lengths): the warp walks around the first such row of its group and hands it to its block (up to
 // kWideLongPerWarp rows per warp, the first ones in the warp's fixed order of groups); once their
-// groups are done, each of the block's 8 warps sums a slice of every such row, and the slices are
+// groups are done, each of the block's warps sums a slice of every such row, and the slices are
 // added in warp order.
 // Every sum has a fixed order: the result is bitwise reproducible.
 // `vec`: values and col_idx are 16-byte aligned (else every slot is a scalar load).
-template <typename T, typename Index>
-__global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
+template <typename T, typename Index, int kTile>
+__global__ void __launch_bounds__(wide_rows_threads(kTile), kWideWarpsPerSm * 32 / wide_rows_threads(kTile))
     spmm_wide_rows_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx,
                           const T* __restrict__ values, int32_t nnz, int64_t out_dim, int64_t in_dim,
-                          const T* __restrict__ x, int64_t batch0, const T* __restrict__ bias, T* __restrict__ y,
-                          Activation act, int rows_per_warp, int32_t long_threshold, bool vec) {
+                          const T* __restrict__ x, int64_t n, int64_t batch0, const T* __restrict__ bias,
+                          T* __restrict__ y, Activation act, int rows_per_warp, int32_t long_threshold, bool vec) {
   using A = accum_t<T>;
+  constexpr int kThreads = wide_rows_threads(kTile);
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kE = WideTile<T, kTile>::kElems;
+  constexpr int kPieces = WideTile<T, kTile>::kPieces;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* xs = reinterpret_cast<T*>(smem_raw);
-  __shared__ A partial[kWideWarps][32 * kWidePartialStride];
-  __shared__ int32_t bounds[kWideWarps][kWideMaxRows + 1];
-  __shared__ int32_t long_rows[kWideWarps][kWideLongPerWarp];   // a deferred row,
-  __shared__ int32_t long_range[kWideWarps][kWideLongPerWarp][2];  // and its slots [begin, end)
-  __shared__ int long_count[kWideWarps];
+  T* xs = reinterpret_cast<T*>(smem_raw);  // xs[c * kTile + b] = x[b0 + b, c]
+  A* partial = reinterpret_cast<A*>(smem_raw + wide_rows_tile_bytes(sizeof(T), in_dim, kTile));
+  __shared__ int32_t bounds[kWarps][kWideMaxRows + 1];
+  __shared__ int32_t long_rows[kWarps][kWideLongPerWarp];     // a deferred row,
+  __shared__ int32_t long_range[kWarps][kWideLongPerWarp][2];  // and its slots [begin, end)
+  __shared__ int long_count[kWarps];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int64_t b = batch0 + blockIdx.y;
-  const T* xrow = x + b * in_dim;
-  T* yrow = y + b * out_dim;
+  const int64_t b0 = batch0 + int64_t(blockIdx.y) * kTile;
+  const int tile_rows = int(n - b0 < kTile ? n - b0 : kTile);
+  const int stride = wide_rows_partial_stride(rows_per_warp, kTile);
+  const int rot = lane & (kPieces - 1);  // this lane's first piece of a column (WideTile)
   const int64_t groups = ceil_div(out_dim, rows_per_warp);
-  const int64_t warp_count = int64_t(gridDim.x) * kWideWarps;
-  A* my_partial = partial[warp] + lane * kWidePartialStride;
+  const int64_t warp_count = int64_t(gridDim.x) * kWarps;
+  A* my_partial = partial + (warp * 32 + lane) * stride;
   int my_long_rows = 0;  // warp-uniform
 
   auto group_rows = [&](int64_t g) {
@@ -138,39 +218,57 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
 
   // The first group's row pointers and first chunk are requested together with X, so that the
   // three first misses overlap.
-  int64_t g = int64_t(blockIdx.x) * kWideWarps + warp;
+  int64_t g = int64_t(blockIdx.x) * kWarps + warp;
   int32_t bnd = load_bounds(g);
-  {
-    const int cols = int(in_dim);  // fits in shared memory, so far below 2^31
+  const int cols = int(in_dim);  // fits in shared memory, so far below 2^31
+  if constexpr (kTile == 1) {
+    const T* xrow = x + b0 * in_dim;
     int c0 = threadIdx.x;
     T xv[kWideXPerThread];
 #pragma unroll
     for (int u = 0; u < kWideXPerThread; ++u) {
-      const int c = c0 + u * kWideThreads;
+      const int c = c0 + u * kThreads;
       xv[u] = c < cols ? xrow[c] : T{};
     }
     if (g < groups) load_first_chunk(g, bnd);
     for (;;) {
 #pragma unroll
       for (int u = 0; u < kWideXPerThread; ++u) {
-        const int c = c0 + u * kWideThreads;
+        const int c = c0 + u * kThreads;
         if (c < cols) xs[c] = xv[u];
       }
-      c0 += kWideXPerThread * kWideThreads;
+      c0 += kWideXPerThread * kThreads;
       if (c0 >= cols) break;
 #pragma unroll
       for (int u = 0; u < kWideXPerThread; ++u) {
-        const int c = c0 + u * kWideThreads;
+        const int c = c0 + u * kThreads;
         xv[u] = c < cols ? xrow[c] : T{};
       }
+    }
+  } else {
+    // A thread stages whole columns: the tile's rows are read coalesced (one row per load), and
+    // the column is written as 16-byte vectors. Rows past the batch read as zero.
+    if (g < groups) load_first_chunk(g, bnd);
+    const T* xtile = x + b0 * in_dim;
+#pragma unroll 2
+    for (int c = threadIdx.x; c < cols; c += kThreads) {
+      T column[kTile];
+#pragma unroll
+      for (int b = 0; b < kTile; ++b) column[b] = b < tile_rows ? xtile[int64_t(b) * in_dim + c] : T{};
+      store_shared_run<T, kTile>(xs + int64_t(c) * kTile, column);
     }
   }
   __syncthreads();
 
-  A acc = A(0);
+  A acc[kTile];
   int k = 0;            // this lane's current row in its warp's group
   int32_t row_end = 0;  // and where that row ends
-  // Adds slots [lo, hi) into acc; with track_rows, acc is parked in my_partial[k] whenever the
+  // acc[j] holds batch row j ^ (rot kE) of the tile (WideTile).
+  auto park = [&](int row) {
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) my_partial[row * kTile + (j ^ (rot * kE))] = acc[j];
+  };
+  // Adds slots [lo, hi) into acc; with track_rows, acc is parked in row k of my_partial whenever the
   // lane's next slot lies past row k. `preloaded`: cur already holds the lane's first chunk.
   auto walk = [&](int32_t lo, int32_t hi, bool preloaded, auto track_rows) {
     int32_t s0 = (lo & ~(kWideSlots - 1)) + lane * kWideSlots;
@@ -184,13 +282,25 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
         if (s < lo || s >= hi) continue;  // a slot of a neighbouring range
         if constexpr (decltype(track_rows)::value) {
           while (s >= row_end) {  // this lane's slots moved on to a later row
-            my_partial[k] = acc;
-            acc = A(0);
+            park(k);
+#pragma unroll
+            for (int j = 0; j < kTile; ++j) acc[j] = A(0);
             ++k;
             row_end = bounds[warp][k + 1];
           }
         }
-        acc += cur.val[u] * to_accum(xs[cur.column(u)]);
+        const T* column = xs + cur.column(u) * kTile;  // below 2^31: the tile fits in shared memory
+        if constexpr (kTile == 1) {
+          acc[0] += cur.val[u] * to_accum(column[0]);
+        } else {
+#pragma unroll
+          for (int q = 0; q < kPieces; ++q) {
+            A xv[kE];
+            load_shared_vec<T, kE>(column + (q ^ rot) * kE, xv);
+#pragma unroll
+            for (int i = 0; i < kE; ++i) acc[q * kE + i] += cur.val[u] * xv[i];
+          }
+        }
       }
       cur = next;
     }
@@ -199,7 +309,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
   for (; g < groups; g += warp_count) {
     const int rows = group_rows(g);
     if (lane <= rows) bounds[warp][lane] = bnd;
-    for (int r = 0; r < rows; ++r) my_partial[r] = A(0);
+    for (int t = 0; t < rows * kTile; ++t) my_partial[t] = A(0);
     const int32_t begin = __shfl_sync(0xffffffffu, bnd, 0);
     const int32_t end = __shfl_sync(0xffffffffu, bnd, rows);
     // The group's first row longer than long_threshold goes to the block (while the warp's list has room).
@@ -221,7 +331,8 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
     __syncwarp();
     bnd = load_bounds(g + warp_count);  // the next group's, in flight during this one
 
-    acc = A(0);
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) acc[j] = A(0);
     k = 0;
     row_end = bounds[warp][1];
     if (deferred < 0) {
@@ -230,45 +341,80 @@ __global__ void __launch_bounds__(kWideThreads, kWideMinBlocks)
       walk(begin, deferred_begin, true, std::true_type{});
       walk(deferred_end, end, false, std::true_type{});
     }
-    my_partial[k] = acc;
+    park(k);
     __syncwarp();
-    if (lane < rows && lane != deferred) {
+    // Lane t sums entry t of the lanes' partials (row t / kTile, batch row t % kTile) in lane order.
+    for (int t = lane; t < rows * kTile; t += 32) {
+      const int r = t / kTile, b = t % kTile;
+      if (r == deferred || b >= tile_rows) continue;
+      const A* column = partial + warp * 32 * stride + t;
       A total = A(0);
-      for (int j = 0; j < 32; ++j) total += partial[warp][j * kWidePartialStride + lane];
-      const int64_t o = g * rows_per_warp + lane;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) total += column[j * stride];
+      const int64_t o = g * rows_per_warp + r;
       if (bias) total += to_accum(bias[o]);
-      yrow[o] = from_accum<T>(apply_activation(total, act));
+      y[(b0 + b) * out_dim + o] = from_accum<T>(apply_activation(total, act));
     }
     __syncwarp();
 
     if (g + warp_count < groups) load_first_chunk(g + warp_count, bnd);
   }
 
-  // The deferred rows: each warp sums its slice of every one, without waiting for the others; then
-  // a thread per row adds the row's slices in warp order.
+  // The deferred rows, in rounds of as many as `partial` holds slices of: each warp sums its slice of
+  // every row of the round, without waiting for the others; then a thread per (row, batch row) adds
+  // the row's slices in warp order.
   if (lane == 0) long_count[warp] = my_long_rows;
   if (!__syncthreads_or(my_long_rows > 0)) return;
-  A* slice_sums = &partial[0][0];  // [warp that deferred the row][its list entry][slice]
-  static_assert(kWideWarps * kWideLongPerWarp * kWideWarps <= kWideWarps * 32 * kWidePartialStride);
-  for (int w = 0; w < kWideWarps; ++w) {  // block-uniform
-    for (int i = 0; i < long_count[w]; ++i) {
+  int total_long = 0;
+  for (int w = 0; w < kWarps; ++w) total_long += long_count[w];
+  A* slice_sums = partial;  // [row of the round][warp][batch row]
+  const int round_rows = 32 * stride / kTile;
+  // The (warp, list entry) of deferred row e, in the block's fixed order.
+  auto entry = [&](int e, int& w, int& i) {
+    for (w = 0; e >= long_count[w]; ++w) e -= long_count[w];
+    i = e;
+  };
+  for (int e0 = 0; e0 < total_long; e0 += round_rows) {  // block-uniform
+    const int round_end = total_long - e0 < round_rows ? total_long : e0 + round_rows;
+    for (int e = e0; e < round_end; ++e) {
+      int w, i;
+      entry(e, w, i);
       const int32_t rb = long_range[w][i][0], re = long_range[w][i][1];
-      const int32_t slice = int32_t(ceil_div(re - rb, kWideWarps * kWideSlots)) * kWideSlots;
+      const int32_t slice = int32_t(ceil_div(re - rb, kWarps * kWideSlots)) * kWideSlots;
       const int32_t lo = rb + warp * slice;
-      acc = A(0);
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) acc[j] = A(0);
       walk(lo, lo + slice < re ? lo + slice : re, false, std::false_type{});
-      for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-      if (lane == 0) slice_sums[(w * kWideLongPerWarp + i) * kWideWarps + warp] = acc;
+      // Back to batch order before the lanes are summed (lanes of another rot hold other rows in acc[j]).
+      A sum[kTile];
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) {
+        sum[j] = acc[j];
+#pragma unroll
+        for (int r = 1; r < kPieces; ++r)
+          if (rot == r) sum[j] = acc[j ^ (r * kE)];
+      }
+#pragma unroll
+      for (int j = 0; j < kTile; ++j)
+        for (int offset = 16; offset > 0; offset >>= 1) sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], offset);
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < kTile; ++j) slice_sums[((e - e0) * kWarps + warp) * kTile + j] = sum[j];
+      }
     }
-  }
-  __syncthreads();
-  const int w = threadIdx.x / kWideLongPerWarp, i = threadIdx.x % kWideLongPerWarp;
-  if (w < kWideWarps && i < long_count[w]) {
-    const int64_t o = long_rows[w][i];
-    A total = A(0);
-    for (int v = 0; v < kWideWarps; ++v) total += slice_sums[threadIdx.x * kWideWarps + v];
-    if (bias) total += to_accum(bias[o]);
-    yrow[o] = from_accum<T>(apply_activation(total, act));
+    __syncthreads();
+    for (int t = threadIdx.x; t < (round_end - e0) * kTile; t += kThreads) {
+      const int b = t % kTile;
+      if (b >= tile_rows) continue;
+      int w, i;
+      entry(e0 + t / kTile, w, i);
+      const int64_t o = long_rows[w][i];
+      A total = A(0);
+      for (int v = 0; v < kWarps; ++v) total += slice_sums[((t / kTile) * kWarps + v) * kTile + b];
+      if (bias) total += to_accum(bias[o]);
+      y[(b0 + b) * out_dim + o] = from_accum<T>(apply_activation(total, act));
+    }
+    __syncthreads();
   }
 }
 

@@ -410,6 +410,20 @@ TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
     EXPECT_EQ(plan_spmm(8192, 8192, 6710886, 1, sizeof(float)).variant, SpmmVariant::kGlobalX);
     EXPECT_EQ(plan_spmm(16384, 16384, 26843546, 1, sizeof(float)).variant, SpmmVariant::kGlobalX);
   }
+  // wide_rows forced on a batch: the widest tile that fits (a power of two up to 8; 1 for fp64), with
+  // as many rows per group as shared memory holds beside it (16384x4096 fp32, tile of 8: X takes 128
+  // KiB, the partial sums of 2 rows per group 68 KiB more on a GPU with 227 KiB per block).
+  for (const int64_t n : {2, 3, 8, 20}) {
+    p = plan_spmm(16384, 4096, 6710886, n, sizeof(float), SpmmVariant::kWideRows);
+    EXPECT_EQ(p.batch_tile, std::min<int64_t>(8, n == 3 ? 4 : n)) << describe(p);
+    EXPECT_NE(describe(p).find("batch tile " + std::to_string(p.batch_tile) + ", "), std::string::npos) << describe(p);
+  }
+  int smem_per_block = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
+  p = plan_spmm(16384, 4096, 6710886, 8, sizeof(float), SpmmVariant::kWideRows);
+  if (smem_per_block == 227 * 1024) EXPECT_EQ(p.rows_per_warp, 2) << describe(p);
+  EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 8, sizeof(double), SpmmVariant::kWideRows).batch_tile, 1);
+  EXPECT_EQ(plan_spmm(100, 40000, 100000, 8, sizeof(float), SpmmVariant::kWideRows).batch_tile, 1);  // 160 KB a row
   // Every plan of the row kernels: a power-of-two tile and lanes per row within its free lanes.
   for (const bool transposed : {false, true}) {
     for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kGlobalX, SpmmVariant::kGlobalXT}) {

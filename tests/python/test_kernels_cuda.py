@@ -27,9 +27,9 @@ def fits(variant, n, in_dim, dtype):
     """smem_x runs only where a batch tile of X fits in shared memory, wide_rows where one row of X
     does (the planner never picks them otherwise)."""
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    if variant == "wide_rows":  # X's row rounded to 16 bytes; the lanes' partial sums (17 per lane, 8 warps),
-        accum = 8 if dtype == torch.float64 else 4  # the groups' row pointers and 8 deferred rows per warp
-        return (in_dim * dtype.itemsize + 15) // 16 * 16 + 8 * 32 * 17 * accum + 8 * (17 + 3 * 8 + 1) * 4 <= limit
+    if variant == "wide_rows":  # its narrowest block: X's row rounded to 16 bytes, one partial sum per
+        accum = 8 if dtype == torch.float64 else 4  # lane (256 lanes), the groups' row pointers and 8
+        return (in_dim * dtype.itemsize + 15) // 16 * 16 + 256 * accum + 8 * (17 + 3 * 8 + 1) * 4 <= limit  # deferred rows per warp
     if variant != "smem_x":
         return True
     tile = 1
@@ -163,11 +163,12 @@ def test_long_rows_split_over_a_block(variant, n):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", [None, torch.int32])
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 11])
 def test_wide_rows_closes_every_row_once(n, index_dtype, dtype):
     # Few rows, so one row per warp: rows over many chunks of 256 slots that start and end anywhere
     # in a lane's 8 slots, runs of empty rows between and after them, rows of one slot, and a first
-    # row that ends on a chunk boundary.
+    # row that ends on a chunk boundary. Batch tiles of 1, 2 and 8 rows; 5 and 11 rows leave a
+    # tile's last rows empty.
     k = 5000
     gen = torch.Generator().manual_seed(n)
     lengths = [2048, 0, 0, 2040, 8, 4096, 1, 0, 3, 2048, 4999, 0, 0] + [1] * 40 + [0] * 7
@@ -180,6 +181,8 @@ def test_wide_rows_closes_every_row_once(n, index_dtype, dtype):
     y = ops.spmm(x, p.values, *p.tensors, bias, variant="wide_rows")
     assert rel_error(y, x.double().cpu() @ p.dense64.T + bias.double().cpu()) < tolerance(dtype)
     assert torch.equal(ops.spmm(x, p.values, *p.tensors, bias, variant="wide_rows"), y)
+    tile = int(ops.explain_spmm(p.values, p.tensors[2], p.tensors[3], n, False, "wide_rows").split("batch tile ")[1].split(",")[0])
+    assert tile == min(8, 1 << (n - 1).bit_length())
 
 
 def spread_positions(lengths, k, seed):
@@ -195,32 +198,33 @@ def spread_positions(lengths, k, seed):
     return rows, (start[rows] + 7 * offset) % k
 
 
-def wide_rows_case(lengths, k, index_dtype, seed):
-    """Runs wide_rows with bias and ReLU on rows of the given lengths; returns the result, its float64
-    reference and the plan's description."""
+def wide_rows_case(lengths, k, index_dtype, seed, n=1):
+    """Runs wide_rows with bias and ReLU on rows of the given lengths and a batch of n rows; returns
+    the result, its float64 reference and the plan's description."""
     m = lengths.numel()
     rows, cols = spread_positions(lengths, k, seed)
     row_idx, col_idx, _ = ops.slots_from_coo(rows.cuda(), cols.cuda(), m, k, index_dtype=index_dtype)
     row_ptr, col_ptr, csc_perm = ops.build_views(row_idx, col_idx, m, k)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     values = torch.randn(row_idx.numel(), device="cuda", generator=gen)
-    x = torch.randn(1, k, device="cuda", dtype=torch.float64, generator=gen)
+    x = torch.randn(n, k, device="cuda", dtype=torch.float64, generator=gen)
     bias = torch.randn(m, device="cuda", dtype=torch.float64, generator=gen)
-    products = values.double() * x[0, col_idx.long()]
-    ref = torch.relu(torch.zeros(m, device="cuda", dtype=torch.float64).index_add_(0, row_idx.long(), products) + bias)
+    products = values.double() * x[:, col_idx.long()]
+    ref = torch.relu(torch.zeros(n, m, device="cuda", dtype=torch.float64).index_add_(1, row_idx.long(), products) + bias)
     tensors = (row_idx, col_idx, row_ptr, col_ptr, csc_perm)
     poison_cache(torch.device("cuda"))
     y = ops.spmm(x.float(), values, *tensors, bias.float(), activation="relu", variant="wide_rows")
     assert torch.equal(ops.spmm(x.float(), values, *tensors, bias.float(), activation="relu", variant="wide_rows"), y)
-    return y, ref[None], ops.explain_spmm(values, row_ptr, col_ptr, 1, False, "wide_rows")
+    return y, ref, ops.explain_spmm(values, row_ptr, col_ptr, n, False, "wide_rows")
 
 
-@pytest.mark.parametrize("m,index_dtype", [(65000, None), (120000, torch.int32)])
-def test_wide_rows_groups_of_many_rows(m, index_dtype):
-    # Enough rows for groups of several rows per warp (16 on an H200; 120000 rows: more groups than
-    # resident warps, so warps take further groups): row lengths 0..60, runs of empty rows and of
-    # one-slot rows, and rows longer than the long-row threshold (1024) anywhere in a group, some
-    # groups with two (the first is handed to the block, the second summed by the warp).
+@pytest.mark.parametrize("m,index_dtype,n", [(65000, None, 1), (120000, torch.int32, 1), (65000, None, 6)])
+def test_wide_rows_groups_of_many_rows(m, index_dtype, n):
+    # Enough rows for groups of several rows per warp (16 on an H200 at n = 1; 120000 rows: more groups
+    # than resident warps, so warps take further groups; a tile of 8 rows: 4 rows per group, as many as
+    # shared memory holds beside the tile): row lengths 0..60, runs of empty rows and of one-slot rows,
+    # and rows longer than the long-row threshold (1024) anywhere in a group, some groups with two (the
+    # first is handed to the block, the second summed by the warp).
     k = 2000
     gen = torch.Generator().manual_seed(m)
     kind = torch.randint(0, 50, (m,), generator=gen)
@@ -228,20 +232,23 @@ def test_wide_rows_groups_of_many_rows(m, index_dtype):
                           torch.where(kind < 10, 0, torch.where(kind < 20, 1, torch.randint(0, 61, (m,), generator=gen))))
     lengths[1000:1300] = 0
     lengths[5000:5004] = k
-    y, ref, plan = wide_rows_case(lengths, k, index_dtype, seed=m)
+    y, ref, plan = wide_rows_case(lengths, k, index_dtype, seed=m, n=n)
     assert int(plan.split(" rows per warp")[0].split()[-1]) > 1
     assert rel_error(y, ref) < 1e-5
 
 
-def test_wide_rows_more_long_rows_than_a_warp_keeps():
-    # 600000 rows, every 16th one full (1100 slots, above the long-row threshold): about 9 groups of
-    # 16 rows per warp on an H200, each with a long row, so a warp's list of 8 deferred rows fills
-    # and it sums the rest itself. Which rows are deferred must not vary between runs (bitwise).
+@pytest.mark.parametrize("n", [1, 8])
+def test_wide_rows_more_long_rows_than_a_warp_keeps(n):
+    # 600000 rows, every 16th one full (1100 slots, above the long-row threshold): several groups per
+    # warp on an H200 hold a long row, so a warp's list of 8 deferred rows fills and it sums the rest
+    # itself. With a tile of 8 rows a block's 32 warps defer more rows than its partial sums hold
+    # slices of at once (5 rows per group: 164 rows per round), so they are summed in rounds. Which
+    # rows are deferred must not vary between runs (bitwise).
     m, k = 600000, 1100
     lengths = torch.zeros(m, dtype=torch.int64)
     lengths[5::16] = k
     lengths[7::64] = 3
-    y, ref, _ = wide_rows_case(lengths, k, torch.int32, seed=5)
+    y, ref, _ = wide_rows_case(lengths, k, torch.int32, seed=5, n=n)
     assert rel_error(y, ref) < 1e-5
 
 
