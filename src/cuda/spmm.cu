@@ -106,6 +106,16 @@ constexpr int64_t kTinyProduct = int64_t(1) << 19;
 // more than its faster stream saves.
 constexpr int kWideRowsMinRowsPerWarp = 3;
 constexpr double kWideRowsMinAverage = 128.0;
+// A batch of 2-4 rows (fp32) runs wide_rows under the same conditions, with the whole batch in one
+// tile. Measured on the H200 at N = 2 and 4 over the five shapes of the grid
+// (bench/results/gpu_session15_nvidia_h200.log, call 1), this rule and the global_x / global_xt rules
+// below take uniform rows 1.51x faster in geomean than smem_x, chosen there before (1.11-2.23x;
+// within 0.88x of the fastest variant on every row), power-law rows 1.35x (0.92-1.99x). Groups of 2
+// rows would win on 5000x5000 uniform (up to 1.13x over global_x) but lose up to 1.85x on its
+// power-law rows. A tile of 8 fp32 rows gathers 32 bytes per slot from shared memory, where random
+// columns cost 5.4 bank cycles per 16-byte request (Nsight Compute, call 2): 16384x4096 at 90%,
+// N = 8, 40.7 us against 39.4 us for global_xt, hence kWideMaxGatherBytes.
+constexpr size_t kWideMaxGatherBytes = 16;
 
 // Products whose slot arrays and input take at most this many bytes are bound by the latency of
 // their first misses rather than by bandwidth: their blocks first prefetch W (and X) into L2.
@@ -370,23 +380,29 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   const WideRowsShape wide = transposed ? WideRowsShape{} : wide_rows_shape(out_dim, in_dim, n, value_bytes, limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
-    // Measured on the H200 (bench/results/spmm_nvidia_h200.md): a single row of a large product
-    // streams W fastest with wide_rows (kWideRowsMinRowsPerWarp); otherwise it is read in place
-    // through L1 (staging it in shared memory costs a round trip and a block barrier before the
-    // first product, about as long as the whole product at 99% sparsity); staging X in shared
-    // memory wins for 2 to 4 rows; from 8 rows the transposed X read through L1 is faster, except
-    // where X is small enough to stay in L1 or the product is tiny (kGlobalXMaxBytes, kTinyProduct).
+    // Measured on the H200 (bench/results/spmm_nvidia_h200.md; batches of 2-4:
+    // bench/results/gpu_session15_nvidia_h200.log): a single row of a large product streams W
+    // fastest with wide_rows (kWideRowsMinRowsPerWarp); otherwise it is read in place through L1
+    // (staging it in shared memory costs a round trip and a block barrier before the first product,
+    // about as long as the whole product at 99% sparsity). A batch of 2-4 rows runs wide_rows under
+    // the same conditions, with the whole batch in one tile, while each slot's gather from the tile
+    // is one 16-byte vector (kWideMaxGatherBytes; a wider one is bound by the banks of shared
+    // memory). Otherwise X is read in place where it is small enough to stay in L1 or the product is
+    // tiny (kGlobalXMaxBytes, kTinyProduct), and transposed once (read through L1) where it is not.
+    // The transposed product keeps smem_x for 2-4 rows (not re-measured).
     const bool wide_full = wide.tile > 0 && wide.blocks_per_sm * detail::wide_rows_threads(wide.tile) ==
                                                  detail::kWideWarpsPerSm * 32;  // 32 warps per SM
-    if (n == 1 && wide_full && wide.rows_per_warp >= kWideRowsMinRowsPerWarp && avg >= kWideRowsMinAverage) {
+    if (wide_full && wide.tile >= n && size_t(wide.tile) * value_bytes <= kWideMaxGatherBytes &&
+        wide.rows_per_warp >= kWideRowsMinRowsPerWarp && avg >= kWideRowsMinAverage) {
       v = SpmmVariant::kWideRows;
-      plan.reason = "batch of 1, " + std::to_string(out_dim) + " rows of " + std::to_string(int64_t(avg)) +
-                    " slots on average: a warp per group of rows reads their slots with 16-byte loads, X's row "
-                    "in shared memory";
+      plan.reason = "batch of " + std::to_string(n) + ", " + std::to_string(out_dim) + " rows of " +
+                    std::to_string(int64_t(avg)) +
+                    " slots on average: a warp per group of rows reads their slots with 16-byte loads, " +
+                    (n == 1 ? "X's row" : "the batch") + " in shared memory";
     } else if (n == 1) {
       v = SpmmVariant::kGlobalX;
       plan.reason = "batch of 1: X read in place through L1";
-    } else if (n <= 4 && smem_fits) {
+    } else if (transposed && n <= 4 && smem_fits) {
       v = SpmmVariant::kSmemX;
       plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
                     ") fits in shared memory";
@@ -397,8 +413,8 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
                     std::to_string(nnz * n) + " multiply-adds): X read in place through L1, no transpose launch";
     } else {
       v = SpmmVariant::kGlobalXT;
-      plan.reason = n > 4 ? "batch > 4: X transposed once, 16-byte vectors of it read through L1"
-                          : "X tile does not fit in shared memory: X transposed once, read through L1";
+      plan.reason = n > 4 || !transposed ? "X transposed once, 16-byte vectors of it read through L1"
+                                         : "X tile does not fit in shared memory: X transposed once, read through L1";
     }
   } else {
     plan.reason = "forced";

@@ -102,7 +102,8 @@ def test_explain_and_override():
         assert snack.explain(layer, 8).startswith("warp_row")
         assert rel_error(layer(x), ref.double()) < 1e-5
     assert snack.explain(layer, 32).startswith("global_xt")
-    assert snack.explain(layer, 2).startswith("smem_x")
+    assert snack.explain(layer, 2).startswith("global_x ")  # X of 32 KiB stays in L1
+    assert snack.explain(layer, 2, transposed=True).startswith("smem_x")
 
 
 def test_small_inputs_and_tiny_products_read_x_in_place():
@@ -128,7 +129,13 @@ def test_one_row_of_a_large_layer_runs_wide_rows():
     assert plan.startswith("wide_rows ") and " 3 rows per warp" in plan
     assert rel_error(large(torch.ones(1, 1024, device="cuda")),
                      large(torch.ones(2, 1024, device="cuda"))[:1].double()) < 1e-5
-    assert snack.explain(large, 2).startswith("smem_x")
+    # Up to 4 rows (fp32), the whole batch in one tile; a tile of 8 fp32 rows is not chosen (its
+    # 32-byte gathers are bound by the banks of shared memory).
+    assert snack.explain(large, 2).startswith("wide_rows (batch tile 2, 3 rows per warp")
+    assert snack.explain(large, 3).startswith("wide_rows (batch tile 4, 3 rows per warp")
+    x = torch.randn(3, 1024, device="cuda")
+    assert rel_error(large(x), large(torch.cat([x, x]))[:3].double()) < 1e-5
+    assert not snack.explain(large, 5).startswith("wide_rows")
     assert "wide_rows" not in snack.explain(large, 1, transposed=True)
     sparse = snack.SparseLinear(1024, rows_per_sm, density=0.1, device="cuda")  # ~102 slots per row
     assert snack.explain(sparse, 1).startswith("global_x ")
