@@ -210,8 +210,13 @@ def floor_evidence(t, keys, info) -> list[str]:
               f"{at_99} is below the cost of one launch under this timer (~4-5 us on the H200). X^T staged "
               "in shared memory by column blocks (the tiled view, built and measured in session 9) made the "
               "gathers cheaper but was slower overall (16384x4096, 90%, N = 16: 61.8 against 55.3 us): the "
-              "warps then wait on the stream of W, and the staging adds ~3-4 us per column block. What is "
-              "left at N = 8-16: more of W in flight per SM."]
+              "warps then wait on the stream of W, and the staging adds ~3-4 us per column block. wide_rows "
+              "with the batch in shared memory (session 15, `spmm_wide_rows_ncu_session15.txt`) streams W as at "
+              "N = 1 (N = 4, 90%: 23.2 us), but a tile of 8 fp32 rows gathers 32 random bytes per slot, and "
+              "shared memory serves them at 5.4-way bank conflicts (16384x4096, 90%, N = 8: 40.7 us against "
+              "39.4 us for global_xt): in fp32, N = 8-16 is bound by the bytes of X gathered per entry, through "
+              "L1 or shared memory alike. What is left there: fewer gathered bytes per entry (16-bit "
+              "activations: bf16 at N = 8, 25.9 us) or gathers shared between entries of one column."]
     return lines
 
 

@@ -12,15 +12,16 @@ namespace snack {
 enum class SpmmVariant : int {
   kAuto = 0,   ///< let plan_spmm() choose
   kWarpRow,    ///< reference: a warp per row, X read row-major from global memory
-  kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch
+  kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch.
+               ///< Chosen for the transposed product of 2-4 rows
   kGlobalXT,   ///< X transposed once into a [K, Npad] workspace, read through L1; lanes along the batch
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.
   kGlobalX,    ///< X read in place (row-major), one scalar per batch row through L1: no transpose launch.
                ///< Batch tiles up to 32; chosen for one row and for small products.
-  kWideRows,   ///< a warp per group of consecutive rows reads their slots with 16-byte loads, X's row in
-               ///< shared memory. Forward only; one batch row per pass (a batch of N reads W N times):
-               ///< chosen for a batch of one row.
+  kWideRows,   ///< a warp per group of consecutive rows reads their slots with 16-byte loads, a batch tile
+               ///< of X (1, 2, 4 or 8 rows) in shared memory. Forward only; a larger batch reads W once
+               ///< per tile: chosen for a batch of 1-4 rows (fp32) or 1-8 (16-bit values) of a large layer.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "smem_x", "global_xt", "global_x",
@@ -50,7 +51,7 @@ bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
 
 struct SpmmPlan {
   SpmmVariant variant = SpmmVariant::kWarpRow;
-  int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128)
+  int batch_tile = 1;          ///< Npad: batch rows per pass (power of two, 1..128; kWideRows: 1..8)
   int lanes_per_row = 32;      ///< lanes of a warp that split one row's slots
   int rows_per_warp = 1;       ///< kWideRows: consecutive rows a warp sums at once (1..16)
   int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are split over a whole block

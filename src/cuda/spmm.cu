@@ -112,9 +112,11 @@ constexpr double kWideRowsMinAverage = 128.0;
 // below take uniform rows 1.51x faster in geomean than smem_x, chosen there before (1.11-2.23x;
 // within 0.88x of the fastest variant on every row), power-law rows 1.35x (0.92-1.99x). Groups of 2
 // rows would win on 5000x5000 uniform (up to 1.13x over global_x) but lose up to 1.85x on its
-// power-law rows. A tile of 8 fp32 rows gathers 32 bytes per slot from shared memory, where random
-// columns cost 5.4 bank cycles per 16-byte request (Nsight Compute, call 2): 16384x4096 at 90%,
-// N = 8, 40.7 us against 39.4 us for global_xt, hence kWideMaxGatherBytes.
+// power-law rows. A tile of 8 fp32 rows gathers 32 bytes per slot from shared memory, whose random
+// columns cause 5.4-way bank conflicts (Nsight Compute, call 2: 4.4 M shared-load wavefronts, twice
+// the tile of 4): 16384x4096 at 90%, N = 8, 40.7 us against 39.4 us for global_xt, hence
+// kWideMaxGatherBytes. In bf16 a tile of 8 rows is one 16-byte gather (call 3: 25.9 us against 34.1 us
+// for global_xt at N = 8).
 constexpr size_t kWideMaxGatherBytes = 16;
 
 // Products whose slot arrays and input take at most this many bytes are bound by the latency of
