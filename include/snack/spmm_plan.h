@@ -13,7 +13,7 @@ enum class SpmmVariant : int {
   kAuto = 0,   ///< let plan_spmm() choose
   kWarpRow,    ///< reference: a warp per row, X read row-major from global memory
   kSmemX,      ///< X (a batch tile, all K columns) staged in shared memory; lanes split nnz and batch.
-               ///< Chosen for the transposed product of 2-4 rows
+               ///< Never chosen by kAuto (slower than kGlobalX / kGlobalXT where measured)
   kGlobalXT,   ///< X transposed once into a [K, Npad] workspace, read through L1; lanes along the batch
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Not deterministic (float atomics): never chosen by kAuto, only when forced.

@@ -378,7 +378,6 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   if (!device_limits(&limits).ok()) limits = DeviceLimits{1, 48 * 1024, 48 * 1024};
   const double avg = out_dim > 0 ? double(nnz) / double(out_dim) : 0.0;
   const int tile_small = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
-  const bool smem_fits = smem_for(tile_small, in_dim, value_bytes) <= smem_budget(limits);
   const WideRowsShape wide = transposed ? WideRowsShape{} : wide_rows_shape(out_dim, in_dim, n, value_bytes, limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
@@ -391,7 +390,11 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     // is one 16-byte vector (kWideMaxGatherBytes; a wider one is bound by the banks of shared
     // memory). Otherwise X is read in place where it is small enough to stay in L1 or the product is
     // tiny (kGlobalXMaxBytes, kTinyProduct), and transposed once (read through L1) where it is not.
-    // The transposed product keeps smem_x for 2-4 rows (not re-measured).
+    // smem_x, chosen for 2-4 rows until session 15, is never chosen: measured at N = 2 and 4 over the
+    // grid's shapes (bench/results/gpu_session15_nvidia_h200.log, calls 1 and 5), the rules above
+    // run the forward 1.51x and the transposed product 1.32x faster in geomean on uniform rows (up
+    // to 2.3x; the transposed product loses up to 16% on uniform and 22% on power-law rows of
+    // 4096x4096 and 5000x5000 at 80-90%, N = 2).
     const bool wide_full = wide.tile > 0 && wide.blocks_per_sm * detail::wide_rows_threads(wide.tile) ==
                                                  detail::kWideWarpsPerSm * 32;  // 32 warps per SM
     if (wide_full && wide.tile >= n && size_t(wide.tile) * value_bytes <= kWideMaxGatherBytes &&
@@ -404,10 +407,6 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
     } else if (n == 1) {
       v = SpmmVariant::kGlobalX;
       plan.reason = "batch of 1: X read in place through L1";
-    } else if (transposed && n <= 4 && smem_fits) {
-      v = SpmmVariant::kSmemX;
-      plan.reason = "batch <= 4 and its X tile (" + std::to_string(tile_small) + " x " + std::to_string(in_dim) +
-                    ") fits in shared memory";
     } else if ((n <= kGlobalXMaxBatch && n * in_dim * int64_t(value_bytes) <= kGlobalXMaxBytes) ||
                (n <= 32 && nnz * n <= kTinyProduct)) {
       v = SpmmVariant::kGlobalX;
@@ -415,8 +414,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
                     std::to_string(nnz * n) + " multiply-adds): X read in place through L1, no transpose launch";
     } else {
       v = SpmmVariant::kGlobalXT;
-      plan.reason = n > 4 || !transposed ? "X transposed once, 16-byte vectors of it read through L1"
-                                         : "X tile does not fit in shared memory: X transposed once, read through L1";
+      plan.reason = "X transposed once, 16-byte vectors of it read through L1";
     }
   } else {
     plan.reason = "forced";

@@ -411,13 +411,14 @@ TEST(CudaPlanner, VariantTileWorkspaceAndLanes) {
     EXPECT_EQ(plan_spmm(16384, 16384, 26843546, 1, sizeof(float)).variant, SpmmVariant::kGlobalX);
   }
   // A batch of 2-4 rows of the same product: wide_rows, the whole batch in one tile; 8 rows (fp32: 32-byte
-  // gathers per slot) and the transposed product: not.
+  // gathers per slot) and the transposed product: not (its X of 128 KiB is transposed once; smem_x is
+  // never chosen).
   p = plan_spmm(16384, 4096, 6710886, 4, sizeof(float));
   EXPECT_EQ(p.variant, SpmmVariant::kWideRows);
   EXPECT_EQ(p.batch_tile, 4);
   EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 3, sizeof(float)).batch_tile, 4);
   EXPECT_EQ(plan_spmm(16384, 4096, 6710886, 8, sizeof(float)).variant, SpmmVariant::kGlobalXT);
-  EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 2, sizeof(float), SpmmVariant::kAuto, true).variant, SpmmVariant::kSmemX);
+  EXPECT_EQ(plan_spmm(4096, 16384, 6710886, 2, sizeof(float), SpmmVariant::kAuto, true).variant, SpmmVariant::kGlobalXT);
   // wide_rows forced on a batch: the widest tile that fits (a power of two up to 8; 1 for fp64), with
   // as many rows per group as shared memory holds beside it (16384x4096 fp32, tile of 8: X takes 128
   // KiB, the partial sums of 2 rows per group 68 KiB more on a GPU with 227 KiB per block).
