@@ -139,12 +139,10 @@ size_t smem_budget(const DeviceLimits& limits) {
                                                                 : 0;
 }
 
-// Shared memory of one wide_rows block: the batch tile of X, the lanes' partial sums (8-byte for
-// fp64) and the static buffers.
-size_t wide_rows_block_smem(int64_t in_dim, size_t value_bytes, int tile, int rows_per_warp) {
-  const size_t accum_bytes = value_bytes == 8 ? 8 : 4;
-  return detail::wide_rows_smem_bytes(value_bytes, accum_bytes, in_dim, tile, rows_per_warp) +
-         detail::wide_rows_static_smem(tile);
+// Dynamic shared memory of one wide_rows block: the batch tile of X and the lanes' partial sums
+// (8-byte for fp64); its static buffers come on top (detail::wide_rows_static_smem).
+size_t wide_rows_dynamic_smem(int64_t in_dim, size_t value_bytes, int tile, int rows_per_warp) {
+  return detail::wide_rows_smem_bytes(value_bytes, value_bytes == 8 ? 8 : 4, in_dim, tile, rows_per_warp);
 }
 
 // Blocks of the wide_rows kernel that one SM holds: 32 warps by its register bound, fewer where
@@ -174,12 +172,12 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
   const int widest = value_bytes == 8 ? 1 : next_pow2(std::clamp<int64_t>(n, 1, detail::kWideMaxTile));
   for (int tile = widest; tile >= 1; tile /= 2) {
     for (int rows = wanted_rows; rows >= 1; --rows) {
-      const size_t block = wide_rows_block_smem(in_dim, value_bytes, tile, rows);
-      if (block > limits.smem_per_block) continue;
       WideRowsShape shape;
+      shape.smem = wide_rows_dynamic_smem(in_dim, value_bytes, tile, rows);
+      const size_t block = shape.smem + detail::wide_rows_static_smem(tile);
+      if (block > limits.smem_per_block) continue;
       shape.tile = tile;
       shape.rows_per_warp = rows;
-      shape.smem = block - detail::wide_rows_static_smem(tile);
       shape.blocks_per_sm = wide_rows_blocks_per_sm(block, tile, limits);
       return shape;
     }
@@ -189,12 +187,11 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
 
 template <typename T, typename Index, int kTile>
 Status launch_wide_rows_tile(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
-                             const T* bias, T* y, Activation act, Stream stream, int blocks_per_sm,
+                             const T* bias, T* y, Activation act, Stream stream, size_t smem, int blocks_per_sm,
                              const DeviceLimits& limits) {
   auto kernel = detail::spmm_wide_rows_kernel<T, Index, kTile>;
-  if (plan.smem_bytes + detail::wide_rows_static_smem(kTile) > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  if (smem + detail::wide_rows_static_smem(kTile) > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t groups = detail::ceil_div(w.rows, plan.rows_per_warp);
   const int64_t resident = int64_t(limits.sms) * blocks_per_sm;
   constexpr int64_t kWarps = detail::wide_rows_threads(kTile) / 32;
@@ -203,7 +200,7 @@ Status launch_wide_rows_tile(const SpmmPlan& plan, const SlotPattern<Index>& w, 
   const int64_t tiles = detail::ceil_div(n, kTile);
   for (int64_t t0 = 0; t0 < tiles; t0 += 65535) {
     const unsigned count = unsigned(std::min<int64_t>(65535, tiles - t0));
-    kernel<<<dim3(blocks, count), detail::wide_rows_threads(kTile), plan.smem_bytes, stream>>>(
+    kernel<<<dim3(blocks, count), detail::wide_rows_threads(kTile), smem, stream>>>(
         w.row_ptr, w.col_idx, values, int32_t(w.nnz), w.rows, w.cols, x, n, t0 * kTile, bias, y, act,
         plan.rows_per_warp, plan.long_row_threshold, vec);
     SNACK_RETURN_IF_ERROR(check_launch("spmm_wide_rows_kernel"));
@@ -212,33 +209,28 @@ Status launch_wide_rows_tile(const SpmmPlan& plan, const SlotPattern<Index>& w, 
 }
 
 // The wide_rows kernel: per batch tile (grid.y), enough blocks for the row groups, at most as many as
-// the SMs hold at once (their warps then stride over the groups).
+// the SMs hold at once (their warps then stride over the groups). check_plan has vetted the tile and
+// the rows per warp.
 template <typename T, typename Index>
 Status launch_wide_rows(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
                         const T* bias, T* y, Activation act, Stream stream) {
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(device_limits(&limits));
   const int tile = plan.batch_tile;
-  if (tile < 1 || tile > detail::kWideMaxTile || (tile & (tile - 1)) || (sizeof(T) == 8 && tile != 1))
-    return InvalidArgument("wide_rows: the batch tile must be 1, 2, 4 or 8 (1 for float64)");
-  if (plan.rows_per_warp < 1 || plan.rows_per_warp > detail::kWideMaxRows)
-    return InvalidArgument("wide_rows: rows per warp must be in [1, " + std::to_string(detail::kWideMaxRows) + "]");
-  const size_t block = wide_rows_block_smem(w.cols, sizeof(T), tile, plan.rows_per_warp);
-  if (block > limits.smem_per_block)
-    return InvalidArgument("wide_rows: a batch tile of " + std::to_string(tile) + " x " + std::to_string(w.cols) +
-                           " values of X and the partial sums of " + std::to_string(plan.rows_per_warp) +
-                           " rows per warp do not fit in shared memory");
-  if (plan.smem_bytes != block - detail::wide_rows_static_smem(tile))
-    return InvalidArgument("wide_rows: the plan's shared memory does not match its tile and rows per warp");
-  const int blocks_per_sm = wide_rows_blocks_per_sm(block, tile, limits);
+  const size_t smem = wide_rows_dynamic_smem(w.cols, sizeof(T), tile, plan.rows_per_warp);
+  const int blocks_per_sm = wide_rows_blocks_per_sm(smem + detail::wide_rows_static_smem(tile), tile, limits);
+  const auto launch = [&](auto tile_constant) {
+    return launch_wide_rows_tile<T, Index, decltype(tile_constant)::value>(plan, w, values, x, n, bias, y, act, stream,
+                                                                          smem, blocks_per_sm, limits);
+  };
   if constexpr (sizeof(T) == 8) {
-    return launch_wide_rows_tile<T, Index, 1>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+    return launch(std::integral_constant<int, 1>{});  // fp64 runs a tile of 1
   } else {
     switch (tile) {
-      case 1: return launch_wide_rows_tile<T, Index, 1>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
-      case 2: return launch_wide_rows_tile<T, Index, 2>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
-      case 4: return launch_wide_rows_tile<T, Index, 4>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
-      default: return launch_wide_rows_tile<T, Index, 8>(plan, w, values, x, n, bias, y, act, stream, blocks_per_sm, limits);
+      case 1: return launch(std::integral_constant<int, 1>{});
+      case 2: return launch(std::integral_constant<int, 2>{});
+      case 4: return launch(std::integral_constant<int, 4>{});
+      default: return launch(std::integral_constant<int, 8>{});
     }
   }
 }
@@ -377,7 +369,6 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   DeviceLimits limits;
   if (!device_limits(&limits).ok()) limits = DeviceLimits{1, 48 * 1024, 48 * 1024};
   const double avg = out_dim > 0 ? double(nnz) / double(out_dim) : 0.0;
-  const int tile_small = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
   const WideRowsShape wide = transposed ? WideRowsShape{} : wide_rows_shape(out_dim, in_dim, n, value_bytes, limits);
   SpmmVariant v = requested;
   if (v == SpmmVariant::kAuto) {
@@ -422,8 +413,8 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
   plan.variant = v;
   switch (v) {
     case SpmmVariant::kSmemX:
-      plan.batch_tile = tile_small;
-      plan.smem_bytes = smem_for(tile_small, in_dim, value_bytes);
+      plan.batch_tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(n, 32)));
+      plan.smem_bytes = smem_for(plan.batch_tile, in_dim, value_bytes);
       break;
     case SpmmVariant::kGlobalX:
     case SpmmVariant::kGlobalXT: {
@@ -449,7 +440,7 @@ SpmmPlan plan_spmm(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, size
       } else {  // the launch says what does not fit
         plan.batch_tile = 1;
         plan.rows_per_warp = 1;
-        plan.smem_bytes = wide_rows_block_smem(in_dim, value_bytes, 1, 1) - detail::wide_rows_static_smem(1);
+        plan.smem_bytes = wide_rows_dynamic_smem(in_dim, value_bytes, 1, 1);
       }
       break;
     default:
@@ -496,6 +487,20 @@ Status check_plan(const SpmmPlan& plan, int64_t in_dim, size_t value_bytes, bool
     if (plan.batch_tile > 32 || smem_for(plan.batch_tile, in_dim, value_bytes) > smem_budget(limits))
       return InvalidArgument("smem_x: a " + std::to_string(plan.batch_tile) + " x " + std::to_string(in_dim) +
                              " tile of X does not fit in shared memory");
+  }
+  if (plan.variant == SpmmVariant::kWideRows) {
+    const int tile = plan.batch_tile;
+    if (tile < 1 || tile > detail::kWideMaxTile || (tile & (tile - 1)) || (value_bytes == 8 && tile != 1))
+      return InvalidArgument("wide_rows: the batch tile must be 1, 2, 4 or 8 (1 for float64)");
+    if (plan.rows_per_warp < 1 || plan.rows_per_warp > detail::kWideMaxRows)
+      return InvalidArgument("wide_rows: rows per warp must be in [1, " + std::to_string(detail::kWideMaxRows) + "]");
+    DeviceLimits limits;
+    SNACK_RETURN_IF_ERROR(device_limits(&limits));
+    if (wide_rows_dynamic_smem(in_dim, value_bytes, tile, plan.rows_per_warp) + detail::wide_rows_static_smem(tile) >
+        limits.smem_per_block)
+      return InvalidArgument("wide_rows: a batch tile of " + std::to_string(tile) + " x " + std::to_string(in_dim) +
+                             " values of X and the partial sums of " + std::to_string(plan.rows_per_warp) +
+                             " rows per warp do not fit in shared memory");
   }
   return Status::Ok();
 }

@@ -61,33 +61,6 @@ struct WideTile {
   static constexpr int kPieces = kTile / kElems;
 };
 
-// kE consecutive values of T in shared memory (p aligned to kE * sizeof(T)), widened.
-template <typename T, int kE>
-__device__ __forceinline__ void load_shared_vec(const T* p, accum_t<T> (&out)[kE]) {
-  if constexpr (std::is_same_v<T, float> && kE == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    out[0] = q.x; out[1] = q.y; out[2] = q.z; out[3] = q.w;
-  } else if constexpr (std::is_same_v<T, float> && kE == 2) {
-    const float2 q = *reinterpret_cast<const float2*>(p);
-    out[0] = q.x; out[1] = q.y;
-  } else if constexpr (std::is_same_v<T, double> && kE == 2) {
-    const double2 q = *reinterpret_cast<const double2*>(p);
-    out[0] = q.x; out[1] = q.y;
-  } else if constexpr (kIsHalfType<T> && kE == 8) {
-    const uint4 q = *reinterpret_cast<const uint4*>(p);
-    unpack_pair<T>(q.x, out[0], out[1]); unpack_pair<T>(q.y, out[2], out[3]);
-    unpack_pair<T>(q.z, out[4], out[5]); unpack_pair<T>(q.w, out[6], out[7]);
-  } else if constexpr (kIsHalfType<T> && kE == 4) {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
-    unpack_pair<T>(q.x, out[0], out[1]); unpack_pair<T>(q.y, out[2], out[3]);
-  } else if constexpr (kIsHalfType<T> && kE == 2) {
-    unpack_pair<T>(*reinterpret_cast<const uint32_t*>(p), out[0], out[1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < kE; ++j) out[j] = to_accum(p[j]);
-  }
-}
-
 // Stores kN values of T to shared memory (p aligned to 16 bytes or to the whole run) as 16-byte
 // vectors where they fill one.
 template <typename T, int kN>
@@ -222,6 +195,8 @@ __global__ void __launch_bounds__(wide_rows_threads(kTile), kWideWarpsPerSm * 32
   int32_t bnd = load_bounds(g);
   const int cols = int(in_dim);  // fits in shared memory, so far below 2^31
   if constexpr (kTile == 1) {
+    // 256 threads stage the row: each keeps kWideXPerThread loads in flight (the first round issued
+    // before the group's first chunk), where the column loop below keeps only two.
     const T* xrow = x + b0 * in_dim;
     int c0 = threadIdx.x;
     T xv[kWideXPerThread];
@@ -296,7 +271,7 @@ __global__ void __launch_bounds__(wide_rows_threads(kTile), kWideWarpsPerSm * 32
 #pragma unroll
           for (int q = 0; q < kPieces; ++q) {
             A xv[kE];
-            load_shared_vec<T, kE>(column + (q ^ rot) * kE, xv);
+            load_vec<T, kE, true>(column + (q ^ rot) * kE, xv);
 #pragma unroll
             for (int i = 0; i < kE; ++i) acc[q * kE + i] += cur.val[u] * xv[i];
           }
