@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
 import snack  # noqa: E402
+from snack import benchmark  # noqa: E402
 
 COLUMNS = ["M", "K", "sparsity", "fraction", "algorithm", "update_us"]
 
@@ -92,7 +91,7 @@ def profile_update(m, k, sparsity, fraction, algorithm) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder")
+    parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR, help="results folder")
     parser.add_argument("--reps", type=int, default=5, help="updates timed per configuration")
     parser.add_argument("--profile", action="store_true",
                         help="also write dst_profile_<gpu>.txt: torch.profiler tables of one update at 16384x4096")
@@ -100,7 +99,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/dst.py needs a CUDA GPU")
         return 1
-    info = common.provenance()
+    info = benchmark.provenance()
     info["method"] = f"median of {args.reps} updates on fresh layers, CUDA events around prune + grow + update_topology"
     rows = []
     for (m, k) in [(4096, 4096), (16384, 4096)]:
@@ -108,9 +107,9 @@ def main(argv=None) -> int:
             us = one_update_us(m, k, 0.9, 0.3, algorithm, reps=args.reps)
             rows.append(dict(M=m, K=k, sparsity=0.9, fraction=0.3, algorithm=algorithm, update_us=us))
             print(f"{m}x{k} 90% 30% {algorithm}: {us:.0f} us")
-    slug = common.gpu_slug()
-    common.write_csv(args.out / f"dst_{slug}.csv", info, COLUMNS, rows)
-    lines = common.markdown_head("Topology update time", info)
+    slug = benchmark.gpu_slug()
+    benchmark.write_csv(args.out / f"dst_{slug}.csv", info, COLUMNS, rows)
+    lines = benchmark.markdown_head("Topology update time", info)
     lines += ["| M x K | sparsity | moved | algorithm | update us |", "|---|---|---|---|---|"]
     lines += [f"| {r['M']}x{r['K']} | {r['sparsity']} | {r['fraction']} | {r['algorithm']} | {r['update_us']:.0f} |"
               for r in rows]
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
     (args.out / f"dst_{slug}.md").write_text("\n".join(lines) + "\n")
     if args.profile:
         text = "\n".join(profile_update(16384, 4096, 0.9, 0.3, a) for a in ("set", "rigl"))
-        common.write_text(args.out / f"dst_profile_{slug}.txt", info, text)
+        benchmark.write_text(args.out / f"dst_profile_{slug}.txt", info, text)
     print("\n".join(lines))
     return 0
 

@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
 import snack  # noqa: E402
+from snack import benchmark  # noqa: E402
 
 SHAPES = [(4096, 4096), (5000, 5000), (16384, 4096)]
 NS = [1, 16, 128]
@@ -130,10 +129,10 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     try:
         layer_g = make_layer(impl, ref)
         opt_g = make_optimizer(opt_name, layer_g.parameters(), capturable=True, impl=impl)
-        graph = common.capture_graph(training_step(layer_g, opt_g, x, target))
+        graph = benchmark.capture_graph(training_step(layer_g, opt_g, x, target))
         for _ in range(3):
             graph.replay()
-        graph_us = 1e3 * statistics.median(common.replay_times_ms(graph, steps))
+        graph_us = 1e3 * statistics.median(benchmark.replay_times_ms(graph, steps))
         del graph, layer_g, opt_g
     except Exception as exc:  # capture unsupported for this implementation
         print(f"  (no CUDA graph for {impl}/{opt_name}: {type(exc).__name__})")
@@ -180,7 +179,7 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
                 raise
             print(f"  {op}/{impl} {m}x{k} N={n}: {e}")
             continue
-        err = common.rel_error(out, ref_out)
+        err = benchmark.rel_error(out, ref_out)
         if not err < 1e-5:
             print(f"  {op}/{impl} {m}x{k} N={n}: rel error {err:.2e}, not timed")
             continue
@@ -232,7 +231,7 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
             except ValueError as e:  # a forced SDDMM kernel that cannot run this shape
                 print(f"  dw_adamw/{impl} {m}x{k} N={n}: {e}")
                 continue
-            err = max(common.rel_error(a, b) for a, b in zip(state[:3], unfused_state[:3]))
+            err = max(benchmark.rel_error(a, b) for a, b in zip(state[:3], unfused_state[:3]))
             if not err < 1e-5:
                 print(f"  dw_adamw/{impl} {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
                 continue
@@ -243,8 +242,8 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
 
 def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
     """Rebuilds the Markdown summary from result files written by an earlier run."""
-    info, layer_rows = common.read_csv(layer_csv)
-    _, back_rows = common.read_csv(backward_csv)
+    info, layer_rows = benchmark.read_csv(layer_csv)
+    _, back_rows = benchmark.read_csv(backward_csv)
     return summarize(layer_rows, back_rows, info)
 
 
@@ -252,7 +251,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--render", action="store_true", help="only rebuild the .md from the result CSVs in --out")
-    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--ns", default=None, help="e.g. 1,16")
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
@@ -282,7 +281,7 @@ def main(argv=None) -> int:
     if args.profile:
         text = "\n\n".join(profile_step(16384, 4096, 16, 0.9, impl, opt_name)
                              for impl, opt_name in (("snack", "adamw"), ("snack_fused_step", "adamw_fused")))
-        common.write_text(args.out / f"layer_profile_{common.gpu_slug()}.txt", common.provenance(), text)
+        benchmark.write_text(args.out / f"layer_profile_{benchmark.gpu_slug()}.txt", benchmark.provenance(), text)
         print(text)
         return 0
     shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
@@ -296,17 +295,17 @@ def main(argv=None) -> int:
     unknown = set(optimizers) - set(OPTIMIZER_CHOICES)
     if unknown:
         parser.error(f"unknown optimizers {sorted(unknown)}; choose from {OPTIMIZER_CHOICES}")
-    info = common.provenance()
-    bandwidth = common.copy_bandwidth_gbs()
+    info = benchmark.provenance()
+    bandwidth = benchmark.copy_bandwidth_gbs()
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s"
     info["method"] = ("layer: median of 20 warm steps (CUDA events), CUDA-graph replay median, wall = 20 steps "
                       "back to back / 20, peak = max_memory_allocated over one step minus memory before the layer; "
-                      f"backward kernels: median of 20 single calls, {common.ColdTimer.METHOD}")
-    timer = common.ColdTimer()
+                      f"backward kernels: median of 20 single calls, {benchmark.ColdTimer.METHOD}")
+    timer = benchmark.ColdTimer()
     layer_rows, back_rows = [], []
     configs = list(itertools.product(shapes, sparsities))
     gen = torch.Generator().manual_seed(0)
-    for (m, k), sparsity in common.progress(configs, len(configs), "layer"):
+    for (m, k), sparsity in benchmark.progress(configs, len(configs), "layer"):
         ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
         for n in ns:
             for impl, opt_name in itertools.product(() if args.backward_only else IMPLS, optimizers):
@@ -353,21 +352,21 @@ def profile_step(m, k, n, sparsity, impl="snack", opt_name="adamw", steps=10) ->
 
 def write_results(args, info, layer_rows, back_rows) -> str:
     # --backward-only runs go to their own files (backward_<gpu>_kernels.*), leaving the full tables alone.
-    slug = (common.gpu_slug() + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
+    slug = (benchmark.gpu_slug() + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
             + ("_kernels" if args.backward_only else ""))
-    common.write_csv(args.out / f"backward_{slug}.csv", info, BACKWARD_COLUMNS, back_rows)
+    benchmark.write_csv(args.out / f"backward_{slug}.csv", info, BACKWARD_COLUMNS, back_rows)
     md = summarize(layer_rows, back_rows, info)
     if args.backward_only:
         (args.out / f"backward_{slug}.md").write_text(md)
         return md
-    common.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
+    benchmark.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
     (args.out / f"layer_{slug}.md").write_text(md)
     plot(layer_rows, args.out / f"layer_{slug}.png", info)
     return md
 
 
 def summarize(layer_rows, back_rows, info) -> str:
-    lines = common.markdown_head("One-layer training step and backward kernels", info)
+    lines = benchmark.markdown_head("One-layer training step and backward kernels", info)
     t = {(r["M"], r["K"], r["N"], r["sparsity"], r["impl"], r["optimizer"]): r for r in layer_rows}
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["optimizer"]) for r in layer_rows})
     lines.append("GPU us per step (events) / graph-replay us / wall us / peak MiB. Speedups: GPU time of the baseline "
@@ -419,8 +418,8 @@ def summarize(layer_rows, back_rows, info) -> str:
             ratios[key[0]].append(c["median_us"] / s["median_us"])
         lines.append(f"| {key[0]} | {key[1]}x{key[2]} | {key[3]} | {key[4]} | {s['floor_us']:.1f} | {s['median_us']:.1f} | "
                      f"{c['median_us'] if c else float('nan'):.1f} | {c['median_us'] / s['median_us'] if c else float('nan'):.2f}x |")
-    lines += ["", f"- dX geomean speedup over cuSPARSE: {common.geomean(ratios['dx']):.2f}x (target >= 3x)",
-              f"- dW geomean speedup over cuSPARSE sampled_addmm: {common.geomean(ratios['dw']):.2f}x (target >= 3x)"]
+    lines += ["", f"- dX geomean speedup over cuSPARSE: {benchmark.geomean(ratios['dx']):.2f}x (target >= 3x)",
+              f"- dW geomean speedup over cuSPARSE sampled_addmm: {benchmark.geomean(ratios['dw']):.2f}x (target >= 3x)"]
     step_keys = sorted({k[:5] for k in b if k[0] == "dw_adamw"})
     if step_keys:
         lines += ["", "## Weight gradient and AdamW step of the values (cold L2, median us)", "",
@@ -441,7 +440,7 @@ def summarize(layer_rows, back_rows, info) -> str:
                 forced.setdefault(variant, []).append(c["median_us"] / r["median_us"])
     for variant, values in forced.items():
         lines.append(f"- dW forced `{variant}` kernel, geomean speedup over cuSPARSE on the {len(values)} rows where it "
-                     f"runs: {common.geomean(values):.2f}x")
+                     f"runs: {benchmark.geomean(values):.2f}x")
     return "\n".join(lines) + "\n"
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
 import snack  # noqa: E402
+from snack import benchmark  # noqa: E402
 
 SHAPES = [(768, 3072), (3072, 768), (4096, 4096), (5000, 5000), (16384, 4096)]
 NS = [1, 8, 16, 32, 128]
@@ -88,7 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
     parser.add_argument("--variants", action="store_true", help="also time every snack kernel variant")
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--ns", default=None, help="e.g. 1,16")
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
@@ -113,15 +112,15 @@ def main(argv=None) -> int:
         shapes, ns, sparsities, patterns = [(4096, 4096), (16384, 4096)], [1, 16, 128], [0.9, 0.99], ["uniform"]
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = common.provenance()
-    bandwidth = common.copy_bandwidth_gbs()
+    info = benchmark.provenance()
+    bandwidth = benchmark.copy_bandwidth_gbs()
     info["copy_bandwidth"] = f"{bandwidth:.0f} GB/s (device-to-device copy, read+write, measured in this run)"
-    info["method"] = f"median of {args.reps} single calls, {common.ColdTimer.METHOD}; {args.dtype}"
-    timer = common.ColdTimer()
+    info["method"] = f"median of {args.reps} single calls, {benchmark.ColdTimer.METHOD}; {args.dtype}"
+    timer = benchmark.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out, failures, skipped = [], [], []
     configs = list(itertools.product(shapes, sparsities, patterns))
-    for (m, k), sparsity, pattern in common.progress(configs, len(configs), "spmm"):
+    for (m, k), sparsity, pattern in benchmark.progress(configs, len(configs), "spmm"):
         row_idx, col_idx = make_pattern(m, k, sparsity, pattern, gen)
         nnz = row_idx.numel()
         row_ptr, col_ptr, csc_perm = snack.ops.build_views(row_idx, col_idx, m, k)
@@ -140,7 +139,7 @@ def main(argv=None) -> int:
             fl = floor_us(m, k, n, nnz, bandwidth, dtype.itemsize)
             for name, fn in impls.items():
                 try:
-                    err = common.rel_error(fn(), ref)
+                    err = benchmark.rel_error(fn(), ref)
                 except ValueError as exc:  # a forced variant that cannot run this shape
                     skipped.append(f"{name} {m}x{k} N={n}: {exc}")
                     continue
@@ -156,10 +155,10 @@ def main(argv=None) -> int:
                 rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype=args.dtype,
                                      impl=name, median_us=us, floor_us=fl))
         del dense_w, mask, w64
-    slug = common.gpu_slug()
+    slug = benchmark.gpu_slug()
     suffix = ("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_quick" if args.quick else "")
     csv_path = args.out / f"spmm_{slug}{suffix}.csv"
-    common.write_csv(csv_path, info, COLUMNS, rows_out)
+    benchmark.write_csv(csv_path, info, COLUMNS, rows_out)
     md = summarize(rows_out, info, failures, args.dtype)
     if skipped:
         md += f"\n{len(skipped)} runs were not possible (a forced variant's shared memory, or a baseline without {args.dtype}), e.g. {skipped[0]}\n"
@@ -174,12 +173,12 @@ def render(out: Path) -> int:
     """Rebuilds the Markdown summary and the plot of every spmm_*.csv in `out` (no GPU needed)."""
     paths = sorted(out.glob("spmm_*.csv"))
     for csv_path in paths:
-        info, rows = common.read_csv(csv_path)
+        info, rows = benchmark.read_csv(csv_path)
         if not rows:
             continue
         dtype = str(rows[0]["dtype"])
         info = dict(info, rendered=f"rebuilt from {csv_path.name} by `bench/spmm.py --render` at commit "
-                                   f"{common.git_commit()[:7]} (the CSV's 4 significant digits)")
+                                   f"{benchmark.git_commit()[:7]} (the CSV's 4 significant digits)")
         md = summarize(rows, info, [], dtype)
         csv_path.with_suffix(".md").write_text(md)
         plot(rows, csv_path.with_suffix(".png"), info, dtype)
@@ -232,7 +231,7 @@ def summarize(rows, info, failures, dtype: str = "fp32") -> str:
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"]) for r in rows},
                   key=lambda c: (c[4], c[0] * c[1], c[0], c[3], c[2]))
     impls = ["snack"] + [b for b in BASELINES]
-    lines = common.markdown_head("Forward SpMM benchmark", info)
+    lines = benchmark.markdown_head("Forward SpMM benchmark", info)
     lines += ["Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time.", ""]
     lines.append("| M x K | N | sparsity | pattern | floor | " + " | ".join(impls) +
                  " | %floor | vs dense | vs D+M | vs csr |")
@@ -258,7 +257,7 @@ def summarize(rows, info, failures, dtype: str = "fp32") -> str:
     def speedups(base):
         return [t[k + (base,)]["median_us"] / t[k + ("snack",)]["median_us"] for k in target_keys if (k + (base,)) in t]
 
-    g_csr, g_dm = common.geomean(speedups("cusparse_csr")), common.geomean(speedups("dense_mask"))
+    g_csr, g_dm = benchmark.geomean(speedups("cusparse_csr")), benchmark.geomean(speedups("dense_mask"))
     vs_dense = speedups("dense")
     slower = [k for k in target_keys if (k + ("dense",)) in t and
               t[k + ("snack",)]["median_us"] > t[k + ("dense",)]["median_us"]]
@@ -297,7 +296,7 @@ def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
                 sp = [t[k[:5] + (base,)]["median_us"] / t[k]["median_us"] for k in keys if (k[:5] + (base,)) in t]
                 if sp:
                     xs.append(s)
-                    ys.append(common.geomean(sp))
+                    ys.append(benchmark.geomean(sp))
             ax.plot(xs, ys, marker="o", label=f"N={n}")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_yscale("log")

@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-import common  # noqa: E402
 import snack  # noqa: E402
+from snack import benchmark  # noqa: E402
 
 COLUMNS = ["impl", "batch", "block", "sparsity", "steps", "peak_mib", "step_ms", "graph_step_ms", "tokens_per_s",
            "final_loss", "gen_ms_per_token", "infer_mib"]
@@ -188,12 +187,12 @@ def graphed_step_ms(model, x, y, lr, reps: int = 20) -> float:
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, capturable=True)
     x, y = x.clone(), y.clone()
     try:
-        graph = common.capture_graph(lambda: train_step(model, opt, x, y))
+        graph = benchmark.capture_graph(lambda: train_step(model, opt, x, y))
     except Exception as exc:  # a host synchronisation inside the model's forward, for example
         print(f"  CUDA-graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
         torch.cuda.synchronize()
         return float("nan")
-    times = common.replay_times_ms(graph, reps)
+    times = benchmark.replay_times_ms(graph, reps)
     del graph, opt
     for p in params:
         p.grad = None
@@ -256,19 +255,19 @@ def main(argv=None) -> int:
         config = f"{r['batch']}x{r['block']}:{r['sparsity']:g}"
         print(f"{r['impl']:<12}{config:>14}{r['peak_mib']:>10.1f}{r['step_ms']:>9.2f}{r['graph_step_ms']:>9.2f}"
               f"{r['tokens_per_s']:>9.0f}{r['final_loss']:>8.4f}{r['gen_ms_per_token']:>11.2f}{r['infer_mib']:>10.1f}")
-    out = args.out if args.out is not None else (common.RESULTS_DIR if device.type == "cuda" else None)
+    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
     if out is not None:
-        info = common.provenance(device)
+        info = benchmark.provenance(device)
         info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, {args.algorithm}, steps per config as listed, "
                        f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every steps // 4), AdamW lr {args.lr}, corpus stdlib sources")
-        stem = out / f"gpt2_{common.gpu_slug(device)}"
-        common.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+        stem = out / f"gpt2_{benchmark.gpu_slug(device)}"
+        benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
         _report(stem, rows, curves, info)
     return 0
 
 
 def _report(stem: Path, rows, curves, info) -> None:
-    lines = common.markdown_head("GPT-2 dynamic sparse training", info)
+    lines = benchmark.markdown_head("GPT-2 dynamic sparse training", info)
     lines += ["Step ms: wall time of an eager step; graph ms: GPU time of the same step replayed from a CUDA graph.", "",
               "| config | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | gen ms/token | inference MiB |",
               "|---|---|---|---|---|---|---|---|---|---|"]

@@ -27,9 +27,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-import common  # noqa: E402
 import snack  # noqa: E402
+from snack import benchmark  # noqa: E402
 
 COLUMNS = ["impl", "M", "K", "layers", "sparsity", "latency_us", "peak_mib"]
 
@@ -89,9 +88,9 @@ def latency_us(model, features, device, reps):
                 model(features[i % features.shape[0]:][:1])
                 times.append((time.perf_counter() - t0) * 1e6)
             return statistics.median(times)
-        graph = common.capture_graph(lambda: model(x_static))
+        graph = benchmark.capture_graph(lambda: model(x_static))
         # A new node each query, loaded outside the timed replay.
-        times = common.replay_times_ms(graph, reps, lambda i: x_static.copy_(features[i % features.shape[0]:][:1]))
+        times = benchmark.replay_times_ms(graph, reps, lambda i: x_static.copy_(features[i % features.shape[0]:][:1]))
         return 1e3 * statistics.median(times)
 
 
@@ -130,7 +129,7 @@ def main(argv=None) -> int:
                     if reference is None:
                         reference = answers.double()
                     else:
-                        err = common.rel_error(answers, reference)
+                        err = benchmark.rel_error(answers, reference)
                         if not err < 1e-4:
                             raise RuntimeError(f"snack and Dense+Mask disagree at width {width}, sparsity "
                                                f"{sparsity}: relative error {err:.2e}")
@@ -138,21 +137,21 @@ def main(argv=None) -> int:
                                  peak_mib=peak))
                 print(f"  width {width} s={sparsity} {impl:<10} {lat:9.1f} us  {peak:9.1f} MiB")
                 del model
-    out = args.out if args.out is not None else (common.RESULTS_DIR if device.type == "cuda" else None)
+    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
     if out is not None:
-        info = common.provenance(device)
+        info = benchmark.provenance(device)
         info["graph"] = f"generated stochastic block model, {args.nodes} nodes, 20 communities, {hops} hops"
         info["model"] = (f"input {features.shape[1]} -> width (dense), {args.layers} hidden width x width layers "
                          f"(the compared ones), width -> {classes} (dense); batch 1, CUDA-graph replay")
-        stem = out / f"graph_{common.gpu_slug(device)}"
-        common.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+        stem = out / f"graph_{benchmark.gpu_slug(device)}"
+        benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
         _report(stem, rows, info)
     return 0
 
 
 def _report(stem: Path, rows, info) -> None:
     by = {(r["M"], r["sparsity"], r["impl"]): r for r in rows}
-    lines = common.markdown_head("Batch-1 graph-style inference", info)
+    lines = benchmark.markdown_head("Batch-1 graph-style inference", info)
     lines += ["| width | sparsity | snack us | Dense+Mask us | dense us | speedup vs D+M | snack MiB | D+M MiB | "
               "memory vs D+M |", "|---|---|---|---|---|---|---|---|---|"]
     for (w, s, impl), r in sorted(by.items()):

@@ -1,6 +1,7 @@
 // The sparse weight of a layer: `nnz` fixed slots, sorted row-major, and its derived views.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -26,6 +27,17 @@ inline constexpr int64_t kMaxNnz = int64_t(std::numeric_limits<int32_t>::max()) 
 inline Status nnz_limit_error(int64_t nnz) {
   return Status(StatusCode::kUnsupported,
                 "nnz=" + std::to_string(nnz) + " exceeds the limit of " + std::to_string(kMaxNnz) + " (2^31 - 4097)");
+}
+
+/// Bits of the slot indices a `rows x cols` pattern gets by default: 16 (unsigned) where both
+/// dimensions fit, else 32. The one statement of that rule: the torch binding and the Python package
+/// ask it through the op `snack::index_bits`.
+inline int default_index_bits(int64_t rows, int64_t cols) { return rows <= kMaxDim16 && cols <= kMaxDim16 ? 16 : 32; }
+
+/// Slots a `rows x cols` layer keeps at `density` (in [0, 1]): the nearest whole number, halves
+/// rounded up. Every constructor (Python, libtorch, sparsify) counts through this function.
+inline int64_t nnz_for_density(int64_t rows, int64_t cols, double density) {
+  return int64_t(std::llround(density * double(rows) * double(cols)));
 }
 
 /// Index type of the slots: 16-bit unsigned where both dimensions fit, 32-bit otherwise.

@@ -35,9 +35,6 @@ inline Status InvalidArgument(std::string message) {
   return Status(StatusCode::kInvalidArgument, std::move(message));
 }
 
-/// Name of a status code, for messages ("invalid argument", "out of range", ...).
-const char* status_code_name(StatusCode code);
-
 }  // namespace snack
 
 // Returns early from the enclosing function when `expr` yields a non-ok Status.

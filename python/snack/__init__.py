@@ -1,16 +1,17 @@
 """snack: truly sparse neural-network layers for PyTorch.
 
-A :class:`SparseLinear` stores only its non-zero connections (values plus 16/32-bit slot indices)
-and computes forward, backward and the optimizer step on them alone, on the CPU or with CUDA
-kernels. See the README for the design and the benchmarks.
+A :class:`SparseLinear` stores only its non-zero connections (values plus a :class:`Pattern` of
+16/32-bit slot indices) and computes forward, backward and the optimizer step on them alone, on the
+CPU or with CUDA kernels. See the README for the design and the benchmarks.
 """
 
 from pathlib import Path
 
-from ._ops import LIBRARY_PATH, default_index_dtype, ops
-from .kernels import (DETERMINISTIC_VARIANTS, FORWARD_ONLY_VARIANTS, SPMM_VARIANTS, TRANSPOSED_VARIANTS, explain,
-                      set_spmm_variant, spmm_variant)
-from .layer import SparseLinear, prepare_ddp, sparse_linear
+from ._ops import LIBRARY_PATH, PATTERN_FIELDS, default_index_dtype, ops
+from .kernels import (DETERMINISTIC_VARIANTS, FORWARD_ONLY_VARIANTS, SDDMM_VARIANTS, SPMM_VARIANTS,
+                      TRANSPOSED_VARIANTS, Plan, explain, set_spmm_variant, spmm_variant)
+from .pattern import Pattern
+from .layer import SparseLinear, nnz_for_density, prepare_ddp, sparse_linear
 from . import dst, optim
 from .sparsify import sparsify
 
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 #: Next to the installed library (in an editable install that is site-packages, not the source tree).
 cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "cmake")
 
-__all__ = ["SparseLinear", "sparse_linear", "ops", "default_index_dtype", "cmake_prefix_path", "LIBRARY_PATH",
-           "explain", "set_spmm_variant", "spmm_variant", "SPMM_VARIANTS", "DETERMINISTIC_VARIANTS",
-           "FORWARD_ONLY_VARIANTS", "TRANSPOSED_VARIANTS", "dst", "optim", "sparsify", "prepare_ddp"]
+__all__ = ["SparseLinear", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
+           "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
+           "spmm_variant", "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
+           "FORWARD_ONLY_VARIANTS", "dst", "optim", "sparsify", "prepare_ddp"]

@@ -1,4 +1,4 @@
-"""Loads the C++ operator library and registers the fake (meta) kernels used by torch.compile.
+"""Loads the C++ operator library and registers the fake kernels that torch.compile traces with.
 
 The operator schemas are defined once, in ``src/torch/schema.cpp``; their CPU, CUDA and autograd
 kernels live in C++. This module only adds the shape functions that tracing needs.
@@ -34,29 +34,50 @@ LIBRARY_PATH = _find_library()
 torch.ops.load_library(str(LIBRARY_PATH))
 ops = torch.ops.snack
 
+#: The names of a pattern's tensors, in the order every op takes them (from the C++ library).
+PATTERN_FIELDS = tuple(ops.pattern_fields())
+
 
 def default_index_dtype(out_features: int, in_features: int) -> torch.dtype:
-    """uint16 when both dimensions fit in 16 bits (<= 65536), int32 otherwise (as the C++ side)."""
-    return torch.uint16 if max(out_features, in_features) <= 65536 else torch.int32
+    """The slot index dtype a pattern of this shape gets: uint16 where both dimensions fit in 16
+    bits, int32 otherwise (the C++ library's rule)."""
+    return torch.uint16 if ops.index_bits(out_features, in_features) == 16 else torch.int32
 
 
 def _index_dtype(out_features, in_features, index_dtype):
     return index_dtype if index_dtype is not None else default_index_dtype(out_features, in_features)
 
 
+def _shape(pattern):
+    """(M, K) of a pattern's tensor list: its CSR and CSC offsets have M + 1 and K + 1 entries."""
+    return pattern[PATTERN_FIELDS.index("row_ptr")].shape[0] - 1, pattern[PATTERN_FIELDS.index("col_ptr")].shape[0] - 1
+
+
+def _nnz(pattern):
+    return pattern[PATTERN_FIELDS.index("row_idx")].shape[0]
+
+
 @torch.library.register_fake("snack::spmm")
-def _spmm_fake(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, bias, activation="none", variant="auto"):
-    return values.new_empty((x.shape[0], row_ptr.shape[0] - 1))
+def _spmm_fake(x, values, pattern, bias=None, activation="none", variant="auto"):
+    return values.new_empty((x.shape[0], _shape(pattern)[0]))
+
+
+@torch.library.register_fake("snack::spmm_for_step")
+def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
+    # X transposed, where the device's plan makes that copy of the whole batch: a shape only the
+    # plan knows.
+    ctx = torch.library.get_ctx()
+    return _spmm_fake(x, values, pattern), values.new_empty((ctx.new_dynamic_size(), ctx.new_dynamic_size()))
 
 
 @torch.library.register_fake("snack::spmm_t")
-def _spmm_t_fake(dy, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, variant="auto"):
-    return values.new_empty((dy.shape[0], col_ptr.shape[0] - 1))
+def _spmm_t_fake(dy, values, pattern, variant="auto"):
+    return values.new_empty((dy.shape[0], _shape(pattern)[1]))
 
 
 @torch.library.register_fake("snack::sddmm")
-def _sddmm_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, variant="auto"):
-    return dy.new_empty((row_idx.shape[0],))
+def _sddmm_fake(dy, x, pattern, variant="auto"):
+    return dy.new_empty((_nnz(pattern),))
 
 
 @torch.library.register_fake("snack::bias_grad")
@@ -65,26 +86,24 @@ def _bias_grad_fake(dy):
 
 
 @torch.library.register_fake("snack::sparse_linear")
-def _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation="none"):
-    return values.new_empty((*x.shape[:-1], row_ptr.shape[0] - 1))
+def _sparse_linear_fake(x, values, bias, pattern, activation="none"):
+    return values.new_empty((*x.shape[:-1], _shape(pattern)[0]))
 
 
 @torch.library.register_fake("snack::sparse_linear_adamw")
-def _sparse_linear_adamw_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, exp_avg, exp_avg_sq, step,
-                              update_guard, lr, beta1, beta2, eps, weight_decay, maximize=False, activation="none",
-                              bias_exp_avg=None, bias_exp_avg_sq=None, bias_step=None, bias_hyper=None):
-    return _sparse_linear_fake(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation)
+def _sparse_linear_adamw_fake(x, values, bias, pattern, state, hyper, bias_state, update_guard=None, bias_hyper=(),
+                              activation="none"):
+    return _sparse_linear_fake(x, values, bias, pattern, activation)
 
 
 @torch.library.register_fake("snack::sddmm_adamw_")
-def _sddmm_adamw_fake(dy, x, row_idx, col_idx, row_ptr, col_ptr, csc_perm, values, exp_avg, exp_avg_sq, step, lr,
-                      beta1, beta2, eps, weight_decay, maximize=False, variant="auto", bias=None, bias_exp_avg=None,
-                      bias_exp_avg_sq=None, bias_step=None, bias_hyper=None):
+def _sddmm_adamw_fake(dy, x, pattern, values, state, hyper, bias_state, bias=None, bias_hyper=(), x_t=None,
+                      variant="auto"):
     return None
 
 
 @torch.library.register_fake("snack::bias_grad_adamw_")
-def _bias_grad_adamw_fake(dy, bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, maximize=False):
+def _bias_grad_adamw_fake(dy, bias, state, hyper):
     return None
 
 
@@ -115,3 +134,28 @@ def _build_views_fake(row_idx, col_idx, out_features, in_features):
     return (row_idx.new_empty((out_features + 1,), dtype=torch.int32),
             row_idx.new_empty((in_features + 1,), dtype=torch.int32),
             row_idx.new_empty((row_idx.shape[0],), dtype=torch.int32))
+
+
+@torch.library.register_fake("snack::prune_slots")
+def _prune_slots_fake(score, k):
+    return score.new_empty((k,), dtype=torch.int64)
+
+
+@torch.library.register_fake("snack::sample_absent")
+def _sample_absent_fake(row_idx, col_idx, out_features, in_features, k, generator=None):
+    return row_idx.new_empty((k,), dtype=torch.int64)
+
+
+@torch.library.register_fake("snack::topk_absent_gradient")
+def _topk_absent_gradient_fake(dy, x, row_idx, col_idx, k, block_rows):
+    return row_idx.new_empty((k,), dtype=torch.int64)
+
+
+@torch.library.register_fake("snack::replace_slots")
+def _replace_slots_fake(row_idx, col_idx, drop, grow, out_features, in_features, validate=True):
+    return torch.empty_like(row_idx), torch.empty_like(col_idx), row_idx.new_empty(row_idx.shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("snack::remap_slots_")
+def _remap_slots_fake(target, source, fill):
+    return None

@@ -3,26 +3,55 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Iterator
 
 from ._ops import ops
 
-#: Kernel variants of the forward SpMM. ``coo_atomic`` (the SNACK-style COO kernel) uses float
-#: atomics, so its results may differ in the last bits between runs: it is never chosen
-#: automatically. ``wide_rows`` and ``coo_atomic`` compute only the forward product
-#: (``FORWARD_ONLY_VARIANTS``); the transposed product (dX) runs ``TRANSPOSED_VARIANTS``.
-SPMM_VARIANTS = ("warp_row", "smem_x", "global_xt", "global_x", "wide_rows", "coo_atomic")
-DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v != "coo_atomic")
-FORWARD_ONLY_VARIANTS = ("wide_rows", "coo_atomic")
-TRANSPOSED_VARIANTS = tuple(v for v in DETERMINISTIC_VARIANTS if v not in FORWARD_ONLY_VARIANTS)
+_forward, _input_grad, _weight_grad, _nondeterministic = ops.kernel_variants()
+#: Kernel variants of the forward SpMM, of the input-gradient product (the forward's less the
+#: forward-only ones) and of the weight gradient (the SDDMM), as the C++ library names them.
+SPMM_VARIANTS = tuple(_forward)
+TRANSPOSED_VARIANTS = tuple(_input_grad)
+SDDMM_VARIANTS = tuple(_weight_grad)
+FORWARD_ONLY_VARIANTS = tuple(v for v in SPMM_VARIANTS if v not in TRANSPOSED_VARIANTS)
+#: The variants whose repeated runs are bitwise equal (all but the atomic COO kernel).
+DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v not in _nondeterministic)
 
 _current_default = "auto"
 
 
-def explain(layer, n: int, *, transposed: bool = False, variant: str = "auto") -> str:
-    """One line: the kernel that computes ``layer`` (a SparseLinear) for a batch of ``n`` rows, and why.
-    ``transposed=True`` explains the input-gradient product instead."""
-    return ops.explain_spmm(layer.values, layer.row_ptr, layer.col_ptr, n, transposed, variant)
+@dataclass(frozen=True)
+class Plan:
+    """How one product of a layer runs (``snack.explain``): the planner's fields.
+
+    ``variant``: the kernel ("cpu" for a CPU layer); ``reason``: why, as a token (``describe`` has
+    the sentence); ``batch_tile``: batch rows per pass (the SDDMM: the batch padded to a multiple of
+    4); ``lanes_per_row``: lanes that split one row's entries; ``rows_per_warp``: wide_rows' rows per
+    warp group (the SDDMM: its batch lanes); ``grid`` and ``threads``: the launch; ``smem_bytes``,
+    ``workspace_bytes``: memory per block and for the call; ``prefetch_l2``: operands requested into
+    L2 first."""
+
+    variant: str
+    reason: str
+    batch_tile: int
+    lanes_per_row: int
+    rows_per_warp: int
+    grid: int
+    threads: int
+    smem_bytes: int
+    workspace_bytes: int
+    prefetch_l2: bool
+    describe: str
+
+    def __str__(self) -> str:
+        return self.describe
+
+
+def explain(layer, n: int, *, op: str = "forward", variant: str = "auto") -> Plan:
+    """The plan of one product of ``layer`` (a SparseLinear) for a batch of ``n`` rows: ``op`` is
+    "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM)."""
+    return Plan(*ops.explain(layer.values, layer.pattern.tensors, n, op, variant))
 
 
 def set_spmm_variant(variant: str) -> None:

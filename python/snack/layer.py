@@ -7,23 +7,26 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
-from . import optim as _optim
 from ._ops import ops
-
-_PATTERN_BUFFERS = ("row_idx", "col_idx")
-_VIEW_BUFFERS = ("row_ptr", "col_ptr", "csc_perm")
-
+from .pattern import Pattern
 
 ACTIVATIONS = ("none", "relu", "gelu")
 
+# values Parameter -> its SparseLinear (weak both ways): how snack.optim.AdamW finds the layers whose
+# values it is given, to attach its update to them (SparseLinear.attach_fused_update).
+_LAYER_OF_VALUES: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
-def sparse_linear(x: Tensor, values: Tensor, bias: Optional[Tensor], row_idx: Tensor, col_idx: Tensor,
-                  row_ptr: Tensor, col_ptr: Tensor, csc_perm: Tensor, activation: str = "none") -> Tensor:
+
+def sparse_linear(x: Tensor, values: Tensor, bias: Optional[Tensor], pattern: Union[Pattern, list],
+                  activation: str = "none") -> Tensor:
     """Functional form of :class:`SparseLinear`: ``act(x W^T + b)``, ``x [..., K] -> [..., M]``,
-    differentiable in x, values and bias. ``activation``: "none", "relu" or "gelu" (exact), fused into
-    the kernel's epilogue (GELU is fused at inference; under autograd it keeps its pre-activation)."""
-    return ops.sparse_linear(x, values, bias, row_idx, col_idx, row_ptr, col_ptr, csc_perm, activation)
+    differentiable in x, values and bias. ``pattern``: a :class:`Pattern` or its ``tensors``.
+    ``activation``: "none", "relu" or "gelu" (exact), fused into the kernel's epilogue (GELU is fused
+    at inference; under autograd it keeps its pre-activation)."""
+    tensors = pattern.tensors if isinstance(pattern, Pattern) else pattern
+    return ops.sparse_linear(x, values, bias, tensors, activation)
 
 
 def _resolve_density(density: Optional[float], sparsity: Optional[float]) -> float:
@@ -45,18 +48,18 @@ def _check_activation(activation: Optional[str]) -> str:
 
 
 def nnz_for_density(out_features: int, in_features: int, density: float) -> int:
-    """Number of slots a layer of this shape gets at `density` (rounded to nearest)."""
-    return int(round(density * out_features * in_features))
+    """Slots a layer of this shape keeps at ``density``: the nearest whole number, halves rounded up
+    (the C++ library's rule, shared by every constructor)."""
+    return int(ops.nnz_for_density(out_features, in_features, float(density)))
 
 
 class SparseLinear(nn.Module):
     r"""Applies ``y = x W^T + b`` with a sparse ``W`` of shape ``(out_features, in_features)``.
 
-    Only ``nnz = round(density * out_features * in_features)`` connections exist: the parameter
-    ``values`` has shape ``[nnz]``, and the buffers ``row_idx``/``col_idx`` say where each one sits
-    (uint16 when both dimensions are at most 65536, else int32). ``row_ptr``, ``col_ptr`` and
-    ``csc_perm`` are derived CSR/CSC views, rebuilt whenever the pattern changes and left out of
-    ``state_dict``. No dense weight or mask is ever built, in forward or backward.
+    Only ``nnz = nnz_for_density(out_features, in_features, density)`` connections exist: the
+    parameter ``values`` has shape ``[nnz]``, and the layer's :class:`Pattern` (``pattern``) says where
+    each one sits and holds the views the kernels read. No dense weight or mask is ever built, in
+    forward or backward.
 
     Args:
         in_features: size of each input sample (K).
@@ -75,9 +78,10 @@ class SparseLinear(nn.Module):
     ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with the *effective* fan-in ``density * in_features``,
     so the output has the scale an ``nn.Linear`` would have.
 
-    While ``values`` belongs to a live :class:`snack.optim.AdamW`, a forward under autograd runs the
-    op whose backward applies that optimizer's update to ``values`` at once (``values.grad`` stays
-    ``None``); otherwise the backward returns the gradient as usual.
+    ``fused_update`` is None unless an optimizer attached an update of ``values`` to the layer's
+    backward (:class:`snack.optim.AdamW` does, for the layers whose values it holds): then a forward
+    under autograd runs the op whose backward applies that update at once, and ``values.grad`` stays
+    ``None``. See :meth:`attach_fused_update`.
     """
 
     __constants__ = ["in_features", "out_features"]
@@ -86,44 +90,25 @@ class SparseLinear(nn.Module):
                  sparsity: Optional[float] = None, device=None, dtype=None, index_dtype: Optional[torch.dtype] = None,
                  generator: Optional[torch.Generator] = None, activation: Optional[str] = None) -> None:
         super().__init__()
-        self.activation = _check_activation(activation)
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"SparseLinear: in_features and out_features must be positive, got {in_features} and "
                              f"{out_features}")
-        self.in_features = int(in_features)
-        self.out_features = int(out_features)
         density = _resolve_density(density, sparsity)
-        nnz = nnz_for_density(out_features, in_features, density)
+        pattern = Pattern.random(out_features, in_features, nnz_for_density(out_features, in_features, density),
+                                 generator=generator, device=device, index_dtype=index_dtype)
         factory = {"device": device, "dtype": dtype}
-        row_idx, col_idx = ops.random_slots(out_features, in_features, nnz, generator=generator,
-                                            device=torch.device(device) if device is not None else None,
-                                            index_dtype=index_dtype)
-        self._register_pattern(row_idx, col_idx)
-        self.values = nn.Parameter(torch.empty(nnz, **factory))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, **factory))
-        else:
-            self.register_parameter("bias", None)
+        self._setup(pattern, torch.empty(pattern.nnz, **factory),
+                    torch.empty(out_features, **factory) if bias else None, activation)
         self.reset_parameters(generator)
 
-    # ---- construction helpers --------------------------------------------------------------------
-    def _register_pattern(self, row_idx: Tensor, col_idx: Tensor) -> None:
-        self.register_buffer("row_idx", row_idx)
-        self.register_buffer("col_idx", col_idx)
-        for name, view in zip(_VIEW_BUFFERS, ops.build_views(row_idx, col_idx, self.out_features, self.in_features)):
-            self.register_buffer(name, view, persistent=False)
-
-    def _rebuild_views(self) -> None:
-        # In place where the buffers already fit: a captured CUDA graph keeps reading the same
-        # memory, so it stays valid across topology updates.
-        views = ops.build_views(self.row_idx, self.col_idx, self.out_features, self.in_features)
-        for name, view in zip(_VIEW_BUFFERS, views):
-            current = getattr(self, name, None)
-            if (current is not None and current.shape == view.shape and current.dtype == view.dtype
-                    and current.device == view.device):
-                current.copy_(view)
-            else:
-                setattr(self, name, view)
+    def _setup(self, pattern: Pattern, values: Tensor, bias: Optional[Tensor], activation: Optional[str]) -> None:
+        self.activation = _check_activation(activation)
+        self.in_features, self.out_features = pattern.in_features, pattern.out_features
+        self.pattern = pattern
+        self.values = nn.Parameter(values)
+        self.bias = nn.Parameter(bias) if bias is not None else None
+        self.fused_update = None
+        _LAYER_OF_VALUES[self.values] = self
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         """Re-draws values and bias uniformly in +-1/sqrt(density * in_features); the pattern stays."""
@@ -140,15 +125,24 @@ class SparseLinear(nn.Module):
                 else:
                     p.uniform_(-bound, bound, generator=generator)
 
+    # ---- construction helpers ----------------------------------------------------------------------
+    @classmethod
+    def _from_parts(cls, pattern: Pattern, values: Tensor, bias: Optional[Tensor]) -> "SparseLinear":
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._setup(pattern, values, bias, None)
+        return layer
+
     @classmethod
     def from_dense(cls, linear_or_weight: Union[nn.Linear, Tensor], density: Optional[float] = None, *,
                    sparsity: Optional[float] = None, mask: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                    index_dtype: Optional[torch.dtype] = None) -> "SparseLinear":
         """Builds a layer from a dense ``nn.Linear`` or weight ``[out, in]``.
 
-        Keeps the ``round(density * out * in)`` entries of largest magnitude (ties go to the smaller
-        row-major position), or exactly the non-zero entries of ``mask`` when one is given. The bias
-        comes from the Linear, or from ``bias=``. The result lives on the weight's device and dtype.
+        Keeps the ``nnz_for_density(out, in, density)`` entries of largest magnitude (ties go to the
+        smaller row-major position), or exactly the non-zero entries of ``mask`` when one is given.
+        The bias comes from the Linear, or from ``bias=``. The result lives on the weight's device and
+        dtype.
         """
         if isinstance(linear_or_weight, nn.Linear):
             weight = linear_or_weight.weight
@@ -168,21 +162,15 @@ class SparseLinear(nn.Module):
             if tuple(mask.shape) != tuple(weight.shape):
                 raise ValueError(f"SparseLinear.from_dense: mask shape {tuple(mask.shape)} differs from weight shape "
                                  f"{tuple(weight.shape)}")
-            row_idx, col_idx, positions = ops.slots_from_mask(mask.to(weight.device), index_dtype=index_dtype)
+            pattern, positions = Pattern.from_mask(mask.to(weight.device), index_dtype=index_dtype)
         else:
             d = _resolve_density(density, sparsity)
-            row_idx, col_idx, positions = ops.slots_from_dense(weight, nnz_for_density(out_features, in_features, d),
-                                                               index_dtype=index_dtype)
+            pattern, positions = Pattern.from_dense(weight, nnz_for_density(out_features, in_features, d),
+                                                    index_dtype=index_dtype)
         if bias is not None and tuple(bias.shape) != (out_features,):
             raise ValueError(f"SparseLinear.from_dense: bias shape {tuple(bias.shape)} != ({out_features},)")
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = int(in_features), int(out_features)
-        layer.activation = "none"
-        layer._register_pattern(row_idx, col_idx)
-        layer.values = nn.Parameter(weight.reshape(-1).index_select(0, positions).clone())
-        layer.bias = nn.Parameter(bias.detach().clone().to(weight)) if bias is not None else None
-        return layer
+        return cls._from_parts(pattern, weight.reshape(-1).index_select(0, positions).clone(),
+                               bias.detach().clone().to(weight) if bias is not None else None)
 
     @classmethod
     def from_coo(cls, rows: Tensor, cols: Tensor, values: Tensor, out_features: int, in_features: int,
@@ -192,25 +180,40 @@ class SparseLinear(nn.Module):
         if values.dim() != 1 or values.shape[0] != rows.shape[0]:
             raise ValueError(f"SparseLinear.from_coo: values must be 1-D with one entry per position, got shape "
                              f"{tuple(values.shape)} for {rows.shape[0]} positions")
-        row_idx, col_idx, order = ops.slots_from_coo(rows.to(values.device), cols.to(values.device), out_features,
-                                                     in_features, index_dtype=index_dtype)
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = int(in_features), int(out_features)
-        layer.activation = "none"
-        layer._register_pattern(row_idx, col_idx)
-        layer.values = nn.Parameter(values.detach().index_select(0, order).clone())
-        layer.bias = nn.Parameter(bias.detach().clone().to(values)) if bias is not None else None
-        return layer
+        pattern, order = Pattern.from_coo(rows.to(values.device), cols.to(values.device), out_features, in_features,
+                                          index_dtype=index_dtype)
+        return cls._from_parts(pattern, values.detach().index_select(0, order).clone(),
+                               bias.detach().clone().to(values) if bias is not None else None)
 
     # ---- the layer -------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
-        if self.values.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            optimizer = _optim.in_backward_optimizer(self.values)
-            if optimizer is not None:  # snack.optim.AdamW: the update runs in this layer's backward
-                return optimizer._apply_layer(self, x)
-        return ops.sparse_linear(x, self.values, self.bias, self.row_idx, self.col_idx, self.row_ptr, self.col_ptr,
-                                 self.csc_perm, self.activation)
+        update = self.fused_update
+        if (update is not None and self.values.requires_grad and torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()):
+            return ops.sparse_linear_adamw(x, self.values, self.bias, self.pattern.tensors, **update.arguments(self),
+                                           activation=self.activation)
+        return ops.sparse_linear(x, self.values, self.bias, self.pattern.tensors, self.activation)
+
+    def attach_fused_update(self, update) -> None:
+        """Runs ``update``'s optimizer step of ``values`` inside the layer's backward from now on, in
+        place of returning their gradient (None: detach, the backward returns gradients again).
+
+        ``update`` provides ``arguments(layer) -> dict``, the keyword arguments of
+        ``snack.ops.sparse_linear_adamw`` for this forward (state, hyper, update_guard, bias_state,
+        bias_hyper); :class:`snack.optim.AdamW` attaches its own to the layers whose values it holds,
+        and a newer one replaces an older one. Under ``torch.compile`` the layer always returns the
+        gradient (the fusion is an eager and CUDA-graph optimisation)."""
+        self.fused_update = update
+
+    @property
+    def row_idx(self) -> Tensor:
+        """The slots' rows (the pattern's buffer)."""
+        return self.pattern.row_idx
+
+    @property
+    def col_idx(self) -> Tensor:
+        """The slots' columns (the pattern's buffer)."""
+        return self.pattern.col_idx
 
     @property
     def nnz(self) -> int:
@@ -223,13 +226,11 @@ class SparseLinear(nn.Module):
     def to_dense(self) -> Tensor:
         """The weight as a dense ``[out, in]`` tensor (differentiable in ``values``)."""
         dense = self.values.new_zeros((self.out_features, self.in_features))
-        return dense.index_put((self.row_idx.long(), self.col_idx.long()), self.values)
+        return dense.index_put((self.pattern.row_idx.long(), self.pattern.col_idx.long()), self.values)
 
     def mask(self) -> Tensor:
         """Boolean ``[out, in]`` tensor, True at the stored connections."""
-        mask = torch.zeros((self.out_features, self.in_features), dtype=torch.bool, device=self.values.device)
-        mask[self.row_idx.long(), self.col_idx.long()] = True
-        return mask
+        return self.pattern.to_mask()
 
     def to_linear(self) -> nn.Linear:
         """A dense ``nn.Linear`` with the same weight and bias (the fused activation, if any, is not part of it)."""
@@ -241,10 +242,18 @@ class SparseLinear(nn.Module):
                 linear.bias.copy_(self.bias)
         return linear
 
+    def nbytes(self) -> dict[str, int]:
+        """Bytes the layer holds: values, bias and its pattern (slots and views), and their total."""
+        sizes = {"values": self.values.numel() * self.values.element_size(),
+                 "bias": self.bias.numel() * self.bias.element_size() if self.bias is not None else 0,
+                 "pattern": self.pattern.nbytes()["total"]}
+        sizes["total"] = sum(sizes.values())
+        return sizes
+
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation != "none" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"nnz={self.nnz}, density={self.density:.4g}, index_dtype={self.row_idx.dtype}{act}")
+                f"nnz={self.nnz}, density={self.density:.4g}, index_dtype={self.pattern.index_dtype}{act}")
 
     # ---- dynamic sparse training -------------------------------------------------------------------
     def update_topology(self, drop: Tensor, grow: Tensor, *, optimizer=None, init=None,
@@ -266,8 +275,8 @@ class SparseLinear(nn.Module):
             raise ValueError(f"state_reset must be 'zero' or 'mean', got {state_reset!r}")
         device = self.values.device
         drop = drop.to(device)
-        row_idx, col_idx, source = ops.replace_slots(self.row_idx, self.col_idx, drop, grow.to(device),
-                                                     self.out_features, self.in_features, validate)
+        row_idx, col_idx, source = ops.replace_slots(self.pattern.row_idx, self.pattern.col_idx, drop,
+                                                     grow.to(device), self.out_features, self.in_features, validate)
         # Values for grown connections (a scalar, or one per slot of which the grown ones are kept):
         # no host sync here.
         fresh = _init_new_values(self, self.nnz, init)
@@ -285,37 +294,35 @@ class SparseLinear(nn.Module):
             if self.values.grad is not None:
                 remap(self.values.grad, self.values.grad.new_zeros(()))
             remap(self.values, fresh)
-            self.row_idx.copy_(row_idx)
-            self.col_idx.copy_(col_idx)
-        self._rebuild_views()
+        self.pattern.set_slots(row_idx, col_idx)
         return int(drop.numel())
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        keys = {name: prefix + name for name in ("values", "row_idx", "col_idx")}
-        if not all(k in state_dict for k in keys.values()):
-            # Missing entries: let nn.Module report them; the pattern stays as it is.
-            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                          error_msgs)
-            return
-        values, rows, cols = (state_dict[keys[n]] for n in ("values", "row_idx", "col_idx"))
-        if values.shape != self.values.shape or rows.shape != values.shape or cols.shape != values.shape:
-            error_msgs.append(f"size mismatch for {prefix}values/row_idx/col_idx: the checkpoint has "
-                              f"{tuple(values.shape)}/{tuple(rows.shape)}/{tuple(cols.shape)} connections, the layer "
-                              f"has nnz={self.nnz} (build the layer with the checkpoint's density)")
-            return
-        # Validate and sort the incoming pattern before touching the layer, so that a bad
-        # checkpoint raises and leaves the layer unchanged.
-        row_idx, col_idx, order = ops.slots_from_coo(rows.long(), cols.long(), self.out_features, self.in_features,
-                                                     index_dtype=self.row_idx.dtype)
+        # Checkpoints written before the pattern was a module of its own keep the slots at the layer.
+        for name in ("row_idx", "col_idx"):
+            if prefix + name in state_dict and prefix + "pattern." + name not in state_dict:
+                state_dict[prefix + "pattern." + name] = state_dict.pop(prefix + name)
+        keys = {name: prefix + name for name in ("values", "pattern.row_idx", "pattern.col_idx")}
+        if all(k in state_dict for k in keys.values()):
+            values, rows, cols = (state_dict[keys[n]] for n in ("values", "pattern.row_idx", "pattern.col_idx"))
+            if values.shape != self.values.shape or rows.shape != values.shape or cols.shape != values.shape:
+                error_msgs.append(f"size mismatch for {prefix}values/pattern.row_idx/pattern.col_idx: the checkpoint "
+                                  f"has {tuple(values.shape)}/{tuple(rows.shape)}/{tuple(cols.shape)} connections, "
+                                  f"the layer has nnz={self.nnz} (build the layer with the checkpoint's density)")
+                return  # nothing of this layer is loaded
+            # Validate and sort the incoming pattern before anything is loaded; the pattern (loaded
+            # after this module) then receives the sorted slots, and the values follow their order.
+            device = self.values.device
+            row_idx, col_idx, order = ops.slots_from_coo(rows.long().to(device), cols.long().to(device),
+                                                         self.out_features, self.in_features,
+                                                         index_dtype=self.pattern.index_dtype)
+            state_dict[keys["pattern.row_idx"]] = row_idx
+            state_dict[keys["pattern.col_idx"]] = col_idx
+            state_dict[keys["values"]] = values.to(device).index_select(0, order)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        with torch.no_grad():
-            self.row_idx.copy_(row_idx)
-            self.col_idx.copy_(col_idx)
-            self.values.copy_(values.to(self.values.device).index_select(0, order.to(self.values.device)))
-        self._rebuild_views()
 
 
 def _per_slot_state(optimizer, param: Tensor) -> list:
@@ -355,18 +362,23 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
+def layer_of(values: Tensor) -> Optional[SparseLinear]:
+    """The SparseLinear whose ``values`` Parameter this is, or None."""
+    return _LAYER_OF_VALUES.get(values)
+
+
 def prepare_ddp(model: nn.Module) -> list[str]:
     """Call before wrapping ``model`` in DistributedDataParallel.
 
     DDP broadcasts every buffer from rank 0, and its backends cannot send uint16 tensors, so the
-    pattern buffers of SparseLinear layers (indices and derived views) are excluded from that
-    broadcast. Build the model identically on every rank (same seed) and let
-    ``snack.dst.DSTScheduler`` keep the topologies identical during training (it applies rank 0's
-    decisions everywhere). Returns the excluded buffer names.
+    buffers of every Pattern (slot indices and derived views) are excluded from that broadcast. Build
+    the model identically on every rank (same seed) and let ``snack.dst.DSTScheduler`` keep the
+    topologies identical during training (it applies rank 0's decisions everywhere). Returns the
+    excluded buffer names.
     """
     names = [f"{prefix}.{buf}" if prefix else buf
-             for prefix, module in model.named_modules() if isinstance(module, SparseLinear)
-             for buf in _PATTERN_BUFFERS + _VIEW_BUFFERS]
+             for prefix, module in model.named_modules() if isinstance(module, Pattern)
+             for buf, _ in module.named_buffers(recurse=False)]
     existing = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
     nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, existing + names)
     return names

@@ -7,9 +7,14 @@ gradient is never stored: a step moves fewer bytes and runs fewer kernels, and `
 stays ``None`` (4 bytes per connection less memory). Every other parameter (dense layers, ...)
 is updated by ``step()`` as ``torch.optim.AdamW`` does.
 
-The layer's bias, when this optimizer holds it, is updated the same way and in the same call
-(``sddmm_adamw_`` with the bias's state; on the GPU the SDDMM's rows kernel sums the bias gradient
-from the dY it reads anyway), with its own parameter group's settings.
+The contract is explicit: the optimizer attaches a :class:`FusedAdamWUpdate` to each such layer
+(``layer.fused_update``, see ``SparseLinear.attach_fused_update``), which hands the layer's forward
+the state and settings its backward updates with; :meth:`AdamW.release` detaches them again, and an
+optimizer built later over the same values takes them over.
+
+The layer's bias, when this optimizer holds it, is updated the same way and in the same call, with
+its own parameter group's settings (on the GPU the SDDMM's rows kernel sums the bias gradient from
+the dY it reads anyway).
 
 The update happens when the backward runs, so it suits the common loop
 ``zero_grad(); loss.backward(); step()`` on one process. What needs the values' gradient first
@@ -20,10 +25,11 @@ cannot be combined with it:
 * gradient clipping, gradient scaling (AMP's ``GradScaler``), and ``DistributedDataParallel``,
   which need the gradient before the update.
 
-Use ``torch.optim.AdamW`` for those; the two share their state layout, so a checkpoint of one
-loads into the other. Capturing the whole step in a CUDA graph works (the step count lives on the
-GPU). Under ``torch.compile`` the layer returns its values' gradient as usual and ``step()``
-applies the same AdamW to it: the fusion is an eager-mode (and CUDA-graph) optimisation.
+Use ``torch.optim.AdamW`` for those (call :meth:`AdamW.release` first if a fused one was built); the
+two share their state layout, so a checkpoint of one loads into the other. Capturing the whole step
+in a CUDA graph works (the step count lives on the GPU). Under ``torch.compile`` the layer returns
+its values' gradient as usual and ``step()`` applies the same AdamW to it: the fusion is an
+eager-mode (and CUDA-graph) optimisation.
 """
 
 from __future__ import annotations
@@ -35,12 +41,31 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ._ops import ops
+from .layer import layer_of
 
-__all__ = ["AdamW"]
+__all__ = ["AdamW", "FusedAdamWUpdate"]
 
-# values Parameter -> the AdamW that updates it in the backward (a weak reference both ways).
-_IN_BACKWARD: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+class FusedAdamWUpdate:
+    """AdamW's step of one SparseLinear's values (and bias), run by the layer's backward.
+
+    ``arguments(layer)`` gives the layer's forward the keyword arguments of
+    ``snack.ops.sparse_linear_adamw``: the parameters' state (created as torch.optim.AdamW creates
+    it, the step count on the device), their groups' current settings, and the update guard, a
+    one-element CPU flag that the backward sets and the optimizer's ``step()`` clears (no second
+    update before a step). It holds its optimizer weakly.
+    """
+
+    def __init__(self, optimizer: "AdamW") -> None:
+        self._optimizer = weakref.ref(optimizer)
+        self.update_guard = torch.zeros(1, dtype=torch.int64)
+
+    def arguments(self, layer) -> dict:
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise RuntimeError("snack.optim.AdamW: the optimizer attached to this SparseLinear no longer exists; "
+                               "attach another one or call layer.attach_fused_update(None)")
+        return optimizer._fused_arguments(layer, self.update_guard)
 
 
 class AdamW(torch.optim.AdamW):
@@ -56,60 +81,73 @@ class AdamW(torch.optim.AdamW):
                  *, maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
                  fused: Optional[bool] = None) -> None:
         _check_lr(lr)  # before torch's own checks, which would name other options
-        # Per values Parameter, a one-element CPU flag: set by the backward that updates it, cleared
-        # before every step(); the backward refuses a second update before a step (the accumulation
-        # guard). A step pre-hook, not an override of step(): a second step wrapper (profiling
-        # range, grad mode) costs more host time than the hook.
-        self._update_guards = WeakIdKeyDictionary()
+        # The layers this optimizer updates in their backward, with the update attached to each.
+        self._updates: dict = {}
         # Parameter -> index of its group (load_state_dict replaces the group dicts, not their order).
         self._group_index = WeakIdKeyDictionary()
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
                          maximize=maximize, foreach=foreach, capturable=capturable, fused=fused)
+        # A step pre-hook, not an override of step(): a second step wrapper (profiling range, grad
+        # mode) costs more host time than the hook.
         self.register_step_pre_hook(_clear_update_guards)
 
     def add_param_group(self, param_group: dict) -> None:
         _check_lr(param_group.get("lr", self.defaults["lr"]))  # before the group is added: nothing half-done
         super().add_param_group(param_group)
         for p in self.param_groups[-1]["params"]:
-            _IN_BACKWARD[p] = weakref.ref(self)
             self._group_index[p] = len(self.param_groups) - 1
+            layer = layer_of(p)
+            if layer is not None:
+                update = FusedAdamWUpdate(self)
+                self._updates[id(layer)] = (weakref.ref(layer), update)
+                layer.attach_fused_update(update)
 
-    def _slot_state(self, values: Tensor) -> dict:
+    def release(self) -> None:
+        """Detaches this optimizer's updates from its layers: their backward returns gradients again
+        (for another optimizer, say). Layers whose update another optimizer took over keep that one."""
+        for layer_ref, update in self._updates.values():
+            layer = layer_ref()
+            if layer is not None and layer.fused_update is update:
+                layer.attach_fused_update(None)
+        self._updates.clear()
+
+    def _group_of(self, param: Tensor) -> Optional[dict]:
+        index = self._group_index.get(param)
+        return self.param_groups[index] if index is not None else None
+
+    def _state_of(self, param: Tensor) -> dict:
         """A parameter's AdamW state, created as torch.optim.AdamW creates it; the step count on its device."""
-        state = self.state[values]
+        state = self.state[param]
         if not state:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=values.device)
-            state["exp_avg"] = torch.zeros_like(values, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(values, memory_format=torch.preserve_format)
-        elif state["step"].device != values.device or state["step"].dtype != torch.float32:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        elif state["step"].device != param.device or state["step"].dtype != torch.float32:
             # A checkpoint of a torch.optim.AdamW without capturable/fused keeps the count on the CPU.
-            state["step"] = state["step"].to(device=values.device, dtype=torch.float32)
+            state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
         return state
 
-    def _apply_layer(self, layer, x: Tensor) -> Tensor:
-        """layer(x), with AdamW's update of layer.values (and of layer.bias, when this optimizer holds
-        it and it learns) in the backward."""
-        values, bias = layer.values, layer.bias
-        group = self.param_groups[self._group_index[values]]
-        state = self._slot_state(values)
+    @staticmethod
+    def _hyper(group: dict) -> list[float]:
         beta1, beta2 = group["betas"]
-        guard = self._update_guards.get(values)
-        if guard is None:
-            guard = self._update_guards[values] = torch.zeros(1, dtype=torch.int64)
-        bias_args = {}
-        bias_index = self._group_index.get(bias) if bias is not None and bias.requires_grad else None
-        if bias_index is not None:
-            bias_group, bias_state = self.param_groups[bias_index], self._slot_state(bias)
-            b1, b2 = bias_group["betas"]
-            bias_args = dict(bias_exp_avg=bias_state["exp_avg"], bias_exp_avg_sq=bias_state["exp_avg_sq"],
-                             bias_step=bias_state["step"],
-                             bias_hyper=[float(bias_group["lr"]), float(b1), float(b2), float(bias_group["eps"]),
-                                         float(bias_group["weight_decay"]), float(bool(bias_group["maximize"]))])
-        return ops.sparse_linear_adamw(x, values, bias, layer.row_idx, layer.col_idx, layer.row_ptr,
-                                       layer.col_ptr, layer.csc_perm, state["exp_avg"], state["exp_avg_sq"],
-                                       state["step"], guard, float(group["lr"]), float(beta1), float(beta2),
-                                       float(group["eps"]), float(group["weight_decay"]), bool(group["maximize"]),
-                                       layer.activation, **bias_args)
+        return [float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
+                float(bool(group["maximize"]))]
+
+    def _fused_arguments(self, layer, update_guard: Tensor) -> dict:
+        """The keyword arguments of snack.ops.sparse_linear_adamw for one forward of `layer`."""
+        values, bias = layer.values, layer.bias
+        group = self._group_of(values)
+        if group is None:
+            raise RuntimeError("snack.optim.AdamW: this SparseLinear's values are not in the optimizer attached to it")
+        state = self._state_of(values)
+        args = dict(state=[state["exp_avg"], state["exp_avg_sq"], state["step"]], hyper=self._hyper(group),
+                    bias_state=[], update_guard=update_guard)
+        bias_group = self._group_of(bias) if bias is not None and bias.requires_grad else None
+        if bias_group is not None:
+            bias_state = self._state_of(bias)
+            args.update(bias_state=[bias_state["exp_avg"], bias_state["exp_avg_sq"], bias_state["step"]],
+                        bias_hyper=self._hyper(bias_group))
+        return args
 
 
 def _check_lr(lr) -> None:
@@ -119,11 +157,5 @@ def _check_lr(lr) -> None:
 
 def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
     """step() pre-hook: the values may be updated again by the next backward."""
-    for flag in optimizer._update_guards.values():
-        flag.zero_()
-
-
-def in_backward_optimizer(values: Tensor) -> Optional[AdamW]:
-    """The snack.optim.AdamW that updates `values` in the backward, or None."""
-    ref = _IN_BACKWARD.get(values)
-    return ref() if ref is not None else None
+    for _, update in optimizer._updates.values():
+        update.update_guard.zero_()

@@ -1,9 +1,11 @@
-// Names of the enums that the Python API passes as strings (activations, SpMM and SDDMM variants):
-// one table per enum serves both directions.
+// Names of the enums that the Python API passes as strings or reads back (activations, kernel
+// variants, the planners' reasons): one table per enum serves both directions.
 #include <string>
+#include <vector>
 
-#include "snack/ops.h"
-#include "snack/spmm_plan.h"
+#include "snack/activation.h"
+#include "snack/sddmm.h"
+#include "snack/spmm.h"
 
 namespace snack {
 namespace {
@@ -12,27 +14,45 @@ template <typename E>
 struct Named {
   E value;
   const char* name;
+  const char* text = "";
 };
 
 constexpr Named<Activation> kActivations[] = {
     {Activation::kNone, "none"}, {Activation::kReLU, "relu"}, {Activation::kGELU, "gelu"}};
 constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kWarpRow, "warp_row"},
-                                                {SpmmVariant::kSmemX, "smem_x"},
                                                 {SpmmVariant::kGlobalXT, "global_xt"},
                                                 {SpmmVariant::kGlobalX, "global_x"},
-                                                {SpmmVariant::kCooAtomic, "coo_atomic"},
-                                                {SpmmVariant::kWideRows, "wide_rows"}};
+                                                {SpmmVariant::kWideRows, "wide_rows"},
+                                                {SpmmVariant::kCooAtomic, "coo_atomic"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
                                                   {SddmmVariant::kRows, "rows"}};
+constexpr Named<SpmmReason> kSpmmReasons[] = {
+    {SpmmReason::kForced, "forced", "the variant was named by the caller"},
+    {SpmmReason::kWideRows, "wide_rows",
+     "a few batch rows of a large layer: a warp per group of rows streams their slots with 16-byte loads, the batch "
+     "in shared memory"},
+    {SpmmReason::kSingleRow, "single_row", "one batch row: X read in place through L1"},
+    {SpmmReason::kSmallInput, "small_input", "X small enough to stay in L1: read in place, no transpose launch"},
+    {SpmmReason::kTinyProduct, "tiny_product",
+     "too few multiply-adds for a transpose launch to pay: X read in place through L1"},
+    {SpmmReason::kTransposeOnce, "transpose_once", "X transposed once, 16-byte vectors of it read through L1"}};
+constexpr Named<SddmmReason> kSddmmReasons[] = {
+    {SddmmReason::kForced, "forced", "the variant was named by the caller"},
+    {SddmmReason::kSmallBatch, "small_batch", "below a batch of 4: one thread per slot, no transposes"},
+    {SddmmReason::kRowsKernel, "rows_kernel",
+     "a warp per row of W keeps dY's row in registers and gathers X^T through L1"},
+    {SddmmReason::kBeyondRows, "beyond_rows", "a batch past the rows kernel's 128: dY and X transposed once"},
+    {SddmmReason::kAdamWBatchOf4, "adamw_batch_of_4",
+     "AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel"}};
 
 template <typename E, size_t N>
-const char* name_in(const Named<E> (&table)[N], E v) {
+const Named<E>* find(const Named<E> (&table)[N], E v) {
   for (const Named<E>& entry : table)
-    if (entry.value == v) return entry.name;
-  return "unknown";
+    if (entry.value == v) return &entry;
+  return nullptr;
 }
 
 template <typename E, size_t N>
@@ -46,6 +66,26 @@ bool parse_in(const Named<E> (&table)[N], const std::string& name, E* out) {
   return false;
 }
 
+// Every value of a variant table but the first (kAuto).
+template <typename E, size_t N>
+std::vector<E> all_but_auto(const Named<E> (&table)[N]) {
+  std::vector<E> out;
+  for (size_t i = 1; i < N; ++i) out.push_back(table[i].value);
+  return out;
+}
+
+template <typename E, size_t N>
+const char* name_in(const Named<E> (&table)[N], E v) {
+  const Named<E>* entry = find(table, v);
+  return entry ? entry->name : "unknown";
+}
+
+template <typename E, size_t N>
+const char* text_in(const Named<E> (&table)[N], E v) {
+  const Named<E>* entry = find(table, v);
+  return entry ? entry->text : "unknown";
+}
+
 }  // namespace
 
 const char* activation_name(Activation act) { return name_in(kActivations, act); }
@@ -53,8 +93,20 @@ bool parse_activation(const std::string& name, Activation* out) { return parse_i
 
 const char* spmm_variant_name(SpmmVariant v) { return name_in(kSpmmVariants, v); }
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out) { return parse_in(kSpmmVariants, name, out); }
+const std::vector<SpmmVariant>& spmm_variants() {
+  static const std::vector<SpmmVariant> all = all_but_auto(kSpmmVariants);
+  return all;
+}
+const char* spmm_reason_name(SpmmReason r) { return name_in(kSpmmReasons, r); }
+const char* spmm_reason_text(SpmmReason r) { return text_in(kSpmmReasons, r); }
 
 const char* sddmm_variant_name(SddmmVariant v) { return name_in(kSddmmVariants, v); }
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out) { return parse_in(kSddmmVariants, name, out); }
+const std::vector<SddmmVariant>& sddmm_variants() {
+  static const std::vector<SddmmVariant> all = all_but_auto(kSddmmVariants);
+  return all;
+}
+const char* sddmm_reason_name(SddmmReason r) { return name_in(kSddmmReasons, r); }
+const char* sddmm_reason_text(SddmmReason r) { return text_in(kSddmmReasons, r); }
 
 }  // namespace snack

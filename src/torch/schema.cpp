@@ -1,64 +1,76 @@
-// The one definition of snack's operator schemas. Implementations: kernels.cpp (CPU, CUDA),
-// autograd.cpp (sparse_linear's autograd), python/snack/_ops.py (fake kernels for torch.compile).
+// The one definition of snack's operator schemas. Implementations: ops_cpu.cpp and ops_cuda.cpp
+// (the products and constructors, per device), dst_ops.cpp and dst_ops_cuda.cpp (dynamic sparse
+// training), autograd.cpp (the layer's autograd), meta.cpp (what the ops report without running),
+// python/snack/_ops.py (fake kernels for torch.compile).
 //
-// A sparse weight is always passed as `values` plus its five pattern tensors, in this order:
+// A sparse weight is `values` [nnz] plus its pattern, a list of tensors in the order of
+// snack::pattern_fields() (src/torch/op_args.h):
 //   row_idx [nnz], col_idx [nnz]   uint16 or int32, the slots sorted row-major
 //   row_ptr [M+1], col_ptr [K+1], csc_perm [nnz]   int32, the derived CSR and CSC views
 // M and K are read from row_ptr and col_ptr.
+// AdamW's state of a parameter is a list [exp_avg, exp_avg_sq, step] (moments shaped like it, the
+// float32 count of updates on its device) and its settings a list [lr, beta1, beta2, eps,
+// weight_decay, maximize as 0 or 1].
 #include <torch/library.h>
 
 TORCH_LIBRARY(snack, m) {
+  // ---- Products ----
   // Y = act(X W^T (+ bias)): x [N, K] -> [N, M]. activation: none, relu, gelu (exact). variant: "auto"
-  // (the process default, see set_default_spmm_variant) or a CUDA kernel variant: warp_row, smem_x,
-  // global_xt, global_x, wide_rows, coo_atomic.
-  m.def("spmm(Tensor x, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm, Tensor? bias, str activation=\"none\", str variant=\"auto\") -> Tensor");
-  // dX = dY W: dy [N, M] -> [N, K]. Same kernels as spmm, over the CSC view (wide_rows and coo_atomic excluded).
-  m.def("spmm_t(Tensor dy, Tensor values, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm, str variant=\"auto\") -> Tensor");
+  // (the process default, see set_default_spmm_variant) or a CUDA kernel (kernel_variants()).
+  m.def("spmm(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\", "
+        "str variant=\"auto\") -> Tensor");
+  // The forward as a fused training step runs it: y as spmm computes it, and x_t, X transposed where
+  // the CUDA plan made that copy of the whole batch (else an empty tensor), for sddmm_adamw_.
+  m.def("spmm_for_step(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\")"
+        " -> (Tensor y, Tensor x_t)");
+  // dX = dY W: dy [N, M] -> [N, K]. Same kernels as spmm, over the CSC view (forward-only ones excluded).
+  m.def("spmm_t(Tensor dy, Tensor values, Tensor[] pattern, str variant=\"auto\") -> Tensor");
   // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.
   // variant: "auto" or a CUDA kernel: slot, vector, rows (the CPU ignores it).
-  m.def("sddmm(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm, str variant=\"auto\") -> Tensor");
+  m.def("sddmm(Tensor dy, Tensor x, Tensor[] pattern, str variant=\"auto\") -> Tensor");
   // db = dy.sum(0): dy [N, M] -> [M].
   m.def("bias_grad(Tensor dy) -> Tensor");
-  // One AdamW step (torch.optim.AdamW's arithmetic) of values from their gradient sddmm(dy, x),
-  // fused: the gradient is never stored. values, exp_avg, exp_avg_sq [nnz] are updated in place;
-  // step (float32, one element, on values' device) is advanced by one first and the update uses the
-  // new count. variant as for sddmm. bias, bias_exp_avg, bias_exp_avg_sq [M], bias_step and
-  // bias_hyper ([lr, beta1, beta2, eps, weight_decay, maximize as 0 or 1], the bias's own group),
-  // given together: the bias is updated too, from bias_grad(dy), as bias_grad_adamw_ would (on the
-  // GPU in the rows kernel's pass over dY, with no launch of its own).
-  m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor row_idx, Tensor col_idx, Tensor row_ptr, Tensor col_ptr, "
-        "Tensor csc_perm, Tensor(a!) values, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, float lr, "
-        "float beta1, float beta2, float eps, float weight_decay, bool maximize=False, str variant=\"auto\", "
-        "Tensor(e!)? bias=None, Tensor(f!)? bias_exp_avg=None, Tensor(g!)? bias_exp_avg_sq=None, "
-        "Tensor(h!)? bias_step=None, float[]? bias_hyper=None) -> ()");
-  // The same for a bias from its gradient bias_grad(dy): bias, exp_avg, exp_avg_sq [M] in place.
-  m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
-        "float lr, float beta1, float beta2, float eps, float weight_decay, bool maximize=False) -> ()");
-  // The layer: act(x W^T + b), x [..., K] -> [..., M], differentiable in x, values and bias.
-  m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, Tensor row_ptr, "
-        "Tensor col_ptr, Tensor csc_perm, str activation=\"none\") -> Tensor");
+  // One AdamW step (torch.optim.AdamW's arithmetic) of values from their gradient sddmm(dy, x), fused:
+  // the gradient is never stored. values and its state are updated in place; the step count is
+  // advanced by one first and the update uses the new count. bias (with bias_state and bias_hyper,
+  // its own group's; bias_state empty without one): updated too, from bias_grad(dy) (on the GPU in the SDDMM's pass over dY).
+  // x_t: the forward's copy of X transposed (spmm_for_step), read instead of transposing X again.
+  m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor[] pattern, Tensor(a!) values, Tensor(b!)[] state, "
+        "float[] hyper, Tensor(c!)[] bias_state, Tensor(d!)? bias=None, float[] bias_hyper=[], Tensor? x_t=None, "
+        "str variant=\"auto\") -> ()");
+  // The same for a bias from its gradient bias_grad(dy), in place.
+  m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!)[] state, float[] hyper) -> ()");
+
+  // ---- The layer ----
+  // act(x W^T + b), x [..., K] -> [..., M], differentiable in x, values and bias.
+  m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor[] pattern, str activation=\"none\") -> Tensor");
   // The layer whose backward applies AdamW to values at once (sddmm_adamw_) instead of returning
-  // their gradient: differentiable in x and bias; values, exp_avg, exp_avg_sq and step are updated
-  // in place by the backward, after dX has used the old values (snack.optim.AdamW calls it).
+  // their gradient: differentiable in x (and in the bias unless bias_state is given); values and
+  // state are updated in place by the backward, after dX has used the old values.
   // update_guard: None, or a one-element int64 CPU tensor; the backward raises if it is non-zero,
   // then sets it (snack.optim.AdamW clears it in step(): no second update before a step).
-  // bias_exp_avg, bias_exp_avg_sq, bias_step and bias_hyper ([lr, beta1, beta2, eps, weight_decay,
-  // maximize as 0 or 1], the bias's own group): given together, the backward updates the bias the
-  // same way (in sddmm_adamw_'s pass) and returns no gradient for it either.
-  m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor row_idx, Tensor col_idx, "
-        "Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor exp_avg, Tensor exp_avg_sq, Tensor step, "
-        "Tensor? update_guard, float lr, float beta1, float beta2, float eps, float weight_decay, "
-        "bool maximize=False, str activation=\"none\", Tensor? bias_exp_avg=None, Tensor? bias_exp_avg_sq=None, "
-        "Tensor? bias_step=None, float[]? bias_hyper=None) -> Tensor");
+  // bias_state and bias_hyper (the bias's own group; bias_state empty: none): the backward updates the bias the same way,
+  // in sddmm_adamw_'s pass, and returns no gradient for it either.
+  m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor[] pattern, Tensor[] state, "
+        "float[] hyper, Tensor[] bias_state, Tensor? update_guard=None, float[] bias_hyper=[], "
+        "str activation=\"none\") -> Tensor");
 
-  // Which kernel spmm (or spmm_t when transposed) runs for a batch of n rows on this weight, and why.
-  m.def("explain_spmm(Tensor values, Tensor row_ptr, Tensor col_ptr, int n, bool transposed=False, "
-        "str variant=\"auto\") -> str");
+  // ---- Plans and names ----
+  // The plan of the CUDA product `op` (forward, input_grad, weight_grad) for a batch of n rows on
+  // this weight: (variant, reason, batch_tile, lanes_per_row, rows_per_warp, grid, threads,
+  // smem_bytes, workspace_bytes, prefetch_l2, description). A CPU weight: variant "cpu".
+  m.def("explain(Tensor values, Tensor[] pattern, int n, str op=\"forward\", str variant=\"auto\") -> "
+        "(str, str, int, int, int, int, int, int, int, bool, str)");
   // Sets the variant that "auto" means for this process (for A/B runs); "auto" restores the planner.
   m.def("set_default_spmm_variant(str variant) -> ()");
+  // The kernel variants: (forward, input_grad, weight_grad, nondeterministic), by name.
+  m.def("kernel_variants() -> (str[], str[], str[], str[])");
+  // The names of the pattern's tensors, in the order the ops take them.
+  m.def("pattern_fields() -> str[]");
+  // Bits of the slot indices a rows x cols pattern gets by default (16 or 32), and the slots a layer
+  // keeps at a density: the rules every constructor shares.
+  m.def("index_bits(int out_features, int in_features) -> int");
+  m.def("nnz_for_density(int out_features, int in_features, float density) -> int");
 
   // ---- Topology: building patterns (validating, so they synchronise once with the device) ----
   // Sorts COO positions into slots; values_sorted = values[order]. index_dtype: uint16 / int32 / None (auto).
@@ -74,11 +86,11 @@ TORCH_LIBRARY(snack, m) {
   // nnz distinct positions drawn uniformly at random without replacement, on `device`.
   m.def("random_slots(int out_features, int in_features, int nnz, *, Generator? generator=None, "
         "Device? device=None, ScalarType? index_dtype=None) -> (Tensor row_idx, Tensor col_idx)");
-  // CSR row pointers and CSC view of sorted slots (no synchronisation).
+  // The CSR row pointers and the CSC view of sorted slots (no synchronisation).
   m.def("build_views(Tensor row_idx, Tensor col_idx, int out_features, int in_features)"
         " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
 
-  // ---- Dynamic sparse training (topology_update.cpp): nnz never changes ----
+  // ---- Dynamic sparse training (dst_ops.cpp): nnz never changes ----
   // The k slots of lowest score (ties: lower slot; NaN scores count as +inf), ascending.
   m.def("prune_slots(Tensor score, int k) -> Tensor");
   // k distinct absent positions, uniformly at random, ascending.

@@ -10,7 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "snack/ops.h"
+#include "snack/sddmm.h"
+#include "snack/spmm.h"
 #include "snack/topology.h"
 
 namespace snack::test {
@@ -130,51 +131,108 @@ std::vector<T> cast(const std::vector<double>& v) {
   return std::vector<T>(v.begin(), v.end());
 }
 
-// ||out - ref|| / ||ref||; fails on non-finite outputs.
+// A float64 reference of sums of products: each element's value and the sum of its terms'
+// magnitudes, the scale its rounding error is measured against (an element-wise bound that holds
+// for cancelling sums too).
+struct Reference {
+  std::vector<double> value, scale;
+};
+
+// Every out[i] finite and within tol * scale[i] of value[i] (tol: the unit roundoff of the type
+// the sums ran in, with room for their length); reports the first offenders.
 template <typename T>
-double rel_error(const std::vector<T>& out, const std::vector<double>& ref) {
-  EXPECT_EQ(out.size(), ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(static_cast<double>(out[i]))) << "element " << i << " not finite (unwritten?)";
-    num += (double(out[i]) - ref[i]) * (double(out[i]) - ref[i]);
-    den += ref[i] * ref[i];
+void expect_elementwise(const std::vector<T>& out, const Reference& ref, double tol) {
+  ASSERT_EQ(out.size(), ref.value.size());
+  int reported = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double o = double(out[i]);
+    const double bound = tol * ref.scale[i] + 1e-300;
+    if (!std::isfinite(o) || std::abs(o - ref.value[i]) > bound) {
+      ADD_FAILURE() << "element " << i << ": " << o << " vs " << ref.value[i] << " (bound " << bound << ")";
+      if (++reported == 5) return;
+    }
   }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// A reference whose elements are exact (copies, counts): scale 1, so tol is absolute.
+inline Reference exact(std::vector<double> value) {
+  Reference r{std::move(value), {}};
+  r.scale.assign(r.value.size(), 1.0);
+  return r;
+}
+
+// A reference of values computed elsewhere in other rounding (an optimizer's update): scale
+// |value| + floor, so tol is relative down to `floor`.
+inline Reference relative(const std::vector<double>& value, double floor) {
+  Reference r{value, std::vector<double>(value.size())};
+  for (size_t i = 0; i < value.size(); ++i) r.scale[i] = std::abs(value[i]) + floor;
+  return r;
+}
+
+template <typename T>
+std::vector<double> widen(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// Unit roundoff with room for the sums' length: fp32 and fp64 kernels.
+template <typename T>
+double tol() {
+  return std::is_same_v<T, float> ? 1e-5 : 1e-12;
 }
 
 // Dense float64 references.
-inline std::vector<double> ref_forward(const std::vector<double>& dense, int64_t m, int64_t k, const std::vector<double>& x,
-                                       int64_t n, const std::vector<double>* bias) {
-  std::vector<double> y(n * m);
+inline Reference ref_forward(const std::vector<double>& dense, int64_t m, int64_t k, const std::vector<double>& x,
+                             int64_t n, const std::vector<double>* bias) {
+  Reference y{std::vector<double>(n * m), std::vector<double>(n * m)};
   for (int64_t i = 0; i < n; ++i)
     for (int64_t r = 0; r < m; ++r) {
-      double acc = bias ? (*bias)[r] : 0.0;
-      for (int64_t c = 0; c < k; ++c) acc += dense[r * k + c] * x[i * k + c];
-      y[i * m + r] = acc;
+      double acc = bias ? (*bias)[r] : 0.0, mag = bias ? std::abs((*bias)[r]) : 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        acc += dense[r * k + c] * x[i * k + c];
+        mag += std::abs(dense[r * k + c] * x[i * k + c]);
+      }
+      y.value[i * m + r] = acc;
+      y.scale[i * m + r] = mag;
     }
   return y;
 }
 
-inline std::vector<double> ref_transposed(const std::vector<double>& dense, int64_t m, int64_t k,
-                                          const std::vector<double>& dy, int64_t n) {
-  std::vector<double> dx(n * k, 0.0);
+inline Reference ref_transposed(const std::vector<double>& dense, int64_t m, int64_t k, const std::vector<double>& dy,
+                                int64_t n) {
+  Reference dx{std::vector<double>(n * k, 0.0), std::vector<double>(n * k, 0.0)};
   for (int64_t i = 0; i < n; ++i)
     for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < k; ++c) dx[i * k + c] += dy[i * m + r] * dense[r * k + c];
+      for (int64_t c = 0; c < k; ++c) {
+        dx.value[i * k + c] += dy[i * m + r] * dense[r * k + c];
+        dx.scale[i * k + c] += std::abs(dy[i * m + r] * dense[r * k + c]);
+      }
   return dx;
 }
 
 template <typename Index>
-std::vector<double> ref_sddmm(const HostPattern<Index>& p, const std::vector<double>& dy, const std::vector<double>& x,
-                              int64_t n) {
-  std::vector<double> dv(p.row_idx.size());
-  for (size_t s = 0; s < dv.size(); ++s) {
-    double acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc += dy[i * p.m + p.row_idx[s]] * x[i * p.k + p.col_idx[s]];
-    dv[s] = acc;
+Reference ref_sddmm(const HostPattern<Index>& p, const std::vector<double>& dy, const std::vector<double>& x,
+                    int64_t n) {
+  Reference dv{std::vector<double>(p.row_idx.size()), std::vector<double>(p.row_idx.size())};
+  for (size_t s = 0; s < dv.value.size(); ++s) {
+    double acc = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      acc += dy[i * p.m + p.row_idx[s]] * x[i * p.k + p.col_idx[s]];
+      mag += std::abs(dy[i * p.m + p.row_idx[s]] * x[i * p.k + p.col_idx[s]]);
+    }
+    dv.value[s] = acc;
+    dv.scale[s] = mag;
   }
   return dv;
+}
+
+inline Reference ref_bias_grad(const std::vector<double>& dy, int64_t n, int64_t m) {
+  Reference db{std::vector<double>(m, 0.0), std::vector<double>(m, 0.0)};
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < m; ++r) {
+      db.value[r] += dy[i * m + r];
+      db.scale[r] += std::abs(dy[i * m + r]);
+    }
+  return db;
 }
 
 struct Shape {

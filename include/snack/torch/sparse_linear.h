@@ -1,12 +1,15 @@
 // snack::SparseLinear for libtorch programs: the C++ twin of Python's snack.SparseLinear.
 //
-// The weight is `nnz` trainable values at fixed slots of an out_features x in_features matrix;
-// only those are stored and computed. Link against libsnack_torch (find_package(snack)).
+// The weight is `nnz` trainable values at fixed slots of an out_features x in_features matrix (the
+// layer's Pattern); only those are stored and computed. Link against libsnack_torch
+// (find_package(snack)).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+
+#include "snack/torch/pattern.h"
 
 namespace snack {
 
@@ -15,7 +18,8 @@ struct SparseLinearOptions {
       : in_features_(in_features), out_features_(out_features) {}
   TORCH_ARG(int64_t, in_features);
   TORCH_ARG(int64_t, out_features);
-  /// Fraction of the out_features x in_features positions that are stored, in (0, 1].
+  /// Fraction of the out_features x in_features positions that are stored, in (0, 1]; the count is
+  /// nnz_for_density() of it, as in Python.
   TORCH_ARG(double, density) = 0.1;
   TORCH_ARG(bool, bias) = true;
   /// Seed of the random pattern (positions drawn uniformly without replacement).
@@ -37,13 +41,9 @@ class SparseLinearImpl : public torch::nn::Cloneable<SparseLinearImpl> {
   int64_t nnz() const { return values.size(0); }
 
   SparseLinearOptions options;
-  torch::Tensor values;    ///< [nnz] parameter
-  torch::Tensor bias;      ///< [out_features] parameter, undefined without bias
-  torch::Tensor row_idx;   ///< [nnz] buffer, uint16 or int32
-  torch::Tensor col_idx;   ///< [nnz] buffer
-  torch::Tensor row_ptr;   ///< [out_features + 1] int32 buffer
-  torch::Tensor col_ptr;   ///< [in_features + 1] int32 buffer
-  torch::Tensor csc_perm;  ///< [nnz] int32 buffer
+  Pattern pattern{nullptr};  ///< the stored positions and their views
+  torch::Tensor values;      ///< [nnz] parameter, in the pattern's slot order
+  torch::Tensor bias;        ///< [out_features] parameter, undefined without bias
 };
 
 TORCH_MODULE(SparseLinear);

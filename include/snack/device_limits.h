@@ -1,0 +1,36 @@
+// What a GPU offers the kernels' launch shapes: the planners (spmm.h, sddmm.h) take these facts as
+// an argument, so a plan is a pure function of the problem and the device, testable on the CPU with
+// the limits of any GPU.
+#pragma once
+
+#include <cstddef>
+
+#include "snack/status.h"
+
+namespace snack {
+
+struct DeviceLimits {
+  int sms = 0;                          ///< streaming multiprocessors
+  size_t smem_per_block = 0;            ///< opt-in maximum of dynamic shared memory per block, bytes
+  size_t smem_per_sm = 0;               ///< shared memory per SM, bytes
+  int max_threads_per_sm = 0;           ///< resident threads per SM
+  size_t reserved_smem_per_block = 0;   ///< shared memory the system takes from each resident block, bytes
+
+  /// The published limits of some GPUs (CUDA's device attributes on each), for tests and planning
+  /// without a device.
+  static constexpr DeviceLimits a100() { return {108, 166912, 167936, 2048, 1024}; }
+  static constexpr DeviceLimits h100_sxm() { return {132, 232448, 233472, 2048, 1024}; }
+  static constexpr DeviceLimits h100_pcie() { return {114, 232448, 233472, 2048, 1024}; }
+  static constexpr DeviceLimits h200() { return {132, 232448, 233472, 2048, 1024}; }
+  static constexpr DeviceLimits l40s() { return {142, 101376, 102400, 1536, 1024}; }
+};
+
+namespace cuda {
+/// The limits of CUDA device `device`, queried once and cached (the query does not synchronise).
+/// A failed query is an error: no plan is made for a device that cannot be asked.
+Status device_limits(int device, DeviceLimits* out);
+/// The limits of the current device.
+Status current_device_limits(DeviceLimits* out);
+}  // namespace cuda
+
+}  // namespace snack

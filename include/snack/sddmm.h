@@ -1,0 +1,192 @@
+// The weight gradient at the stored slots (an SDDMM), the bias gradient, and AdamW's step fused into
+// both, on the CPU and on CUDA, and the planner that chooses how the CUDA SDDMM runs.
+//
+// Notation as in spmm.h (W is M x K in the slots of a SlotPattern; dY is N x M, X is N x K):
+//
+//   sddmm           dv[s] = sum_n dY[n, row(s)] * X[n, col(s)]
+//   bias_grad       db[r] = sum_n dY[n, r]
+//   sddmm_adamw     AdamW's step of v[s] from dv[s], with dv never stored
+//   bias_grad_adamw AdamW's step of b[r] from db[r], with db never stored
+//
+// Every output element is written; each is reduced by one thread in a fixed order, so results are
+// bitwise reproducible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "snack/device_limits.h"
+#include "snack/optimizer_math.h"
+#include "snack/pattern.h"
+#include "snack/status.h"
+#include "snack/value_types.h"
+
+namespace snack {
+
+/// The CUDA kernels of the SDDMM; every one can be forced, for benchmarks and tests.
+enum class SddmmVariant : int {
+  kAuto = 0,  ///< let the planner choose
+  kSlot,      ///< one thread per slot, dY and X read in place
+  kVector,    ///< dY and X transposed once; G lanes per slot read 16-byte vectors of both through L1
+  kRows,      ///< a warp per row of W keeps dY's row in registers, gathers X^T through L1 (batch <= 128)
+};
+
+/// Names used by the Python API ("auto", "slot", "vector", "rows").
+const char* sddmm_variant_name(SddmmVariant v);
+/// Parses a name; returns false for an unknown name.
+bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
+/// Every variant but kAuto, in declaration order.
+const std::vector<SddmmVariant>& sddmm_variants();
+
+/// What happens to each slot's gradient.
+enum class SddmmEpilogue : int {
+  kStore = 0,  ///< written to dvalues
+  kAdamW,      ///< AdamW's step of the slot's value and moments, the gradient never stored
+};
+
+/// Why the planner chose its variant.
+enum class SddmmReason : int {
+  kForced = 0,     ///< the caller named the variant
+  kSmallBatch,     ///< below a batch of 4: no transposes, one thread per slot
+  kRowsKernel,     ///< dY's row kept in registers, X^T gathered through L1
+  kBeyondRows,     ///< a batch past the rows kernel's 128: both operands transposed
+  kAdamWBatchOf4,  ///< AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel
+};
+/// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4") and
+/// a sentence saying what it means.
+const char* sddmm_reason_name(SddmmReason r);
+const char* sddmm_reason_text(SddmmReason r);
+
+/// Batch size from which the planner transposes the operands (and needs a workspace).
+inline constexpr int64_t kSddmmVectorMinBatch = 4;
+/// Largest batch (padded to a multiple of 4) of the kRows kernel.
+inline constexpr int64_t kSddmmRowsMaxBatch = 128;
+
+/// One SDDMM to plan, for a pattern of `rows` x `cols` with `nnz` slots and a batch of n rows.
+struct SddmmProblem {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t nnz = 0;
+  int64_t n = 0;
+  int value_bytes = 4;
+  SddmmEpilogue epilogue = SddmmEpilogue::kStore;
+  SddmmVariant requested = SddmmVariant::kAuto;
+  /// X already transposed by the caller (the forward's copy, TransposedInput) with this many
+  /// values per row; 0: not given. Only the kRows kernel reads it.
+  int64_t x_t_stride = 0;
+  bool operator==(const SddmmProblem& o) const {
+    return rows == o.rows && cols == o.cols && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
+           epilogue == o.epilogue && requested == o.requested && x_t_stride == o.x_t_stride;
+  }
+};
+
+/// How a CUDA SDDMM runs; made by plan_sddmm() for one problem.
+struct SddmmPlan {
+  SddmmProblem problem;
+  SddmmVariant variant = SddmmVariant::kSlot;
+  SddmmReason reason = SddmmReason::kForced;
+  int64_t padded_batch = 0;    ///< the batch rounded up to a multiple of 4 (the transposes' row length)
+  int batch_lanes = 1;         ///< kVector: lanes per slot; kRows: lanes along the batch
+  int batch_chunks = 1;        ///< kRows: 4-value chunks of dY's row per batch lane
+  int lanes_per_row = 1;       ///< kRows: lanes that split one row's slots
+  int64_t grid_x = 1;          ///< blocks of the product's kernel
+  int threads = 256;           ///< threads per block
+  bool transpose_x = false;    ///< X is transposed into the workspace first
+  bool reads_x_t = false;      ///< the kRows kernel reads the caller's X^T (problem.x_t_stride) instead
+  bool transpose_dy = false;   ///< dY too (kVector)
+  size_t workspace_bytes = 0;  ///< device workspace the caller provides
+};
+
+/// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a
+/// given X^T whose stride the kRows kernel cannot read, is an InvalidArgument. Pure.
+Status plan_sddmm(const SddmmProblem& problem, const DeviceLimits& limits, SddmmPlan* plan);
+/// One line: the variant, its launch shape and why.
+std::string describe(const SddmmPlan& plan);
+
+namespace cpu {
+
+/// dv[s] = sum_n dY[n, row(s)] X[n, col(s)]. dy: [n, w.rows]; x: [n, w.cols]; dvalues: [w.nnz].
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues);
+
+/// The same SDDMM on transposed operands: dy_t [w.rows, n] and x_t [w.cols, n] (row-major), so one
+/// slot's two vectors are contiguous. Callers that split the slots over threads transpose once.
+template <typename T, typename Index>
+Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t n, T* dvalues);
+
+/// db[r] = sum_n dY[n, r]. dy: [n, m]; dbias: [m].
+template <typename T>
+Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias);
+
+/// AdamW's step of `count` values from their gradient, in place: grad, values, exp_avg and
+/// exp_avg_sq are [count]; `step` is the number of this update (1 for the first). The gradient
+/// is used as stored (in T); the update is computed in float (double for double) and rounded once.
+template <typename T>
+Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig& config, T* values, T* exp_avg,
+                    T* exp_avg_sq);
+
+}  // namespace cpu
+
+namespace cuda {
+
+/// One parameter tensor under AdamW, in device memory: its values with their two moments, its float
+/// count of updates (`step`) and the parameter group's settings.
+template <typename T>
+struct AdamWParameter {
+  T* values = nullptr;
+  T* exp_avg = nullptr;
+  T* exp_avg_sq = nullptr;
+  float* step = nullptr;
+  AdamWConfig config;
+};
+
+/// X already transposed, as the forward leaves it when its plan transposes the whole batch at once
+/// (plan_transposes_whole_input()): row c holds X[0..n-1, c] followed by zeros up to `stride`
+/// values per row (the plan's batch tile), for c < w.cols. Its stride goes into the SddmmProblem.
+template <typename T>
+struct TransposedInput {
+  const T* data = nullptr;
+  int64_t stride = 0;  ///< values per row: a multiple of 4, from n rounded up to a multiple of 4 to 128
+};
+
+/// The SDDMM as `plan` says (plan_sddmm() with the kStore epilogue). Device pointers, work on
+/// `stream`; `workspace` holds plan.workspace_bytes bytes (may be null when that is 0); `x_t` is
+/// given exactly when the plan's problem names its stride.
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, const SddmmPlan& plan,
+             void* workspace, Stream stream, TransposedInput<T> x_t = {});
+
+/// The weight gradient and AdamW's step in one pass (plan_sddmm() with the kAdamW epilogue): each
+/// slot's gradient, computed as sddmm() computes it and rounded to T, updates values[s], exp_avg[s]
+/// and exp_avg_sq[s] in place (cpu::adamw_update's arithmetic) and is never stored. The count
+/// *values.step (device memory, the updates so far) is advanced by one on the device by the first
+/// kernel of the call, then read by the update, so that a replayed CUDA graph uses the current
+/// count and the caller launches nothing for it. values must not alias dy or x.
+///
+/// `bias` (optional): a bias of w.rows values updated in the same call from its gradient
+/// db[r] = sum_n dY[n, r], with its own settings and count. The kRows kernel computes it from the
+/// dY it holds anyway (no launch of its own); the others launch the bias kernel after the product.
+template <typename T, typename Index>
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<T>& values,
+                   const AdamWParameter<T>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
+                   TransposedInput<T> x_t = {});
+
+/// The SDDMM planned for the current device, its workspace from cudaMallocAsync (C++ users
+/// without a framework).
+template <typename T, typename Index>
+Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, Stream stream);
+
+/// db = dY summed over the batch.
+template <typename T>
+Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
+
+/// The bias gradient and AdamW's step of the bias in one kernel, as sddmm_adamw() for the values:
+/// db[r] (rounded to T) updates bias.values[r] and its moments in place and is never stored;
+/// *bias.step is advanced by one first.
+template <typename T>
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const AdamWParameter<T>& bias, Stream stream);
+
+}  // namespace cuda
+}  // namespace snack

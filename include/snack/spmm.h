@@ -1,0 +1,152 @@
+// The sparse-dense products of a layer: the forward Y = act(X W^T + b) over the CSR view and the
+// input gradient dX = dY W over the CSC view, on the CPU and on CUDA, and the planner that chooses
+// how a CUDA product runs.
+//
+// Notation (PyTorch's nn.Linear conventions): the weight W is `M x K` (rows = output features),
+// held in the slots of a SlotPattern with one value per slot; activations are row-major with N
+// rows: X is `N x K`, Y and dY are `N x M`. Every array is dense and contiguous.
+//
+//   spmm_forward    Y[n, r]  = act(sum_{s in row r} v[s] * X[n, col(s)] (+ bias[r]))
+//   spmm_transposed dX[n, c] = sum_{s in col c} v[s] * dY[n, row(s)]
+//
+// Every output element is written (no zero-initialisation is needed). Results are deterministic
+// (each output reduced in a fixed order, no atomics) except with the opt-in kCooAtomic variant.
+// Value types: float, double, bfloat16 and float16 (snack/value_types.h; the 16-bit types are
+// computed in float, each output rounded once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "snack/activation.h"
+#include "snack/device_limits.h"
+#include "snack/pattern.h"
+#include "snack/status.h"
+#include "snack/value_types.h"
+
+namespace snack {
+
+/// The CUDA kernels of a product. Each can be forced (benchmarks, tests); kAuto lets the planner choose.
+enum class SpmmVariant : int {
+  kAuto = 0,
+  kWarpRow,    ///< reference: a warp per output row, X read row-major from global memory
+  kGlobalXT,   ///< X transposed once into a [K + 1, tile] workspace, read as 16-byte vectors through L1
+  kGlobalX,    ///< X read in place (row-major) through L1: no transpose launch, no workspace
+  kWideRows,   ///< a warp per group of consecutive rows streams their slots with 16-byte loads, a batch
+               ///< tile of X (1, 2, 4 or 8 rows) in shared memory. Forward only.
+  kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
+               ///< Float atomics make it non-deterministic: only when forced. Forward only.
+};
+
+/// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
+/// "wide_rows", "coo_atomic").
+const char* spmm_variant_name(SpmmVariant v);
+/// Parses a name; returns false for an unknown name.
+bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
+/// Every variant but kAuto, in declaration order.
+const std::vector<SpmmVariant>& spmm_variants();
+/// Whether a variant computes only the forward product, not dX = dY W.
+inline bool spmm_variant_is_forward_only(SpmmVariant v) {
+  return v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows;
+}
+/// Whether repeated runs give bitwise equal results.
+inline bool spmm_variant_is_deterministic(SpmmVariant v) { return v != SpmmVariant::kCooAtomic; }
+
+/// Why the planner chose its variant.
+enum class SpmmReason : int {
+  kForced = 0,     ///< the caller named the variant
+  kWideRows,       ///< 1-4 batch rows (1-8 in 16 bits) of a large layer: W streamed, the batch in shared memory
+  kSingleRow,      ///< one batch row: X read in place through L1
+  kSmallInput,     ///< X small enough to stay in L1: read in place, no transpose launch
+  kTinyProduct,    ///< too few multiply-adds for a transpose launch to pay
+  kTransposeOnce,  ///< X transposed once and read as 16-byte vectors through L1
+};
+/// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
+/// "transpose_once") and a sentence saying what it means.
+const char* spmm_reason_name(SpmmReason r);
+const char* spmm_reason_text(SpmmReason r);
+
+/// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the
+/// CSC view, is (K, M).
+struct SpmmProblem {
+  int64_t out_dim = 0;  ///< outputs per batch row
+  int64_t in_dim = 0;   ///< inputs per batch row
+  int64_t nnz = 0;      ///< stored entries
+  int64_t n = 0;        ///< batch rows
+  int value_bytes = 4;  ///< bytes of a value (and of an activation): 2, 4 or 8
+  bool transposed = false;
+  SpmmVariant requested = SpmmVariant::kAuto;
+  bool operator==(const SpmmProblem& o) const {
+    return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
+           transposed == o.transposed && requested == o.requested;
+  }
+};
+
+/// How a CUDA product runs. Made by plan_spmm() for one problem; the launch checks that it is given
+/// that problem.
+struct SpmmPlan {
+  SpmmProblem problem;
+  SpmmVariant variant = SpmmVariant::kWarpRow;
+  SpmmReason reason = SpmmReason::kForced;
+  int batch_tile = 1;          ///< batch rows per pass (a power of two: 1..128; kWideRows 1..8)
+  int lanes_per_row = 32;      ///< lanes of a warp that split one row's entries (row kernels)
+  int rows_per_warp = 1;       ///< kWideRows: consecutive rows a warp group sums at once (1..16)
+  int32_t long_row_threshold = 1 << 30;  ///< rows with more entries are summed by a whole block
+  int64_t grid_x = 1;          ///< blocks along x (grid.y runs the batch tiles)
+  int threads = 256;           ///< threads per block
+  size_t smem_bytes = 0;       ///< dynamic shared memory per block
+  size_t workspace_bytes = 0;  ///< device workspace the caller provides (kGlobalXT with a tile > 1)
+  bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
+};
+
+/// Plans a product on a GPU with `limits`. A requested variant that cannot run the problem (a
+/// forward-only variant for the transposed product, a wide_rows tile of X that does not fit in
+/// shared memory, more batch tiles than a grid holds) is an InvalidArgument; kAuto always plans.
+/// Pure: no device is queried.
+Status plan_spmm(const SpmmProblem& problem, const DeviceLimits& limits, SpmmPlan* plan);
+/// Whether the forward run with this plan leaves all of X transposed in its workspace, as
+/// TransposedInput (sddmm.h) describes it (stride plan.batch_tile): a global_xt plan whose one batch
+/// tile holds the whole batch.
+bool plan_transposes_whole_input(const SpmmPlan& plan);
+/// One line: the variant, its launch shape and why.
+std::string describe(const SpmmPlan& plan);
+
+namespace cpu {
+
+/// Y = act(X W^T (+ bias)). x: [n, w.cols]; bias: [w.rows] or nullptr; y: [n, w.rows].
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
+                    Activation act = Activation::kNone);
+
+/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks the CSC view.
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx);
+
+}  // namespace cpu
+
+namespace cuda {
+
+/// The two products as `plan` says (plan_spmm() for this pattern's shape and batch). All pointers
+/// address device memory of the current device; work is enqueued on `stream`. `workspace` holds
+/// plan.workspace_bytes bytes (may be null when that is 0) and stays in use until the work on
+/// `stream` is done. A non-ok Status means the launch failed; errors raised asynchronously by a
+/// kernel surface at the next synchronisation.
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
+                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act = Activation::kNone);
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
+                       const SpmmPlan& plan, void* workspace, Stream stream);
+
+/// The same, planned for the current device and with a workspace from cudaMallocAsync: for C++
+/// users without a framework.
+template <typename T, typename Index>
+Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
+                    Stream stream, Activation act = Activation::kNone);
+template <typename T, typename Index>
+Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx, Stream stream);
+
+}  // namespace cuda
+}  // namespace snack

@@ -1,0 +1,48 @@
+// snack::Pattern for libtorch programs: which positions of an out_features x in_features weight a
+// sparse layer stores, and the views its operators read. The C++ twin of Python's snack.Pattern.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace snack {
+
+class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
+ public:
+  /// The pattern of `nnz` positions drawn uniformly without replacement from `generator`, on `device`.
+  static std::shared_ptr<PatternImpl> random(int64_t out_features, int64_t in_features, int64_t nnz,
+                                             const at::Generator& generator, torch::Device device = torch::kCPU);
+  /// The positions (rows[i], cols[i]), any order, validated (in range, no repeats); `order` receives
+  /// for each slot the index i it came from (to sort values alike).
+  static std::shared_ptr<PatternImpl> from_coo(const torch::Tensor& rows, const torch::Tensor& cols,
+                                               int64_t out_features, int64_t in_features, torch::Tensor* order);
+
+  /// Slots already sorted row-major and validated (from the constructors above or snack's ops).
+  PatternImpl(int64_t out_features, int64_t in_features, torch::Tensor row_idx, torch::Tensor col_idx);
+
+  /// Builds the derived views from the slots.
+  void reset() override;
+  /// The pattern's tensors in the order snack's operators take them.
+  std::vector<torch::Tensor> tensors() const;
+  /// Moves the connections: new slots of the same count (sorted, validated), copied in place, and
+  /// the views rebuilt in place, so that a captured CUDA graph keeps reading valid memory.
+  void set_slots(const torch::Tensor& row_idx, const torch::Tensor& col_idx);
+  int64_t nnz() const { return row_idx.size(0); }
+  /// Bytes of the slots and every view.
+  int64_t nbytes() const;
+  /// The stored positions as a dense boolean out_features x in_features mask (for inspection).
+  torch::Tensor to_mask() const;
+
+  int64_t out_features, in_features;
+  torch::Tensor row_idx;   ///< [nnz] uint16 or int32: the slots' rows, sorted row-major
+  torch::Tensor col_idx;   ///< [nnz] the slots' columns
+  torch::Tensor row_ptr;   ///< [out_features + 1] int32: CSR offsets
+  torch::Tensor col_ptr;   ///< [in_features + 1] int32: CSC offsets
+  torch::Tensor csc_perm;  ///< [nnz] int32: the slot of each entry in column-major order
+};
+
+TORCH_MODULE(Pattern);
+
+}  // namespace snack

@@ -1,0 +1,88 @@
+// Wide loads of values and indices, widened to the accumulation type, and the fixed-order dot
+// product the kernels share.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "cuda_utils.cuh"
+
+namespace snack::cuda::detail {
+
+// The two 16-bit values of a 32-bit word (the lower address in the low half), widened.
+template <typename T>
+__device__ __forceinline__ void unpack_pair(uint32_t word, accum_t<T>& first, accum_t<T>& second) {
+  first = to_accum(T{uint16_t(word & 0xffffu)});
+  second = to_accum(T{uint16_t(word >> 16)});
+}
+
+// Reads V consecutive elements, widened: 16-byte vectors where V allows (8- and 4-byte ones for fewer
+// 16-bit values); the caller guarantees alignment. kShared: p points to shared memory (plain loads),
+// else to global memory (read-only loads).
+template <typename T, int V, bool kShared = false>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&out)[V]) {
+  const auto ld = [](const auto* q) {
+    if constexpr (kShared) {
+      return *q;
+    } else {
+      return __ldg(q);
+    }
+  };
+  if constexpr (std::is_same_v<T, float> && V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 q = ld(reinterpret_cast<const float4*>(p + j));
+      out[j] = q.x; out[j + 1] = q.y; out[j + 2] = q.z; out[j + 3] = q.w;
+    }
+  } else if constexpr (std::is_same_v<T, float> && V == 2) {
+    const float2 q = ld(reinterpret_cast<const float2*>(p));
+    out[0] = q.x; out[1] = q.y;
+  } else if constexpr (std::is_same_v<T, double> && V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      const double2 q = ld(reinterpret_cast<const double2*>(p + j));
+      out[j] = q.x; out[j + 1] = q.y;
+    }
+  } else if constexpr (kIsHalfType<T> && V % 8 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 8) {
+      const uint4 q = ld(reinterpret_cast<const uint4*>(p + j));
+      unpack_pair<T>(q.x, out[j], out[j + 1]);
+      unpack_pair<T>(q.y, out[j + 2], out[j + 3]);
+      unpack_pair<T>(q.z, out[j + 4], out[j + 5]);
+      unpack_pair<T>(q.w, out[j + 6], out[j + 7]);
+    }
+  } else if constexpr (kIsHalfType<T> && V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const uint2 q = ld(reinterpret_cast<const uint2*>(p + j));
+      unpack_pair<T>(q.x, out[j], out[j + 1]);
+      unpack_pair<T>(q.y, out[j + 2], out[j + 3]);
+    }
+  } else if constexpr (kIsHalfType<T> && V == 2) {
+    unpack_pair<T>(ld(reinterpret_cast<const unsigned*>(p)), out[0], out[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if constexpr (kShared) {
+        out[j] = to_accum(p[j]);
+      } else {
+        out[j] = to_accum(load_ro(p + j));
+      }
+    }
+  }
+}
+
+// a[0] b[0] + a[1] b[1] + a[2] b[2] + a[3] b[3] as one fixed chain of fused multiply-adds, so that
+// kernels sharing it round alike whatever the compiler would contract.
+template <typename A>
+__device__ __forceinline__ A dot4(const A (&a)[4], const A (&b)[4]) {
+  if constexpr (std::is_same_v<A, double>) {
+    return __fma_rn(a[3], b[3], __fma_rn(a[2], b[2], __fma_rn(a[1], b[1], __dmul_rn(a[0], b[0]))));
+  } else {
+    return __fmaf_rn(a[3], b[3], __fmaf_rn(a[2], b[2], __fmaf_rn(a[1], b[1], __fmul_rn(a[0], b[0]))));
+  }
+}
+
+}  // namespace snack::cuda::detail

@@ -1,0 +1,169 @@
+// The SDDMM planner: which kernel computes the weight gradient, with which lanes and grid. A pure
+// function of the problem and the device's limits (compiled without CUDA, tested on the CPU).
+#include <algorithm>
+#include <string>
+
+#include "../common/grid.h"
+#include "shapes.h"
+#include "snack/sddmm.h"
+
+namespace snack {
+namespace {
+
+using cuda::detail::kSddmmThreads;
+using detail::ceil_div;
+using detail::grid_for;
+
+int64_t padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
+
+// Measured on the H200 (bench/results/backward_*): the rows kernel is faster than the vector kernel
+// at every shape of the benchmark grid it runs (N = 16: 2.2x at 16384x4096 and 90%, 1.7x at
+// 4096x4096); below a batch of 4 the slot kernel, which needs no transposes, is faster. With
+// AdamW's step in the epilogue the vector kernel is faster at a padded batch of 4 (16384x4096, 90%:
+// 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223 at
+// N = 16). Their plain SDDMMs are bitwise equal up to a batch of 32; with this epilogue they agree
+// to rounding, not bitwise (tested).
+SddmmVariant choose_variant(int64_t n, int64_t np, bool updates_state, SddmmReason* reason) {
+  if (n < kSddmmVectorMinBatch) {
+    *reason = SddmmReason::kSmallBatch;
+    return SddmmVariant::kSlot;
+  }
+  if (np > kSddmmRowsMaxBatch) {
+    *reason = SddmmReason::kBeyondRows;
+    return SddmmVariant::kVector;
+  }
+  if (updates_state && np <= 4) {
+    *reason = SddmmReason::kAdamWBatchOf4;
+    return SddmmVariant::kVector;
+  }
+  *reason = SddmmReason::kRowsKernel;
+  return SddmmVariant::kRows;
+}
+
+// The rows kernel's instantiation for a row length of np values (a multiple of 4, at most 128):
+// GN lanes along the batch, each holding NC chunks of 4 values (3 lanes run as 4, 5..8 as 8).
+void rows_instantiation(int64_t np, int* gn, int* nc) {
+  *nc = np > 64 ? 4 : (np > 32 ? 2 : 1);
+  if (np > 32) {
+    *gn = 8;
+    return;
+  }
+  switch (np / 4) {
+    case 1: *gn = 1; break;
+    case 2: *gn = 2; break;
+    case 3:
+    case 4: *gn = 4; break;
+    default: *gn = 8; break;
+  }
+}
+
+// Lanes per row as the forward plans them: about a group of 4 slots per lane at most, then, up to a
+// batch of 64, fewer (more rows per warp) while the launch keeps 16 warps per SM. Batches of 65-128
+// hold fewer slots per lane (kU = 4) and want the warps: measured on the H200 (every lanes-per-row
+// value forced), 5000x5000, N = 128: 221 us with 4 lanes per row against 241 us with 2 (90%), 45.7
+// against 48.7 us (99%); at N = 16 the halving was best or within 1%.
+// With AdamW's epilogue, one row per warp where rows are long (each lane still walks at least 3
+// chunks of a row) and many (two rows per resident warp: 4 blocks of 8 warps per SM): the slots a
+// warp updates at once are then consecutive, so their value and moments move in full sectors instead
+// of one short run per row. Measured on the H200 (every lanes value forced over 5 shapes x 80-99% x
+// N = 8-64): 16384x4096, 90%: N = 16 112.0 -> 103.6 us, N = 8 98.7 -> 82.8 us; 1.010x in geomean over
+// the 100 rows, none below 0.968x. Fewer rows (5000x5000, N = 8: 0.93x) or short ones (99%: 0.84x) lose.
+int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits& limits) {
+  const int free_lanes = 32 / gn;
+  const double avg = p.rows > 0 ? double(p.nnz) / double(p.rows) : 0.0;
+  int lanes = 1;
+  while (lanes < free_lanes && lanes * 4 <= avg) lanes <<= 1;
+  const int64_t wanted = int64_t(limits.sms) * 16;
+  if (nc < 4) {
+    while (lanes > 1 && ceil_div(p.rows, free_lanes / (lanes / 2)) >= wanted) lanes >>= 1;
+  }
+  if (p.epilogue == SddmmEpilogue::kAdamW) {
+    const int slots = cuda::detail::rows_slots_per_lane(gn, nc, true);
+    const int64_t resident_warps = int64_t(limits.sms) * cuda::detail::kSddmmRowsBlocksPerSm *
+                                   cuda::detail::kSddmmWarpsPerBlock;
+    if (avg >= 3.0 * free_lanes * slots && p.rows >= resident_warps * 2) lanes = free_lanes;
+  }
+  return lanes;
+}
+
+// Lanes per slot of the vector kernel: one per 4 batch values, rounded up to a power of two, at most 32.
+int vector_lanes(int64_t np) {
+  const int64_t chunks = std::min<int64_t>(32, np / 4);
+  int g = 1;
+  while (g < chunks) g <<= 1;
+  return g;
+}
+
+}  // namespace
+
+Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* out) {
+  if (limits.sms <= 0) return InvalidArgument("plan_sddmm: device limits must be positive");
+  if (p.rows < 0 || p.cols < 0 || p.nnz < 0 || p.n < 0) return InvalidArgument("plan_sddmm: sizes must be non-negative");
+  if (p.value_bytes != 2 && p.value_bytes != 4 && p.value_bytes != 8)
+    return InvalidArgument("plan_sddmm: values are 2, 4 or 8 bytes, got " + std::to_string(p.value_bytes));
+  SddmmPlan plan;
+  plan.problem = p;
+  const int64_t np = padded_batch(p.n);
+  plan.padded_batch = np;
+  plan.threads = kSddmmThreads;
+  plan.variant = p.requested;
+  plan.reason = SddmmReason::kForced;
+  if (p.requested == SddmmVariant::kAuto)
+    plan.variant = choose_variant(p.n, np, p.epilogue == SddmmEpilogue::kAdamW, &plan.reason);
+  const bool transposed = p.nnz > 0 && p.n > 0 && plan.variant != SddmmVariant::kSlot;
+  if (transposed && plan.variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
+    return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
+  // X^T from the caller (the forward's copy) spares the rows kernel its transpose. The kernel takes
+  // its stride as the padded batch: the extra values are zeros (and so are dY's past n), the same
+  // instantiation runs (a power-of-two tile and n rounded up to 4 give the same batch lanes), and
+  // the row kernel keeps one stride parameter (a separate one cost it 1-3% on the H200).
+  const bool reads_x_t = transposed && plan.variant == SddmmVariant::kRows && p.x_t_stride != 0;
+  if (reads_x_t && (p.x_t_stride < np || p.x_t_stride % 4 != 0 || p.x_t_stride > kSddmmRowsMaxBatch))
+    return InvalidArgument("sddmm: the transposed input's stride (" + std::to_string(p.x_t_stride) +
+                           ") must be a multiple of 4 from the padded batch (" + std::to_string(np) + ") to " +
+                           std::to_string(kSddmmRowsMaxBatch));
+  plan.reads_x_t = reads_x_t;
+  plan.transpose_x = transposed && !reads_x_t;
+  plan.transpose_dy = transposed && plan.variant == SddmmVariant::kVector;
+  plan.workspace_bytes =
+      plan.transpose_x ? size_t(p.cols + (plan.transpose_dy ? p.rows : 0)) * size_t(np) * size_t(p.value_bytes) : 0;
+  const int64_t sm_cap = int64_t(limits.sms) * 8;
+  switch (plan.variant) {
+    case SddmmVariant::kRows: {
+      int gn = 1, nc = 1;
+      rows_instantiation(reads_x_t ? p.x_t_stride : np, &gn, &nc);
+      plan.batch_lanes = gn;
+      plan.batch_chunks = nc;
+      plan.lanes_per_row = rows_lanes_per_row(p, gn, nc, limits);
+      const int64_t warps = ceil_div(p.rows, (32 / gn) / plan.lanes_per_row);
+      plan.grid_x = grid_for(warps * 32, kSddmmThreads, sm_cap);
+      break;
+    }
+    case SddmmVariant::kVector: {
+      plan.batch_lanes = vector_lanes(np);
+      const int64_t warps =
+          ceil_div(p.nnz, int64_t(32 / plan.batch_lanes) * cuda::detail::kSddmmVectorSlotsPerLane);
+      plan.grid_x = grid_for(warps * 32, kSddmmThreads, sm_cap);
+      break;
+    }
+    default:
+      break;
+  }
+  // Nothing to transpose (a batch below 4, an empty one, no slots): the slot kernel runs.
+  if (!transposed) plan.grid_x = grid_for(p.nnz, kSddmmThreads);
+  *out = plan;
+  return Status::Ok();
+}
+
+std::string describe(const SddmmPlan& plan) {
+  std::string s = std::string(sddmm_variant_name(plan.variant)) + " (padded batch " + std::to_string(plan.padded_batch);
+  if (plan.variant == SddmmVariant::kRows)
+    s += ", " + std::to_string(plan.batch_lanes) + " batch lanes x " + std::to_string(plan.batch_chunks) +
+         " chunks, " + std::to_string(plan.lanes_per_row) + " lanes per row";
+  if (plan.variant == SddmmVariant::kVector) s += ", " + std::to_string(plan.batch_lanes) + " lanes per slot";
+  s += ", " + std::to_string(plan.grid_x) + " blocks";
+  if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
+  return s + "): " + sddmm_reason_text(plan.reason);
+}
+
+}  // namespace snack

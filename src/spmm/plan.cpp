@@ -1,0 +1,323 @@
+// The SpMM planner: which kernel runs a product, with which batch tile, lanes and grid. A pure
+// function of the problem and the device's limits (compiled without CUDA, tested on the CPU with the
+// limits of several GPUs). Each rule says what it was measured on; the measurements are summarised
+// in docs/kernels.md.
+#include <algorithm>
+#include <string>
+
+#include "../common/grid.h"
+#include "shapes.h"
+#include "snack/spmm.h"
+
+namespace snack {
+namespace {
+
+using cuda::detail::kSpmmWarps;
+using detail::ceil_div;
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v && p < 128) p <<= 1;
+  return p;
+}
+
+// The most lanes worth splitting one output row: enough that each has about two entries, at most
+// the lanes along the entries; the rest of those lanes take further rows (rows per warp = free / this).
+int max_lanes_per_row(int batch_tile, double avg_row_length) {
+  const int free_lanes = cuda::detail::lanes_along_entries(batch_tile);
+  int lanes = 1;
+  while (lanes < free_lanes && lanes * 2 <= avg_row_length) lanes <<= 1;
+  return lanes;
+}
+
+// Warps of a row-kernel launch: output rows over rows per warp, times the batch tiles.
+int64_t warps_for(int64_t out_dim, int64_t tiles, int batch_tile, int lanes_per_row) {
+  const int64_t rows_per_warp = cuda::detail::lanes_along_entries(batch_tile) / lanes_per_row;
+  return (out_dim + rows_per_warp - 1) / rows_per_warp * tiles;
+}
+
+// Warps the SMs hold at once (one wave of the row kernels, at their register bound), and the
+// half of it a launch should have: enough loads of W in flight on the H200.
+int64_t resident_warps(const DeviceLimits& limits) {
+  return int64_t(limits.sms) * cuda::detail::kRowsBlocksPerSm * kSpmmWarps;
+}
+int64_t wanted_warps(const DeviceLimits& limits) { return resident_warps(limits) / 2; }
+
+// Lanes per row: from max_lanes_per_row, halved while the launch keeps wanted_warps. Fewer lanes
+// per row means more rows per warp and a longer stretch of one row per lane, which pays the
+// per-row cost (row pointers, the shuffle reduction, the store) fewer times: measured on the H200
+// (16384x4096, 90%) 4 lanes per row at N = 16 took 55 us against 60 us with 8.
+// Two corrections, from every lanes value forced over 5 shapes x N = 1..128 x 80-99% on the H200:
+// - forward: a launch left just under one wave of warps is doubled to about two when each lane
+//   keeps at least 48 entries (16384x4096, 90%: N = 16 55.0 -> 50.1 us, N = 32 88.3 -> 82.6 us,
+//   N = 8 at 80% 64.3 -> 59.4 us); with shorter stretches (99%) or a launch that would end 1.2
+//   waves deep (5000x5000) the doubling loses.
+// - transposed product (CSC view, values read through csc_perm): at most 8 lanes per row while
+//   the launch keeps 4 warps per SM, the fewer warps walking longer stretches (16384x4096, 90%,
+//   N = 1: 95.8 -> 69.7 us, N = 8: 133 -> 121 us; 4096x4096, N = 1: 26.4 -> 20.9 us).
+// Both were measured for global_x and global_xt, the kernels that read X (or dY) through L1.
+int lanes_per_row_for(SpmmVariant variant, int batch_tile, double avg_row_length, int64_t out_dim, int64_t tiles,
+                      bool transposed, const DeviceLimits& limits) {
+  int lanes = max_lanes_per_row(batch_tile, avg_row_length);
+  const auto warps = [&](int l) { return warps_for(out_dim, tiles, batch_tile, l); };
+  while (lanes > 1 && warps(lanes / 2) >= wanted_warps(limits)) lanes >>= 1;
+  if (variant != SpmmVariant::kGlobalX && variant != SpmmVariant::kGlobalXT) return lanes;
+  if (transposed) {
+    while (lanes > 8 && warps(lanes / 2) >= int64_t(limits.sms) * 4) lanes >>= 1;
+  } else if (lanes < max_lanes_per_row(batch_tile, avg_row_length) &&
+             double(warps(2 * lanes)) >= 1.75 * double(resident_warps(limits)) &&
+             avg_row_length >= 48.0 * (2 * lanes)) {
+    lanes <<= 1;
+  }
+  return lanes;
+}
+
+// Batch tiles run side by side in grid.y, at most this many.
+constexpr int64_t kMaxGridY = 65535;
+
+// global_x reads X in place (no transpose launch, no workspace), but one entry costs it N sectors of
+// X against N / 8 for global_xt: it pays only while X stays in L1 at a batch of at most 8, or for a
+// tiny product. Since global_xt's kernel overlaps the transpose (programmatic launch), measured on
+// the H200: 4096x4096, 99%, N = 8 (X 128 KiB): global_x 11.3 us, global_xt 9.4 us; 3072x768, 90%,
+// N = 8 (X 24 KiB): 8.2 against 9.1 us; 3072x768, 99%, N = 16 (0.4 M multiply-adds): 7.0 against
+// 7.8 us.
+constexpr int64_t kGlobalXMaxBatch = 8;
+constexpr int64_t kGlobalXMaxBytes = 96 * 1024;
+constexpr int64_t kTinyProduct = int64_t(1) << 19;
+constexpr int64_t kTinyProductMaxBatch = 32;
+
+// A batch of one row runs wide_rows where X's row leaves room for 4 blocks per SM (32 warps), each
+// warp gets a group of at least kWideRowsMinRowsPerWarp rows (so the group's slots are one long
+// stream) and rows average at least kWideRowsMinAverage slots. Measured on the H200 at N = 1:
+// wide_rows beats global_x by 5-25% on 12288-32768 x 4096 at 80-95% sparsity (groups of 3-8 rows;
+// a tie at 12288x4096, 95%); with groups of 1-2 rows (4096-8192 rows), ~41 slots per row (99%) or
+// 2 blocks per SM (16384x16384) it is 2-40% slower: its staging of X and its row-pointer load cost
+// more than its faster stream saves.
+// A batch of 2-4 rows (fp32) runs wide_rows under the same conditions, with the whole batch in one
+// tile. Measured on the H200 at N = 2 and 4 over the five shapes of the benchmark grid, this rule
+// and the global_x / global_xt rules take uniform rows 1.51x faster in geomean than the shared-
+// memory tile (smem_x) chosen there before (1.11-2.23x), power-law rows 1.35x (0.92-1.99x). A tile
+// of 8 fp32 rows gathers 32 bytes per slot from shared memory, whose random columns cause 5.4-way
+// bank conflicts (Nsight Compute): 16384x4096 at 90%, N = 8, 40.7 us against 39.4 us for global_xt,
+// hence kWideMaxGatherBytes. In bf16 a tile of 8 rows is one 16-byte gather (25.9 us against 34.1 us
+// for global_xt at N = 8).
+constexpr int kWideRowsMinRowsPerWarp = 3;
+constexpr double kWideRowsMinAverage = 128.0;
+constexpr size_t kWideMaxGatherBytes = 16;
+
+// Products whose slot arrays and input take at most this many bytes are bound by the latency of
+// their first misses rather than by bandwidth: their blocks first prefetch W (and X) into L2.
+// Measured on the H200 over the benchmark grid: 8 MiB gave 1.2% more than 64 MiB.
+constexpr int64_t kPrefetchMaxBytes = int64_t(8) << 20;
+
+// The transposed copy of X: per batch tile, in_dim rows and the zero slot (see spmm_rows_kernel).
+size_t transposed_bytes(int64_t in_dim, int64_t n, int batch_tile, size_t value_bytes) {
+  return size_t(in_dim + 1) * size_t((n + batch_tile - 1) / batch_tile * batch_tile) * value_bytes;
+}
+
+// Dynamic shared memory of one wide_rows block: the batch tile of X and the lanes' partial sums
+// (8-byte for fp64); its static buffers come on top (wide_rows_static_smem).
+size_t wide_rows_dynamic_smem(int64_t in_dim, size_t value_bytes, int tile, int rows_per_warp) {
+  return cuda::detail::wide_rows_smem_bytes(value_bytes, value_bytes == 8 ? 8 : 4, in_dim, tile, rows_per_warp);
+}
+
+// Blocks of the wide_rows kernel that one SM holds: 32 warps by its register bound, fewer where
+// shared memory runs out first.
+int wide_rows_blocks_per_sm(size_t block_smem, int tile, const DeviceLimits& limits) {
+  const size_t by_registers = cuda::detail::kWideWarpsPerSm * 32 / cuda::detail::wide_rows_threads(tile);
+  return int(std::max<size_t>(
+      1, std::min<size_t>(by_registers, limits.smem_per_sm / (block_smem + limits.reserved_smem_per_block))));
+}
+
+// How a wide_rows launch runs a product: its batch tile, rows per warp group, dynamic shared memory
+// per block and blocks per SM; tile 0 where not even one row of X fits in shared memory.
+struct WideRowsShape {
+  int tile = 0;
+  int rows_per_warp = 1;
+  size_t smem = 0;
+  int blocks_per_sm = 0;
+};
+
+// The widest batch tile that fits (a power of two, at most the batch and kWideMaxTile; 1 for fp64,
+// which only the gradient checks use), with as few rows per warp group as still give every warp of
+// the SMs a group (one wave), at most kWideMaxRows and at most what shared memory holds beside the
+// tile (a longer group would only lengthen the slowest warp).
+WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t value_bytes,
+                              const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const int64_t warps = int64_t(limits.sms) * kWideWarpsPerSm;
+  const int wanted_rows = int(std::clamp<int64_t>(ceil_div(out_dim, warps), 1, kWideMaxRows));
+  const int widest = value_bytes == 8 ? 1 : next_pow2(std::clamp<int64_t>(n, 1, kWideMaxTile));
+  for (int tile = widest; tile >= 1; tile /= 2) {
+    for (int rows = wanted_rows; rows >= 1; --rows) {
+      WideRowsShape shape;
+      shape.smem = wide_rows_dynamic_smem(in_dim, value_bytes, tile, rows);
+      const size_t block = shape.smem + wide_rows_static_smem(tile);
+      if (block > limits.smem_per_block) continue;
+      shape.tile = tile;
+      shape.rows_per_warp = rows;
+      shape.blocks_per_sm = wide_rows_blocks_per_sm(block, tile, limits);
+      return shape;
+    }
+  }
+  return {};
+}
+
+// The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few
+// rows of a large product stream W fastest with wide_rows; otherwise X is read in place where one
+// row is all, where it is small enough to stay in L1 or the product is tiny, and transposed once
+// (read through L1) where it is not.
+SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason) {
+  using namespace cuda::detail;
+  const bool wide_full =
+      wide.tile > 0 && wide.blocks_per_sm * wide_rows_threads(wide.tile) == kWideWarpsPerSm * 32;  // 32 warps per SM
+  if (wide_full && wide.tile >= p.n && size_t(wide.tile) * size_t(p.value_bytes) <= kWideMaxGatherBytes &&
+      wide.rows_per_warp >= kWideRowsMinRowsPerWarp && avg >= kWideRowsMinAverage) {
+    *reason = SpmmReason::kWideRows;
+    return SpmmVariant::kWideRows;
+  }
+  if (p.n == 1) {
+    *reason = SpmmReason::kSingleRow;
+    return SpmmVariant::kGlobalX;
+  }
+  if (p.n <= kGlobalXMaxBatch && p.n * p.in_dim * int64_t(p.value_bytes) <= kGlobalXMaxBytes) {
+    *reason = SpmmReason::kSmallInput;
+    return SpmmVariant::kGlobalX;
+  }
+  if (p.n <= kTinyProductMaxBatch && p.nnz * p.n <= kTinyProduct) {
+    *reason = SpmmReason::kTinyProduct;
+    return SpmmVariant::kGlobalX;
+  }
+  *reason = SpmmReason::kTransposeOnce;
+  return SpmmVariant::kGlobalXT;
+}
+
+// The row kernels' grid: a persistent-style grid, every block strides over the rows; grid.y runs
+// the batch tiles side by side, and the blocks of all tiles together fill the SMs.
+Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
+  const int64_t rows_per_warp = cuda::detail::lanes_along_entries(plan->batch_tile) / plan->lanes_per_row;
+  const int64_t blocks = ceil_div(ceil_div(p.out_dim, rows_per_warp), kSpmmWarps);
+  const int64_t tiles = ceil_div(std::max<int64_t>(p.n, 1), plan->batch_tile);
+  if (tiles > kMaxGridY)
+    return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
+                           std::to_string(p.n) + " rows");
+  const int64_t per_sm = limits.max_threads_per_sm / (kSpmmWarps * 32);
+  const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
+  plan->grid_x = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
+  plan->threads = kSpmmWarps * 32;
+  return Status::Ok();
+}
+
+Status check_limits(const DeviceLimits& limits) {
+  if (limits.sms <= 0 || limits.max_threads_per_sm <= 0 || limits.smem_per_block == 0 || limits.smem_per_sm == 0)
+    return InvalidArgument("plan_spmm: device limits must be positive (query them with cuda::device_limits)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out) {
+  SNACK_RETURN_IF_ERROR(check_limits(limits));
+  if (p.out_dim < 0 || p.in_dim < 0 || p.nnz < 0 || p.n < 0)
+    return InvalidArgument("plan_spmm: sizes must be non-negative");
+  if (p.value_bytes != 2 && p.value_bytes != 4 && p.value_bytes != 8)
+    return InvalidArgument("plan_spmm: values are 2, 4 or 8 bytes, got " + std::to_string(p.value_bytes));
+  if (p.transposed && spmm_variant_is_forward_only(p.requested))
+    return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
+  SpmmPlan plan;
+  plan.problem = p;
+  const double avg = p.out_dim > 0 ? double(p.nnz) / double(p.out_dim) : 0.0;
+  const size_t vb = size_t(p.value_bytes);
+  const WideRowsShape wide =
+      p.transposed ? WideRowsShape{} : wide_rows_shape(p.out_dim, p.in_dim, p.n, vb, limits);
+  plan.variant = p.requested;
+  plan.reason = SpmmReason::kForced;
+  if (p.requested == SpmmVariant::kAuto) plan.variant = choose_variant(p, wide, avg, &plan.reason);
+  const SpmmVariant v = plan.variant;
+  const int64_t batch = std::max<int64_t>(p.n, 1);
+  switch (v) {
+    case SpmmVariant::kGlobalX:
+    case SpmmVariant::kGlobalXT: {
+      // The largest batch tile that still gives the GPU enough warps (few output rows, large
+      // batch: split the batch into more tiles rather than leave SMs idle).
+      const int64_t max_tile = v == SpmmVariant::kGlobalXT ? 128 : 32;
+      int tile = next_pow2(std::max<int64_t>(1, std::min<int64_t>(p.n, max_tile)));
+      while (tile > 8 && warps_for(p.out_dim, (p.n + tile - 1) / tile, tile, max_lanes_per_row(tile, avg)) <
+                             wanted_warps(limits))
+        tile >>= 1;
+      plan.batch_tile = tile;
+      if (v == SpmmVariant::kGlobalXT && tile > 1) plan.workspace_bytes = transposed_bytes(p.in_dim, p.n, tile, vb);
+      break;
+    }
+    case SpmmVariant::kWarpRow:
+      plan.batch_tile = p.n <= 1 ? 1 : (p.n <= 4 ? 4 : 8);
+      break;
+    case SpmmVariant::kWideRows:
+      if (wide.tile == 0)
+        return InvalidArgument("wide_rows: a batch tile of 1 x " + std::to_string(p.in_dim) +
+                               " values of X and the partial sums of one row per warp do not fit in shared memory");
+      plan.batch_tile = wide.tile;
+      plan.rows_per_warp = wide.rows_per_warp;
+      plan.smem_bytes = wide.smem;
+      break;
+    default:
+      plan.batch_tile = 1;
+      break;
+  }
+  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows
+                           ? 32
+                           : lanes_per_row_for(v, plan.batch_tile, avg, p.out_dim,
+                                               (p.n + plan.batch_tile - 1) / plan.batch_tile, p.transposed, limits);
+  // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
+  const int64_t operand_bytes = p.nnz * int64_t(vb + sizeof(int32_t)) + p.n * p.in_dim * int64_t(vb);
+  plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
+                     operand_bytes <= kPrefetchMaxBytes;
+  // A row this long is summed by a whole block rather than one warp (skewed row lengths).
+  plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
+  switch (v) {
+    case SpmmVariant::kWarpRow:
+      plan.grid_x = detail::grid_for(p.out_dim, kSpmmWarps);
+      plan.threads = kSpmmWarps * 32;
+      break;
+    case SpmmVariant::kCooAtomic:
+      plan.grid_x = std::max<int64_t>(1, ceil_div(p.nnz, 256 * cuda::detail::kCooItems));
+      plan.threads = 256;
+      break;
+    case SpmmVariant::kWideRows: {
+      const int threads = cuda::detail::wide_rows_threads(plan.batch_tile);
+      const int64_t groups = ceil_div(p.out_dim, plan.rows_per_warp);
+      const int64_t resident = int64_t(limits.sms) * wide.blocks_per_sm;
+      plan.grid_x = std::max<int64_t>(1, std::min(resident, ceil_div(groups, threads / 32)));
+      plan.threads = threads;
+      if (ceil_div(batch, plan.batch_tile) > int64_t(1) << 31)
+        return InvalidArgument("wide_rows: batch too large");
+      break;
+    }
+    default:
+      SNACK_RETURN_IF_ERROR(rows_grid(p, &plan, limits));
+      break;
+  }
+  *out = plan;
+  return Status::Ok();
+}
+
+bool plan_transposes_whole_input(const SpmmPlan& plan) {
+  const int64_t n = plan.problem.n;
+  return plan.variant == SpmmVariant::kGlobalXT && plan.batch_tile > 1 && n >= 1 && n <= plan.batch_tile;
+}
+
+std::string describe(const SpmmPlan& plan) {
+  std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile);
+  if (plan.variant == SpmmVariant::kWideRows) {
+    s += ", " + std::to_string(plan.rows_per_warp) + " rows per warp";
+  } else if (plan.variant != SpmmVariant::kWarpRow && plan.variant != SpmmVariant::kCooAtomic) {
+    s += ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
+  }
+  s += ", " + std::to_string(plan.grid_x) + " blocks of " + std::to_string(plan.threads);
+  if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
+  if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
+  if (plan.prefetch_l2) s += ", L2 prefetch";
+  return s + "): " + spmm_reason_text(plan.reason);
+}
+
+}  // namespace snack

@@ -1,0 +1,70 @@
+// The launch geometry of the SpMM kernels: one statement of each number, read by the kernels
+// (rows_kernel.cuh, wide_rows_kernel.cuh) and by the planner (plan.cpp, compiled without CUDA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "snack/value_types.h"
+
+namespace snack::cuda::detail {
+
+// ---- the row kernels (rows_kernel.cuh) ----
+constexpr int kSpmmWarps = 8;    // warps per block
+constexpr int kRowsBlocksPerSm = 4;  // resident blocks per SM at the kernel's 64-register bound (32 warps)
+constexpr int kUnroll = 8;       // entries per lane per chunk (the next chunk is requested before this one is used)
+constexpr int kLongPerWarp = 8;  // long rows a warp can hand to its block
+
+// Lane layout of a batch tile: V consecutive batch rows per lane (4 where possible, so one entry's
+// inputs come in 16-byte vectors), GN lanes along the batch, GS = 32 / GN lanes along the entries.
+template <int NPAD>
+struct TileLayout {
+  static constexpr int V = NPAD < 4 ? NPAD : 4;
+  static constexpr int GN = NPAD / V;
+  static constexpr int GS = 32 / GN;
+  static_assert(GN >= 1 && GN <= 32 && GN * GS == 32, "batch tile must be a power of two in [1, 128]");
+};
+// TileLayout<tile>::GS for a tile known at run time: the lanes along the entries.
+constexpr int lanes_along_entries(int batch_tile) { return 32 / (batch_tile / (batch_tile < 4 ? batch_tile : 4)); }
+
+// ---- the wide_rows kernel (wide_rows_kernel.cuh) ----
+constexpr int kWideSlots = 8;                // consecutive slots per lane per chunk
+constexpr int kWideChunk = 32 * kWideSlots;  // slots per warp per chunk
+constexpr int kWideMaxRows = 16;             // rows per warp group, at most
+constexpr int kWideMaxTile = 8;              // batch rows per pass, at most
+constexpr int kWideXPerThread = 8;           // X values a thread stages per round (tile of 1)
+constexpr int kWideLongPerWarp = 8;          // long rows a warp can hand to its block
+constexpr int kWideWarpsPerSm = 32;          // its 64-register bound: 32 warps per SM
+
+// Threads per block: a tile of one row runs 4 blocks of 256 per SM (each stages its own copy of the
+// row, 4-16 KiB; measured faster than one block of 1024); a wider tile (up to 8 x in_dim values)
+// is staged once per SM by one block of 1024.
+SNACK_HOST_DEVICE constexpr int wide_rows_threads(int tile) { return tile == 1 ? 256 : 1024; }
+
+// Bytes of the batch tile of X in shared memory (in_dim x tile values), rounded up to 16.
+SNACK_HOST_DEVICE size_t wide_rows_tile_bytes(size_t value_bytes, int64_t in_dim, int tile) {
+  return (size_t(in_dim) * size_t(tile) * value_bytes + 15) / 16 * 16;
+}
+
+// The lanes' partial sums of one group: rows_per_warp x tile per lane, an odd stride so that lanes
+// parking the same row at once fall in different banks.
+SNACK_HOST_DEVICE constexpr int wide_rows_partial_stride(int rows_per_warp, int tile) {
+  return (rows_per_warp * tile) | 1;
+}
+
+// Dynamic shared memory of the kernel: the tile of X, then the lanes' partial sums.
+SNACK_HOST_DEVICE size_t wide_rows_smem_bytes(size_t value_bytes, size_t accum_bytes, int64_t in_dim, int tile,
+                                              int rows_per_warp) {
+  return wide_rows_tile_bytes(value_bytes, in_dim, tile) +
+         size_t(wide_rows_threads(tile)) * size_t(wide_rows_partial_stride(rows_per_warp, tile)) * accum_bytes;
+}
+
+// Static shared memory of the kernel (the groups' row pointers, the lists of deferred long rows).
+SNACK_HOST_DEVICE constexpr size_t wide_rows_static_smem(int tile) {
+  return sizeof(int32_t) * size_t(wide_rows_threads(tile) / 32) * (kWideMaxRows + 1 + 3 * kWideLongPerWarp + 1);
+}
+
+// ---- the reference kernels ----
+constexpr int kCooItems = 8;  // consecutive slots per thread of the atomic COO kernel
+
+}  // namespace snack::cuda::detail

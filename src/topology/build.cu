@@ -1,0 +1,277 @@
+// CUDA construction of slot patterns: validation, row-major sort (CUB radix sort), CSR/CSC views.
+#include <cuda_runtime.h>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "../common/checks.h"
+#include "../device/cuda_utils.cuh"
+#include "../device/scratch.cuh"
+#include "snack/topology.h"
+
+namespace snack::cuda {
+namespace {
+
+using detail::check_launch;
+using detail::cuda_status;
+using detail::grid_for;
+using detail::align_up;
+using detail::kAlign;
+using detail::ScratchBuffer;
+
+constexpr int kThreads = 256;
+constexpr int64_t kNoError = std::numeric_limits<int64_t>::max();
+// Error slots hold the smallest offending index; all bits set (the cudaMemset fill) means none.
+constexpr unsigned long long kNoErrorBits = ~0ull;
+
+// Number of low bits that hold every value in [0, bound).
+int bits_for(int64_t bound) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) < bound) ++bits;
+  return bits;
+}
+
+// first_bad[0] <- smallest i with an out-of-range row or column.
+__global__ void coo_keys_kernel(int64_t m, int64_t k, int64_t nnz, const int64_t* __restrict__ rows,
+                                const int64_t* __restrict__ cols, int64_t* __restrict__ keys,
+                                int64_t* __restrict__ iota, unsigned long long* __restrict__ first_bad) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nnz; i += stride) {
+    const int64_t r = rows[i], c = cols[i];
+    const bool ok = r >= 0 && r < m && c >= 0 && c < k;
+    if (!ok) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    keys[i] = ok ? r * k + c : 0;
+    iota[i] = i;
+  }
+}
+
+// first_dup[0] <- smallest sorted position s whose key equals its predecessor's.
+template <typename Index>
+__global__ void coo_split_kernel(int64_t k, int64_t nnz, const int64_t* __restrict__ sorted_keys,
+                                 Index* __restrict__ row_idx, Index* __restrict__ col_idx,
+                                 unsigned long long* __restrict__ first_dup) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride) {
+    const int64_t key = sorted_keys[s];
+    if (s > 0 && sorted_keys[s - 1] == key) atomicMin(first_dup, static_cast<unsigned long long>(s));
+    row_idx[s] = static_cast<Index>(key / k);
+    col_idx[s] = static_cast<Index>(key % k);
+  }
+}
+
+// ptr[b] = number of entries of `sorted` below b, for b in [0, bins]: CSR/CSC offsets of a sorted
+// index array, by binary search, so empty leading or trailing bins need no special case.
+template <typename Index>
+__global__ void offsets_kernel(int64_t bins, int64_t count, const Index* __restrict__ sorted,
+                               int32_t* __restrict__ ptr) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b <= bins; b += stride) {
+    int64_t lo = 0, hi = count;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (int64_t(sorted[mid]) < b) lo = mid + 1; else hi = mid;
+    }
+    ptr[b] = static_cast<int32_t>(lo);
+  }
+}
+
+__global__ void iota32_kernel(int64_t count, int32_t* __restrict__ out) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    out[i] = static_cast<int32_t>(i);
+}
+
+template <typename T, typename Key>
+__global__ void magnitude_keys_kernel(int64_t total, const T* __restrict__ dense, Key* __restrict__ keys,
+                                      int64_t* __restrict__ iota, unsigned long long* __restrict__ first_bad) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const T v = dense[i];
+    if (!isfinite(v)) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    keys[i] = static_cast<Key>(fabs(v));
+    iota[i] = i;
+  }
+}
+
+// Reads back an error slot written by a validation kernel; the only host synchronisation here.
+Status read_error_slot(const unsigned long long* device_slot, Stream stream, int64_t* value) {
+  unsigned long long host = 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, device_slot, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  SNACK_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  *value = host == kNoErrorBits ? kNoError : static_cast<int64_t>(host);
+  return Status::Ok();
+}
+
+Status init_error_slots(unsigned long long* slots, int count, Stream stream) {
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slots, 0xff, count * sizeof(unsigned long long), stream));
+  return Status::Ok();
+}
+
+int64_t read_element(const int64_t* device_array, int64_t i, Stream stream) {
+  int64_t v = 0;
+  if (cudaMemcpyAsync(&v, device_array + i, sizeof(v), cudaMemcpyDeviceToHost, stream) == cudaSuccess)
+    (void)cudaStreamSynchronize(stream);
+  return v;
+}
+
+class CudaMallocAsyncAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, Stream stream) override {
+    void* p = nullptr;
+    return cudaMallocAsync(&p, bytes, stream) == cudaSuccess ? p : nullptr;
+  }
+  void deallocate(void* ptr, Stream stream) override { (void)cudaFreeAsync(ptr, stream); }
+};
+
+}  // namespace
+
+DeviceAllocator& default_device_allocator() {
+  static CudaMallocAsyncAllocator allocator;
+  return allocator;
+}
+
+template <typename Index>
+Status slots_from_coo(int64_t m, int64_t k, int64_t nnz, const int64_t* rows, const int64_t* cols, Index* row_idx,
+                      Index* col_idx, int64_t* order, DeviceAllocator& alloc, Stream stream) {
+  SNACK_RETURN_IF_ERROR(snack::detail::check_dims_fit<Index>(m, k, nnz));
+  if (nnz == 0) return Status::Ok();
+  if (!rows || !cols || !row_idx || !col_idx || !order) return InvalidArgument("slots_from_coo: null array");
+
+  // Layout: keys_in, keys_out, iota [nnz] int64 each, the error slots, then CUB's temporary storage.
+  size_t cub_bytes = 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, (int64_t*)nullptr, (int64_t*)nullptr,
+                                                             (int64_t*)nullptr, (int64_t*)nullptr, nnz, 0,
+                                                             bits_for(m * k), stream));
+  const size_t array_bytes = size_t(nnz) * sizeof(int64_t);
+  ScratchBuffer scratch(alloc, stream);
+  SNACK_RETURN_IF_ERROR(scratch.reserve(3 * array_bytes + 2 * sizeof(unsigned long long) + cub_bytes + kAlign));
+  int64_t* keys_in = scratch.as<int64_t>();
+  int64_t* keys_out = keys_in + nnz;
+  int64_t* iota = keys_out + nnz;
+  auto* error_slots = reinterpret_cast<unsigned long long*>(iota + nnz);
+  void* cub_temp = align_up(error_slots + 2);
+
+  SNACK_RETURN_IF_ERROR(init_error_slots(error_slots, 2, stream));
+  coo_keys_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(m, k, nnz, rows, cols, keys_in, iota,
+                                                                     error_slots);
+  SNACK_RETURN_IF_ERROR(check_launch("coo_keys_kernel"));
+  int64_t first_bad = kNoError;
+  SNACK_RETURN_IF_ERROR(read_error_slot(error_slots, stream, &first_bad));
+  if (first_bad != kNoError) {
+    const int64_t r = read_element(rows, first_bad, stream), c = read_element(cols, first_bad, stream);
+    const bool row_bad = r < 0 || r >= m;
+    return Status(StatusCode::kOutOfRange,
+                  std::string(row_bad ? "rows[" : "cols[") + std::to_string(first_bad) + "]=" +
+                      std::to_string(row_bad ? r : c) + " is outside [0, " + std::to_string(row_bad ? m : k) + ")");
+  }
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(cub_temp, cub_bytes, keys_in, keys_out, iota, order, nnz,
+                                                             0, bits_for(m * k), stream));
+  // The split writes the outputs; on a duplicate they hold a sorted but invalid pattern, and the
+  // caller discards them (the torch binding allocates fresh outputs for every call).
+  coo_split_kernel<Index><<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(k, nnz, keys_out, row_idx, col_idx,
+                                                                            error_slots + 1);
+  SNACK_RETURN_IF_ERROR(check_launch("coo_split_kernel"));
+  int64_t first_dup = kNoError;
+  SNACK_RETURN_IF_ERROR(read_error_slot(error_slots + 1, stream, &first_dup));
+  if (first_dup != kNoError) {
+    const int64_t key = read_element(keys_out, first_dup, stream);
+    const int64_t a = read_element(order, first_dup - 1, stream), b = read_element(order, first_dup, stream);
+    return Status(StatusCode::kDuplicateEntry, "position (" + std::to_string(key / k) + ", " + std::to_string(key % k) +
+                                                   ") appears more than once (elements " + std::to_string(a) +
+                                                   " and " + std::to_string(b) + ")");
+  }
+  return Status::Ok();
+}
+
+template <typename Index>
+Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx, int32_t* row_ptr,
+                   int32_t* col_ptr, int32_t* csc_perm, DeviceAllocator& alloc, Stream stream) {
+  SNACK_RETURN_IF_ERROR(snack::detail::check_dims_fit<Index>(m, k, nnz));
+  if (!row_ptr || !col_ptr) return InvalidArgument("build_views: row_ptr and col_ptr must not be null");
+  if (nnz > 0 && (!row_idx || !col_idx || !csc_perm)) return InvalidArgument("build_views: null array");
+
+  offsets_kernel<Index><<<grid_for(m + 1, kThreads), kThreads, 0, stream>>>(m, nnz, row_idx, row_ptr);
+  SNACK_RETURN_IF_ERROR(check_launch("offsets_kernel(rows)"));
+  if (nnz == 0) {
+    offsets_kernel<Index><<<grid_for(k + 1, kThreads), kThreads, 0, stream>>>(k, 0, col_idx, col_ptr);
+    return check_launch("offsets_kernel(cols)");
+  }
+  // A stable radix sort of the slots by column keeps row-major order inside each column.
+  const int col_bits = bits_for(k);
+  size_t cub_bytes = 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, (const Index*)nullptr,
+                                                             (Index*)nullptr, (const int32_t*)nullptr,
+                                                             (int32_t*)nullptr, nnz, 0, col_bits, stream));
+  const size_t index_bytes = detail::aligned_bytes(size_t(nnz) * sizeof(Index));
+  ScratchBuffer scratch(alloc, stream);
+  SNACK_RETURN_IF_ERROR(scratch.reserve(index_bytes + size_t(nnz) * sizeof(int32_t) + cub_bytes + kAlign));
+  Index* sorted_cols = scratch.as<Index>();
+  int32_t* iota = reinterpret_cast<int32_t*>(scratch.as<char>() + index_bytes);
+  void* cub_temp = align_up(iota + nnz);
+  iota32_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(nnz, iota);
+  SNACK_RETURN_IF_ERROR(check_launch("iota32_kernel"));
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(cub_temp, cub_bytes, col_idx, sorted_cols, iota,
+                                                             csc_perm, nnz, 0, col_bits, stream));
+  offsets_kernel<Index><<<grid_for(k + 1, kThreads), kThreads, 0, stream>>>(k, nnz, sorted_cols, col_ptr);
+  return check_launch("offsets_kernel(cols)");
+}
+
+template <typename T>
+Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,
+                            DeviceAllocator& alloc, Stream stream) {
+  SNACK_RETURN_IF_ERROR(snack::detail::check_topk(m, k, count, dense, positions));
+  if (count == 0) return Status::Ok();
+  const int64_t total = m * k;
+
+  // Sort all magnitudes descending (radix sort is stable: equal magnitudes keep ascending
+  // positions), keep the first `count` positions, then sort those ascending.
+  size_t sort_bytes = 0, resort_bytes = 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, sort_bytes, (const T*)nullptr, (T*)nullptr, (const int64_t*)nullptr, (int64_t*)nullptr, total, 0,
+      int(sizeof(T) * 8), stream));
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(nullptr, resort_bytes, (const int64_t*)nullptr,
+                                                            (int64_t*)nullptr, count, 0, bits_for(total), stream));
+  const size_t cub_bytes = sort_bytes > resort_bytes ? sort_bytes : resort_bytes;
+  const size_t key_bytes = detail::aligned_bytes(size_t(total) * sizeof(T));
+  ScratchBuffer scratch(alloc, stream);
+  SNACK_RETURN_IF_ERROR(
+      scratch.reserve(2 * key_bytes + 2 * size_t(total) * sizeof(int64_t) + sizeof(unsigned long long) + cub_bytes + kAlign));
+  T* keys_in = scratch.as<T>();
+  T* keys_out = reinterpret_cast<T*>(scratch.as<char>() + key_bytes);
+  int64_t* iota = reinterpret_cast<int64_t*>(scratch.as<char>() + 2 * key_bytes);
+  int64_t* order = iota + total;
+  auto* error_slot = reinterpret_cast<unsigned long long*>(order + total);
+  void* cub_temp = align_up(error_slot + 1);
+
+  SNACK_RETURN_IF_ERROR(init_error_slots(error_slot, 1, stream));
+  magnitude_keys_kernel<T, T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(total, dense, keys_in, iota,
+                                                                                 error_slot);
+  SNACK_RETURN_IF_ERROR(check_launch("magnitude_keys_kernel"));
+  int64_t first_bad = kNoError;
+  SNACK_RETURN_IF_ERROR(read_error_slot(error_slot, stream, &first_bad));
+  if (first_bad != kNoError)
+    return InvalidArgument("dense weight has a non-finite entry at (" + std::to_string(first_bad / k) + ", " +
+                           std::to_string(first_bad % k) + ")");
+  SNACK_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(cub_temp, sort_bytes, keys_in, keys_out, iota,
+                                                                       order, total, 0, int(sizeof(T) * 8), stream));
+  SNACK_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortKeys(cub_temp, resort_bytes, order, positions, count, 0, bits_for(total), stream));
+  return Status::Ok();
+}
+
+template Status slots_from_coo<uint16_t>(int64_t, int64_t, int64_t, const int64_t*, const int64_t*, uint16_t*,
+                                         uint16_t*, int64_t*, DeviceAllocator&, Stream);
+template Status slots_from_coo<int32_t>(int64_t, int64_t, int64_t, const int64_t*, const int64_t*, int32_t*, int32_t*,
+                                        int64_t*, DeviceAllocator&, Stream);
+template Status build_views<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, int32_t*,
+                                      int32_t*, int32_t*, DeviceAllocator&, Stream);
+template Status build_views<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*, int32_t*, int32_t*,
+                                     int32_t*, DeviceAllocator&, Stream);
+template Status dense_topk_positions<float>(int64_t, int64_t, const float*, int64_t, int64_t*, DeviceAllocator&,
+                                            Stream);
+template Status dense_topk_positions<double>(int64_t, int64_t, const double*, int64_t, int64_t*, DeviceAllocator&,
+                                             Stream);
+
+}  // namespace snack::cuda

@@ -1,0 +1,130 @@
+// snack::Pattern and snack::SparseLinear for libtorch programs: their work is done by snack's
+// operators, called through the dispatcher like any other.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+
+#include "op_args.h"
+#include "snack/torch/pattern.h"
+#include "snack/torch/sparse_linear.h"
+
+namespace snack {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> random_slots(int64_t out_features, int64_t in_features, int64_t nnz,
+                                                const at::Generator& gen, at::Device device) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::random_slots", "").typed<
+      std::tuple<at::Tensor, at::Tensor>(int64_t, int64_t, int64_t, std::optional<at::Generator>,
+                                         std::optional<at::Device>, std::optional<at::ScalarType>)>();
+  return op.call(out_features, in_features, nnz, gen, device, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,
+                                                              int64_t out_features, int64_t in_features) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::slots_from_coo", "").typed<
+      std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+                                                     std::optional<at::ScalarType>)>();
+  return op.call(rows, cols, out_features, in_features, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
+                                                           int64_t out_features, int64_t in_features) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::build_views", "").typed<
+      std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
+  return op.call(row_idx, col_idx, out_features, in_features);
+}
+
+}  // namespace
+
+std::shared_ptr<PatternImpl> PatternImpl::random(int64_t out_features, int64_t in_features, int64_t nnz,
+                                                 const at::Generator& generator, torch::Device device) {
+  auto [rows, cols] = random_slots(out_features, in_features, nnz, generator, device);
+  return std::make_shared<PatternImpl>(out_features, in_features, rows, cols);
+}
+
+std::shared_ptr<PatternImpl> PatternImpl::from_coo(const torch::Tensor& rows, const torch::Tensor& cols,
+                                                   int64_t out_features, int64_t in_features, torch::Tensor* order) {
+  auto [row_idx, col_idx, sorted_order] = slots_from_coo(rows, cols, out_features, in_features);
+  if (order) *order = sorted_order;
+  return std::make_shared<PatternImpl>(out_features, in_features, row_idx, col_idx);
+}
+
+PatternImpl::PatternImpl(int64_t out_features_, int64_t in_features_, torch::Tensor row_idx_, torch::Tensor col_idx_)
+    : out_features(out_features_), in_features(in_features_), row_idx(std::move(row_idx_)),
+      col_idx(std::move(col_idx_)) {
+  reset();
+}
+
+void PatternImpl::reset() {
+  auto [rp, cp, perm] = build_views(row_idx, col_idx, out_features, in_features);
+  row_idx = register_buffer("row_idx", row_idx);
+  col_idx = register_buffer("col_idx", col_idx);
+  row_ptr = register_buffer("row_ptr", rp);
+  col_ptr = register_buffer("col_ptr", cp);
+  csc_perm = register_buffer("csc_perm", perm);
+}
+
+std::vector<torch::Tensor> PatternImpl::tensors() const {
+  std::vector<torch::Tensor> out(binding::kPatternFields);
+  out[binding::kRowIdx] = row_idx;
+  out[binding::kColIdx] = col_idx;
+  out[binding::kRowPtr] = row_ptr;
+  out[binding::kColPtr] = col_ptr;
+  out[binding::kCscPerm] = csc_perm;
+  return out;
+}
+
+void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tensor& new_col_idx) {
+  TORCH_CHECK_VALUE(new_row_idx.sizes() == row_idx.sizes() && new_col_idx.sizes() == col_idx.sizes(),
+                    "snack::Pattern::set_slots: the slot count never changes (", nnz(), ")");
+  auto [rp, cp, perm] = build_views(new_row_idx, new_col_idx, out_features, in_features);  // before any copy
+  torch::NoGradGuard no_grad;
+  row_idx.copy_(new_row_idx);
+  col_idx.copy_(new_col_idx);
+  row_ptr.copy_(rp);
+  col_ptr.copy_(cp);
+  csc_perm.copy_(perm);
+}
+
+int64_t PatternImpl::nbytes() const {
+  int64_t total = 0;
+  for (const torch::Tensor& t : tensors()) total += t.numel() * t.element_size();
+  return total;
+}
+
+torch::Tensor PatternImpl::to_mask() const {
+  torch::Tensor mask = torch::zeros({out_features, in_features}, row_idx.options().dtype(torch::kBool));
+  mask.index_put_({row_idx.to(torch::kLong), col_idx.to(torch::kLong)}, true);
+  return mask;
+}
+
+SparseLinearImpl::SparseLinearImpl(const SparseLinearOptions& options_) : options(options_) { reset(); }
+
+void SparseLinearImpl::reset() {
+  const int64_t m = options.out_features(), k = options.in_features();
+  TORCH_CHECK_VALUE(m > 0 && k > 0, "SparseLinear: in_features and out_features must be positive");
+  TORCH_CHECK_VALUE(options.density() > 0.0 && options.density() <= 1.0,
+                    "SparseLinear: density must lie in (0, 1], got ", options.density());
+  const int64_t nnz = nnz_for_density(m, k, options.density());
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options.seed());
+  pattern = register_module("pattern", Pattern(PatternImpl::random(m, k, nnz, gen)));
+  const double bound = 1.0 / std::sqrt(std::max(1.0, options.density() * static_cast<double>(k)));
+  values = register_parameter("values", torch::empty({nnz}).uniform_(-bound, bound, gen));
+  if (options.bias()) bias = register_parameter("bias", torch::empty({m}).uniform_(-bound, bound, gen));
+}
+
+torch::Tensor SparseLinearImpl::forward(const torch::Tensor& x) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::sparse_linear", "").typed<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::TensorList, c10::string_view)>();
+  std::optional<at::Tensor> b;
+  if (bias.defined()) b = bias;
+  return op.call(x, values, b, pattern->tensors(), "none");
+}
+
+torch::Tensor SparseLinearImpl::to_dense() const {
+  torch::Tensor dense = torch::zeros({options.out_features(), options.in_features()}, values.options());
+  dense.index_put_({pattern->row_idx.to(torch::kLong), pattern->col_idx.to(torch::kLong)}, values.detach());
+  return dense;
+}
+
+}  // namespace snack

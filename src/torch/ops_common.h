@@ -1,0 +1,82 @@
+// What the CPU and CUDA implementations of each operator share: their inputs, checked once
+// (ops_common.cpp), and the steps that ATen does the same way on every device.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include "op_args.h"
+
+namespace snack::binding {
+
+// spmm / spmm_for_step: x [N, K] (made contiguous), values, pattern, bias [M], the activation.
+struct SpmmInputs {
+  PatternArg p;
+  at::Tensor x;
+  std::optional<at::Tensor> bias;
+  Activation act = Activation::kNone;
+};
+SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                       const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op);
+
+// spmm_t: dy [N, M] (contiguous), values, pattern.
+struct SpmmTInputs {
+  PatternArg p;
+  at::Tensor dy;
+};
+SpmmTInputs spmm_t_inputs(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, const char* op);
+
+// sddmm: dy [N, M] and x [N, K] (contiguous) of one value dtype, the pattern's device.
+struct SddmmInputs {
+  PatternArg p;
+  at::Tensor dy, x;
+};
+SddmmInputs sddmm_inputs(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, const at::Tensor& like,
+                         const char* op);
+
+// sddmm_adamw_: the SDDMM's inputs, the values' AdamW state and, given together, the bias's.
+struct SddmmAdamWInputs {
+  SddmmInputs s;
+  AdamWArg values;
+  std::optional<AdamWArg> bias;
+};
+SddmmAdamWInputs sddmm_adamw_inputs(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern,
+                                    const at::Tensor& values, at::TensorList state, at::ArrayRef<double> hyper,
+                                    const std::optional<at::Tensor>& bias, at::TensorList bias_state,
+                                    at::ArrayRef<double> bias_hyper, const char* op);
+
+// bias_grad / bias_grad_adamw_: dy 2-D (contiguous).
+at::Tensor bias_grad_input(const at::Tensor& dy, const char* op);
+
+// slots_from_coo: rows and cols as contiguous int64 on one device, the index dtype.
+struct CooInputs {
+  at::Tensor rows, cols;
+  at::ScalarType index_type;
+};
+CooInputs coo_inputs(const at::Tensor& rows, const at::Tensor& cols, int64_t out_features, int64_t in_features,
+                     std::optional<at::ScalarType> index_dtype, const char* op);
+
+// slots_from_dense: the weight as contiguous float (or double), its shape, the index dtype.
+struct DenseInputs {
+  at::Tensor dense;
+  int64_t rows, cols;
+  at::ScalarType index_type;
+};
+DenseInputs dense_inputs(const at::Tensor& dense, int64_t nnz, std::optional<at::ScalarType> index_dtype,
+                         const char* op);
+
+// build_views: the slot arrays, checked.
+void check_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features,
+                 const char* op);
+
+// Slot indices (row, col) of ascending linear positions row * in_features + col, in `index_type`.
+std::tuple<at::Tensor, at::Tensor> split_positions(const at::Tensor& positions, int64_t in_features,
+                                                   at::ScalarType index_type);
+
+// The counts advance on the device (no host synchronisation): the CPU implementations and the
+// empty products call this, the CUDA kernels advance them on their own.
+void advance_steps(const SddmmAdamWInputs& in);
+
+}  // namespace snack::binding

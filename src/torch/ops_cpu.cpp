@@ -1,0 +1,234 @@
+// The CPU implementations of snack's operators: the core's reference loops (src/*/cpu.cpp), split
+// over PyTorch's intra-op threads where every chunk writes a disjoint part of the output, so the
+// result does not depend on the split.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <vector>
+
+#include "ops_common.h"
+#include "snack/sddmm.h"
+#include "snack/spmm.h"
+#include "snack/topology.h"
+
+namespace snack::binding {
+namespace {
+
+// Runs fn(begin, end) over [0, count) in chunks on PyTorch's intra-op threads; the first failing
+// chunk's status is returned.
+template <typename Fn>
+Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
+  if (count <= grain) return fn(int64_t{0}, count);
+  std::vector<Status> statuses(size_t(at::get_num_threads()) + 1);
+  std::atomic<int> failed{-1};
+  at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
+    Status st = fn(begin, end);
+    if (!st.ok()) {
+      int expected = -1;
+      const int slot = at::get_thread_num();
+      statuses[size_t(slot)] = std::move(st);
+      failed.compare_exchange_strong(expected, slot);
+    }
+  });
+  return failed.load() >= 0 ? statuses[size_t(failed.load())] : Status::Ok();
+}
+
+at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
+  const char* op = "spmm";
+  const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
+  spmm_variant_arg(variant, false, op);  // the name is checked; the CPU has one kernel
+  at::Tensor y = at::empty({in.x.size(0), in.p.rows}, values.options());
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return parallel_chunks(in.x.size(0), 1, [&](int64_t n0, int64_t n1) {
+                                    return cpu::spmm_forward(w, data_as<T>(values), data_as<T>(in.x) + n0 * w.cols,
+                                                             n1 - n0, b, data_as<T>(y) + n0 * w.rows, in.act);
+                                  });
+                                }),
+                   op);
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> spmm_for_step(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                                                 const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  return {spmm(x, values, pattern, bias, activation, "auto"), at::empty({0, 0}, values.options())};
+}
+
+at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, c10::string_view variant) {
+  const char* op = "spmm_t";
+  const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
+  spmm_variant_arg(variant, true, op);
+  at::Tensor dx = at::empty({in.dy.size(0), in.p.cols}, values.options());
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return parallel_chunks(in.dy.size(0), 1, [&](int64_t n0, int64_t n1) {
+                                    return cpu::spmm_transposed(w, data_as<T>(values), data_as<T>(in.dy) + n0 * w.rows,
+                                                                n1 - n0, data_as<T>(dx) + n0 * w.cols);
+                                  });
+                                }),
+                   op);
+  });
+  return dx;
+}
+
+// dv = sddmm(dy, x) of checked inputs: transposed once, then the slots split over threads (a chunk
+// is a pattern view over a contiguous slice of the slots).
+at::Tensor sddmm_of(const SddmmInputs& in, const char* op) {
+  at::Tensor dv = at::empty({in.p.nnz}, in.dy.options());
+  dispatch_value_type(in.dy, op, [&](auto tag) {
+    using T = decltype(tag);
+    const at::Tensor dy_t = in.dy.t().contiguous(), x_t = in.x.t().contiguous();
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return parallel_chunks(w.nnz, 4096, [&](int64_t s0, int64_t s1) {
+                                    auto part = w;
+                                    part.nnz = s1 - s0;
+                                    part.row_idx = w.row_idx + s0;
+                                    part.col_idx = w.col_idx + s0;
+                                    part.csc_perm = w.csc_perm + s0;
+                                    return cpu::sddmm_on_transposed(part, data_as<T>(dy_t), data_as<T>(x_t),
+                                                                    in.x.size(0), data_as<T>(dv) + s0);
+                                  });
+                                }),
+                   op);
+  });
+  return dv;
+}
+
+at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {
+  const char* op = "sddmm";
+  sddmm_variant_arg(variant, op);
+  return sddmm_of(sddmm_inputs(dy, x, pattern, dy, op), op);
+}
+
+at::Tensor bias_grad_of(const at::Tensor& dyc, const char* op) {
+  at::Tensor db = at::empty({dyc.size(1)}, dyc.options());
+  dispatch_value_type(dyc, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(cpu::bias_grad(data_as<T>(dyc), dyc.size(0), dyc.size(1), data_as<T>(db)), op);
+  });
+  return db;
+}
+
+at::Tensor bias_grad(const at::Tensor& dy) {
+  const char* op = "bias_grad";
+  return bias_grad_of(bias_grad_input(dy, op), op);
+}
+
+// AdamW's step of a parameter from a stored gradient (the count already advanced): the CPU has no
+// fused kernels.
+void adamw_step(const at::Tensor& grad, const AdamWArg& a, const char* op) {
+  const double count = a.step.item<double>();
+  dispatch_value_type(a.param, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(parallel_chunks(a.param.size(0), 1 << 14,
+                                   [&](int64_t s0, int64_t s1) {
+                                     return cpu::adamw_update(data_as<T>(grad) + s0, s1 - s0, count, a.config,
+                                                              data_as<T>(a.param) + s0, data_as<T>(a.exp_avg) + s0,
+                                                              data_as<T>(a.exp_avg_sq) + s0);
+                                   }),
+                   op);
+  });
+}
+
+void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, const at::Tensor& values,
+                  at::TensorList state, at::ArrayRef<double> hyper, at::TensorList bias_state,
+                  const std::optional<at::Tensor>& bias, at::ArrayRef<double> bias_hyper,
+                  const std::optional<at::Tensor>& x_t, c10::string_view variant) {
+  const char* op = "sddmm_adamw_";
+  sddmm_variant_arg(variant, op);
+  const SddmmAdamWInputs in = sddmm_adamw_inputs(dy, x, pattern, values, state, hyper, bias, bias_state, bias_hyper, op);
+  (void)x_t;  // a GPU forward's copy: the CPU computes from x
+  advance_steps(in);
+  if (values.numel() > 0) adamw_step(sddmm_of(in.s, op), in.values, op);
+  if (in.bias && in.bias->param.numel() > 0) adamw_step(bias_grad_of(in.s.dy, op), *in.bias, op);
+}
+
+void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state, at::ArrayRef<double> hyper) {
+  const char* op = "bias_grad_adamw_";
+  const at::Tensor dyc = bias_grad_input(dy, op);
+  const AdamWArg a = adamw_arg(bias, state, hyper, op, "bias");
+  TORCH_CHECK_VALUE(dyc.size(1) == bias.size(0) && dyc.scalar_type() == bias.scalar_type(), "snack.", op,
+                    ": dy must be [N, ", bias.size(0), "] of the bias's dtype, got ", dyc.sizes(), " ",
+                    dyc.scalar_type());
+  check_same_device(dyc, bias.device(), "dy", op);
+  a.step.add_(1);
+  if (bias.numel() > 0) adamw_step(bias_grad_of(dyc, op), a, op);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,
+                                                              int64_t out_features, int64_t in_features,
+                                                              std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_coo";
+  const CooInputs in = coo_inputs(rows, cols, out_features, in_features, index_dtype, op);
+  const int64_t nnz = in.rows.size(0);
+  at::Tensor row_idx = at::empty({nnz}, rows.options().dtype(in.index_type));
+  at::Tensor col_idx = at::empty({nnz}, rows.options().dtype(in.index_type));
+  at::Tensor order = at::empty({nnz}, rows.options().dtype(at::kLong));
+  dispatch_index_type(in.index_type, [&](auto tag) {
+    using Index = decltype(tag);
+    throw_if_error(cpu::slots_from_coo<Index>(out_features, in_features, nnz, in.rows.data_ptr<int64_t>(),
+                                              in.cols.data_ptr<int64_t>(), static_cast<Index*>(row_idx.data_ptr()),
+                                              static_cast<Index*>(col_idx.data_ptr()), order.data_ptr<int64_t>()),
+                   op);
+  });
+  return {row_idx, col_idx, order};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor& dense, int64_t nnz,
+                                                                std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_dense";
+  const DenseInputs in = dense_inputs(dense, nnz, index_dtype, op);
+  at::Tensor positions = at::empty({nnz}, dense.options().dtype(at::kLong));
+  AT_DISPATCH_FLOATING_TYPES(in.dense.scalar_type(), "slots_from_dense", [&] {
+    throw_if_error(cpu::dense_topk_positions<scalar_t>(in.rows, in.cols, in.dense.data_ptr<scalar_t>(), nnz,
+                                                       positions.data_ptr<int64_t>()),
+                   op);
+  });
+  auto [row_idx, col_idx] = split_positions(positions, in.cols, in.index_type);
+  return {row_idx, col_idx, positions};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
+                                                           int64_t out_features, int64_t in_features) {
+  const char* op = "build_views";
+  check_slots(row_idx, col_idx, out_features, in_features, op);
+  const int64_t nnz = row_idx.size(0);
+  const auto opts = row_idx.options().dtype(at::kInt);
+  at::Tensor row_ptr = at::empty({out_features + 1}, opts), col_ptr = at::empty({in_features + 1}, opts);
+  at::Tensor csc_perm = at::empty({nnz}, opts);
+  dispatch_index_type(row_idx.scalar_type(), [&](auto tag) {
+    using Index = decltype(tag);
+    throw_if_error(cpu::build_views<Index>(out_features, in_features, nnz, static_cast<const Index*>(row_idx.data_ptr()),
+                                           static_cast<const Index*>(col_idx.data_ptr()), row_ptr.data_ptr<int32_t>(),
+                                           col_ptr.data_ptr<int32_t>(), csc_perm.data_ptr<int32_t>()),
+                   op);
+  });
+  return {row_ptr, col_ptr, csc_perm};
+}
+
+}  // namespace
+}  // namespace snack::binding
+
+TORCH_LIBRARY_IMPL(snack, CPU, m) {
+  using namespace snack::binding;
+  m.impl("spmm", &spmm);
+  m.impl("spmm_for_step", &spmm_for_step);
+  m.impl("spmm_t", &spmm_t);
+  m.impl("sddmm", &sddmm);
+  m.impl("bias_grad", &bias_grad);
+  m.impl("sddmm_adamw_", &sddmm_adamw_);
+  m.impl("bias_grad_adamw_", &bias_grad_adamw_);
+  m.impl("slots_from_coo", &slots_from_coo);
+  m.impl("slots_from_dense", &slots_from_dense);
+  m.impl("build_views", &build_views);
+}

@@ -1,0 +1,295 @@
+// The CUDA implementations of snack's operators: each checks its inputs (ops_common.cpp), takes
+// the cached plan of its product (plans.cpp), its workspace from PyTorch's caching allocator, and
+// enqueues the core's kernels on PyTorch's current stream.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "cuda_context.h"
+#include "ops_common.h"
+#include "plans.h"
+#include "snack/sddmm.h"
+#include "snack/spmm.h"
+#include "snack/topology.h"
+
+namespace snack::binding {
+
+Stream current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+namespace {
+class TorchCudaAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, Stream stream) override {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+  }
+  void deallocate(void* ptr, Stream) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+};
+}  // namespace
+
+DeviceAllocator& torch_cuda_allocator() {
+  static TorchCudaAllocator allocator;
+  return allocator;
+}
+
+namespace {
+
+// A plan's workspace from the caching allocator (undefined where it needs none).
+at::Tensor workspace(size_t bytes, const at::Tensor& like) {
+  return bytes ? at::empty({int64_t(bytes)}, like.options().dtype(at::kByte)) : at::Tensor();
+}
+void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant) {
+  return {p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant};
+}
+
+// The forward. keep_x_t: where the plan transposes the whole batch, its workspace is allocated as
+// that copy, [K + 1, batch tile] in the values' dtype (cuda::TransposedInput), and returned; else
+// an empty tensor.
+std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tensor& values, SpmmVariant variant,
+                                           bool keep_x_t, const char* op) {
+  const c10::cuda::CUDAGuard guard(in.p.device);
+  const int64_t n = in.x.size(0);
+  const SpmmPlan plan = spmm_plan(forward_problem(in.p, n, values, variant), in.p.device.index(), op);
+  at::Tensor ws, x_t = at::empty({0, 0}, values.options());
+  if (keep_x_t && plan_transposes_whole_input(plan)) {
+    x_t = at::empty({in.p.cols + 1, plan.batch_tile}, values.options());
+    TORCH_INTERNAL_ASSERT(size_t(x_t.nbytes()) == plan.workspace_bytes);
+    ws = x_t;
+  } else {
+    ws = workspace(plan.workspace_bytes, values);
+  }
+  at::Tensor y = at::empty({n, in.p.rows}, values.options());
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return cuda::spmm_forward(w, data_as<T>(values), data_as<T>(in.x), n, b,
+                                                            data_as<T>(y), plan, data_or_null(ws), current_stream(),
+                                                            in.act);
+                                }),
+                   op);
+  });
+  return {y, x_t};
+}
+
+at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
+  const char* op = "spmm";
+  const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
+  return std::get<0>(forward(in, values, spmm_variant_arg(variant, false, op), false, op));
+}
+
+std::tuple<at::Tensor, at::Tensor> spmm_for_step(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                                                 const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  const char* op = "spmm_for_step";
+  const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
+  return forward(in, values, spmm_variant_arg("auto", false, op), true, op);
+}
+
+at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, c10::string_view variant) {
+  const char* op = "spmm_t";
+  const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
+  const c10::cuda::CUDAGuard guard(in.p.device);
+  const int64_t n = in.dy.size(0);
+  const SpmmProblem problem{in.p.cols, in.p.rows, in.p.nnz, n, int(values.element_size()), true,
+                            spmm_variant_arg(variant, true, op)};
+  const SpmmPlan plan = spmm_plan(problem, in.p.device.index(), op);
+  const at::Tensor ws = workspace(plan.workspace_bytes, values);
+  at::Tensor dx = at::empty({n, in.p.cols}, values.options());
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return cuda::spmm_transposed(w, data_as<T>(values), data_as<T>(in.dy), n,
+                                                               data_as<T>(dx), plan, data_or_null(ws),
+                                                               current_stream());
+                                }),
+                   op);
+  });
+  return dx;
+}
+
+SddmmProblem sddmm_problem(const SddmmInputs& in, const at::Tensor& like, SddmmEpilogue epilogue, SddmmVariant variant,
+                           int64_t x_t_stride) {
+  SddmmProblem problem;
+  problem.rows = in.p.rows;
+  problem.cols = in.p.cols;
+  problem.nnz = in.p.nnz;
+  problem.n = in.x.size(0);
+  problem.value_bytes = int(like.element_size());
+  problem.epilogue = epilogue;
+  problem.requested = variant;
+  problem.x_t_stride = x_t_stride;
+  return problem;
+}
+
+at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {
+  const char* op = "sddmm";
+  const SddmmVariant v = sddmm_variant_arg(variant, op);
+  const SddmmInputs in = sddmm_inputs(dy, x, pattern, dy, op);
+  const c10::cuda::CUDAGuard guard(in.p.device);
+  const SddmmPlan plan = sddmm_plan(sddmm_problem(in, dy, SddmmEpilogue::kStore, v, 0), in.p.device.index(), op);
+  const at::Tensor ws = workspace(plan.workspace_bytes, dy);
+  at::Tensor dv = at::empty({in.p.nnz}, dy.options());
+  dispatch_value_type(dy, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return cuda::sddmm(w, data_as<T>(in.dy), data_as<T>(in.x), in.x.size(0),
+                                                     data_as<T>(dv), plan, data_or_null(ws), current_stream());
+                                }),
+                   op);
+  });
+  return dv;
+}
+
+at::Tensor bias_grad(const at::Tensor& dy) {
+  const char* op = "bias_grad";
+  const at::Tensor dyc = bias_grad_input(dy, op);
+  const c10::cuda::CUDAGuard guard(dyc.device());
+  at::Tensor db = at::empty({dyc.size(1)}, dyc.options());
+  dispatch_value_type(dyc, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(cuda::bias_grad(data_as<T>(dyc), dyc.size(0), dyc.size(1), data_as<T>(db), current_stream()), op);
+  });
+  return db;
+}
+
+template <typename T>
+cuda::AdamWParameter<T> adamw_parameter(const AdamWArg& a) {
+  return {data_as<T>(a.param), data_as<T>(a.exp_avg), data_as<T>(a.exp_avg_sq), a.step.data_ptr<float>(), a.config};
+}
+
+void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, const at::Tensor& values,
+                  at::TensorList state, at::ArrayRef<double> hyper, at::TensorList bias_state,
+                  const std::optional<at::Tensor>& bias, at::ArrayRef<double> bias_hyper,
+                  const std::optional<at::Tensor>& x_t, c10::string_view variant) {
+  const char* op = "sddmm_adamw_";
+  const SddmmVariant v = sddmm_variant_arg(variant, op);
+  const SddmmAdamWInputs in = sddmm_adamw_inputs(dy, x, pattern, values, state, hyper, bias, bias_state, bias_hyper, op);
+  const c10::cuda::CUDAGuard guard(in.s.p.device);
+  if (values.numel() == 0 && (!in.bias || in.bias->param.numel() == 0)) {
+    advance_steps(in);
+    return;
+  }
+  const bool with_x_t = given(x_t);
+  if (with_x_t) {  // the forward's copy (spmm_for_step): checked for what the kernel reads
+    TORCH_CHECK_VALUE(x_t->device() == values.device() && x_t->scalar_type() == values.scalar_type() &&
+                          x_t->dim() == 2 && x_t->is_contiguous() && x_t->size(0) == in.s.p.cols + 1,
+                      "snack.", op, ": x_t must be the forward's [", in.s.p.cols + 1, ", stride] copy of x, got ",
+                      x_t->sizes());
+  }
+  const SddmmPlan plan = sddmm_plan(sddmm_problem(in.s, values, SddmmEpilogue::kAdamW, v, with_x_t ? x_t->size(1) : 0),
+                                    in.s.p.device.index(), op);
+  const at::Tensor ws = workspace(plan.workspace_bytes, values);
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    const cuda::TransposedInput<T> given_x_t{with_x_t ? data_as<T>(*x_t) : nullptr, with_x_t ? x_t->size(1) : 0};
+    cuda::AdamWParameter<T> bias_param;
+    if (in.bias) bias_param = adamw_parameter<T>(*in.bias);
+    throw_if_error(with_pattern(in.s.p,
+                                [&](auto w) {
+                                  return cuda::sddmm_adamw(w, data_as<T>(in.s.dy), data_as<T>(in.s.x), in.s.x.size(0),
+                                                           adamw_parameter<T>(in.values),
+                                                           in.bias ? &bias_param : nullptr, plan, data_or_null(ws),
+                                                           current_stream(), given_x_t);
+                                }),
+                   op);
+  });
+}
+
+void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state, at::ArrayRef<double> hyper) {
+  const char* op = "bias_grad_adamw_";
+  const at::Tensor dyc = bias_grad_input(dy, op);
+  const AdamWArg a = adamw_arg(bias, state, hyper, op, "bias");
+  TORCH_CHECK_VALUE(dyc.size(1) == bias.size(0) && dyc.scalar_type() == bias.scalar_type(), "snack.", op,
+                    ": dy must be [N, ", bias.size(0), "] of the bias's dtype, got ", dyc.sizes(), " ",
+                    dyc.scalar_type());
+  check_same_device(dyc, bias.device(), "dy", op);
+  const c10::cuda::CUDAGuard guard(bias.device());
+  dispatch_value_type(bias, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(cuda::bias_grad_adamw(data_as<T>(dyc), dyc.size(0), dyc.size(1), adamw_parameter<T>(a),
+                                         current_stream()),
+                   op);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,
+                                                              int64_t out_features, int64_t in_features,
+                                                              std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_coo";
+  const CooInputs in = coo_inputs(rows, cols, out_features, in_features, index_dtype, op);
+  const c10::cuda::CUDAGuard guard(rows.device());
+  const int64_t nnz = in.rows.size(0);
+  at::Tensor row_idx = at::empty({nnz}, rows.options().dtype(in.index_type));
+  at::Tensor col_idx = at::empty({nnz}, rows.options().dtype(in.index_type));
+  at::Tensor order = at::empty({nnz}, rows.options().dtype(at::kLong));
+  dispatch_index_type(in.index_type, [&](auto tag) {
+    using Index = decltype(tag);
+    throw_if_error(cuda::slots_from_coo<Index>(out_features, in_features, nnz, in.rows.data_ptr<int64_t>(),
+                                               in.cols.data_ptr<int64_t>(), static_cast<Index*>(row_idx.data_ptr()),
+                                               static_cast<Index*>(col_idx.data_ptr()), order.data_ptr<int64_t>(),
+                                               torch_cuda_allocator(), current_stream()),
+                   op);
+  });
+  return {row_idx, col_idx, order};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor& dense, int64_t nnz,
+                                                                std::optional<at::ScalarType> index_dtype) {
+  const char* op = "slots_from_dense";
+  const DenseInputs in = dense_inputs(dense, nnz, index_dtype, op);
+  const c10::cuda::CUDAGuard guard(dense.device());
+  at::Tensor positions = at::empty({nnz}, dense.options().dtype(at::kLong));
+  AT_DISPATCH_FLOATING_TYPES(in.dense.scalar_type(), "slots_from_dense", [&] {
+    throw_if_error(cuda::dense_topk_positions<scalar_t>(in.rows, in.cols, in.dense.data_ptr<scalar_t>(), nnz,
+                                                        positions.data_ptr<int64_t>(), torch_cuda_allocator(),
+                                                        current_stream()),
+                   op);
+  });
+  auto [row_idx, col_idx] = split_positions(positions, in.cols, in.index_type);
+  return {row_idx, col_idx, positions};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
+                                                           int64_t out_features, int64_t in_features) {
+  const char* op = "build_views";
+  check_slots(row_idx, col_idx, out_features, in_features, op);
+  const c10::cuda::CUDAGuard guard(row_idx.device());
+  const int64_t nnz = row_idx.size(0);
+  const auto opts = row_idx.options().dtype(at::kInt);
+  at::Tensor row_ptr = at::empty({out_features + 1}, opts), col_ptr = at::empty({in_features + 1}, opts);
+  at::Tensor csc_perm = at::empty({nnz}, opts);
+  dispatch_index_type(row_idx.scalar_type(), [&](auto tag) {
+    using Index = decltype(tag);
+    throw_if_error(cuda::build_views<Index>(out_features, in_features, nnz,
+                                            static_cast<const Index*>(row_idx.data_ptr()),
+                                            static_cast<const Index*>(col_idx.data_ptr()), row_ptr.data_ptr<int32_t>(),
+                                            col_ptr.data_ptr<int32_t>(), csc_perm.data_ptr<int32_t>(),
+                                            torch_cuda_allocator(), current_stream()),
+                   op);
+  });
+  return {row_ptr, col_ptr, csc_perm};
+}
+
+}  // namespace
+}  // namespace snack::binding
+
+TORCH_LIBRARY_IMPL(snack, CUDA, m) {
+  using namespace snack::binding;
+  m.impl("spmm", &spmm);
+  m.impl("spmm_for_step", &spmm_for_step);
+  m.impl("spmm_t", &spmm_t);
+  m.impl("sddmm", &sddmm);
+  m.impl("bias_grad", &bias_grad);
+  m.impl("sddmm_adamw_", &sddmm_adamw_);
+  m.impl("bias_grad_adamw_", &bias_grad_adamw_);
+  m.impl("slots_from_coo", &slots_from_coo);
+  m.impl("slots_from_dense", &slots_from_dense);
+  m.impl("build_views", &build_views);
+}

@@ -1,0 +1,195 @@
+// Plans, kernel names and the shared counting rules, and the operators that report them
+// (explain, kernel_variants, pattern_fields, index_bits, nnz_for_density, set_default_spmm_variant):
+// they read metadata only, so they run for any device and under tracing.
+#include "plans.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "op_args.h"
+
+namespace snack::binding {
+
+DeviceLimits cuda_device_limits(int device) {
+#ifdef SNACK_WITH_CUDA
+  DeviceLimits limits;
+  throw_if_error(cuda::device_limits(device, &limits), "device_limits");
+  return limits;
+#else
+  (void)device;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "snack was built without CUDA: no CUDA plans");
+#endif
+}
+
+namespace {
+
+// A small thread-safe cache of plans per (device, problem); bounded, cleared when full.
+template <typename Problem, typename Plan>
+class PlanCache {
+ public:
+  template <typename PlanFn>
+  Plan get(const Problem& problem, int device, PlanFn&& plan_fn) {
+    const Key key{problem, device};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+    }
+    const Plan plan = plan_fn();  // raises for a problem the planner refuses: nothing cached
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (plans_.size() >= kCapacity) plans_.clear();
+    plans_.emplace(key, plan);
+    return plan;
+  }
+
+ private:
+  static constexpr size_t kCapacity = 4096;
+  struct Key {
+    Problem problem;
+    int device;
+    bool operator==(const Key& o) const { return device == o.device && problem == o.problem; }
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      // Every field of the problem, as raw bytes of its integers, mixed FNV-style.
+      uint64_t h = 1469598103934665603ull ^ uint64_t(k.device);
+      const auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+      for_each_field(k.problem, mix);
+      return size_t(h);
+    }
+  };
+  template <typename Mix>
+  static void for_each_field(const SpmmProblem& p, Mix&& mix) {
+    mix(uint64_t(p.out_dim));
+    mix(uint64_t(p.in_dim));
+    mix(uint64_t(p.nnz));
+    mix(uint64_t(p.n));
+    mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
+  }
+  template <typename Mix>
+  static void for_each_field(const SddmmProblem& p, Mix&& mix) {
+    mix(uint64_t(p.rows));
+    mix(uint64_t(p.cols));
+    mix(uint64_t(p.nnz));
+    mix(uint64_t(p.n));
+    mix(uint64_t(p.x_t_stride));
+    mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.epilogue) << 4 | uint64_t(p.requested));
+  }
+  std::mutex mutex_;
+  std::unordered_map<Key, Plan, Hash> plans_;
+};
+
+PlanCache<SpmmProblem, SpmmPlan>& spmm_cache() {
+  static PlanCache<SpmmProblem, SpmmPlan> cache;
+  return cache;
+}
+PlanCache<SddmmProblem, SddmmPlan>& sddmm_cache() {
+  static PlanCache<SddmmProblem, SddmmPlan> cache;
+  return cache;
+}
+
+}  // namespace
+
+SpmmPlan spmm_plan(const SpmmProblem& problem, int device, const char* op) {
+  return spmm_cache().get(problem, device, [&] {
+    SpmmPlan plan;
+    throw_if_error(plan_spmm(problem, cuda_device_limits(device), &plan), op);
+    return plan;
+  });
+}
+
+SddmmPlan sddmm_plan(const SddmmProblem& problem, int device, const char* op) {
+  return sddmm_cache().get(problem, device, [&] {
+    SddmmPlan plan;
+    throw_if_error(plan_sddmm(problem, cuda_device_limits(device), &plan), op);
+    return plan;
+  });
+}
+
+namespace {
+
+using ExplainResult = std::tuple<std::string, std::string, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                 int64_t, bool, std::string>;
+
+ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
+                      c10::string_view variant) {
+  const char* op = "explain";
+  const PatternArg p = pattern_arg(pattern, op);
+  check_values(values, p, op);
+  TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
+  const std::string which(op_name);
+  TORCH_CHECK_VALUE(which == "forward" || which == "input_grad" || which == "weight_grad", "snack.explain: op must "
+                    "be forward, input_grad or weight_grad, got '", which, "'");
+  if (!values.is_cuda())
+    return {"cpu", "cpu", 1, 1, 1, 1, 1, 0, 0, false, "cpu: reference loops (one output at a time, fixed order)"};
+  const int device = values.device().index();
+  const int value_bytes = int(values.element_size());
+  if (which == "weight_grad") {
+    SddmmProblem problem;
+    problem.rows = p.rows;
+    problem.cols = p.cols;
+    problem.nnz = p.nnz;
+    problem.n = n;
+    problem.value_bytes = value_bytes;
+    problem.requested = sddmm_variant_arg(variant, op);
+    const SddmmPlan plan = sddmm_plan(problem, device, op);
+    return {sddmm_variant_name(plan.variant), sddmm_reason_name(plan.reason), plan.padded_batch, plan.lanes_per_row,
+            plan.batch_lanes, plan.grid_x, plan.threads, 0, int64_t(plan.workspace_bytes), false,
+            describe(plan)};
+  }
+  const bool transposed = which == "input_grad";
+  SpmmProblem problem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols, p.nnz, n, value_bytes, transposed,
+                      spmm_variant_arg(variant, transposed, op)};
+  const SpmmPlan plan = spmm_plan(problem, device, op);
+  return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
+          plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
+          plan.prefetch_l2, describe(plan)};
+}
+
+std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, std::vector<std::string>>
+kernel_variants() {
+  std::vector<std::string> forward, input_grad, weight_grad, nondeterministic;
+  for (SpmmVariant v : spmm_variants()) {
+    forward.emplace_back(spmm_variant_name(v));
+    if (!spmm_variant_is_forward_only(v)) input_grad.emplace_back(spmm_variant_name(v));
+    if (!spmm_variant_is_deterministic(v)) nondeterministic.emplace_back(spmm_variant_name(v));
+  }
+  for (SddmmVariant v : sddmm_variants()) weight_grad.emplace_back(sddmm_variant_name(v));
+  return {forward, input_grad, weight_grad, nondeterministic};
+}
+
+std::vector<std::string> pattern_fields() {
+  std::vector<std::string> names;
+  for (int f = 0; f < kPatternFields; ++f) names.emplace_back(pattern_field_name(f));
+  return names;
+}
+
+int64_t index_bits(int64_t out_features, int64_t in_features) {
+  check_features(out_features, in_features, "index_bits");
+  return default_index_bits(out_features, in_features);
+}
+
+int64_t nnz_for_density_op(int64_t out_features, int64_t in_features, double density) {
+  check_features(out_features, in_features, "nnz_for_density");
+  TORCH_CHECK_VALUE(density >= 0.0 && density <= 1.0, "snack.nnz_for_density: density must lie in [0, 1], got ",
+                    density);
+  return nnz_for_density(out_features, in_features, density);
+}
+
+}  // namespace
+}  // namespace snack::binding
+
+TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
+  m.impl("explain", &snack::binding::explain);
+  m.impl("kernel_variants", &snack::binding::kernel_variants);
+  m.impl("pattern_fields", &snack::binding::pattern_fields);
+  m.impl("index_bits", &snack::binding::index_bits);
+  m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
+  m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
+}

@@ -1,0 +1,19 @@
+// The CUDA plans of the binding: each device's limits, queried once, and the planners' results
+// cached per (device, problem), so the hot path neither plans nor formats text.
+#pragma once
+
+#include "snack/device_limits.h"
+#include "snack/sddmm.h"
+#include "snack/spmm.h"
+
+namespace snack::binding {
+
+/// The limits of CUDA device `device`, queried once; a failed query raises.
+DeviceLimits cuda_device_limits(int device);
+
+/// The plan of a product on CUDA device `device`. A forced variant that cannot run it raises
+/// ValueError naming `op`.
+SpmmPlan spmm_plan(const SpmmProblem& problem, int device, const char* op);
+SddmmPlan sddmm_plan(const SddmmProblem& problem, int device, const char* op);
+
+}  // namespace snack::binding

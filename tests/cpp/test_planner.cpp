@@ -1,0 +1,261 @@
+// The planners on the CPU: the benchmark grid's plans for the H200 against the committed table,
+// their invariants on the limits of several GPUs, and the rules the measurements set.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "plan_grid.h"
+
+#ifndef SNACK_TEST_DATA_DIR
+#error "SNACK_TEST_DATA_DIR must name tests/cpp/data"
+#endif
+
+namespace snack::test {
+namespace {
+
+SpmmPlan plan(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, int value_bytes = 4,
+              SpmmVariant requested = SpmmVariant::kAuto, bool transposed = false,
+              const DeviceLimits& limits = DeviceLimits::h200()) {
+  SpmmPlan p;
+  const Status s = plan_spmm({out_dim, in_dim, nnz, n, value_bytes, transposed, requested}, limits, &p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
+SddmmPlan plan_dw(int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue epilogue = SddmmEpilogue::kStore,
+                  SddmmVariant requested = SddmmVariant::kAuto, int64_t x_t_stride = 0) {
+  SddmmProblem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.nnz = nnz;
+  p.n = n;
+  p.epilogue = epilogue;
+  p.requested = requested;
+  p.x_t_stride = x_t_stride;
+  SddmmPlan out;
+  const Status s = plan_sddmm(p, DeviceLimits::h200(), &out);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return out;
+}
+
+// The H200 plans of every benchmark grid point are those of the table, which the committed
+// benchmark results were measured with.
+TEST(Planner, BenchmarkGridOnTheH200MatchesTheTable) {
+  std::ifstream table(std::string(SNACK_TEST_DATA_DIR) + "/plans_h200.txt");
+  ASSERT_TRUE(table.good()) << "missing " << SNACK_TEST_DATA_DIR << "/plans_h200.txt";
+  std::vector<std::string> expected;
+  for (std::string line; std::getline(table, line);)
+    if (!line.empty() && line[0] != '#') expected.push_back(line);
+  const std::vector<GridPoint> grid = benchmark_grid();
+  ASSERT_EQ(expected.size(), grid.size());
+  int differing = 0;
+  for (size_t i = 0; i < grid.size(); ++i) {
+    Status status;
+    const std::string line = plan_grid_point(grid[i], DeviceLimits::h200(), &status);
+    ASSERT_TRUE(status.ok()) << status.message();
+    if (line != expected[i] && ++differing <= 5) ADD_FAILURE() << "planned: " << line << "\ntable:   " << expected[i];
+  }
+  EXPECT_EQ(differing, 0);
+}
+
+// What every plan of the row kernels, wide_rows and the SDDMM respects, on each GPU's limits.
+TEST(Planner, PlansFitTheirDevice) {
+  for (const DeviceLimits& limits :
+       {DeviceLimits::a100(), DeviceLimits::h100_pcie(), DeviceLimits::h100_sxm(), DeviceLimits::h200(),
+        DeviceLimits::l40s()}) {
+    SCOPED_TRACE(::testing::Message() << limits.sms << " SMs, " << limits.smem_per_block << " B per block");
+    for (const GridPoint& g : benchmark_grid()) {
+      for (const bool transposed : {false, true}) {
+        for (SpmmVariant v : {SpmmVariant::kAuto, SpmmVariant::kGlobalX, SpmmVariant::kGlobalXT, SpmmVariant::kWarpRow}) {
+          if (v == SpmmVariant::kGlobalX && g.n > 32 * 65535) continue;
+          SpmmPlan p;
+          const int64_t out = transposed ? g.k : g.m, in = transposed ? g.m : g.k;
+          ASSERT_TRUE(plan_spmm({out, in, g.nnz, g.n, g.value_bytes, transposed, v}, limits, &p).ok());
+          EXPECT_EQ(p.batch_tile & (p.batch_tile - 1), 0) << describe(p);
+          if (p.variant == SpmmVariant::kWideRows) {
+            EXPECT_LE(p.batch_tile, 8) << describe(p);
+            EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
+            EXPECT_LE(size_t(p.batch_tile) * size_t(g.value_bytes), 16u) << describe(p);  // one 16-byte gather
+          } else if (p.variant != SpmmVariant::kWarpRow) {
+            EXPECT_LE(p.batch_tile, p.variant == SpmmVariant::kGlobalXT ? 128 : 32) << describe(p);
+            EXPECT_GE(p.lanes_per_row, 1) << describe(p);
+            EXPECT_LE(p.lanes_per_row, 32 / (p.batch_tile / std::min(p.batch_tile, 4))) << describe(p);
+            EXPECT_EQ(p.lanes_per_row & (p.lanes_per_row - 1), 0) << describe(p);
+            // A persistent grid: all batch tiles' blocks together within the threads the SMs hold.
+            const int64_t tiles = (g.n + p.batch_tile - 1) / p.batch_tile;
+            EXPECT_LE(p.grid_x, std::max<int64_t>(1, int64_t(limits.sms) * limits.max_threads_per_sm / p.threads / tiles))
+                << describe(p);
+          }
+          if (p.variant == SpmmVariant::kGlobalXT && p.batch_tile > 1) {
+            const int64_t padded = (g.n + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
+            EXPECT_EQ(p.workspace_bytes, size_t((in + 1) * padded * g.value_bytes)) << describe(p);
+          } else {
+            EXPECT_EQ(p.workspace_bytes, 0u) << describe(p);
+          }
+        }
+      }
+      for (const SddmmEpilogue e : {SddmmEpilogue::kStore, SddmmEpilogue::kAdamW}) {
+        SddmmProblem s;
+        s.rows = g.m;
+        s.cols = g.k;
+        s.nnz = g.nnz;
+        s.n = g.n;
+        s.value_bytes = g.value_bytes;
+        s.epilogue = e;
+        SddmmPlan p;
+        ASSERT_TRUE(plan_sddmm(s, limits, &p).ok());
+        EXPECT_LE(p.grid_x, p.variant == SddmmVariant::kSlot ? int64_t(1) << 20 : int64_t(limits.sms) * 8) << describe(p);
+        if (p.variant == SddmmVariant::kRows) {
+          EXPECT_LE(p.padded_batch, kSddmmRowsMaxBatch) << describe(p);
+          EXPECT_LE(p.lanes_per_row, 32 / p.batch_lanes) << describe(p);
+          EXPECT_EQ(p.workspace_bytes, size_t(g.k * p.padded_batch * g.value_bytes)) << describe(p);
+        }
+        if (p.variant == SddmmVariant::kVector)
+          EXPECT_EQ(p.workspace_bytes, size_t((g.k + g.m) * p.padded_batch * g.value_bytes)) << describe(p);
+        if (p.variant == SddmmVariant::kSlot) EXPECT_EQ(p.workspace_bytes, 0u) << describe(p);
+      }
+    }
+  }
+}
+
+// The rules measured on the H200, one by one.
+TEST(Planner, ForwardRules) {
+  // One batch row: X read in place, no workspace.
+  SpmmPlan p = plan(4096, 4096, 1677722, 1);
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(p.reason, SpmmReason::kSingleRow);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  // A small input (8 rows x 1024 = 32 KiB, stays in L1): in place too, operands prefetched into L2.
+  p = plan(768, 1024, 78643, 8);
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(p.reason, SpmmReason::kSmallInput);
+  EXPECT_TRUE(p.prefetch_l2);
+  // 16 rows of it: 1.3 M multiply-adds, transposed.
+  EXPECT_EQ(plan(768, 1024, 78643, 16).variant, SpmmVariant::kGlobalXT);
+  // A tiny product (16.8 k entries x 16 rows) reads even a 256 KiB X in place.
+  p = plan(4096, 4096, 16777, 16);
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(p.reason, SpmmReason::kTinyProduct);
+  // A large product: X transposed into (in_dim + the zero slot) x the batch padded to the tile.
+  p = plan(16384, 4096, 6710886, 20);
+  EXPECT_EQ(p.variant, SpmmVariant::kGlobalXT);
+  EXPECT_EQ(p.reason, SpmmReason::kTransposeOnce);
+  const int64_t padded = (20 + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
+  EXPECT_EQ(p.workspace_bytes, size_t(4097 * padded * sizeof(float)));
+  EXPECT_FALSE(p.prefetch_l2);  // 40 MB of slot arrays: bandwidth-bound, no prefetch
+  EXPECT_TRUE(plan_transposes_whole_input(p));
+  // Lanes per row on 132 SMs (16384x4096, 90%): the forward at N = 16 goes from one wave of warps
+  // to two (4 lanes, not 2); at N = 1 each lane would keep too few entries for that, and stays at 8;
+  // the transposed product (4096 rows of 1638 entries) takes 8 lanes at N = 1 (not 32) and at N = 16.
+  EXPECT_EQ(plan(16384, 4096, 6710886, 16).lanes_per_row, 4);
+  EXPECT_EQ(plan(16384, 4096, 6710886, 1, 4, SpmmVariant::kGlobalX).lanes_per_row, 8);
+  EXPECT_EQ(plan(4096, 16384, 6710886, 1, 4, SpmmVariant::kAuto, true).lanes_per_row, 8);
+  EXPECT_EQ(plan(4096, 16384, 6710886, 1).lanes_per_row, 32);  // the same product as a forward
+  EXPECT_EQ(plan(4096, 16384, 6710886, 16, 4, SpmmVariant::kAuto, true).lanes_per_row, 8);
+}
+
+TEST(Planner, WideRowsRules) {
+  // One batch row of a large layer: groups of 16384 / (132 SMs x 32 warps) -> 4 rows per warp.
+  SpmmPlan p = plan(16384, 4096, 6710886, 1);
+  EXPECT_EQ(p.variant, SpmmVariant::kWideRows);
+  EXPECT_EQ(p.reason, SpmmReason::kWideRows);
+  EXPECT_EQ(p.rows_per_warp, 4);
+  EXPECT_EQ(p.threads, 256);
+  EXPECT_EQ(p.grid_x, 4096 / 8);  // 4096 groups of 4 rows, a group per warp: below the 4 x 132 blocks resident
+  // Not for the transposed product, 99% sparsity (41 slots per row), 8192 rows (2-row groups) or
+  // 16384 inputs (X too large for 4 blocks per SM).
+  EXPECT_EQ(plan(16384, 4096, 6710886, 1, 4, SpmmVariant::kAuto, true).variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(plan(16384, 4096, 671089, 1).variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(plan(8192, 8192, 6710886, 1).variant, SpmmVariant::kGlobalX);
+  EXPECT_EQ(plan(16384, 16384, 26843546, 1).variant, SpmmVariant::kGlobalX);
+  // A batch of 2-4 rows: the whole batch in one tile; 8 fp32 rows (32-byte gathers per slot) and
+  // the transposed product: transposed once instead. In 16 bits 8 rows are one 16-byte gather.
+  p = plan(16384, 4096, 6710886, 4);
+  EXPECT_EQ(p.variant, SpmmVariant::kWideRows);
+  EXPECT_EQ(p.batch_tile, 4);
+  EXPECT_EQ(p.threads, 1024);
+  EXPECT_EQ(plan(16384, 4096, 6710886, 3).batch_tile, 4);
+  EXPECT_EQ(plan(16384, 4096, 6710886, 8).variant, SpmmVariant::kGlobalXT);
+  EXPECT_EQ(plan(16384, 4096, 6710886, 8, 2).variant, SpmmVariant::kWideRows);
+  EXPECT_EQ(plan(4096, 16384, 6710886, 2, 4, SpmmVariant::kAuto, true).variant, SpmmVariant::kGlobalXT);
+  // Forced on a batch: the widest tile that fits (a power of two up to 8; 1 for fp64), with as many
+  // rows per group as shared memory holds beside it (16384x4096 fp32, tile of 8: X takes 128 KiB,
+  // the partial sums of 2 rows per group 68 KiB more, of 227 KiB per block).
+  for (const int64_t n : {2, 3, 8, 20}) {
+    p = plan(16384, 4096, 6710886, n, 4, SpmmVariant::kWideRows);
+    EXPECT_EQ(p.batch_tile, std::min<int64_t>(8, n == 3 ? 4 : n)) << describe(p);
+    EXPECT_EQ(p.reason, SpmmReason::kForced);
+  }
+  EXPECT_EQ(plan(16384, 4096, 6710886, 8, 4, SpmmVariant::kWideRows).rows_per_warp, 2);
+  EXPECT_EQ(plan(16384, 4096, 6710886, 8, 8, SpmmVariant::kWideRows).batch_tile, 1);
+  EXPECT_EQ(plan(100, 40000, 100000, 8, 4, SpmmVariant::kWideRows).batch_tile, 1);  // 160 KB a row
+  // A GPU with less shared memory per SM fits fewer wide_rows blocks: not a full SM, not chosen.
+  EXPECT_EQ(plan(16384, 16384, 26843546, 1, 4, SpmmVariant::kAuto, false, DeviceLimits::l40s()).variant,
+            SpmmVariant::kGlobalX);
+}
+
+TEST(Planner, ForcedVariantsThatCannotRunAreErrors) {
+  SpmmPlan p;
+  Status s = plan_spmm({4096, 4096, 1000, 4, 4, true, SpmmVariant::kWideRows}, DeviceLimits::h200(), &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("forward"), std::string::npos) << s.message();
+  EXPECT_EQ(plan_spmm({4096, 4096, 1000, 4, 4, true, SpmmVariant::kCooAtomic}, DeviceLimits::h200(), &p).code(),
+            StatusCode::kInvalidArgument);
+  s = plan_spmm({10, 80000, 1000, 1, 4, false, SpmmVariant::kWideRows}, DeviceLimits::h200(), &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.message();
+  // More batch tiles than grid.y holds (global_x stops at tiles of 32 rows).
+  s = plan_spmm({8, 8, 0, 65535LL * 32 + 1, 4, false, SpmmVariant::kGlobalX}, DeviceLimits::h200(), &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan(8, 8, 0, 65535LL * 32 + 1).variant, SpmmVariant::kGlobalXT);  // the automatic choice runs it
+  EXPECT_EQ(plan_spmm({8, 8, 0, 1, 4, false, SpmmVariant::kAuto}, DeviceLimits{}, &p).code(),
+            StatusCode::kInvalidArgument);  // limits never queried
+  EXPECT_EQ(plan_spmm({8, 8, 0, 1, 3, false, SpmmVariant::kAuto}, DeviceLimits::h200(), &p).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Planner, SddmmRules) {
+  // Below a batch of 4: one thread per slot, no transposes, no workspace.
+  SddmmPlan p = plan_dw(16384, 4096, 6710886, 3);
+  EXPECT_EQ(p.variant, SddmmVariant::kSlot);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  // The rows kernel from 4 to 128, X transposed into [cols, padded batch].
+  p = plan_dw(16384, 4096, 6710886, 17);
+  EXPECT_EQ(p.variant, SddmmVariant::kRows);
+  EXPECT_EQ(p.padded_batch, 20);
+  EXPECT_EQ(p.batch_lanes, 8);
+  EXPECT_EQ(p.workspace_bytes, size_t(4096 * 20 * 4));
+  // With the forward's X^T the rows kernel needs no workspace; a stride it cannot read is refused.
+  p = plan_dw(16384, 4096, 6710886, 17, SddmmEpilogue::kStore, SddmmVariant::kAuto, 32);
+  EXPECT_TRUE(p.reads_x_t);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  SddmmProblem bad;
+  bad.rows = 16384;
+  bad.cols = 4096;
+  bad.nnz = 6710886;
+  bad.n = 17;
+  bad.x_t_stride = 16;
+  SddmmPlan q;
+  EXPECT_EQ(plan_sddmm(bad, DeviceLimits::h200(), &q).code(), StatusCode::kInvalidArgument);
+  // Past 128: the vector kernel, both operands transposed.
+  p = plan_dw(16384, 4096, 6710886, 200);
+  EXPECT_EQ(p.variant, SddmmVariant::kVector);
+  EXPECT_EQ(p.workspace_bytes, size_t((4096 + 16384) * 200 * 4));
+  // AdamW's epilogue at a padded batch of 4 runs in the vector kernel, and with long rows on many
+  // rows the rows kernel gives each row a whole warp.
+  EXPECT_EQ(plan_dw(16384, 4096, 6710886, 4, SddmmEpilogue::kAdamW).variant, SddmmVariant::kVector);
+  EXPECT_EQ(plan_dw(16384, 4096, 6710886, 4).variant, SddmmVariant::kRows);
+  p = plan_dw(16384, 4096, 6710886, 16, SddmmEpilogue::kAdamW);
+  EXPECT_EQ(p.lanes_per_row, 32 / p.batch_lanes);
+  // A forced rows kernel past its batch is an error; nothing to multiply plans the slot kernel's grid.
+  bad.x_t_stride = 0;
+  bad.n = 200;
+  bad.requested = SddmmVariant::kRows;
+  EXPECT_EQ(plan_sddmm(bad, DeviceLimits::h200(), &q).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan_dw(10, 10, 0, 16).workspace_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace snack::test
