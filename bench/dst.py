@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-import snack  # noqa: E402
-from snack import benchmark  # noqa: E402
+import snack
+from snack import benchmark
 
 COLUMNS = ["M", "K", "sparsity", "fraction", "algorithm", "update_us"]
 

@@ -24,15 +24,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-import snack  # noqa: E402
-from snack import benchmark  # noqa: E402
+import snack
+from snack import benchmark
 
 SHAPES = [(4096, 4096), (5000, 5000), (16384, 4096)]
 NS = [1, 16, 128]
@@ -145,16 +144,16 @@ SDDMM_VARIANTS = ("vector", "rows")  # forced with --sddmm-variants, as impl "sn
 
 def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
-    pattern = (ref.row_idx, ref.col_idx, ref.row_ptr, ref.col_ptr, ref.csc_perm)
+    pattern = ref.pattern.tensors
     values = ref.values.detach()
     dy = torch.randn(n, m, device="cuda")
     x = torch.randn(n, k, device="cuda")
     dense64 = ref.to_dense().detach().double()
     # cuSPARSE operands built from the pattern itself (a dense round trip would drop exact zeros):
     # W in CSR, and W^T in CSR = W's CSC view.
-    w_csr = torch.sparse_csr_tensor(ref.row_ptr, ref.col_idx.int(), values, (m, k))
-    perm = ref.csc_perm.long()
-    wt_csr = torch.sparse_csr_tensor(ref.col_ptr, ref.row_idx.int()[perm], values[perm], (k, m))
+    w_csr = torch.sparse_csr_tensor(ref.pattern.row_ptr, ref.col_idx.int(), values, (m, k))
+    perm = ref.pattern.csc_perm.long()
+    wt_csr = torch.sparse_csr_tensor(ref.pattern.col_ptr, ref.row_idx.int()[perm], values[perm], (k, m))
     rows = []
     floor_dx = (nnz * 12 + 4 * (k + 1) + 4 * n * (m + k)) / (bandwidth * 1e3)
     floor_dw = (nnz * 12 + 4 * n * (m + k)) / (bandwidth * 1e3)
@@ -162,14 +161,14 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     full = dy.double().t() @ x.double()
     ref_dw = full[ref.row_idx.long(), ref.col_idx.long()]
     cands = {
-        ("dx", "snack"): (lambda: snack.ops.spmm_t(dy, values, *pattern), ref_dx),
+        ("dx", "snack"): (lambda: snack.ops.spmm_t(dy, values, pattern), ref_dx),
         ("dx", "cusparse_csr"): (lambda: torch.sparse.mm(wt_csr, dy.t()).t(), ref_dx),
-        ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, *pattern), ref_dw),
+        ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, pattern), ref_dw),
         ("dw", "cusparse_sddmm"): (lambda: torch.sparse.sampled_addmm(w_csr, dy.t().contiguous(), x, beta=0.0).values(),
                                    ref_dw),
     }
     for variant in sddmm_variants:
-        cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, *pattern, variant=v), ref_dw)
+        cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, pattern, variant=v), ref_dw)
     rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants)
     for (op, impl), (fn, ref_out) in cands.items():
         try:
@@ -206,7 +205,7 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
     unfused_state = fresh(1)  # torch's optimizer advances the count before its kernel
 
     def unfused():
-        grad = snack.ops.sddmm(dy, x, *pattern)
+        grad = snack.ops.sddmm(dy, x, pattern)
         torch._fused_adamw_([unfused_state[0]], [grad], [unfused_state[1]], [unfused_state[2]], [], [unfused_state[3]],
                             amsgrad=False, maximize=False, **h)
 
@@ -214,8 +213,9 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
         state = fresh(0)  # sddmm_adamw_ advances the count itself
 
         def fused():
-            snack.ops.sddmm_adamw_(dy, x, *pattern, *state, h["lr"], h["beta1"], h["beta2"], h["eps"],
-                                   h["weight_decay"], False, variant)
+            snack.ops.sddmm_adamw_(dy, x, pattern, state[0], state[1:],
+                                   [h["lr"], h["beta1"], h["beta2"], h["eps"], h["weight_decay"], 0.0], [],
+                                   variant=variant)
         return fused, state
 
     candidates = [("snack_fused", *fused_step("auto"))]

@@ -31,15 +31,15 @@ def main(argv=None) -> int:
     m, k = map(int, args.shape.split("x"))
     gen = torch.Generator().manual_seed(0)
     layer = snack.SparseLinear(k, m, sparsity=args.sparsity, bias=False, device="cuda", generator=gen)
-    pattern = (layer.row_idx, layer.col_idx, layer.row_ptr, layer.col_ptr, layer.csc_perm)
+    pattern = layer.pattern.tensors
     x = torch.randn(args.n, k, device="cuda")
     dy = torch.randn(args.n, m, device="cuda")
     if args.op == "dw":
-        run = lambda: snack.ops.sddmm(dy, x, *pattern, variant=args.variant)  # noqa: E731
+        run = lambda: snack.ops.sddmm(dy, x, pattern, variant=args.variant)  # noqa: E731
     else:
-        print(snack.explain(layer, args.n, transposed=args.op == "dx", variant=args.variant))
-        run = ((lambda: snack.ops.spmm_t(dy, layer.values, *pattern, args.variant)) if args.op == "dx"
-               else (lambda: snack.ops.spmm(x, layer.values, *pattern, None, variant=args.variant)))
+        print(snack.explain(layer, args.n, op="input_grad" if args.op == "dx" else "forward", variant=args.variant))
+        run = ((lambda: snack.ops.spmm_t(dy, layer.values, pattern, args.variant)) if args.op == "dx"
+               else (lambda: snack.ops.spmm(x, layer.values, pattern, None, variant=args.variant)))
     with torch.no_grad():
         for _ in range(3):
             run()

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from pathlib import Path
 
 import torch
 
-import snack  # noqa: E402
-from snack import benchmark  # noqa: E402
+import snack
+from snack import benchmark
 
 SHAPES = [(768, 3072), (3072, 768), (4096, 4096), (5000, 5000), (16384, 4096)]
 NS = [1, 8, 16, 32, 128]
@@ -34,13 +33,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 
 
-def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Generator):
-    """Row indices, column indices (sorted slots) and the dense mask of a benchmark pattern."""
+def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Generator) -> snack.Pattern:
+    """The snack.Pattern of a benchmark: uniform or power-law row lengths."""
     density = 1.0 - sparsity
     if pattern == "uniform":
-        nnz = snack.layer.nnz_for_density(m, k, density)
-        rows, cols = snack.ops.random_slots(m, k, nnz, generator=gen, device=torch.device("cuda"))
-        return rows, cols
+        return snack.Pattern.random(m, k, snack.nnz_for_density(m, k, density), generator=gen, device="cuda")
     # Power-law row lengths (a few very long rows, many short ones), same expected nnz.
     ranks = torch.randperm(m, generator=gen, device="cuda").double() + 1
     weight = ranks.pow(-0.8)
@@ -52,8 +49,7 @@ def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Gener
             break
         p[free] = torch.clamp(p[free] * (1 + deficit / p[free].sum()), max=1.0)
     mask = torch.rand(m, k, generator=gen, device="cuda", dtype=torch.float32) < p[:, None].float()
-    rows, cols, _ = snack.ops.slots_from_mask(mask)
-    return rows, cols
+    return snack.Pattern.from_mask(mask)[0]
 
 
 def floor_us(m: int, k: int, n: int, nnz: int, bandwidth_gbs: float, value_bytes: int = 4) -> float:
@@ -63,22 +59,22 @@ def floor_us(m: int, k: int, n: int, nnz: int, bandwidth_gbs: float, value_bytes
     return nbytes / (bandwidth_gbs * 1e9) * 1e6
 
 
-def build_impls(layer_tensors, dense_w, mask, x, variants=()):
-    values, row_idx, col_idx, row_ptr, col_ptr, csc_perm = layer_tensors
+def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
     m, k = dense_w.shape
-    csr = torch.sparse_csr_tensor(row_ptr, col_idx.int(), values, (m, k))
-    coo = torch.sparse_coo_tensor(torch.stack([row_idx.long(), col_idx.long()]), values, (m, k)).coalesce()
+    tensors = pattern.tensors
+    csr = torch.sparse_csr_tensor(pattern.row_ptr, pattern.col_idx.int(), values, (m, k))
+    coo = torch.sparse_coo_tensor(torch.stack([pattern.row_idx.long(), pattern.col_idx.long()]), values,
+                                  (m, k)).coalesce()
     xt = x.t()
     impls = {
-        "snack": lambda: snack.ops.spmm(x, values, row_idx, col_idx, row_ptr, col_ptr, csc_perm, None),
+        "snack": lambda: snack.ops.spmm(x, values, tensors, None),
         "dense": lambda: x @ dense_w.t(),
         "dense_mask": lambda: x @ (dense_w * mask).t(),
         "cusparse_csr": lambda: torch.sparse.mm(csr, xt).t(),
         "cusparse_coo": lambda: torch.sparse.mm(coo, xt).t(),
     }
     for v in variants:
-        impls[f"snack_{v}"] = (lambda v: lambda: snack.ops.spmm(x, values, row_idx, col_idx, row_ptr, col_ptr,
-                                                                csc_perm, None, variant=v))(v)
+        impls[f"snack_{v}"] = (lambda v: lambda: snack.ops.spmm(x, values, tensors, None, variant=v))(v)
     return impls
 
 
@@ -121,18 +117,17 @@ def main(argv=None) -> int:
     rows_out, failures, skipped = [], [], []
     configs = list(itertools.product(shapes, sparsities, patterns))
     for (m, k), sparsity, pattern in benchmark.progress(configs, len(configs), "spmm"):
-        row_idx, col_idx = make_pattern(m, k, sparsity, pattern, gen)
-        nnz = row_idx.numel()
-        row_ptr, col_ptr, csc_perm = snack.ops.build_views(row_idx, col_idx, m, k)
+        pat = make_pattern(m, k, sparsity, pattern, gen)
+        nnz = pat.nnz
         values = torch.randn(nnz, device="cuda", generator=gen).to(dtype)
         dense_w = torch.zeros(m, k, device="cuda", dtype=dtype)
-        dense_w[row_idx.long(), col_idx.long()] = values
+        dense_w[pat.row_idx.long(), pat.col_idx.long()] = values
         mask = (dense_w != 0).to(dtype)
         w64 = dense_w.double()
         for n in ns:
             x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
             ref = x.double() @ w64.t()
-            impls = build_impls((values, row_idx, col_idx, row_ptr, col_ptr, csc_perm), dense_w, mask, x,
+            impls = build_impls(pat, values, dense_w, mask, x,
                                 snack.SPMM_VARIANTS if args.variants else ())
             if args.impls:
                 impls = {k_: v for k_, v in impls.items() if k_ in args.impls.split(",")}

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -34,9 +33,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-import snack  # noqa: E402
-from snack import benchmark  # noqa: E402
+import snack
+from snack import benchmark
 
 COLUMNS = ["impl", "batch", "block", "sparsity", "steps", "peak_mib", "step_ms", "graph_step_ms", "tokens_per_s",
            "final_loss", "gen_ms_per_token", "infer_mib"]

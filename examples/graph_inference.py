@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-import snack  # noqa: E402
-from snack import benchmark  # noqa: E402
+import snack
+from snack import benchmark
 
 COLUMNS = ["impl", "M", "K", "layers", "sparsity", "latency_us", "peak_mib"]
 

@@ -5,9 +5,8 @@ snack.optim.AdamW updates a SparseLinear's values (and bias) inside the layer's 
 autograd node returns no gradient for them. When no other parameter of the step receives one, the
 capture of that step fails under `compute-sanitizer --tool memcheck` with
 `cudaErrorStreamCaptureIsolation` on a `cudaStreamWaitEvent` in the autograd engine's
-`run_backward`; it captures and replays without the sanitizer (H200, torch 2.11, CUDA 13.0:
-`bench/results/gpu_session9_nvidia_h200.log`, calls 9-12). This script shows the same with a
-ten-line torch-only autograd.Function:
+`run_backward`; it captures and replays without the sanitizer (seen on the H200 with torch 2.11 and
+CUDA 13.0). This script shows the same with a ten-line torch-only autograd.Function:
 
     python scripts/repro_capture_memcheck.py none     # captured and replayed
     compute-sanitizer --tool memcheck python scripts/repro_capture_memcheck.py none    # FAILED

@@ -110,6 +110,13 @@ class SparseLinear(nn.Module):
         self.fused_update = None
         _LAYER_OF_VALUES[self.values] = self
 
+    def __setstate__(self, state) -> None:
+        # A copy (copy.deepcopy, pickle) is a layer of its own: no optimizer's update comes with it,
+        # and an optimizer given its values finds it.
+        super().__setstate__(state)
+        self.fused_update = None
+        _LAYER_OF_VALUES[self.values] = self
+
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         """Re-draws values and bias uniformly in +-1/sqrt(density * in_features); the pattern stays."""
         fan_in = max(1.0, self.density * self.in_features)

@@ -96,11 +96,10 @@ __global__ void __launch_bounds__(kSpmmWarps * 32, kRowsBlocksPerSm)
   // Software-pipelined: the next kU entries (value and column) are requested before this
   // chunk's inputs are gathered, so the stream of W from HBM stays in flight during the gathers.
   // Entries past the range must add nothing, even where an input is infinite or NaN (0 * inf is
-  // NaN): the staged and transposed copies of X have a zero slot, input column in_dim, that they
-  // read instead; X read in place has none, so there those entries (column -1) are skipped, and
-  // only in a lane's last chunk of a range, the one that can hold them (a predicate per entry in
-  // every chunk cost 5% at N = 1 and, on the transposed layout, up to 26% at N = 128: H200,
-  // session 6).
+  // NaN): the transposed copy of X has a zero slot, input column in_dim, that they read instead;
+  // X read in place has none, so there those entries (column -1) are skipped, and only in a lane's
+  // last chunk of a range, the one that can hold them (a predicate per entry in every chunk cost 5%
+  // at N = 1 and, on the transposed layout, up to 26% at N = 128 on the H200).
   const int32_t past_range = kX == XLayout::kRowMajor ? -1 : int32_t(in_dim);
   auto accumulate = [&](int32_t first, int32_t last, int step, A (&acc)[V]) {
     auto load_chunk = [&](int32_t e0, A (&val)[kU], int32_t (&col)[kU]) {

@@ -1,8 +1,10 @@
 """The benchmark summaries rebuilt from result files (no GPU): bench/spmm.py --render states each
 target, and where the floor target is missed, the row-by-row evidence."""
 
-import common  # bench/common.py, on the path through conftest.py
-import spmm
+import pytest
+
+from bench import spmm
+from snack import benchmark
 
 
 def write_results(path, snack_us):
@@ -13,7 +15,7 @@ def write_results(path, snack_us):
         for impl, scale in (("snack", 1.0), ("dense", 10.0), ("dense_mask", 10.0), ("cusparse_csr", 10.0)):
             rows.append(dict(op="fwd", M=16384, K=4096, N=n, sparsity=0.9, pattern="uniform", dtype="fp32",
                              impl=impl, median_us=snack_us[n] * scale, floor_us=floor))
-    common.write_csv(path / "spmm_test_gpu.csv", info, spmm.COLUMNS, rows)
+    benchmark.write_csv(path / "spmm_test_gpu.csv", info, spmm.COLUMNS, rows)
 
 
 def test_render_states_the_missed_floor_target_row_by_row(tmp_path):
@@ -24,10 +26,7 @@ def test_render_states_the_missed_floor_target_row_by_row(tmp_path):
     assert "| 1 | 0.9 | 13.5 | 27.0 | 50% | 22.5 | 2000 |" in md
     assert "| 16 | 0.9 | 13.8 | 55.2 | 25% | 23.0 | 1000 |" in md
     assert "geomean speedup over cusparse_csr: **10.00x** (target >= 3x) met" in md
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return  # the plot is optional
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
     assert (tmp_path / "spmm_test_gpu.png").stat().st_size > 0
 
 

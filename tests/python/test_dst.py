@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import snack
-from helpers import rel_error
+from helpers import assert_matmul, assert_same_values
 
 ops = snack.ops
 
@@ -138,7 +138,7 @@ def test_sample_absent(device, m, k, nnz, grow):
         ops.sample_absent(layer.row_idx, layer.col_idx, m, k, m * k - layer.nnz + 1)
 
 
-def test_sample_absent_is_uniform():
+def test_sample_absent_is_uniform_over_a_small_matrix():
     layer = snack.SparseLinear.from_coo(torch.tensor([0, 1]), torch.tensor([0, 2]), torch.ones(2), 2, 3)
     counts = torch.zeros(6)
     gen = torch.Generator().manual_seed(0)
@@ -222,7 +222,8 @@ def test_update_topology_moves_values_grads_and_optimizer_state(device, opt_name
     removed[list(dropped - set(grow.tolist()))] = True
     assert not torch.any(layer.mask().flatten() & removed)
     rp, cp, perm = ops.build_views(layer.row_idx, layer.col_idx, 20, 30)
-    assert torch.equal(rp, layer.row_ptr) and torch.equal(perm, layer.csc_perm)
+    assert torch.equal(rp, layer.pattern.row_ptr) and torch.equal(cp, layer.pattern.col_ptr)
+    assert torch.equal(perm, layer.pattern.csc_perm)
 
 
 def test_update_topology_errors_leave_layer_unchanged(device):
@@ -361,7 +362,7 @@ def test_scheduler_matches_dense_mask_reference(device, algorithm):
             updates += 1
         assert torch.equal(layer.mask(), ref.mask.bool()), f"topology differs at step {step}"
         rows, cols = layer.row_idx.long(), layer.col_idx.long()
-        assert rel_error(layer.values, ref.w.detach()[rows, cols]) < 1e-12, f"weights differ at step {step}"
+        assert_same_values(layer.values, ref.w.detach()[rows, cols], 1e-12, floor=0.1, what=f"weights at step {step}")
     assert updates == 5 and sched.report()[0]["nnz"] == layer.nnz
 
 
@@ -389,8 +390,7 @@ def test_scheduler_on_a_bfloat16_layer(device, algorithm):
         state = opt.state[layer.values][key]
         assert state.dtype == bf16 and state.shape == layer.values.shape and torch.isfinite(state.float()).all()
     x = torch.randn(5, 48, device=device, dtype=bf16)
-    ref = x.double() @ layer.to_dense().detach().double().t() + layer.bias.detach().double()
-    assert rel_error(layer(x), ref) < 1e-2
+    assert_matmul(layer(x), x, layer.to_dense().detach().t(), bf16, bias=layer.bias.detach())
 
 
 def test_scheduler_schedules_and_errors():
@@ -527,7 +527,7 @@ def test_sparsify_hf_conv1d_layout():
     layer = model[0]
     assert isinstance(layer, snack.SparseLinear) and (layer.in_features, layer.out_features) == (20, 12)
     x = torch.randn(3, 20)
-    assert rel_error(layer(x), x.double() @ dense_w.double() + dense_b.double()) < 1e-6
+    assert_matmul(layer(x), x, dense_w, torch.float32, bias=dense_b)
 
 
 @pytest.mark.parametrize("algorithm", ["set", "rigl"])
@@ -550,7 +550,7 @@ def test_dense_mask_linear_follows_the_same_path(algorithm):
         runs.append((layer.row_idx.clone(), layer.col_idx.clone(), layer.values.detach().clone(), sched))
     (r0, c0, v0, s0), (r1, c1, v1, s1) = runs
     assert torch.equal(r0.long(), r1) and torch.equal(c0.long(), c1)
-    assert rel_error(v0, v1) < 1e-12
+    assert_same_values(v0, v1, 1e-12, floor=0.1)
     assert sum(r["moved"] for r in s0.report()) > 0
 
 

@@ -5,36 +5,44 @@ import pytest
 import torch
 
 import snack
-from helpers import Pattern, ops, rel_error
+from helpers import Weight, assert_close, ops
 
 
-def sample_pattern(device, dtype=torch.float32, itype=None):
-    return Pattern(11, 13, 40, device=device, dtype=dtype, index_dtype=itype, seed=3, empty_rows=2)
+def sample_weight(device, dtype=torch.float32, itype=None):
+    return Weight(11, 13, 40, device=device, dtype=dtype, index_dtype=itype, seed=3, empty_rows=2)
 
 
 @pytest.mark.parametrize("itype", [torch.uint16, torch.int32])
 def test_opcheck_compute_ops(device, itype):
-    p = sample_pattern(device, itype=itype)
+    p = sample_weight(device, itype=itype)
     x, dy = p.randn(5, 13, seed=1), p.randn(5, 11, seed=2)
     bias = p.randn(11, seed=3)
-    torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, bias))
-    torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, None))
-    torch.library.opcheck(ops.spmm.default, (x, p.values, *p.tensors, bias), {"activation": "gelu"})
-    torch.library.opcheck(ops.spmm_t.default, (dy, p.values, *p.tensors))
-    torch.library.opcheck(ops.sddmm.default, (dy, x, *p.tensors))
+    torch.library.opcheck(ops.spmm.default, (x, p.values, p.tensors, bias))
+    torch.library.opcheck(ops.spmm.default, (x, p.values, p.tensors, None))
+    torch.library.opcheck(ops.spmm.default, (x, p.values, p.tensors, bias), {"activation": "gelu"})
+    torch.library.opcheck(ops.spmm_t.default, (dy, p.values, p.tensors))
+    torch.library.opcheck(ops.sddmm.default, (dy, x, p.tensors))
     torch.library.opcheck(ops.bias_grad.default, (dy,))
+    # The forward of a fused step and its update: the copy of X^T it may hand over has a shape only
+    # the device's plan knows, so only the schema and the autograd registration are checked.
+    utils = ("test_schema", "test_autograd_registration")
+    torch.library.opcheck(ops.spmm_for_step.default, (x, p.values, p.tensors, bias), test_utils=utils)
+    state = [torch.zeros_like(p.values), torch.zeros_like(p.values), torch.zeros((), device=device)]
+    hyper = [1e-3, 0.9, 0.999, 1e-8, 1e-2, 0.0]
+    torch.library.opcheck(ops.sddmm_adamw_.default, (dy, x, p.tensors, p.values.clone(), state, hyper, []),
+                          test_utils=utils)
 
 
 @pytest.mark.parametrize("shape", [(5, 13), (2, 3, 13)])
 def test_opcheck_sparse_linear(device, shape):
-    p = sample_pattern(device, dtype=torch.float64)
+    p = sample_weight(device, dtype=torch.float64)
     x = p.randn(*shape, seed=4).requires_grad_()
     values = p.values.clone().requires_grad_()
     bias = p.randn(11, seed=5).requires_grad_()
-    torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, *p.tensors))
-    torch.library.opcheck(ops.sparse_linear.default, (x, values, None, *p.tensors))
+    torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, p.tensors))
+    torch.library.opcheck(ops.sparse_linear.default, (x, values, None, p.tensors))
     for activation in ("relu", "gelu"):
-        torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, *p.tensors), {"activation": activation})
+        torch.library.opcheck(ops.sparse_linear.default, (x, values, bias, p.tensors), {"activation": activation})
 
 
 def test_opcheck_topology_ops(device):
@@ -59,12 +67,12 @@ def test_compile_fullgraph_forward_backward(device):
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     x = torch.randn(2, 5, 24, device=device)
     out, ref = compiled(x), model(x)
-    assert rel_error(out, ref) < 1e-6
+    assert torch.equal(out, ref), "the same kernels run, compiled or not"
     out.sum().backward()
     g_compiled = layer.values.grad.clone()
     layer.values.grad = None
     ref.sum().backward()
-    assert rel_error(g_compiled, layer.values.grad) < 1e-6
+    assert torch.equal(g_compiled, layer.values.grad)
 
 
 @pytest.mark.cuda
@@ -77,17 +85,18 @@ def test_compile_fullgraph_inductor_on_gpu():
     compiled = torch.compile(model, fullgraph=True)
     x = torch.randn(7, 40, device="cuda")
     out, ref = compiled(x), model(x)
-    assert rel_error(out, ref) < 1e-5
+    # Inductor may fuse the dense layer's epilogue differently: torch's own rounding of it.
+    assert_close(out, ref, ref.abs() + 1, torch.float32)
     out.square().sum().backward()
     g_compiled = layer.values.grad.clone()
     layer.values.grad = None
     ref.square().sum().backward()
-    assert rel_error(g_compiled, layer.values.grad) < 1e-5
+    assert_close(g_compiled, layer.values.grad, layer.values.grad.abs() + 1, torch.float32)
 
 
 def test_opcheck_dst_ops(device):
-    # Composite (ATen-built) operators with data-dependent output sizes: schema and autograd checks.
-    utils = ("test_schema", "test_autograd_registration")
+    # Every check, fake kernels included: their outputs' sizes are given by k.
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     layer = snack.SparseLinear(9, 7, density=0.4, device=device)
     score = torch.rand(layer.nnz, device=device)
     torch.library.opcheck(ops.prune_slots.default, (score, 3), test_utils=utils)
