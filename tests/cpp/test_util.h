@@ -161,8 +161,8 @@ inline Reference exact(std::vector<double> value) {
   return r;
 }
 
-// A reference of values computed elsewhere in other rounding (an optimizer's update): scale
-// |value| + floor, so tol is relative down to `floor`.
+// A reference of values computed elsewhere in other rounding (an optimizer's update, whose terms
+// are of order 1 even where its result is not: floor 0.1): scale |value| + floor.
 inline Reference relative(const std::vector<double>& value, double floor) {
   Reference r{value, std::vector<double>(value.size())};
   for (size_t i = 0; i < value.size(); ++i) r.scale[i] = std::abs(value[i]) + floor;
