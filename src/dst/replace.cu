@@ -132,7 +132,8 @@ Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
     flag_kernel<<<stride_grid(count, limits), kDstThreads, 0, stream>>>(count, drop, nnz, dropped);
     SNACK_RETURN_IF_ERROR(check_launch("flag_kernel"));
   }
-  mark_slots_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(k, nnz, row_idx, col_idx, dropped, bitmap);
+  mark_slots_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(
+      k, nnz, row_idx, col_idx, dropped, bitmap);
   SNACK_RETURN_IF_ERROR(check_launch("mark_slots_kernel"));
   if (count > 0) {
     mark_positions_kernel<<<stride_grid(count, limits), kDstThreads, 0, stream>>>(count, grow, m * k, bitmap);
@@ -143,11 +144,11 @@ Status replace_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(new_row_idx, 0, size_t(nnz) * sizeof(Index), stream));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(new_col_idx, 0, size_t(nnz) * sizeof(Index), stream));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(source, 0xff, size_t(nnz) * sizeof(int64_t), stream));  // -1
-  slots_from_bitmap_kernel<Index><<<stride_grid(words, limits), kDstThreads, 0, stream>>>(k, nnz, words, bitmap, offsets,
-                                                                               new_row_idx, new_col_idx);
+  slots_from_bitmap_kernel<Index><<<stride_grid(words, limits), kDstThreads, 0, stream>>>(
+      k, nnz, words, bitmap, offsets, new_row_idx, new_col_idx);
   SNACK_RETURN_IF_ERROR(check_launch("slots_from_bitmap_kernel"));
-  kept_sources_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(k, nnz, row_idx, col_idx, dropped, bitmap,
-                                                                        offsets, source);
+  kept_sources_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(
+      k, nnz, row_idx, col_idx, dropped, bitmap, offsets, source);
   return check_launch("kept_sources_kernel");
 }
 
@@ -158,7 +159,8 @@ Status gather_slots(int64_t nnz, const T* in, const int64_t* source, const T* fi
   if (!in || !source || !fill || !out) return InvalidArgument("gather_slots: null array");
   DeviceLimits limits;
   SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
-  gather_slots_kernel<T><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(nnz, in, source, fill, fill_per_slot, out);
+  gather_slots_kernel<T><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(
+      nnz, in, source, fill, fill_per_slot, out);
   return check_launch("gather_slots_kernel");
 }
 
@@ -173,7 +175,8 @@ Status mark_present(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, con
   SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bitmap, 0, size_t(bitmap_words(m, k)) * sizeof(uint32_t), stream));
   if (nnz == 0) return Status::Ok();
-  mark_slots_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(k, nnz, row_idx, col_idx, nullptr, bitmap);
+  mark_slots_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(
+      k, nnz, row_idx, col_idx, nullptr, bitmap);
   return check_launch("mark_slots_kernel");
 }
 

@@ -170,7 +170,8 @@ Status topk_absent_gradient(int64_t m, int64_t k, int64_t nnz, const Index* row_
 
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(present, 0, 3 * bitmap_bytes, stream));  // present, above, ties
   if (nnz > 0) {
-    mark_slots_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(k, nnz, row_idx, col_idx, nullptr, present);
+    mark_slots_kernel<Index><<<stride_grid(nnz, limits), kDstThreads, 0, stream>>>(
+        k, nnz, row_idx, col_idx, nullptr, present);
     SNACK_RETURN_IF_ERROR(check_launch("mark_slots_kernel"));
   }
   SNACK_RETURN_IF_ERROR(select_init(state, count, stream));
@@ -187,7 +188,8 @@ Status topk_absent_gradient(int64_t m, int64_t k, int64_t nnz, const Index* row_
   take_first_ties_kernel<<<stride_grid(words, limits), kDstThreads, 0, stream>>>(words, ties, offsets, state, above);
   SNACK_RETURN_IF_ERROR(check_launch("take_first_ties_kernel"));
   SNACK_RETURN_IF_ERROR(scan_word_counts(WordPopcount{above}, words, offsets, cub_temp, &cub_bytes, stream));
-  positions_from_bitmap_kernel<<<stride_grid(words, limits), kDstThreads, 0, stream>>>(words, above, offsets, positions);
+  positions_from_bitmap_kernel<<<stride_grid(words, limits), kDstThreads, 0, stream>>>(
+      words, above, offsets, positions);
   return check_launch("positions_from_bitmap_kernel");
 }
 

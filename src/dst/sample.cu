@@ -124,14 +124,14 @@ Status sample_absent(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, co
   // position, and replace_slots' bitmap ignores it.
   SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand_positions, 0xff, size_t(capacity) * sizeof(int64_t), stream));
   if (draws > 0) {
-    mark_draws_kernel<<<stride_grid(draws, limits), kDstThreads, 0, stream>>>(draws, random_bits + 1, total, multiplier, offset,
-                                                                   drawn);
+    mark_draws_kernel<<<stride_grid(draws, limits), kDstThreads, 0, stream>>>(
+        draws, random_bits + 1, total, multiplier, offset, drawn);
     SNACK_RETURN_IF_ERROR(check_launch("mark_draws_kernel"));
   }
   const CandidateWord words_of{present, drawn, total};
   SNACK_RETURN_IF_ERROR(scan_word_counts(words_of, words, offsets, cub_temp, &cub_bytes, stream));
-  candidates_kernel<<<stride_grid(words, limits), kDstThreads, 0, stream>>>(words_of, words, capacity, offsets, random_bits, cand_positions,
-                                                                 priority, candidate_count);
+  candidates_kernel<<<stride_grid(words, limits), kDstThreads, 0, stream>>>(
+      words_of, words, capacity, offsets, random_bits, cand_positions, priority, candidate_count);
   SNACK_RETURN_IF_ERROR(check_launch("candidates_kernel"));
   // The `count` candidates of lowest priority (ties: the smaller position), in position order.
   return select_all(LowestPriorityKeys{priority}, capacity, count, cand_positions, positions, alloc, limits, stream);

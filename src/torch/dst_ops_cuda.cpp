@@ -32,7 +32,9 @@ at::Tensor prune_slots(const at::Tensor& score, int64_t k) {
   check_prune(score, k, op);
   if (k == 0) return at::empty({0}, score.options().dtype(at::kLong));
   // 16-bit scores widen to float exactly (same order, same ties) and take the device selection.
-  if (score.scalar_type() == at::kBFloat16 || score.scalar_type() == at::kHalf) return prune_slots(score.to(at::kFloat), k);
+  if (score.scalar_type() == at::kBFloat16 || score.scalar_type() == at::kHalf) {
+    return prune_slots(score.to(at::kFloat), k);
+  }
   if (score.scalar_type() != at::kFloat) return prune_slots_aten(score, k);
   const c10::cuda::CUDAGuard guard(score.device());
   const at::Tensor s = score.contiguous();

@@ -93,7 +93,7 @@ void dispatch_value_type(const at::Tensor& values, const char* op, Fn&& fn) {
   }
 }
 
-// A tensor's data as the snack value type T (any of dispatch_value_type's).
+// A tensor's data as T: a value type of dispatch_value_type or an index type of dispatch_index_type.
 template <typename T>
 T* data_as(const at::Tensor& t) {
   return static_cast<T*>(t.data_ptr());

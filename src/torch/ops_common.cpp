@@ -98,6 +98,17 @@ DenseInputs dense_inputs(const at::Tensor& dense, int64_t nnz, std::optional<at:
           choose_index_dtype(m, k, index_dtype, op)};
 }
 
+CooOutputs empty_coo_outputs(const at::Tensor& rows, const CooInputs& in) {
+  const int64_t nnz = in.rows.size(0);
+  const auto index = rows.options().dtype(in.index_type);
+  return {at::empty({nnz}, index), at::empty({nnz}, index), at::empty({nnz}, rows.options().dtype(at::kLong))};
+}
+
+ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features) {
+  const auto opts = row_idx.options().dtype(at::kInt);
+  return {at::empty({out_features + 1}, opts), at::empty({in_features + 1}, opts), at::empty({row_idx.size(0)}, opts)};
+}
+
 void check_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features,
                  const char* op) {
   check_features(out_features, in_features, op);

@@ -75,6 +75,19 @@ void check_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t o
 std::tuple<at::Tensor, at::Tensor> split_positions(const at::Tensor& positions, int64_t in_features,
                                                    at::ScalarType index_type);
 
+// The outputs of slots_from_coo, on the positions' device: row_idx and col_idx [nnz] in the index
+// dtype, order [nnz] int64.
+struct CooOutputs {
+  at::Tensor row_idx, col_idx, order;
+};
+CooOutputs empty_coo_outputs(const at::Tensor& rows, const CooInputs& in);
+
+// The outputs of build_views, on the slots' device, int32: row_ptr [out+1], col_ptr [in+1], csc_perm [nnz].
+struct ViewOutputs {
+  at::Tensor row_ptr, col_ptr, csc_perm;
+};
+ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features);
+
 // The counts advance on the device (no host synchronisation): the CPU implementations and the
 // empty products call this, the CUDA kernels advance them on their own.
 void advance_steps(const SddmmAdamWInputs& in);

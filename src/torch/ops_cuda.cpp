@@ -170,7 +170,8 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
                   const std::optional<at::Tensor>& x_t, c10::string_view variant) {
   const char* op = "sddmm_adamw_";
   const SddmmVariant v = sddmm_variant_arg(variant, op);
-  const SddmmAdamWInputs in = sddmm_adamw_inputs(dy, x, pattern, values, state, hyper, bias, bias_state, bias_hyper, op);
+  const SddmmAdamWInputs in =
+      sddmm_adamw_inputs(dy, x, pattern, values, state, hyper, bias, bias_state, bias_hyper, op);
   const c10::cuda::CUDAGuard guard(in.s.p.device);
   if (values.numel() == 0 && (!in.bias || in.bias->param.numel() == 0)) {
     advance_steps(in);
@@ -226,18 +227,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& 
   const CooInputs in = coo_inputs(rows, cols, out_features, in_features, index_dtype, op);
   const c10::cuda::CUDAGuard guard(rows.device());
   const int64_t nnz = in.rows.size(0);
-  at::Tensor row_idx = at::empty({nnz}, rows.options().dtype(in.index_type));
-  at::Tensor col_idx = at::empty({nnz}, rows.options().dtype(in.index_type));
-  at::Tensor order = at::empty({nnz}, rows.options().dtype(at::kLong));
+  const CooOutputs out = empty_coo_outputs(rows, in);
   dispatch_index_type(in.index_type, [&](auto tag) {
     using Index = decltype(tag);
     throw_if_error(cuda::slots_from_coo<Index>(out_features, in_features, nnz, in.rows.data_ptr<int64_t>(),
-                                               in.cols.data_ptr<int64_t>(), static_cast<Index*>(row_idx.data_ptr()),
-                                               static_cast<Index*>(col_idx.data_ptr()), order.data_ptr<int64_t>(),
+                                               in.cols.data_ptr<int64_t>(), data_as<Index>(out.row_idx),
+                                               data_as<Index>(out.col_idx), out.order.data_ptr<int64_t>(),
                                                torch_cuda_allocator(), current_stream()),
                    op);
   });
-  return {row_idx, col_idx, order};
+  return {out.row_idx, out.col_idx, out.order};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor& dense, int64_t nnz,
@@ -262,19 +261,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
   check_slots(row_idx, col_idx, out_features, in_features, op);
   const c10::cuda::CUDAGuard guard(row_idx.device());
   const int64_t nnz = row_idx.size(0);
-  const auto opts = row_idx.options().dtype(at::kInt);
-  at::Tensor row_ptr = at::empty({out_features + 1}, opts), col_ptr = at::empty({in_features + 1}, opts);
-  at::Tensor csc_perm = at::empty({nnz}, opts);
+  const ViewOutputs out = empty_views(row_idx, out_features, in_features);
   dispatch_index_type(row_idx.scalar_type(), [&](auto tag) {
     using Index = decltype(tag);
-    throw_if_error(cuda::build_views<Index>(out_features, in_features, nnz,
-                                            static_cast<const Index*>(row_idx.data_ptr()),
-                                            static_cast<const Index*>(col_idx.data_ptr()), row_ptr.data_ptr<int32_t>(),
-                                            col_ptr.data_ptr<int32_t>(), csc_perm.data_ptr<int32_t>(),
+    throw_if_error(cuda::build_views<Index>(out_features, in_features, nnz, data_as<Index>(row_idx),
+                                            data_as<Index>(col_idx), out.row_ptr.data_ptr<int32_t>(),
+                                            out.col_ptr.data_ptr<int32_t>(), out.csc_perm.data_ptr<int32_t>(),
                                             torch_cuda_allocator(), current_stream()),
                    op);
   });
-  return {row_ptr, col_ptr, csc_perm};
+  return {out.row_ptr, out.col_ptr, out.csc_perm};
 }
 
 }  // namespace

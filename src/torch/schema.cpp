@@ -1,7 +1,7 @@
 // The one definition of snack's operator schemas. Implementations: ops_cpu.cpp and ops_cuda.cpp
 // (the products and constructors, per device), dst_ops.cpp and dst_ops_cuda.cpp (dynamic sparse
-// training), autograd.cpp (the layer's autograd), meta.cpp (what the ops report without running),
-// python/snack/_ops.py (fake kernels for torch.compile).
+// training), autograd.cpp (the layer's autograd), plans.cpp (the planner's answers: explain,
+// kernel_variants), python/snack/_ops.py (fake kernels for torch.compile).
 //
 // A sparse weight is `values` [nnz] plus its pattern, a list of tensors in the order of
 // snack::pattern_fields() (src/torch/op_args.h):

@@ -15,7 +15,8 @@ using detail::required_if;
 template <typename T, typename Index>
 Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t n, T* dvalues) {
   SNACK_RETURN_IF_ERROR(check_op(w, n, required_if(w.nnz > 0, dvalues),
-                                 {{"dy_t", required_if(n * w.rows > 0, dy_t)}, {"x_t", required_if(n * w.cols > 0, x_t)}}));
+                                 {{"dy_t", required_if(n * w.rows > 0, dy_t)},
+                                  {"x_t", required_if(n * w.cols > 0, x_t)}}));
   for (int64_t s = 0; s < w.nnz; ++s) {
     const T* a = dy_t + int64_t(w.row_idx[s]) * n;
     const T* b = x_t + int64_t(w.col_idx[s]) * n;

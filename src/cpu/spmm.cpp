@@ -22,7 +22,9 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     T* yrow = y + i * w.rows;
     for (int64_t r = 0; r < w.rows; ++r) {
       accum_t<T> acc = 0;
-      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) acc += to_accum(values[s]) * to_accum(xrow[w.col_idx[s]]);
+      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) {
+        acc += to_accum(values[s]) * to_accum(xrow[w.col_idx[s]]);
+      }
       yrow[r] = from_accum<T>(apply_activation(bias ? acc + to_accum(bias[r]) : acc, act));
     }
   }
