@@ -9,8 +9,10 @@ import math
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -59,7 +61,22 @@ def provenance(device=None) -> dict[str, str]:
         "python": platform.python_version(),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command_line(),
     }
+
+
+def command_line() -> str:
+    """The command that is running, as a user would type it from the repository's root."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py"):
+        try:
+            argv[0] = str(Path(argv[0]).resolve().relative_to(Path(__file__).resolve().parents[2]))
+        except ValueError:
+            pass
+        argv.insert(0, "python")
+    elif argv and argv[0] == "-m":
+        argv.insert(0, "python")
+    return shlex.join(argv) if argv else "?"
 
 
 class ColdTimer:

@@ -40,3 +40,29 @@ def test_render_without_evidence_where_the_floor_target_is_met(tmp_path):
 
 def test_render_needs_result_files(tmp_path):
     assert spmm.main(["--render", "--out", str(tmp_path)]) == 1
+
+
+def write_rounds(path, name, snack_us, dense_us, commit):
+    info = {"gpu": "Test GPU", "commit": commit}
+    rows = [dict(op="fwd", M=64, K=32, N=n, sparsity=0.9, pattern="uniform", dtype="fp32", impl=impl,
+                 median_us=us, floor_us=1.0)
+            for n, (s, d) in enumerate(zip(snack_us, dense_us), start=1) for impl, us in (("snack", s), ("dense", d))]
+    benchmark.write_csv(path / name, info, spmm.COLUMNS, rows)
+    return str(path / name)
+
+
+def test_compare_matches_rows_and_takes_each_rows_fastest_round(tmp_path):
+    from bench import compare
+    before = [write_rounds(tmp_path, "b1.csv", [10.0, 20.0], [5.0, 5.0], "aaa"),
+              write_rounds(tmp_path, "b2.csv", [12.0, 18.0], [5.0, 6.0], "aaa")]
+    after = [write_rounds(tmp_path, "a1.csv", [5.0, 36.0], [5.0, 5.0], "bbb")]
+    out = tmp_path / "out"
+    assert compare.main(["--before", *before, "--after", *after, "--name", "t", "--out", str(out)]) == 0
+    info, rows = benchmark.read_csv(out / "compare_t_test_gpu.csv")
+    ratios = {(r["row"], r["snack"]): r["ratio"] for r in rows}
+    assert ratios[("fwd 64x32 N=1 0.9 uniform fp32 snack", "True")] == pytest.approx(0.5)   # 5 / min(10, 12)
+    assert ratios[("fwd 64x32 N=2 0.9 uniform fp32 snack", "True")] == pytest.approx(2.0)   # 36 / min(20, 18)
+    assert ratios[("fwd 64x32 N=2 0.9 uniform fp32 dense", "False")] == pytest.approx(1.0)
+    md = (out / "compare_t_test_gpu.md").read_text()
+    assert "| kernel | median_us | snack | 2 | 1.000 | 0.500 | 2.000 |" in md
+    assert "commit aaa" in md and "commit bbb" in md
