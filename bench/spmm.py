@@ -195,7 +195,7 @@ def floor_evidence(t, keys, info) -> list[str]:
                      f"{r['floor_us'] / 0.6:.1f} | {share * bandwidth:.0f} |")
     sparse = [t[k + ("snack",)]["floor_us"] for k in keys if k[3] >= 0.99]
     at_99 = f" ({min(sparse):.1f}-{max(sparse):.1f} us here)" if sparse else ""
-    lines += ["", "Why (the analysis and its evidence: `docs/kernels.md`, \"Why the floor target stays missed\", "
+    lines += ["", "Why (the analysis and its evidence: `docs/kernels.md`, \"What bounds the forward\", "
               "and Nsight Compute on the H200 in `spmm_ncu_nvidia_h200.txt`): from N = 8 the kernel is bound by "
               "the L1 gathers of X^T, one L1 wavefront per entry (on the H200: L1 ~85% busy, DRAM ~15%); at N = 1 "
               "the wide_rows kernel (16-byte loads of W's slots, X's row in shared memory) is still bound by "
