@@ -136,6 +136,15 @@ def plot(rows, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def command_args(argv: list[str]) -> list[str]:
+    """The arguments as given, the note (printed below the header anyway) elided."""
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == "--note":
+            out[i + 1] = "(the text below)"
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", nargs="+", type=Path, required=True, help="result CSVs of the old build")
@@ -156,7 +165,7 @@ def main(argv=None) -> int:
     slug = "".join(c if c.isalnum() else "_" for c in first.get("gpu", "gpu").lower()).strip("_")
     header = {"gpu": first.get("gpu", "?"), "commit": git_commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "command": "python bench/compare.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))}
+              "command": "python bench/compare.py " + " ".join(shlex.quote(a) for a in command_args(argv or sys.argv[1:]))}
     stem = args.out / f"compare_{args.name}_{slug}"
     write_csv(stem.with_suffix(".csv"), header, ["kind", "measure", "row", "snack", "before", "after", "ratio"], rows)
     stem.with_suffix(".md").write_text(markdown(rows, table, info_before, info_after, header, args.note))
