@@ -21,7 +21,7 @@ bool parse_activation(const std::string& name, Activation* out);
 template <typename A>
 SNACK_HOST_DEVICE A apply_activation(A v, Activation act) {
   switch (act) {
-    case Activation::kReLU: return v > A(0) ? v : A(0);
+    case Activation::kReLU: return v < A(0) ? A(0) : v;  // NaN and -0 pass through, as in torch.relu
     case Activation::kGELU: return A(0.5) * v * (A(1) + erf(v * A(0.70710678118654752440)));
     default: return v;
   }

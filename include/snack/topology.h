@@ -38,9 +38,22 @@ template <typename Index>
 Status slots_from_coo(int64_t m, int64_t k, int64_t nnz, const int64_t* rows, const int64_t* cols,
                       Index* row_idx, Index* col_idx, int64_t* order);
 
+/// Checks the slots of a `m x k` pattern: every (row, col) in range and the positions strictly
+/// ascending in row-major order (sorted, no repeats). O(nnz).
+/// Errors: kOutOfRange or kDuplicateEntry / kInvalidArgument (not sorted), naming the first bad slot.
+template <typename Index>
+Status check_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx);
+
+/// Checks a whole pattern: its slots (check_slots) and that row_ptr, col_ptr and csc_perm are the
+/// views build_views derives from them. O(m + k + nnz), no allocation. Every CPU product runs it
+/// on its pattern, so a hand-assembled or corrupted pattern is an error, never a read out of bounds.
+template <typename Index>
+Status check_pattern(const SlotPattern<Index>& w);
+
 /// Derives the CSR row pointers and the CSC view of a row-major sorted pattern.
-///   row_idx, col_idx: [nnz] (sorted row-major, in range, unique: not re-checked here).
-///   row_ptr: [m + 1], col_ptr: [k + 1], csc_perm: [nnz] outputs (see SlotPattern).
+///   row_idx, col_idx: [nnz], checked first (check_slots): an invalid pattern is an error.
+///   row_ptr: [m + 1], col_ptr: [k + 1], csc_perm: [nnz] outputs (see SlotPattern), written only
+///   when the slots are valid.
 template <typename Index>
 Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                    int32_t* row_ptr, int32_t* col_ptr, int32_t* csc_perm);
@@ -56,8 +69,9 @@ Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count,
 namespace cuda {
 
 /// CUDA versions: same contracts, device pointers, work on `stream`. The validating functions
-/// (slots_from_coo, dense_topk_positions) synchronise `stream` once to report errors; build_views
-/// never synchronises.
+/// (slots_from_coo, dense_topk_positions) synchronise `stream` once to report errors. build_views
+/// never synchronises and so does not check its slots (it stays within its buffers whatever they
+/// hold): give it slots that check_slots accepted, as snack.Pattern does.
 template <typename Index>
 Status slots_from_coo(int64_t m, int64_t k, int64_t nnz, const int64_t* rows, const int64_t* cols,
                       Index* row_idx, Index* col_idx, int64_t* order, DeviceAllocator& alloc,

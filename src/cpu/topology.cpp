@@ -50,11 +50,71 @@ Status slots_from_coo(int64_t m, int64_t k, int64_t nnz, const int64_t* rows, co
 }
 
 template <typename Index>
+Status check_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx) {
+  SNACK_RETURN_IF_ERROR(detail::check_dims_fit<Index>(m, k, nnz));
+  if (nnz > 0 && (!row_idx || !col_idx)) return InvalidArgument("null slot array");
+  int64_t previous = -1;
+  for (int64_t s = 0; s < nnz; ++s) {
+    const int64_t row = int64_t(row_idx[s]), col = int64_t(col_idx[s]);
+    if (row < 0 || row >= m || col < 0 || col >= k)
+      return Status(StatusCode::kOutOfRange, "slot " + std::to_string(s) + " is at (" + std::to_string(row) + ", " +
+                                                 std::to_string(col) + "), outside the " + std::to_string(m) + "x" +
+                                                 std::to_string(k) + " matrix");
+    const int64_t position = row * k + col;
+    if (position == previous)
+      return Status(StatusCode::kDuplicateEntry, "slots " + std::to_string(s - 1) + " and " + std::to_string(s) +
+                                                     " are both at (" + std::to_string(row) + ", " +
+                                                     std::to_string(col) + ")");
+    if (position < previous)
+      return InvalidArgument("the slots are not sorted row-major: slot " + std::to_string(s) + " at (" +
+                             std::to_string(row) + ", " + std::to_string(col) + ") comes after (" +
+                             std::to_string(previous / k) + ", " + std::to_string(previous % k) + ")");
+    previous = position;
+  }
+  return Status::Ok();
+}
+
+template <typename Index>
+Status check_pattern(const SlotPattern<Index>& w) {
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+  SNACK_RETURN_IF_ERROR(check_slots(w.rows, w.cols, w.nnz, w.row_idx, w.col_idx));
+  const auto view_error = [](const std::string& what) {
+    return InvalidArgument("the pattern's views disagree with its slots: " + what +
+                           " (build the pattern with snack.Pattern, which derives them)");
+  };
+  // CSR: offsets from 0 to nnz, and every slot in its row's range (the slots are sorted, so the
+  // ranges are then exactly the rows' slots).
+  if (w.row_ptr[0] != 0 || w.row_ptr[w.rows] != w.nnz) return view_error("row_ptr must run from 0 to nnz");
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const int64_t begin = w.row_ptr[r], end = w.row_ptr[r + 1];
+    if (end < begin) return view_error("row_ptr decreases at row " + std::to_string(r));
+    for (int64_t s = begin; s < end; ++s)
+      if (int64_t(w.row_idx[s]) != r)
+        return view_error("slot " + std::to_string(s) + " is not in row " + std::to_string(r));
+  }
+  // CSC: offsets from 0 to nnz; each column's entries name slots of that column in ascending order.
+  // A slot belongs to one column and cannot repeat inside it, so nnz such entries are a permutation.
+  if (w.col_ptr[0] != 0 || w.col_ptr[w.cols] != w.nnz) return view_error("col_ptr must run from 0 to nnz");
+  for (int64_t c = 0; c < w.cols; ++c) {
+    const int64_t begin = w.col_ptr[c], end = w.col_ptr[c + 1];
+    if (end < begin) return view_error("col_ptr decreases at column " + std::to_string(c));
+    int64_t previous = -1;
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t s = w.csc_perm[j];
+      if (s < 0 || s >= w.nnz || int64_t(w.col_idx[s]) != c || s <= previous)
+        return view_error("csc_perm[" + std::to_string(j) + "] is not the next slot of column " + std::to_string(c));
+      previous = s;
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename Index>
 Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                    int32_t* row_ptr, int32_t* col_ptr, int32_t* csc_perm) {
-  SNACK_RETURN_IF_ERROR(detail::check_dims_fit<Index>(m, k, nnz));
   if (!row_ptr || !col_ptr) return InvalidArgument("build_views: row_ptr and col_ptr must not be null");
-  if (nnz > 0 && (!row_idx || !col_idx || !csc_perm)) return InvalidArgument("build_views: null array");
+  if (nnz > 0 && !csc_perm) return InvalidArgument("build_views: null array");
+  SNACK_RETURN_IF_ERROR(check_slots(m, k, nnz, row_idx, col_idx));
   std::vector<int32_t> col_count(k + 1, 0);
   std::fill(row_ptr, row_ptr + m + 1, 0);
   for (int64_t s = 0; s < nnz; ++s) {
@@ -94,6 +154,10 @@ template Status slots_from_coo<uint16_t>(int64_t, int64_t, int64_t, const int64_
                                          uint16_t*, int64_t*);
 template Status slots_from_coo<int32_t>(int64_t, int64_t, int64_t, const int64_t*, const int64_t*, int32_t*,
                                         int32_t*, int64_t*);
+template Status check_slots<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*);
+template Status check_slots<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*);
+template Status check_pattern<uint16_t>(const SlotPattern<uint16_t>&);
+template Status check_pattern<int32_t>(const SlotPattern<int32_t>&);
 template Status build_views<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, int32_t*,
                                       int32_t*, int32_t*);
 template Status build_views<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*, int32_t*,

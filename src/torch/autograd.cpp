@@ -139,6 +139,11 @@ struct Saved {
 };
 
 Saved unpack(AutogradContext* ctx, const variable_list& grad_outputs) {
+  // Autograd enables grad mode in a backward only for create_graph=True. The products below are not
+  // differentiable, so a second derivative would silently be zero: refuse it instead.
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::GradMode::is_enabled(),
+                              "snack.SparseLinear: double backward (create_graph=True: gradient penalties, "
+                              "Hessian-vector products) is not supported; its backward is not differentiable");
   const auto saved = ctx->get_saved_variables();
   Saved s{saved[0], saved[1], at::Tensor(), std::vector<at::Tensor>(saved.begin() + 3, saved.end()), 0};
   s.in_features = in_features_of(s.pattern);
@@ -238,7 +243,6 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
                     "optimizer.step() (a second backward pass, or the layer applied twice); the update is fused into "
                     "the backward, so gradients cannot be accumulated. Call step() after every backward, or use "
                     "torch.optim.AdamW");
-        *updated = 1;
       }
       const OptionalTensor x_t =
           ctx->saved_data.count("x_t") ? OptionalTensor(ctx->saved_data["x_t"].toTensor()) : std::nullopt;
@@ -247,6 +251,8 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
       call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.pattern, s.values,
                        ctx->saved_data["state"].toTensorVector(), ctx->saved_data["hyper"].toDoubleVector(), bias,
                        bias_state, bias_hyper, x_t);
+      // Set once the update is enqueued: a call that raised updated nothing, and the next backward may.
+      if (ctx->saved_data.count("update_guard")) *ctx->saved_data["update_guard"].toTensor().data_ptr<int64_t>() = 1;
       // A second backward through a graph that saved these values (the layer applied twice, or a
       // retained graph) now fails autograd's version check instead of using updated values.
       s.values.unsafeGetTensorImpl()->bump_version();

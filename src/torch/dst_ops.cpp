@@ -254,6 +254,9 @@ ReplaceInputs replace_inputs(const at::Tensor& row_idx, const at::Tensor& col_id
   check_features(out_features, in_features, op);
   check_1d(drop, "drop", op);
   check_1d(grow, "grow", op);
+  for (const auto& [t, name] : {std::pair{&drop, "drop"}, std::pair{&grow, "grow"}})
+    TORCH_CHECK_TYPE(at::isIntegralType(t->scalar_type(), /*includeBool=*/false), "snack.", op, ": ", name,
+                     " must hold integers (slots and positions), got ", t->scalar_type());
   ReplaceInputs in;
   in.nnz = row_idx.size(0);
   in.k = drop.size(0);

@@ -34,24 +34,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
   return op.call(row_idx, col_idx, out_features, in_features);
 }
 
+void validate_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::validate_slots", "").typed<
+      void(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
+  op.call(row_idx, col_idx, out_features, in_features);
+}
+
+// A tensor of an archive; `what` names it in the error.
+torch::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key, bool is_buffer, const char* what) {
+  torch::Tensor t;
+  TORCH_CHECK_VALUE(archive.try_read(key, t, is_buffer), "snack::", what, ": the checkpoint has no '", key, "'");
+  return t;
+}
+
 }  // namespace
 
 std::shared_ptr<PatternImpl> PatternImpl::random(int64_t out_features, int64_t in_features, int64_t nnz,
                                                  const at::Generator& generator, torch::Device device) {
   auto [rows, cols] = random_slots(out_features, in_features, nnz, generator, device);
-  return std::make_shared<PatternImpl>(out_features, in_features, rows, cols);
+  return std::make_shared<PatternImpl>(out_features, in_features, rows, cols, /*validate=*/false);
 }
 
 std::shared_ptr<PatternImpl> PatternImpl::from_coo(const torch::Tensor& rows, const torch::Tensor& cols,
                                                    int64_t out_features, int64_t in_features, torch::Tensor* order) {
   auto [row_idx, col_idx, sorted_order] = slots_from_coo(rows, cols, out_features, in_features);
   if (order) *order = sorted_order;
-  return std::make_shared<PatternImpl>(out_features, in_features, row_idx, col_idx);
+  return std::make_shared<PatternImpl>(out_features, in_features, row_idx, col_idx, /*validate=*/false);
 }
 
-PatternImpl::PatternImpl(int64_t out_features_, int64_t in_features_, torch::Tensor row_idx_, torch::Tensor col_idx_)
+PatternImpl::PatternImpl(int64_t out_features_, int64_t in_features_, torch::Tensor row_idx_, torch::Tensor col_idx_,
+                         bool validate)
     : out_features(out_features_), in_features(in_features_), row_idx(std::move(row_idx_)),
       col_idx(std::move(col_idx_)) {
+  if (validate) validate_slots(row_idx, col_idx, out_features, in_features);
   reset();
 }
 
@@ -74,9 +89,10 @@ std::vector<torch::Tensor> PatternImpl::tensors() const {
   return out;
 }
 
-void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tensor& new_col_idx) {
+void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tensor& new_col_idx, bool validate) {
   TORCH_CHECK_VALUE(new_row_idx.sizes() == row_idx.sizes() && new_col_idx.sizes() == col_idx.sizes(),
                     "snack::Pattern::set_slots: the slot count never changes (", nnz(), ")");
+  if (validate) validate_slots(new_row_idx, new_col_idx, out_features, in_features);
   auto [rp, cp, perm] = build_views(new_row_idx, new_col_idx, out_features, in_features);  // before any copy
   torch::NoGradGuard no_grad;
   row_idx.copy_(new_row_idx);
@@ -84,6 +100,14 @@ void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tenso
   row_ptr.copy_(rp);
   col_ptr.copy_(cp);
   csc_perm.copy_(perm);
+}
+
+void PatternImpl::load(torch::serialize::InputArchive& archive) {
+  const torch::Tensor rows = read_tensor(archive, "row_idx", true, "Pattern::load");
+  const torch::Tensor cols = read_tensor(archive, "col_idx", true, "Pattern::load");
+  TORCH_CHECK_VALUE(rows.sizes() == row_idx.sizes() && cols.sizes() == col_idx.sizes(),
+                    "snack::Pattern::load: the checkpoint has ", rows.numel(), " slots, the pattern ", nnz());
+  set_slots(rows.to(row_idx.options()), cols.to(col_idx.options()));  // checked, views derived
 }
 
 int64_t PatternImpl::nbytes() const {
@@ -119,6 +143,33 @@ torch::Tensor SparseLinearImpl::forward(const torch::Tensor& x) {
   std::optional<at::Tensor> b;
   if (bias.defined()) b = bias;
   return op.call(x, values, b, pattern->tensors(), "none");
+}
+
+void SparseLinearImpl::load(torch::serialize::InputArchive& archive) {
+  const char* what = "SparseLinear::load";
+  const torch::Tensor new_values = read_tensor(archive, "values", false, what);
+  torch::Tensor new_bias;
+  if (bias.defined()) new_bias = read_tensor(archive, "bias", false, what);
+  torch::serialize::InputArchive pattern_archive;
+  TORCH_CHECK_VALUE(archive.try_read("pattern", pattern_archive), "snack::", what, ": the checkpoint has no pattern");
+  const torch::Tensor rows = read_tensor(pattern_archive, "row_idx", true, what);
+  const torch::Tensor cols = read_tensor(pattern_archive, "col_idx", true, what);
+  TORCH_CHECK_VALUE(new_values.sizes() == values.sizes() && rows.sizes() == values.sizes() &&
+                        cols.sizes() == values.sizes(),
+                    "snack::", what, ": the checkpoint has ", new_values.numel(), " values and ", rows.numel(),
+                    " slots, the layer nnz=", nnz());
+  TORCH_CHECK_VALUE(!bias.defined() || new_bias.sizes() == bias.sizes(), "snack::", what, ": bias has shape ",
+                    new_bias.sizes(), ", expected ", bias.sizes());
+  TORCH_CHECK_TYPE(new_values.is_floating_point(), "snack::", what, ": values must be floating point");
+  // Validated and sorted (IndexError / ValueError), the values following their slots; then copied.
+  const torch::Device device = values.device();
+  auto [row_idx, col_idx, order] = slots_from_coo(rows.to(device, torch::kLong), cols.to(device, torch::kLong),
+                                                  options.out_features(), options.in_features());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor sorted_values = new_values.to(device).index_select(0, order).to(values.dtype());
+  pattern->set_slots(row_idx.to(pattern->row_idx.dtype()), col_idx.to(pattern->col_idx.dtype()), /*validate=*/false);
+  values.copy_(sorted_values);
+  if (bias.defined()) bias.copy_(new_bias);
 }
 
 torch::Tensor SparseLinearImpl::to_dense() const {

@@ -6,6 +6,8 @@
 
 #include <limits>
 
+#include "snack/topology.h"
+
 namespace snack::binding {
 
 SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
@@ -183,10 +185,34 @@ std::tuple<at::Tensor, at::Tensor> random_slots(int64_t out_features, int64_t in
   return split_positions(positions.to(target), in_features, itype);
 }
 
+// The checks run on the host, where the core's loops are: device tensors are copied once.
+void validate_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features) {
+  const char* op = "validate_slots";
+  check_slots(row_idx, col_idx, out_features, in_features, op);
+  const at::Tensor rows = row_idx.contiguous().cpu(), cols = col_idx.contiguous().cpu();
+  dispatch_index_type(rows.scalar_type(), [&](auto tag) {
+    using Index = decltype(tag);
+    throw_if_error(cpu::check_slots<Index>(out_features, in_features, rows.size(0), data_as<Index>(rows),
+                                           data_as<Index>(cols)),
+                   op);
+  });
+}
+
+void validate_pattern(at::TensorList pattern) {
+  const char* op = "validate_pattern";
+  PatternArg p = pattern_arg(pattern, op);
+  for (at::Tensor* t : {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm}) *t = t->contiguous().cpu();
+  throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);
+}
+
 }  // namespace
 }  // namespace snack::binding
 
-// ATen does the work, on any device.
-TORCH_LIBRARY_IMPL(snack, CompositeExplicitAutograd, m) { m.impl("slots_from_mask", &snack::binding::slots_from_mask); }
+// ATen (or the host) does the work, on any device.
+TORCH_LIBRARY_IMPL(snack, CompositeExplicitAutograd, m) {
+  m.impl("slots_from_mask", &snack::binding::slots_from_mask);
+  m.impl("validate_slots", &snack::binding::validate_slots);
+  m.impl("validate_pattern", &snack::binding::validate_pattern);
+}
 // No tensor inputs: runs wherever it is called.
 TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) { m.impl("random_slots", &snack::binding::random_slots); }

@@ -35,11 +35,19 @@ Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
   return failed.load() >= 0 ? statuses[size_t(failed.load())] : Status::Ok();
 }
 
+// The CPU loops read every index of the pattern: its contents are checked first (O(M + K + nnz),
+// small next to the product), so a corrupted or hand-assembled pattern is an error, not a read out
+// of bounds.
+void check_contents(const PatternArg& p, const char* op) {
+  throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);
+}
+
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                 const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
   const char* op = "spmm";
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
   spmm_variant_arg(variant, false, op);  // the name is checked; the CPU has one kernel
+  check_contents(in.p, op);
   at::Tensor y = at::empty({in.x.size(0), in.p.rows}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
@@ -65,6 +73,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const char* op = "spmm_t";
   const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
   spmm_variant_arg(variant, true, op);
+  check_contents(in.p, op);
   at::Tensor dx = at::empty({in.dy.size(0), in.p.cols}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
@@ -107,7 +116,9 @@ at::Tensor sddmm_of(const SddmmInputs& in, const char* op) {
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {
   const char* op = "sddmm";
   sddmm_variant_arg(variant, op);
-  return sddmm_of(sddmm_inputs(dy, x, pattern, dy, op), op);
+  const SddmmInputs in = sddmm_inputs(dy, x, pattern, dy, op);
+  check_contents(in.p, op);
+  return sddmm_of(in, op);
 }
 
 at::Tensor bias_grad_of(const at::Tensor& dyc, const char* op) {
@@ -149,6 +160,7 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
   const SddmmAdamWInputs in =
       sddmm_adamw_inputs(dy, x, pattern, values, state, hyper, bias, bias_state, bias_hyper, op);
   (void)x_t;  // a GPU forward's copy: the CPU computes from x
+  check_contents(in.s.p, op);
   advance_steps(in);
   if (values.numel() > 0) adamw_step(sddmm_of(in.s, op), in.values, op);
   if (in.bias && in.bias->param.numel() > 0) adamw_step(bias_grad_of(in.s.dy, op), *in.bias, op);

@@ -86,7 +86,16 @@ TORCH_LIBRARY(snack, m) {
   // nnz distinct positions drawn uniformly at random without replacement, on `device`.
   m.def("random_slots(int out_features, int in_features, int nnz, *, Generator? generator=None, "
         "Device? device=None, ScalarType? index_dtype=None) -> (Tensor row_idx, Tensor col_idx)");
-  // The CSR row pointers and the CSC view of sorted slots (no synchronisation).
+  // Checks slots as every pattern constructor does: in range, sorted row-major, no repeats (IndexError
+  // or ValueError naming the first bad slot). O(nnz); device tensors are checked on the host (one copy).
+  m.def("validate_slots(Tensor row_idx, Tensor col_idx, int out_features, int in_features) -> ()");
+  // Checks a whole pattern list: its slots, and that its views are the ones build_views derives.
+  // The CUDA products trust their pattern (checking it would cost a synchronisation per call);
+  // snack.Pattern validates what it is built from, and this op checks a list assembled by hand.
+  m.def("validate_pattern(Tensor[] pattern) -> ()");
+  // The CSR row pointers and the CSC view of sorted slots. On the CPU the slots are checked first
+  // (an error for invalid slots); on the GPU nothing synchronises and the slots are trusted (the
+  // kernels stay within their buffers, the views of invalid slots are meaningless).
   m.def("build_views(Tensor row_idx, Tensor col_idx, int out_features, int in_features)"
         " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
 

@@ -57,6 +57,50 @@ TEST(BuildViews, MatchesDefinitionWithEmptyRowsAndColumns) {
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), nnz);
 }
 
+TEST(CheckSlots, AcceptsSortedUniqueInRangeAndNamesTheFirstBadSlot) {
+  const std::vector<int32_t> rows{0, 0, 2}, cols{1, 3, 0};
+  EXPECT_TRUE(cpu::check_slots<int32_t>(3, 4, 3, rows.data(), cols.data()).ok());
+  EXPECT_TRUE(cpu::check_slots<int32_t>(3, 4, 0, nullptr, nullptr).ok());
+  const auto code = [](std::vector<int32_t> r, std::vector<int32_t> c) {
+    return cpu::check_slots<int32_t>(3, 4, int64_t(r.size()), r.data(), c.data());
+  };
+  EXPECT_EQ(code({0, 3}, {0, 0}).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(code({0, 0}, {0, 4}).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(code({-1, 0}, {0, 0}).code(), StatusCode::kOutOfRange);
+  const Status dup = code({1, 1}, {2, 2});
+  EXPECT_EQ(dup.code(), StatusCode::kDuplicateEntry);
+  EXPECT_NE(dup.message().find("slots 0 and 1"), std::string::npos) << dup.message();
+  const Status unsorted = code({0, 1, 0}, {0, 0, 3});
+  EXPECT_EQ(unsorted.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unsorted.message().find("slot 2"), std::string::npos) << unsorted.message();
+}
+
+TEST(CheckPattern, AcceptsBuiltViewsAndRejectsEveryCorruption) {
+  const auto p = random_pattern<uint16_t>(17, 13, 60, 5, {0, 16});
+  EXPECT_TRUE(cpu::check_pattern(p.view()).ok());
+  const auto corrupted = [&](auto edit) {
+    auto q = p;
+    edit(q);
+    return cpu::check_pattern(q.view());
+  };
+  EXPECT_FALSE(corrupted([](auto& q) { q.row_ptr.back() += 1; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { q.row_ptr[3] = -4; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { q.col_ptr[1] = 1000; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { q.csc_perm[0] = 100000; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { q.csc_perm[0] = -1; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { q.csc_perm[1] = q.csc_perm[0]; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { q.col_idx[0] = 13; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { std::swap(q.csc_perm[0], q.csc_perm[q.csc_perm.size() - 1]); }).ok());
+}
+
+TEST(BuildViews, RejectsInvalidSlotsBeforeWriting) {
+  const std::vector<int32_t> rows{0, 5}, cols{0, 1};
+  std::vector<int32_t> rp(4, -9), cp(3, -9), perm(2, -9);
+  const Status s = cpu::build_views<int32_t>(3, 2, 2, rows.data(), cols.data(), rp.data(), cp.data(), perm.data());
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(rp, std::vector<int32_t>(4, -9)) << "nothing written for invalid slots";
+}
+
 TEST(BuildViews, EmptyPattern) {
   std::vector<int32_t> rp(4, -1), cp(3, -1);
   ASSERT_TRUE(cpu::build_views<int32_t>(3, 2, 0, nullptr, nullptr, rp.data(), cp.data(), nullptr).ok());

@@ -19,16 +19,22 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   static std::shared_ptr<PatternImpl> from_coo(const torch::Tensor& rows, const torch::Tensor& cols,
                                                int64_t out_features, int64_t in_features, torch::Tensor* order);
 
-  /// Slots already sorted row-major and validated (from the constructors above or snack's ops).
-  PatternImpl(int64_t out_features, int64_t in_features, torch::Tensor row_idx, torch::Tensor col_idx);
+  /// Slots sorted row-major, checked (in range, sorted, no repeats: ValueError / IndexError
+  /// otherwise) unless `validate` is false, for slots made by snack's own operators.
+  PatternImpl(int64_t out_features, int64_t in_features, torch::Tensor row_idx, torch::Tensor col_idx,
+              bool validate = true);
 
   /// Builds the derived views from the slots.
   void reset() override;
   /// The pattern's tensors in the order snack's operators take them.
   std::vector<torch::Tensor> tensors() const;
-  /// Moves the connections: new slots of the same count (sorted, validated), copied in place, and
-  /// the views rebuilt in place, so that a captured CUDA graph keeps reading valid memory.
-  void set_slots(const torch::Tensor& row_idx, const torch::Tensor& col_idx);
+  /// Moves the connections: new slots of the same count (sorted row-major; checked unless
+  /// `validate` is false), copied in place, and the views rebuilt in place, so that a captured CUDA
+  /// graph keeps reading valid memory.
+  void set_slots(const torch::Tensor& row_idx, const torch::Tensor& col_idx, bool validate = true);
+  /// Loads the slots of a checkpoint (torch::load), checked first; the views are derived again, never
+  /// read from the archive. On an error nothing changes.
+  void load(torch::serialize::InputArchive& archive) override;
   int64_t nnz() const { return row_idx.size(0); }
   /// Bytes of the slots and every view.
   int64_t nbytes() const;

@@ -39,6 +39,10 @@ class SparseLinearImpl : public torch::nn::Cloneable<SparseLinearImpl> {
   /// The weight as a dense out_features x in_features tensor (for inspection and tests).
   torch::Tensor to_dense() const;
   int64_t nnz() const { return values.size(0); }
+  /// Loads a checkpoint (torch::load): values, bias and the pattern's slots are all checked (shapes,
+  /// slots in range and unique; slots in any order, the values follow them) before any is copied, so
+  /// an invalid checkpoint raises and leaves the layer as it was.
+  void load(torch::serialize::InputArchive& archive) override;
 
   SparseLinearOptions options;
   Pattern pattern{nullptr};  ///< the stored positions and their views
