@@ -6,11 +6,13 @@ kernels live in C++. This module only adds the shape functions that tracing need
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 _LIBRARY_NAME = "libsnack_torch.so"
 
@@ -57,12 +59,38 @@ def _nnz(pattern):
     return pattern[PATTERN_FIELDS.index("row_idx")].shape[0]
 
 
-@torch.library.register_fake("snack::spmm")
+def _tensors(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(v)
+
+
+def _register_fake(name: str):
+    """Registers the shape function of ``snack::name``. It runs for meta and fake tensors only: a
+    real tensor among meta ones (a checkpoint entry on "meta", say) would otherwise get back
+    uninitialised memory, so it raises instead."""
+    def register(fn):
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            real = [t for t in _tensors((*args, *kwargs.values())) if not (t.is_meta or is_fake(t))]
+            if real:
+                devices = sorted({str(t.device) for t in _tensors((*args, *kwargs.values()))})
+                raise RuntimeError(f"snack.{name}: its tensors must be on one device, got {', '.join(devices)} "
+                                   "(a meta tensor has no data to compute with)")
+            return fn(*args, **kwargs)
+        torch.library.register_fake(f"snack::{name}")(checked)
+        return fn
+    return register
+
+
+@_register_fake("spmm")
 def _spmm_fake(x, values, pattern, bias=None, activation="none", variant="auto"):
     return values.new_empty((x.shape[0], _shape(pattern)[0]))
 
 
-@torch.library.register_fake("snack::spmm_for_step")
+@_register_fake("spmm_for_step")
 def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
     # X transposed, where the device's plan makes that copy of the whole batch: a shape only the
     # plan knows.
@@ -70,58 +98,58 @@ def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
     return _spmm_fake(x, values, pattern), values.new_empty((ctx.new_dynamic_size(), ctx.new_dynamic_size()))
 
 
-@torch.library.register_fake("snack::spmm_t")
+@_register_fake("spmm_t")
 def _spmm_t_fake(dy, values, pattern, variant="auto"):
     return values.new_empty((dy.shape[0], _shape(pattern)[1]))
 
 
-@torch.library.register_fake("snack::sddmm")
+@_register_fake("sddmm")
 def _sddmm_fake(dy, x, pattern, variant="auto"):
     return dy.new_empty((_nnz(pattern),))
 
 
-@torch.library.register_fake("snack::bias_grad")
+@_register_fake("bias_grad")
 def _bias_grad_fake(dy):
     return dy.new_empty((dy.shape[1],))
 
 
-@torch.library.register_fake("snack::sparse_linear")
+@_register_fake("sparse_linear")
 def _sparse_linear_fake(x, values, bias, pattern, activation="none"):
     return values.new_empty((*x.shape[:-1], _shape(pattern)[0]))
 
 
-@torch.library.register_fake("snack::sparse_linear_adamw")
+@_register_fake("sparse_linear_adamw")
 def _sparse_linear_adamw_fake(x, values, bias, pattern, state, hyper, bias_state, update_guard=None, bias_hyper=(),
                               activation="none"):
     return _sparse_linear_fake(x, values, bias, pattern, activation)
 
 
-@torch.library.register_fake("snack::sddmm_adamw_")
+@_register_fake("sddmm_adamw_")
 def _sddmm_adamw_fake(dy, x, pattern, values, state, hyper, bias_state, bias=None, bias_hyper=(), x_t=None,
                       variant="auto"):
     return None
 
 
-@torch.library.register_fake("snack::bias_grad_adamw_")
+@_register_fake("bias_grad_adamw_")
 def _bias_grad_adamw_fake(dy, bias, state, hyper):
     return None
 
 
-@torch.library.register_fake("snack::slots_from_coo")
+@_register_fake("slots_from_coo")
 def _slots_from_coo_fake(rows, cols, out_features, in_features, index_dtype=None):
     dtype = _index_dtype(out_features, in_features, index_dtype)
     n = rows.shape[0]
     return rows.new_empty((n,), dtype=dtype), rows.new_empty((n,), dtype=dtype), rows.new_empty((n,), dtype=torch.int64)
 
 
-@torch.library.register_fake("snack::slots_from_dense")
+@_register_fake("slots_from_dense")
 def _slots_from_dense_fake(dense, nnz, index_dtype=None):
     dtype = _index_dtype(dense.shape[0], dense.shape[1], index_dtype)
     return (dense.new_empty((nnz,), dtype=dtype), dense.new_empty((nnz,), dtype=dtype),
             dense.new_empty((nnz,), dtype=torch.int64))
 
 
-@torch.library.register_fake("snack::slots_from_mask")
+@_register_fake("slots_from_mask")
 def _slots_from_mask_fake(mask, index_dtype=None):
     dtype = _index_dtype(mask.shape[0], mask.shape[1], index_dtype)
     nnz = torch.library.get_ctx().new_dynamic_size()
@@ -129,33 +157,43 @@ def _slots_from_mask_fake(mask, index_dtype=None):
             mask.new_empty((nnz,), dtype=torch.int64))
 
 
-@torch.library.register_fake("snack::build_views")
+@_register_fake("build_views")
 def _build_views_fake(row_idx, col_idx, out_features, in_features):
     return (row_idx.new_empty((out_features + 1,), dtype=torch.int32),
             row_idx.new_empty((in_features + 1,), dtype=torch.int32),
             row_idx.new_empty((row_idx.shape[0],), dtype=torch.int32))
 
 
-@torch.library.register_fake("snack::prune_slots")
+@_register_fake("prune_slots")
 def _prune_slots_fake(score, k):
     return score.new_empty((k,), dtype=torch.int64)
 
 
-@torch.library.register_fake("snack::sample_absent")
+@_register_fake("sample_absent")
 def _sample_absent_fake(row_idx, col_idx, out_features, in_features, k, generator=None):
     return row_idx.new_empty((k,), dtype=torch.int64)
 
 
-@torch.library.register_fake("snack::topk_absent_gradient")
+@_register_fake("topk_absent_gradient")
 def _topk_absent_gradient_fake(dy, x, row_idx, col_idx, k, block_rows):
     return row_idx.new_empty((k,), dtype=torch.int64)
 
 
-@torch.library.register_fake("snack::replace_slots")
+@_register_fake("replace_slots")
 def _replace_slots_fake(row_idx, col_idx, drop, grow, out_features, in_features, validate=True):
     return torch.empty_like(row_idx), torch.empty_like(col_idx), row_idx.new_empty(row_idx.shape, dtype=torch.int64)
 
 
-@torch.library.register_fake("snack::remap_slots_")
+@_register_fake("remap_slots_")
 def _remap_slots_fake(target, source, fill):
+    return None
+
+
+@_register_fake("validate_slots")
+def _validate_slots_fake(row_idx, col_idx, out_features, in_features):
+    return None  # contents are unknown while tracing: the real call checks them
+
+
+@_register_fake("validate_pattern")
+def _validate_pattern_fake(pattern):
     return None

@@ -9,13 +9,15 @@ monkey-patching) and carries the optimizer state of every moved connection along
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
 
+from ._checks import integer, real_number
 from ._ops import ops
-from .layer import SparseLinear
+from .layer import SparseLinear, check_grow_init
 
 __all__ = ["DSTRule", "SET", "RigL", "DSTScheduler", "DenseMaskLinear", "prune_magnitude", "grow_random",
            "grow_gradient"]
@@ -68,16 +70,28 @@ class DenseMaskLinear(nn.Module):
         return self.nnz / float(self.out_features * self.in_features)
 
     def update_topology(self, drop, grow, *, optimizer=None, init=None, state_reset="zero", validate=True) -> int:
-        if init not in (None, "zero"):
+        return self.commit_topology_update(self.prepare_topology_update(drop, grow, optimizer=optimizer, init=init,
+                                                                        state_reset=state_reset, validate=validate))
+
+    def prepare_topology_update(self, drop, grow, *, optimizer=None, init=None, state_reset="zero", validate=True):
+        """Checks the update and computes the positions it changes; changes nothing."""
+        if not (init is None or (isinstance(init, str) and init == "zero")):
             raise ValueError("DenseMaskLinear grows connections at zero only")
         active = self._active()
         drop_pos = active[drop.to(active.device)]
         grow_pos = grow.to(active.device)
+        if validate:
+            remaining = self.mask_.view(-1).clone()
+            remaining[drop_pos] = 0
+            if bool(remaining[grow_pos].any()):
+                raise ValueError("grow names a position that stays connected")
+        return (drop_pos, grow_pos, optimizer, int(drop.numel()))
+
+    def commit_topology_update(self, update) -> int:
+        drop_pos, grow_pos, optimizer, moved = update
         with torch.no_grad():
             flat_mask = self.mask_.view(-1)
             flat_mask[drop_pos] = 0
-            if validate and bool(flat_mask[grow_pos].any()):
-                raise ValueError("grow names a position that stays connected")
             flat_mask[grow_pos] = 1
             self.weight.view(-1)[drop_pos] = 0
             self.weight.view(-1)[grow_pos] = 0
@@ -87,7 +101,7 @@ class DenseMaskLinear(nn.Module):
                     value.view(-1)[grow_pos] = 0
             if self.weight.grad is not None:
                 self.weight.grad.view(-1)[grow_pos] = 0
-        return int(drop.numel())
+        return moved
 
 
 def prune_magnitude(layer: SparseLinear, k: int, score: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -185,12 +199,28 @@ class DSTScheduler:
             algorithm = rules[algorithm]()
         if not isinstance(algorithm, DSTRule):
             raise TypeError("algorithm must be 'set', 'rigl' or a DSTRule instance")
-        if update_every <= 0:
-            raise ValueError("update_every must be positive")
+        owner = "DSTScheduler"
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"{owner}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        update_every = integer(update_every, "update_every", owner, minimum=1)
+        start = integer(start, "start", owner, minimum=0)
+        if end is not None:
+            end = integer(end, "end", owner)
+            if end <= start:
+                raise ValueError(f"{owner}: end ({end}) must come after start ({start})")
+        drop_fraction = real_number(drop_fraction, "drop_fraction", owner)
         if not 0.0 <= drop_fraction <= 1.0:
-            raise ValueError(f"drop_fraction must lie in [0, 1], got {drop_fraction}")
+            raise ValueError(f"{owner}: drop_fraction must lie in [0, 1], got {drop_fraction}")
         if not callable(drop_schedule) and drop_schedule not in _SCHEDULES:
-            raise ValueError(f"drop_schedule must be one of {_SCHEDULES} or a callable")
+            raise ValueError(f"{owner}: drop_schedule must be one of {_SCHEDULES} or a callable, got {drop_schedule!r}")
+        check_grow_init(grow_init, f"{owner}: grow_init")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"{owner}: generator must be a torch.Generator, got {type(generator).__name__}")
+        if generator is None and isinstance(algorithm, SET):
+            warnings.warn(f"{owner}: no generator given: {type(algorithm).__name__} regrows from torch's global "
+                          "random state, which its state_dict() cannot restore, so a resumed run will take another "
+                          "topology path; pass generator=torch.Generator().manual_seed(...) to make it reproducible",
+                          stacklevel=2)
         self.layers = {name: m for name, m in model.named_modules() if isinstance(m, (SparseLinear, DenseMaskLinear))}
         if not self.layers:
             raise ValueError("DSTScheduler: the model has no SparseLinear layer (use snack.sparsify first)")
@@ -236,29 +266,56 @@ class DSTScheduler:
 
     # ---- the update -------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Counts an optimizer step; updates the topology when the schedule says so. Returns whether it did."""
-        self.steps += 1
-        if not self.is_update_step(self.steps):
+        """Counts an optimizer step; updates the topology when the schedule says so. Returns whether it did.
+
+        An update is all or nothing: every layer's decision is made and checked (rules, custom or
+        not, run here) before any layer changes; if anything raises, every layer, the optimizer's
+        state, the step count and the random generators are left as they were."""
+        step = self.steps + 1
+        if not self.is_update_step(step):
+            self.steps = step
             return False
-        fraction = self.fraction(self.steps)
-        changed = False
-        for name, layer in self.layers.items():
-            k = int(fraction * layer.nnz)
-            k = min(k, layer.nnz, layer.out_features * layer.in_features - layer.nnz)
-            if k <= 0:
-                self.last_moved[name] = 0
-                continue
-            x, dy = self._captured.get(name, (None, None))
-            drop = self.rule.prune(layer, k)
-            grow = self.rule.grow(layer, k, generator=self.generator, x=x, dy=dy)
-            drop, grow = _agree_across_ranks(drop, grow)
-            # SET and RigL produce valid decisions by construction; a custom rule's are checked.
-            trusted = type(self.rule) in (SET, RigL)
-            self.last_moved[name] = layer.update_topology(drop, grow, optimizer=self.optimizer, init=self.grow_init,
-                                                          validate=not trusted)
-            changed = True
+        generators = self._generators()
+        saved = [g.get_state() for g in generators]
+        try:
+            fraction = self.fraction(step)
+            updates = []
+            for name, layer in self.layers.items():
+                k = int(fraction * layer.nnz)
+                k = min(k, layer.nnz, layer.out_features * layer.in_features - layer.nnz)
+                if k <= 0:
+                    updates.append((name, layer, None))
+                    continue
+                x, dy = self._captured.get(name, (None, None))
+                drop = self.rule.prune(layer, k)
+                grow = self.rule.grow(layer, k, generator=self.generator, x=x, dy=dy)
+                drop, grow = _agree_across_ranks(drop, grow)
+                # SET and RigL produce valid decisions by construction; a custom rule's are checked.
+                trusted = type(self.rule) in (SET, RigL)
+                updates.append((name, layer, layer.prepare_topology_update(
+                    drop, grow, optimizer=self.optimizer, init=self.grow_init, validate=not trusted)))
+        except BaseException:
+            for g, state in zip(generators, saved):
+                g.set_state(state)
+            raise
+        for name, layer, update in updates:
+            self.last_moved[name] = layer.commit_topology_update(update) if update is not None else 0
+        self.steps = step
         self._captured.clear()
-        return changed
+        return any(update is not None for _, _, update in updates)
+
+    def _generators(self) -> list:
+        """The generators an update draws from: the scheduler's, else torch's default ones of the layers' devices."""
+        if self.generator is not None:
+            return [self.generator]
+        devices = {layer.values.device if isinstance(layer, SparseLinear) else layer.weight.device
+                   for layer in self.layers.values()}
+        generators = [torch.default_generator]
+        for d in devices:
+            if d.type == "cuda":
+                generators.append(torch.cuda.default_generators[d.index if d.index is not None
+                                                                else torch.cuda.current_device()])
+        return generators
 
     def report(self) -> list[dict]:
         return [{"layer": name, "nnz": layer.nnz, "density": layer.density, "moved": self.last_moved[name]}
@@ -269,10 +326,18 @@ class DSTScheduler:
                 "generator": self.generator.get_state() if self.generator is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
-        self.steps = int(state["steps"])
+        """Restores ``state_dict()``: the step count, the moves last reported and the generator's state."""
+        if not isinstance(state, dict) or "steps" not in state:
+            raise ValueError("DSTScheduler.load_state_dict: expected the dict of DSTScheduler.state_dict()")
+        steps = integer(state["steps"], "steps", "DSTScheduler.load_state_dict", minimum=0)
+        generator_state = state.get("generator")
+        if generator_state is not None and self.generator is None:
+            warnings.warn("DSTScheduler.load_state_dict: the checkpoint has a generator state but this scheduler has "
+                          "no generator: the resumed run will take another topology path", stacklevel=2)
+        if generator_state is not None and self.generator is not None:
+            self.generator.set_state(generator_state)  # first: it is what can still fail
+        self.steps = steps
         self.last_moved.update(state.get("last_moved", {}))
-        if state.get("generator") is not None and self.generator is not None:
-            self.generator.set_state(state["generator"])
 
     def remove(self) -> None:
         """Detaches the scheduler from the optimizer and the layers."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+import numbers
+from typing import NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ._checks import checkpoint_tensor, integer, real_number, unexpected_keys as unexpected_keys_of, value_dtype
 from ._ops import ops
 from .pattern import Pattern
 
@@ -29,15 +31,15 @@ def sparse_linear(x: Tensor, values: Tensor, bias: Optional[Tensor], pattern: Un
     return ops.sparse_linear(x, values, bias, tensors, activation)
 
 
-def _resolve_density(density: Optional[float], sparsity: Optional[float]) -> float:
+def _resolve_density(density, sparsity, owner: str = "SparseLinear") -> float:
     if (density is None) == (sparsity is None):
-        raise ValueError("SparseLinear: give exactly one of density= or sparsity=")
-    value = density if density is not None else 1.0 - float(sparsity)
+        raise ValueError(f"{owner}: give exactly one of density= or sparsity=")
     name = "density" if density is not None else "sparsity"
-    given = density if density is not None else sparsity
-    if not (isinstance(given, (int, float)) and 0.0 < value <= 1.0):
-        raise ValueError(f"SparseLinear: {name}={given!r} gives a density outside (0, 1]")
-    return float(value)
+    given = real_number(density if density is not None else sparsity, name, owner)
+    value = given if density is not None else 1.0 - given
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{owner}: {name}={given!r} gives a density outside (0, 1]")
+    return value
 
 
 def _check_activation(activation: Optional[str]) -> str:
@@ -90,9 +92,9 @@ class SparseLinear(nn.Module):
                  sparsity: Optional[float] = None, device=None, dtype=None, index_dtype: Optional[torch.dtype] = None,
                  generator: Optional[torch.Generator] = None, activation: Optional[str] = None) -> None:
         super().__init__()
-        if in_features <= 0 or out_features <= 0:
-            raise ValueError(f"SparseLinear: in_features and out_features must be positive, got {in_features} and "
-                             f"{out_features}")
+        in_features = integer(in_features, "in_features", "SparseLinear", minimum=1)
+        out_features = integer(out_features, "out_features", "SparseLinear", minimum=1)
+        value_dtype(dtype, "SparseLinear")
         density = _resolve_density(density, sparsity)
         pattern = Pattern.random(out_features, in_features, nnz_for_density(out_features, in_features, density),
                                  generator=generator, device=device, index_dtype=index_dtype)
@@ -110,9 +112,13 @@ class SparseLinear(nn.Module):
         self.fused_update = None
         _LAYER_OF_VALUES[self.values] = self
 
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        return {**state, "fused_update": None}  # an optimizer's, not the layer's: it holds the optimizer weakly
+
     def __setstate__(self, state) -> None:
         # A copy (copy.deepcopy, pickle) is a layer of its own: no optimizer's update comes with it,
-        # and an optimizer given its values finds it.
+        # and an optimizer given its values finds it (a copy of that optimizer attaches its own).
         super().__setstate__(state)
         self.fused_update = None
         _LAYER_OF_VALUES[self.values] = self
@@ -161,6 +167,7 @@ class SparseLinear(nn.Module):
             raise TypeError(f"SparseLinear.from_dense: expected nn.Linear or a Tensor, got {type(linear_or_weight)}")
         if weight.dim() != 2:
             raise ValueError(f"SparseLinear.from_dense: weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
+        value_dtype(weight.dtype, "SparseLinear.from_dense")
         weight = weight.detach()
         out_features, in_features = weight.shape
         if mask is not None:
@@ -184,9 +191,15 @@ class SparseLinear(nn.Module):
                  bias: Optional[Tensor] = None, index_dtype: Optional[torch.dtype] = None) -> "SparseLinear":
         """Builds a layer from COO triplets (any order). Out-of-range indices raise IndexError,
         repeated positions ValueError; values keep their device and dtype."""
-        if values.dim() != 1 or values.shape[0] != rows.shape[0]:
+        if not all(isinstance(t, Tensor) for t in (rows, cols, values)):
+            raise TypeError("SparseLinear.from_coo: rows, cols and values must be tensors")
+        value_dtype(values.dtype, "SparseLinear.from_coo")
+        if values.dim() != 1 or rows.dim() != 1 or values.shape[0] != rows.shape[0]:
             raise ValueError(f"SparseLinear.from_coo: values must be 1-D with one entry per position, got shape "
-                             f"{tuple(values.shape)} for {rows.shape[0]} positions")
+                             f"{tuple(values.shape)} for rows of shape {tuple(rows.shape)}")
+        if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (out_features,)):
+            raise ValueError(f"SparseLinear.from_coo: bias must be a tensor of shape ({out_features},), got "
+                             f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__}")
         pattern, order = Pattern.from_coo(rows.to(values.device), cols.to(values.device), out_features, in_features,
                                           index_dtype=index_dtype)
         return cls._from_parts(pattern, values.detach().index_select(0, order).clone(),
@@ -278,8 +291,19 @@ class SparseLinear(nn.Module):
         that come from snack's own primitives (``snack.dst.prune_magnitude``, ``grow_random``,
         ``grow_gradient``). Returns the number of connections moved.
         """
+        update = self.prepare_topology_update(drop, grow, optimizer=optimizer, init=init, state_reset=state_reset,
+                                              validate=validate)
+        return self.commit_topology_update(update)
+
+    def prepare_topology_update(self, drop: Tensor, grow: Tensor, *, optimizer=None, init=None,
+                                state_reset: str = "zero", validate: bool = True) -> "TopologyUpdate":
+        """The first half of :meth:`update_topology`: checks everything and computes the new slots,
+        changing nothing. ``commit_topology_update`` applies the result (DSTScheduler prepares every
+        layer's update before it commits any, so that one failing layer leaves all as they were)."""
         if state_reset not in ("zero", "mean"):
             raise ValueError(f"state_reset must be 'zero' or 'mean', got {state_reset!r}")
+        if not (isinstance(drop, Tensor) and isinstance(grow, Tensor)):
+            raise TypeError("update_topology: drop and grow must be tensors of slot indices and positions")
         device = self.values.device
         drop = drop.to(device)
         row_idx, col_idx, source = ops.replace_slots(self.pattern.row_idx, self.pattern.col_idx, drop,
@@ -287,49 +311,94 @@ class SparseLinear(nn.Module):
         # Values for grown connections (a scalar, or one per slot of which the grown ones are kept):
         # no host sync here.
         fresh = _init_new_values(self, self.nnz, init)
+        states = _per_slot_state(optimizer, self.values)
+        for state in states:
+            if state.device != device:
+                raise ValueError(f"update_topology: an optimizer state of the values is on {state.device}, the "
+                                 f"layer on {device}")
+        return TopologyUpdate(self, row_idx, col_idx, source, drop, fresh, states, state_reset)
+
+    def commit_topology_update(self, update: "TopologyUpdate") -> int:
+        """Applies a prepared update (nothing left to check): remaps the per-slot tensors and moves the slots."""
+        if update.layer is not self:
+            raise ValueError("commit_topology_update: the update was prepared for another layer")
 
         def remap(t: Tensor, fill: Optional[Tensor]) -> None:
             """t <- t[source], with `fill` at the grown slots (None: the mean over the kept ones)."""
             if fill is None:  # the kept slots' sum is the whole sum less the dropped slots'
-                fill = (t.sum() - t.index_select(0, drop).sum()) / max(1, self.nnz - drop.numel())
+                fill = (t.sum() - t.index_select(0, update.drop).sum()) / max(1, self.nnz - update.drop.numel())
             # A 0-dim device tensor as the fill: never read on the host (no sync).
-            ops.remap_slots_(t, source, fill.to(t.dtype))
+            ops.remap_slots_(t, update.source, fill.to(t.dtype))
 
         with torch.no_grad():
-            for state in _per_slot_state(optimizer, self.values):
-                remap(state, None if state_reset == "mean" else state.new_zeros(()))
+            for state in update.states:
+                remap(state, None if update.state_reset == "mean" else state.new_zeros(()))
             if self.values.grad is not None:
                 remap(self.values.grad, self.values.grad.new_zeros(()))
-            remap(self.values, fresh)
-        self.pattern.set_slots(row_idx, col_idx)
-        return int(drop.numel())
+            remap(self.values, update.fresh)
+        self.pattern.set_slots(update.row_idx, update.col_idx, validate=False)  # replace_slots' output
+        return int(update.drop.numel())
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        # All or nothing for the layer: every entry (values, bias, the pattern's slots) is checked
+        # before any is loaded. If one is missing, unexpected or wrong, none is loaded and torch is
+        # told why (missing/unexpected keys, error messages): values only make sense with their slots.
+        # torch passes strict=True to every module and applies the caller's strict at the end, so a
+        # non-strict load that misses an entry of the layer leaves the layer as it was, and says so.
+        # (torch loads a model module by module: other modules' entries follow its own rules.)
         # Checkpoints written before the pattern was a module of its own keep the slots at the layer.
         for name in ("row_idx", "col_idx"):
             if prefix + name in state_dict and prefix + "pattern." + name not in state_dict:
                 state_dict[prefix + "pattern." + name] = state_dict.pop(prefix + name)
-        keys = {name: prefix + name for name in ("values", "pattern.row_idx", "pattern.col_idx")}
-        if all(k in state_dict for k in keys.values()):
-            values, rows, cols = (state_dict[keys[n]] for n in ("values", "pattern.row_idx", "pattern.col_idx"))
-            if values.shape != self.values.shape or rows.shape != values.shape or cols.shape != values.shape:
-                error_msgs.append(f"size mismatch for {prefix}values/pattern.row_idx/pattern.col_idx: the checkpoint "
-                                  f"has {tuple(values.shape)}/{tuple(rows.shape)}/{tuple(cols.shape)} connections, "
-                                  f"the layer has nnz={self.nnz} (build the layer with the checkpoint's density)")
-                return  # nothing of this layer is loaded
-            # Validate and sort the incoming pattern before anything is loaded; the pattern (loaded
-            # after this module) then receives the sorted slots, and the values follow their order.
-            device = self.values.device
-            row_idx, col_idx, order = ops.slots_from_coo(rows.long().to(device), cols.long().to(device),
-                                                         self.out_features, self.in_features,
-                                                         index_dtype=self.pattern.index_dtype)
-            state_dict[keys["pattern.row_idx"]] = row_idx
-            state_dict[keys["pattern.col_idx"]] = col_idx
-            state_dict[keys["values"]] = values.to(device).index_select(0, order)
+        own = ["values"] + (["bias"] if self.bias is not None else [])
+        slots = ["pattern.row_idx", "pattern.col_idx"]
+        try:
+            extra = unexpected_keys_of(state_dict, prefix, own + slots)
+            missing = [prefix + n for n in own + slots if prefix + n not in state_dict]
+            if extra or missing:
+                unexpected_keys.extend(extra)
+                missing_keys.extend(missing)
+                raise _Refused()
+            for name, param in (("values", self.values), ("bias", self.bias)):
+                if param is not None:
+                    t = checkpoint_tensor(state_dict, prefix + name)
+                    if t.shape != param.shape:
+                        raise ValueError(f"size mismatch for {prefix}{name}: the checkpoint has {tuple(t.shape)}, "
+                                         f"the layer {tuple(param.shape)} (nnz={self.nnz}, out_features="
+                                         f"{self.out_features}; build the layer with the checkpoint's density)")
+                    if not (t.dtype.is_floating_point and not t.is_complex()):
+                        raise TypeError(f"{prefix}{name}: expected floating-point values, got {t.dtype}")
+            # The checkpoint's slots, validated and sorted; the values follow their order.
+            row_idx, col_idx, order = self.pattern.checked_slots(state_dict, prefix + "pattern.")
+            state_dict[prefix + "pattern.row_idx"], state_dict[prefix + "pattern.col_idx"] = row_idx, col_idx
+            state_dict[prefix + "values"] = state_dict[prefix + "values"].to(self.values.device)[order]
+        except _Refused:
+            self.pattern._refuse_next_load = True
+            return
+        except (TypeError, ValueError, IndexError) as error:
+            error_msgs.append(str(error))
+            self.pattern._refuse_next_load = True
+            return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+class TopologyUpdate(NamedTuple):
+    """A checked topology update of one layer (SparseLinear.prepare_topology_update), not applied yet."""
+    layer: nn.Module
+    row_idx: Tensor
+    col_idx: Tensor
+    source: Tensor
+    drop: Tensor
+    fresh: Tensor
+    states: list
+    state_reset: str
+
+
+class _Refused(Exception):
+    """The checkpoint misses entries of the layer or has unexpected ones (listed for torch): load nothing."""
 
 
 def _per_slot_state(optimizer, param: Tensor) -> list:
@@ -339,24 +408,37 @@ def _per_slot_state(optimizer, param: Tensor) -> list:
     return [v for v in optimizer.state.get(param, {}).values() if torch.is_tensor(v) and v.shape == param.shape]
 
 
+def check_grow_init(init, owner: str = "grow_init") -> None:
+    """Raises unless ``init`` is a value rule update_topology accepts (see _init_new_values)."""
+    if init is None or (isinstance(init, str) and init in ("zero", "uniform")) or callable(init):
+        return
+    if isinstance(init, Tensor) and init.numel() == 1 and init.dtype.is_floating_point:
+        return
+    if isinstance(init, numbers.Real) and not isinstance(init, bool):
+        return
+    raise ValueError(f"{owner}: unknown grow init {init!r}: use 'zero', 'uniform', a number or a "
+                     "callable(count, device, dtype) -> Tensor")
+
+
 def _init_new_values(layer: "SparseLinear", count: int, init) -> Tensor:
     """Values for grown connections: "zero" (default) or a number as a 0-dim tensor; "uniform" (the
     layer's init bound) or a callable(count, device, dtype) -> Tensor as `count` candidates, one per
     slot, of which update_topology keeps those of the grown slots (so it needs no host sync)."""
+    check_grow_init(init)
     kw = {"device": layer.values.device, "dtype": layer.values.dtype}
-    if init is None or init == "zero":
+    if init is None or (isinstance(init, str) and init == "zero"):
         return torch.zeros((), **kw)
-    if init == "uniform":
+    if isinstance(init, str):  # "uniform"
         bound = 1.0 / math.sqrt(max(1.0, layer.density * layer.in_features))
         return torch.empty(count, **kw).uniform_(-bound, bound)
+    if isinstance(init, Tensor):
+        return init.detach().to(**kw).reshape(())
     if callable(init):
         out = torch.as_tensor(init(count, kw["device"], kw["dtype"]), **kw)
         if out.shape != (count,):
             raise ValueError(f"grow_init returned shape {tuple(out.shape)}, expected ({count},)")
         return out
-    if isinstance(init, (int, float)):
-        return torch.full((), float(init), **kw)
-    raise ValueError(f"unknown grow init {init!r}: use 'zero', 'uniform', a number or a callable")
+    return torch.full((), float(init), **kw)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

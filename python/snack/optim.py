@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .layer import layer_of
@@ -96,11 +97,29 @@ class AdamW(torch.optim.AdamW):
         super().add_param_group(param_group)
         for p in self.param_groups[-1]["params"]:
             self._group_index[p] = len(self.param_groups) - 1
-            layer = layer_of(p)
-            if layer is not None:
-                update = FusedAdamWUpdate(self)
-                self._updates[id(layer)] = (weakref.ref(layer), update)
-                layer.attach_fused_update(update)
+            self._attach(p)
+
+    # ---- copies (copy.deepcopy, pickle) -------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        return super().__getstate__()  # defaults, state, param_groups: no weak references, no hooks
+
+    def __setstate__(self, state: dict) -> None:
+        # A copy of the optimizer fuses again into the layers that own its (copied) values: a model
+        # and its optimizer deep-copied or pickled together keep training the same way.
+        super().__setstate__(state)
+        self._updates, self._group_index = {}, WeakIdKeyDictionary()
+        self.register_step_pre_hook(_clear_update_guards)
+        for index, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                self._group_index[p] = index
+                self._attach(p)
+
+    def _attach(self, param: Tensor) -> None:
+        layer = layer_of(param)
+        if layer is not None:
+            update = FusedAdamWUpdate(self)
+            self._updates[id(layer)] = (weakref.ref(layer), update)
+            layer.attach_fused_update(update)
 
     def release(self) -> None:
         """Detaches this optimizer's updates from its layers: their backward returns gradients again
@@ -159,3 +178,24 @@ def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
     """step() pre-hook: the values may be updated again by the next backward."""
     for _, update in optimizer._updates.values():
         update.update_guard.zero_()
+
+
+def _no_other_optimizer_steps_fused_values(optimizer, args, kwargs) -> None:
+    """A step pre-hook of every torch optimizer: values whose update is fused into their layer's
+    backward (by a snack.optim.AdamW) must not also be stepped by another optimizer, which would
+    see no gradient (the update already happened) while the old one kept updating them silently."""
+    if isinstance(optimizer, AdamW):
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            layer = layer_of(p)
+            update = layer.fused_update if layer is not None else None
+            owner = getattr(update, "_optimizer", None)
+            if owner is not None and owner() is not None:
+                raise RuntimeError(
+                    f"{type(optimizer).__name__}.step(): the values of a SparseLinear it holds are updated inside "
+                    "their backward by a snack.optim.AdamW that still exists; call that optimizer's release() (or "
+                    "layer.attach_fused_update(None)) before training them with another optimizer")
+
+
+register_optimizer_step_pre_hook(_no_other_optimizer_steps_fused_values)

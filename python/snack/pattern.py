@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ._checks import checkpoint_tensor, integer, unexpected_keys as unexpected_keys_of
 from ._ops import PATTERN_FIELDS, ops
 
 _SLOTS = ("row_idx", "col_idx")
@@ -24,12 +25,32 @@ class Pattern(nn.Module):
     A pattern changes only through :meth:`set_slots`, which keeps ``nnz``, copies the new slots in
     place and rebuilds every view in place: a CUDA graph captured with the pattern keeps reading
     valid memory across topology updates. Build one with :meth:`random`, :meth:`from_coo`,
-    :meth:`from_dense` or :meth:`from_mask`; the constructor itself trusts its slots.
+    :meth:`from_dense` or :meth:`from_mask`, or from sorted slots with the constructor.
+
+    What enters a pattern is validated once (O(nnz), one host copy for device tensors): slots in
+    range, sorted row-major, no repeats; a checkpoint's slots likewise, before anything is loaded.
+    The views are always derived here, never taken from outside, so every pattern the operators
+    see is consistent (the CUDA operators trust their pattern list; see ``snack.ops.validate_pattern``).
+
+    Args:
+        row_idx, col_idx: ``[nnz]`` uint16 or int32 slot indices, sorted row-major.
+        out_features, in_features: the weight's shape (M, K).
+        validate: check the slots (default). ``False`` is for slots made by snack's own operators.
     """
 
-    def __init__(self, row_idx: Tensor, col_idx: Tensor, out_features: int, in_features: int) -> None:
+    def __init__(self, row_idx: Tensor, col_idx: Tensor, out_features: int, in_features: int, *,
+                 validate: bool = True) -> None:
         super().__init__()
-        self.out_features, self.in_features = int(out_features), int(in_features)
+        out_features = integer(out_features, "out_features", "Pattern", minimum=1)
+        in_features = integer(in_features, "in_features", "Pattern", minimum=1)
+        if not (isinstance(row_idx, Tensor) and isinstance(col_idx, Tensor)):
+            raise TypeError(f"Pattern: row_idx and col_idx must be tensors, got {type(row_idx).__name__} and "
+                            f"{type(col_idx).__name__}")
+        if validate:
+            ops.validate_slots(row_idx, col_idx, out_features, in_features)
+        self.out_features, self.in_features = out_features, in_features
+        # The parent layer's verdict on a checkpoint it found invalid: the slots then stay as they are.
+        self._refuse_next_load = False
         self.register_buffer("row_idx", row_idx)
         self.register_buffer("col_idx", col_idx)
         for name, view in zip(("row_ptr", "col_ptr", "csc_perm"), self._views(row_idx, col_idx)):
@@ -44,7 +65,7 @@ class Pattern(nn.Module):
         row_idx, col_idx = ops.random_slots(out_features, in_features, nnz, generator=generator,
                                             device=torch.device(device) if device is not None else None,
                                             index_dtype=index_dtype)
-        return cls(row_idx, col_idx, out_features, in_features)
+        return cls(row_idx, col_idx, out_features, in_features, validate=False)
 
     @classmethod
     def from_coo(cls, rows: Tensor, cols: Tensor, out_features: int, in_features: int,
@@ -53,20 +74,20 @@ class Pattern(nn.Module):
         ``order``: slot s holds position ``order[s]`` (sort values with ``values[order]``).
         Out-of-range positions raise IndexError, repeated ones ValueError."""
         row_idx, col_idx, order = ops.slots_from_coo(rows, cols, out_features, in_features, index_dtype=index_dtype)
-        return cls(row_idx, col_idx, out_features, in_features), order
+        return cls(row_idx, col_idx, out_features, in_features, validate=False), order
 
     @classmethod
     def from_dense(cls, weight: Tensor, nnz: int, index_dtype: Optional[torch.dtype] = None) -> tuple["Pattern", Tensor]:
         """The ``nnz`` entries of largest magnitude of a dense ``[out, in]`` weight (ties to the smaller
         row-major position). Returns the pattern and the ascending linear positions it keeps."""
         row_idx, col_idx, positions = ops.slots_from_dense(weight, nnz, index_dtype=index_dtype)
-        return cls(row_idx, col_idx, weight.shape[0], weight.shape[1]), positions
+        return cls(row_idx, col_idx, weight.shape[0], weight.shape[1], validate=False), positions
 
     @classmethod
     def from_mask(cls, mask: Tensor, index_dtype: Optional[torch.dtype] = None) -> tuple["Pattern", Tensor]:
         """The non-zero entries of a ``[out, in]`` mask. Returns the pattern and its linear positions."""
         row_idx, col_idx, positions = ops.slots_from_mask(mask, index_dtype=index_dtype)
-        return cls(row_idx, col_idx, mask.shape[0], mask.shape[1]), positions
+        return cls(row_idx, col_idx, mask.shape[0], mask.shape[1], validate=False), positions
 
     # ---- what the operators read -------------------------------------------------------------------
     @property
@@ -77,12 +98,16 @@ class Pattern(nn.Module):
     def _views(self, row_idx: Tensor, col_idx: Tensor):
         return ops.build_views(row_idx, col_idx, self.out_features, self.in_features)
 
-    def set_slots(self, row_idx: Tensor, col_idx: Tensor) -> None:
-        """Moves the connections to the sorted, valid slots ``row_idx``/``col_idx`` (same count):
-        copied in place, and every view rebuilt in place."""
+    def set_slots(self, row_idx: Tensor, col_idx: Tensor, *, validate: bool = True) -> None:
+        """Moves the connections to the slots ``row_idx``/``col_idx`` (same count, sorted row-major):
+        copied in place, and every view rebuilt in place. ``validate=False`` skips the check of the
+        slots (and its host copy) for slots from snack's own operators (``replace_slots``), as a
+        topology update inside a captured CUDA graph needs."""
         if row_idx.shape != self.row_idx.shape or col_idx.shape != self.col_idx.shape:
             raise ValueError(f"Pattern.set_slots: the slot count never changes ({self.nnz}), got "
                              f"{tuple(row_idx.shape)} and {tuple(col_idx.shape)}")
+        if validate:
+            ops.validate_slots(row_idx, col_idx, self.out_features, self.in_features)
         views = self._views(row_idx, col_idx)  # before anything is copied
         with torch.no_grad():
             self.row_idx.copy_(row_idx)
@@ -127,29 +152,61 @@ class Pattern(nn.Module):
         return (f"out_features={self.out_features}, in_features={self.in_features}, nnz={self.nnz}, "
                 f"index_dtype={self.index_dtype}")
 
+    # ---- copies (pickle, copy.deepcopy, torch.save of the module) ---------------------------------
+    def __getstate__(self) -> dict:
+        # torch cannot pickle uint16 tensors (its storage unpickler has no such dtype): they travel
+        # as int32 and are narrowed back.
+        state = super().__getstate__()
+        buffers = state["_buffers"]
+        narrow = [name for name, t in buffers.items() if t is not None and t.dtype == torch.uint16]
+        state["_buffers"] = {name: t.to(torch.int32) if name in narrow else t for name, t in buffers.items()}
+        state["_uint16_buffers"] = narrow
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        narrow = state.pop("_uint16_buffers", [])
+        super().__setstate__(state)
+        for name in narrow:
+            self._buffers[name] = self._buffers[name].to(torch.uint16)
+
     # ---- checkpoints -------------------------------------------------------------------------------
+    def checked_slots(self, state_dict: dict, prefix: str) -> tuple[Tensor, Tensor, Tensor]:
+        """The checkpoint's slots under ``prefix`` validated for this pattern (same count, in range, no
+        repeats), sorted row-major on this pattern's device, with ``order`` (slot s holds the
+        checkpoint's entry order[s]). Raises TypeError / ValueError / IndexError naming the entry."""
+        rows, cols = (checkpoint_tensor(state_dict, prefix + name) for name in _SLOTS)
+        for key, t in zip(_SLOTS, (rows, cols)):
+            if t.dtype.is_floating_point or t.is_complex() or t.dtype == torch.bool:
+                raise TypeError(f"{prefix}{key}: slot indices must be integers, got {t.dtype}")
+        if rows.shape != self.row_idx.shape or cols.shape != self.col_idx.shape:
+            raise ValueError(f"size mismatch for {prefix}row_idx/col_idx: the checkpoint has {tuple(rows.shape)}/"
+                             f"{tuple(cols.shape)} slots, the pattern has nnz={self.nnz} (build the layer with "
+                             "the checkpoint's density)")
+        device = self.row_idx.device
+        return ops.slots_from_coo(rows.to(device=device, dtype=torch.long), cols.to(device=device, dtype=torch.long),
+                                  self.out_features, self.in_features, index_dtype=self.index_dtype)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        keys = [prefix + name for name in _SLOTS]
-        if not all(k in state_dict for k in keys):
-            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                          error_msgs)
+        # Atomic: the slots are validated before either is copied, and both load or neither does.
+        if self._refuse_next_load:  # the parent layer found its checkpoint invalid and said why
+            self._refuse_next_load = False
             return
-        rows, cols = (state_dict[k] for k in keys)
-        if rows.shape != self.row_idx.shape or cols.shape != self.col_idx.shape:
-            error_msgs.append(f"size mismatch for {prefix}row_idx/col_idx: the checkpoint has {tuple(rows.shape)}/"
-                              f"{tuple(cols.shape)} slots, the pattern has nnz={self.nnz}")
+        # (torch passes strict=True to every module and applies the caller's strict at the end.)
+        extra = unexpected_keys_of(state_dict, prefix, _SLOTS)
+        missing = [prefix + name for name in _SLOTS if prefix + name not in state_dict]
+        if extra or missing:
+            unexpected_keys.extend(extra)
+            missing_keys.extend(missing)
             return
-        # Untrusted: validated (in range, no repeats) before anything changes. A layer that loads its
-        # values with the pattern has sorted both already; slots out of order here would no longer
-        # match values loaded elsewhere, so they are refused.
-        row_idx, col_idx, order = ops.slots_from_coo(rows.long().to(self.row_idx.device),
-                                                     cols.long().to(self.row_idx.device), self.out_features,
-                                                     self.in_features, index_dtype=self.index_dtype)
+        try:
+            row_idx, col_idx, order = self.checked_slots(state_dict, prefix)
+        except (TypeError, ValueError, IndexError) as error:
+            error_msgs.append(str(error))
+            return
         if not torch.equal(order, torch.arange(order.numel(), device=order.device)):
+            # Slots out of order would no longer match values loaded elsewhere.
             error_msgs.append(f"{prefix}row_idx/col_idx are not sorted row-major: load them through their layer "
                               "(SparseLinear.load_state_dict sorts the values with them)")
             return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        self._copy_views(self._views(self.row_idx, self.col_idx))  # the views of the loaded slots
+        self.set_slots(row_idx, col_idx, validate=False)

@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
+from ._checks import real_number
 from ._ops import ops
 from .layer import SparseLinear
 
@@ -38,6 +39,8 @@ def erk_densities(shapes: dict[str, tuple[int, int]], density: float) -> dict[st
     while True:
         free = {n: (o + i) / (o * i) for n, (o, i) in shapes.items() if n not in dense}
         remaining = budget - sum(shapes[n][0] * shapes[n][1] for n in dense)
+        if not free or remaining <= 0:  # every layer capped (density 1, or nearly)
+            return {n: 1.0 if n in dense else 0.0 for n in shapes}
         scale = remaining / sum(raw * shapes[n][0] * shapes[n][1] for n, raw in free.items())
         over = [n for n, raw in free.items() if raw * scale > 1.0]
         if not over:
@@ -61,6 +64,17 @@ def _nnz_per_layer(shapes: dict[str, tuple[int, int]], densities: dict[str, floa
     return nnz
 
 
+def _no_fast_path(module, args):
+    return None
+
+
+def _keep_off_dense_fast_paths(parent: nn.Module) -> None:
+    # nn.TransformerEncoderLayer's inference fast path passes its Linears' dense weights to one fused
+    # kernel; it skips that path when a forward hook is attached to any of its modules.
+    if isinstance(parent, nn.TransformerEncoderLayer) and _no_fast_path not in parent._forward_pre_hooks.values():
+        parent.register_forward_pre_hook(_no_fast_path)
+
+
 def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", include: Selector = None,
              exclude: Selector = None, generator: Optional[torch.Generator] = None) -> dict[str, float]:
     """Replaces every selected ``nn.Linear`` (and Hugging Face ``Conv1D``) of ``model`` by a SparseLinear.
@@ -70,17 +84,38 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
     connections are drawn uniformly at random (``generator``) and keep the dense layer's values and
     bias, so a freshly initialised model keeps its initial scale. ``include``/``exclude``: module-name
     patterns (fnmatch), lists of them, or callables(name, module). Returns {module name: density}.
+
+    A Linear used in several places becomes one SparseLinear used in all of them. The ``out_proj`` of
+    ``nn.MultiheadAttention`` stays dense (the attention reads its weight directly), and an
+    ``nn.TransformerEncoderLayer`` gets a no-op forward pre-hook that keeps it off its inference fast
+    path, which would do the same with its Linears.
     """
-    if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
+    density = real_number(density, "density", "sparsify")
+    if not 0.0 < density <= 1.0:
         raise ValueError(f"sparsify: density must lie in (0, 1], got {density!r}")
     if distribution not in ("erk", "uniform"):
         raise ValueError(f"sparsify: distribution must be 'erk' or 'uniform', got {distribution!r}")
-    targets = {}
-    for name, module in model.named_modules():
-        if isinstance(module, SparseLinear) or not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)):
+    # Every place a module is used (one Linear may be shared by several parents, or appear twice in
+    # one): all of them get the same SparseLinear. nn.MultiheadAttention reads its out_proj's weight
+    # directly, so that Linear stays dense.
+    targets: dict[str, nn.Module] = {}                    # first name -> module
+    places: dict[int, list[tuple[nn.Module, str]]] = {}   # id(module) -> (parent, attribute) of each use
+    seen: set[int] = set()
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not name or isinstance(module, SparseLinear) or not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)):
             continue
-        if _selected(name, module, include, True) and not _selected(name, module, exclude, False):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if isinstance(parent, nn.MultiheadAttention):
+            continue
+        if id(module) not in seen:
+            seen.add(id(module))
+            if not (_selected(name, module, include, True) and not _selected(name, module, exclude, False)):
+                continue
             targets[name] = module
+            places[id(module)] = []
+        if id(module) in places:
+            places[id(module)].append((parent, child))
     if not targets:
         raise ValueError("sparsify: the model has no nn.Linear (or Conv1D) layer to sparsify with these filters")
     shapes = {}
@@ -98,8 +133,8 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
         rows, cols = rows.long(), cols.long()
         sparse = SparseLinear.from_coo(rows, cols, weight[rows, cols], out_f, in_f,
                                        bias=module.bias.detach() if module.bias is not None else None)
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, sparse)
+        for parent, child in places[id(module)]:
+            setattr(parent, child, sparse)
+            _keep_off_dense_fast_paths(parent)
         result[name] = counts[name] / float(out_f * in_f)
     return result
