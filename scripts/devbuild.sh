@@ -14,4 +14,7 @@ mkdir -p .devbuild
 cmake --install build/devbuild --prefix .devbuild/install >/dev/null  # lib/, include/, share/cmake/
 cp build/devbuild/tests/cpp/snack_core_tests .devbuild/
 strip --strip-debug .devbuild/snack_core_tests .devbuild/install/lib/libsnack_torch.so
+# The fuzzers' packages, for a GPU machine without network, built for its Python (3.12 on the lent H200s).
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${SNACK_DEVICE_PYTHON:-3.12}" \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .devbuild/wheels hypothesis attrs sortedcontainers
 du -sh .devbuild

@@ -66,6 +66,10 @@ build() {
   fi
   check_library
 }
+# The fuzzers need hypothesis: from the wheels carried in .devbuild/ where the machine has no network.
+if ! "$PY" -c "import hypothesis" 2>/dev/null && [ -d .devbuild/wheels ]; then
+  "$PY" -m pip install -q --no-index --find-links .devbuild/wheels hypothesis >>"$LOG" 2>&1 || true
+fi
 if [ -f .devbuild/install/lib/libsnack_torch.so ]; then
   export SNACK_TORCH_LIBRARY=$PWD/.devbuild/install/lib/libsnack_torch.so PYTHONPATH=$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -107,6 +111,9 @@ sanitize() {
   compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
     -k "${SNACK_RACECHECK_K:-wide_rows_closes or long_rows_split or sddmm_skewed or (130x257 and float32)}" \
     tests/python/test_kernels_cuda.py || rc=1
+  # The bad-input matrix on the GPU (its isolated cases run in child processes, which the sanitizer follows).
+  compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$PY" -m pytest -q -x \
+    -p no:cacheprovider -k cuda tests/python/test_bad_inputs.py || rc=1
   return $rc
 }
 

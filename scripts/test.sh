@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# transformers and networkx: only the end-to-end examples (and their tiny test runs) use them.
-export SNACK_EXTRA_PACKAGES="pytest expecttest matplotlib tqdm transformers networkx ${SNACK_EXTRA_PACKAGES:-}"
+# hypothesis: the fuzzers (tests/python/fuzz_cases.py). transformers and networkx: only the end-to-end
+# examples (and their tiny test runs) use them.
+export SNACK_EXTRA_PACKAGES="pytest expecttest hypothesis matplotlib tqdm transformers networkx ${SNACK_EXTRA_PACKAGES:-}"
 
 if [ ! -e /usr/include/gtest/gtest.h ] && [ ! -e /usr/local/include/gtest/gtest.h ]; then
   echo "== installing GoogleTest"
