@@ -176,7 +176,9 @@ def test_forward_and_backward_against_float64(m, k, frac, seed, n, lead, dtype, 
         ref = torch.relu(ref)
     elif activation == "gelu":
         ref = torch.nn.functional.gelu(ref)
-        scale = scale * 1.2
+        # Under autograd GELU runs unfused on the stored pre-activation: in 16 bits two roundings
+        # (pre-activation, output), as torch's own linear + gelu in that dtype.
+        scale = scale * (1.2 if dtype in (torch.float32, torch.float64) else 2.5)
     assert_close(y.reshape(-1, m), ref, scale, dtype, "forward")
     g = torch.randn(y.shape, generator=gen).to(dtype).to(DEVICE)
     y.backward(g)
