@@ -45,8 +45,9 @@ template <typename Index>
 Status check_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx);
 
 /// Checks a whole pattern: its slots (check_slots) and that row_ptr, col_ptr and csc_perm are the
-/// views build_views derives from them. O(m + k + nnz), no allocation. Every CPU product runs it
-/// on its pattern, so a hand-assembled or corrupted pattern is an error, never a read out of bounds.
+/// views build_views derives from them. O(m + k + nnz), no allocation. The torch binding runs it on
+/// every pattern list a CPU product is given (once per list, src/torch/ops_cpu.cpp), so a
+/// hand-assembled or corrupted pattern is an error, never a read out of bounds.
 template <typename Index>
 Status check_pattern(const SlotPattern<Index>& w);
 

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "ops_common.h"
@@ -35,11 +36,60 @@ Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
   return failed.load() >= 0 ? statuses[size_t(failed.load())] : Status::Ok();
 }
 
-// The CPU loops read every index of the pattern: its contents are checked first (O(M + K + nnz),
-// small next to the product), so a corrupted or hand-assembled pattern is an error, not a read out
-// of bounds.
+// The CPU loops read every index of the pattern, so its contents are checked (cpu::check_pattern,
+// O(M + K + nnz)): a corrupted or hand-assembled pattern is an error, not a read out of bounds. A
+// check costs as much as a product of one row, so each pattern is checked once: the lists that
+// passed are remembered by their tensors' storages (held weakly, so that a freed storage's address
+// cannot come back as another's), offsets, lengths and version counters (which every in-place write
+// through torch advances). A list edited behind torch's back (shared NumPy memory) is not rechecked.
+class CheckedPatterns {
+ public:
+  void check(const PatternArg& p, const char* op) {
+    Key key = key_of(p);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const Key& k : checked_)
+        if (same(k, key)) return;
+    }
+    throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (checked_.size() < kRemembered) checked_.push_back(std::move(key));
+    else checked_[next_++ % kRemembered] = std::move(key);  // the oldest goes
+  }
+
+ private:
+  struct Field {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    int64_t offset, numel;
+    uint32_t version;
+  };
+  using Key = std::vector<Field>;
+  static constexpr size_t kRemembered = 64;
+
+  static Key key_of(const PatternArg& p) {
+    Key key;
+    for (const at::Tensor* t : {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm})
+      key.push_back({t->storage().getWeakStorageImpl(), t->storage_offset(), t->numel(),
+                     t->unsafeGetTensorImpl()->version_counter().current_version()});
+    return key;
+  }
+  static bool same(const Key& a, const Key& b) {
+    for (size_t f = 0; f < a.size(); ++f) {
+      if (a[f].storage.expired() || a[f].storage._unsafe_get_target() != b[f].storage._unsafe_get_target() ||
+          a[f].offset != b[f].offset || a[f].numel != b[f].numel || a[f].version != b[f].version)
+        return false;
+    }
+    return true;
+  }
+
+  std::mutex mutex_;
+  std::vector<Key> checked_;  // the patterns checked last
+  size_t next_ = 0;
+};
+
 void check_contents(const PatternArg& p, const char* op) {
-  throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);
+  static CheckedPatterns checked;
+  checked.check(p, op);
 }
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
@@ -168,14 +218,9 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
 
 void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state, at::ArrayRef<double> hyper) {
   const char* op = "bias_grad_adamw_";
-  const at::Tensor dyc = bias_grad_input(dy, op);
-  const AdamWArg a = adamw_arg(bias, state, hyper, op, "bias");
-  TORCH_CHECK_VALUE(dyc.size(1) == bias.size(0) && dyc.scalar_type() == bias.scalar_type(), "snack.", op,
-                    ": dy must be [N, ", bias.size(0), "] of the bias's dtype, got ", dyc.sizes(), " ",
-                    dyc.scalar_type());
-  check_same_device(dyc, bias.device(), "dy", op);
-  a.step.add_(1);
-  if (bias.numel() > 0) adamw_step(bias_grad_of(dyc, op), a, op);
+  const BiasAdamWInputs in = bias_grad_adamw_inputs(dy, bias, state, hyper, op);
+  in.bias.step.add_(1);
+  if (bias.numel() > 0) adamw_step(bias_grad_of(in.dy, op), in.bias, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,

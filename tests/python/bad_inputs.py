@@ -220,6 +220,12 @@ def cpu_ops_check_the_pattern_they_read(device):
         assert torch.equal(values, l.values.detach()) and float(state[2]) == 0, what
         with pytest.raises((ValueError, IndexError)):
             ops.validate_pattern(tensors)
+    # A list already checked (and remembered) is checked again once it changes in place.
+    tensors = [t.clone() for t in l.pattern.tensors]
+    ops.spmm(x, l.values.detach(), tensors)
+    tensors[snack.PATTERN_FIELDS.index("csc_perm")][0] = 10 ** 6
+    with pytest.raises(ValueError):
+        ops.spmm_t(dy, l.values.detach(), tensors)
 
 
 @case(isolated=True)
