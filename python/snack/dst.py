@@ -275,7 +275,9 @@ class DSTScheduler:
         if not self.is_update_step(step):
             self.steps = step
             return False
-        generators = self._generators()
+        # (A CUDA generator cannot report its state while a graph is captured; nothing is retried there.)
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        generators = [g for g in self._generators() if not (capturing and g.device.type == "cuda")]
         saved = [g.get_state() for g in generators]
         try:
             fraction = self.fraction(step)

@@ -12,7 +12,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ._checks import checkpoint_tensor, integer, real_number, unexpected_keys as unexpected_keys_of, value_dtype
 from ._ops import ops
-from .pattern import Pattern
+from .pattern import REFUSE, Pattern
 
 ACTIVATIONS = ("none", "relu", "gelu")
 
@@ -370,19 +370,20 @@ class SparseLinear(nn.Module):
                                          f"{self.out_features}; build the layer with the checkpoint's density)")
                     if not (t.dtype.is_floating_point and not t.is_complex()):
                         raise TypeError(f"{prefix}{name}: expected floating-point values, got {t.dtype}")
-            # The checkpoint's slots, validated and sorted; the values follow their order.
+            # The checkpoint's slots, validated and sorted once, here: the pattern (loaded after this
+            # module) takes them as they are, and the values follow their order.
             row_idx, col_idx, order = self.pattern.checked_slots(state_dict, prefix + "pattern.")
-            state_dict[prefix + "pattern.row_idx"], state_dict[prefix + "pattern.col_idx"] = row_idx, col_idx
             state_dict[prefix + "values"] = state_dict[prefix + "values"].to(self.values.device)[order]
         except _Refused:
-            self.pattern._refuse_next_load = True
+            self.pattern._parent_verdict = REFUSE
             return
         except (TypeError, ValueError, IndexError) as error:
             error_msgs.append(str(error))
-            self.pattern._refuse_next_load = True
+            self.pattern._parent_verdict = REFUSE
             return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        self.pattern._parent_verdict = (row_idx, col_idx)  # torch loads the pattern right after this module
 
 
 class TopologyUpdate(NamedTuple):

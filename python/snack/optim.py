@@ -120,6 +120,7 @@ class AdamW(torch.optim.AdamW):
             update = FusedAdamWUpdate(self)
             self._updates[id(layer)] = (weakref.ref(layer), update)
             layer.attach_fused_update(update)
+            _FUSING.add(self)
 
     def release(self) -> None:
         """Detaches this optimizer's updates from its layers: their backward returns gradients again
@@ -129,6 +130,7 @@ class AdamW(torch.optim.AdamW):
             if layer is not None and layer.fused_update is update:
                 layer.attach_fused_update(None)
         self._updates.clear()
+        _FUSING.discard(self)
 
     def _group_of(self, param: Tensor) -> Optional[dict]:
         index = self._group_index.get(param)
@@ -180,22 +182,24 @@ def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
         update.update_guard.zero_()
 
 
+# The snack.optim.AdamW instances that have attached updates: what the hook below checks against.
+_FUSING: "weakref.WeakSet[AdamW]" = weakref.WeakSet()
+
+
 def _no_other_optimizer_steps_fused_values(optimizer, args, kwargs) -> None:
     """A step pre-hook of every torch optimizer: values whose update is fused into their layer's
     backward (by a snack.optim.AdamW) must not also be stepped by another optimizer, which would
-    see no gradient (the update already happened) while the old one kept updating them silently."""
-    if isinstance(optimizer, AdamW):
+    see no gradient (the update already happened) while the old one kept updating them silently.
+    Costs nothing while no snack.optim.AdamW fuses; a set lookup per parameter otherwise."""
+    if not _FUSING or isinstance(optimizer, AdamW):
         return
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            layer = layer_of(p)
-            update = layer.fused_update if layer is not None else None
-            owner = getattr(update, "_optimizer", None)
-            if owner is not None and owner() is not None:
-                raise RuntimeError(
-                    f"{type(optimizer).__name__}.step(): the values of a SparseLinear it holds are updated inside "
-                    "their backward by a snack.optim.AdamW that still exists; call that optimizer's release() (or "
-                    "layer.attach_fused_update(None)) before training them with another optimizer")
+    fused = {id(layer.values) for fusing in list(_FUSING) for layer_ref, update in fusing._updates.values()
+             if (layer := layer_ref()) is not None and layer.fused_update is update}
+    if any(id(p) in fused for group in optimizer.param_groups for p in group["params"]):
+        raise RuntimeError(
+            f"{type(optimizer).__name__}.step(): the values of a SparseLinear it holds are updated inside their "
+            "backward by a snack.optim.AdamW that still exists; call that optimizer's release() (or "
+            "layer.attach_fused_update(None)) before training them with another optimizer")
 
 
 register_optimizer_step_pre_hook(_no_other_optimizer_steps_fused_values)

@@ -11,6 +11,8 @@ from ._checks import checkpoint_tensor, integer, unexpected_keys as unexpected_k
 from ._ops import PATTERN_FIELDS, ops
 
 _SLOTS = ("row_idx", "col_idx")
+#: A parent's verdict on a checkpoint: load nothing (see Pattern._parent_verdict).
+REFUSE = object()
 
 
 class Pattern(nn.Module):
@@ -49,8 +51,9 @@ class Pattern(nn.Module):
         if validate:
             ops.validate_slots(row_idx, col_idx, out_features, in_features)
         self.out_features, self.in_features = out_features, in_features
-        # The parent layer's verdict on a checkpoint it found invalid: the slots then stay as they are.
-        self._refuse_next_load = False
+        # What the parent layer decided about the checkpoint it is loading (None: load on our own):
+        # REFUSE (it found the checkpoint invalid and said why), or the slots it already checked.
+        self._parent_verdict = None
         self.register_buffer("row_idx", row_idx)
         self.register_buffer("col_idx", col_idx)
         for name, view in zip(("row_ptr", "col_ptr", "csc_perm"), self._views(row_idx, col_idx)):
@@ -189,8 +192,11 @@ class Pattern(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # Atomic: the slots are validated before either is copied, and both load or neither does.
-        if self._refuse_next_load:  # the parent layer found its checkpoint invalid and said why
-            self._refuse_next_load = False
+        verdict, self._parent_verdict = self._parent_verdict, None
+        if verdict is REFUSE:
+            return
+        if verdict is not None:  # checked and sorted by the layer, with its values
+            self.set_slots(*verdict, validate=False)
             return
         # (torch passes strict=True to every module and applies the caller's strict at the end.)
         extra = unexpected_keys_of(state_dict, prefix, _SLOTS)

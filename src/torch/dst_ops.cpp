@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "op_args.h"
+#include "ops_common.h"
 
 namespace snack::binding {
 namespace {
@@ -24,12 +25,6 @@ at::Tensor slot_keys(const at::Tensor& row_idx, const at::Tensor& col_idx, int64
 // The narrowest key type that holds every position of an out x in matrix.
 at::ScalarType position_type(int64_t total) {
   return total <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
-}
-
-void check_slot_arrays(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op) {
-  check_1d(row_idx, "row_idx", op);
-  check_1d(col_idx, "col_idx", op);
-  TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx and col_idx lengths differ");
 }
 
 // Indices (ascending) of the first k set entries of `mask`, which has at least k of them. A fixed
@@ -96,7 +91,7 @@ int64_t scramble_multiplier(int64_t total) {
 SampleInputs sample_inputs(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features,
                            int64_t in_features, int64_t k, const std::optional<at::Generator>& generator,
                            const char* op) {
-  check_slot_arrays(row_idx, col_idx, op);
+  check_slot_pair(row_idx, col_idx, op);
   check_features(out_features, in_features, op);
   SampleInputs in;
   in.total = out_features * in_features;
@@ -157,7 +152,7 @@ at::Tensor sample_absent_aten(const at::Tensor& row_idx, const at::Tensor& col_i
 // ---- topk_absent_gradient --------------------------------------------------------------------------
 TopkInputs topk_inputs(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& col_idx,
                        int64_t k, int64_t block_rows, const char* op) {
-  check_slot_arrays(row_idx, col_idx, op);
+  check_slot_pair(row_idx, col_idx, op);
   TORCH_CHECK_VALUE(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0), "snack.", op,
                     ": dy [N, out_features] and x [N, in_features] must be 2-D with the same N");
   TORCH_CHECK_VALUE(block_rows >= 0, "snack.", op, ": block_rows must be positive (or 0 for the default)");
@@ -250,7 +245,7 @@ at::Tensor topk_absent_gradient_aten(const at::Tensor& dy, const at::Tensor& x, 
 ReplaceInputs replace_inputs(const at::Tensor& row_idx, const at::Tensor& col_idx, const at::Tensor& drop,
                              const at::Tensor& grow, int64_t out_features, int64_t in_features, bool validate,
                              const char* op) {
-  check_slot_arrays(row_idx, col_idx, op);
+  check_slot_pair(row_idx, col_idx, op);
   check_features(out_features, in_features, op);
   check_1d(drop, "drop", op);
   check_1d(grow, "grow", op);

@@ -71,6 +71,16 @@ at::Tensor bias_grad_input(const at::Tensor& dy, const char* op) {
   return dy.contiguous();
 }
 
+BiasAdamWInputs bias_grad_adamw_inputs(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state,
+                                       at::ArrayRef<double> hyper, const char* op) {
+  BiasAdamWInputs in{bias_grad_input(dy, op), adamw_arg(bias, state, hyper, op, "bias")};
+  TORCH_CHECK_VALUE(in.dy.size(1) == bias.size(0) && in.dy.scalar_type() == bias.scalar_type(), "snack.", op,
+                    ": dy must be [N, ", bias.size(0), "] of the bias's dtype, got ", in.dy.sizes(), " ",
+                    in.dy.scalar_type());
+  check_same_device(in.dy, bias.device(), "dy", op);
+  return in;
+}
+
 CooInputs coo_inputs(const at::Tensor& rows, const at::Tensor& cols, int64_t out_features, int64_t in_features,
                      std::optional<at::ScalarType> index_dtype, const char* op) {
   check_features(out_features, in_features, op);
@@ -111,19 +121,23 @@ ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t
   return {at::empty({out_features + 1}, opts), at::empty({in_features + 1}, opts), at::empty({row_idx.size(0)}, opts)};
 }
 
-void check_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features,
-                 const char* op) {
-  check_features(out_features, in_features, op);
+void check_slot_pair(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op) {
   check_1d(row_idx, "row_idx", op);
   check_1d(col_idx, "col_idx", op);
-  const auto itype = row_idx.scalar_type();
-  TORCH_CHECK_TYPE((itype == at::kUInt16 || itype == at::kInt) && col_idx.scalar_type() == itype, "snack.", op,
-                   ": row_idx and col_idx must both be uint16 or both int32, got ", itype, " and ",
-                   col_idx.scalar_type());
   TORCH_CHECK_VALUE(row_idx.size(0) == col_idx.size(0), "snack.", op, ": row_idx has ", row_idx.size(0),
                     " elements but col_idx has ", col_idx.size(0));
   TORCH_CHECK_VALUE(row_idx.device() == col_idx.device(), "snack.", op,
                     ": row_idx and col_idx are on different devices");
+}
+
+void check_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features,
+                 const char* op) {
+  check_features(out_features, in_features, op);
+  check_slot_pair(row_idx, col_idx, op);
+  const auto itype = row_idx.scalar_type();
+  TORCH_CHECK_TYPE((itype == at::kUInt16 || itype == at::kInt) && col_idx.scalar_type() == itype, "snack.", op,
+                   ": row_idx and col_idx must both be uint16 or both int32, got ", itype, " and ",
+                   col_idx.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> split_positions(const at::Tensor& positions, int64_t in_features,

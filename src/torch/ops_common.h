@@ -67,6 +67,8 @@ struct DenseInputs {
 DenseInputs dense_inputs(const at::Tensor& dense, int64_t nnz, std::optional<at::ScalarType> index_dtype,
                          const char* op);
 
+// Slot arrays of any integer type (the DST ops also take int64 ones): 1-D, one length, one device.
+void check_slot_pair(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op);
 // build_views: the slot arrays, checked.
 void check_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features,
                  const char* op);
@@ -87,6 +89,14 @@ struct ViewOutputs {
   at::Tensor row_ptr, col_ptr, csc_perm;
 };
 ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features);
+
+// bias_grad_adamw_: dy as contiguous [N, M] of the bias's dtype and device, and the bias's AdamW state.
+struct BiasAdamWInputs {
+  at::Tensor dy;
+  AdamWArg bias;
+};
+BiasAdamWInputs bias_grad_adamw_inputs(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state,
+                                       at::ArrayRef<double> hyper, const char* op);
 
 // The counts advance on the device (no host synchronisation): the CPU implementations and the
 // empty products call this, the CUDA kernels advance them on their own.

@@ -205,16 +205,11 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
 
 void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state, at::ArrayRef<double> hyper) {
   const char* op = "bias_grad_adamw_";
-  const at::Tensor dyc = bias_grad_input(dy, op);
-  const AdamWArg a = adamw_arg(bias, state, hyper, op, "bias");
-  TORCH_CHECK_VALUE(dyc.size(1) == bias.size(0) && dyc.scalar_type() == bias.scalar_type(), "snack.", op,
-                    ": dy must be [N, ", bias.size(0), "] of the bias's dtype, got ", dyc.sizes(), " ",
-                    dyc.scalar_type());
-  check_same_device(dyc, bias.device(), "dy", op);
+  const BiasAdamWInputs in = bias_grad_adamw_inputs(dy, bias, state, hyper, op);
   const c10::cuda::CUDAGuard guard(bias.device());
   dispatch_value_type(bias, op, [&](auto tag) {
     using T = decltype(tag);
-    throw_if_error(cuda::bias_grad_adamw(data_as<T>(dyc), dyc.size(0), dyc.size(1), adamw_parameter<T>(a),
+    throw_if_error(cuda::bias_grad_adamw(data_as<T>(in.dy), in.dy.size(0), in.dy.size(1), adamw_parameter<T>(in.bias),
                                          current_stream()),
                    op);
   });

@@ -52,6 +52,18 @@ inline std::string plan_line(const GridPoint& g, const SpmmPlan& fwd, const Spmm
 }
 
 // The four plans of a layer's step at one grid point: forward, dX, dW, dW with AdamW.
+// The weight gradient's problem at a grid point.
+inline SddmmProblem sddmm_problem_at(const GridPoint& g, SddmmEpilogue epilogue) {
+  SddmmProblem s;
+  s.rows = g.m;
+  s.cols = g.k;
+  s.nnz = g.nnz;
+  s.n = g.n;
+  s.value_bytes = g.value_bytes;
+  s.epilogue = epilogue;
+  return s;
+}
+
 inline std::string plan_grid_point(const GridPoint& g, const DeviceLimits& limits, Status* status) {
   SpmmPlan fwd, dx;
   SddmmPlan dw, dw_adamw;
@@ -61,16 +73,9 @@ inline std::string plan_grid_point(const GridPoint& g, const DeviceLimits& limit
   p = SpmmProblem{g.k, g.m, g.nnz, g.n, g.value_bytes, true, SpmmVariant::kAuto};
   *status = plan_spmm(p, limits, &dx);
   if (!status->ok()) return "";
-  SddmmProblem s;
-  s.rows = g.m;
-  s.cols = g.k;
-  s.nnz = g.nnz;
-  s.n = g.n;
-  s.value_bytes = g.value_bytes;
-  *status = plan_sddmm(s, limits, &dw);
+  *status = plan_sddmm(sddmm_problem_at(g, SddmmEpilogue::kStore), limits, &dw);
   if (!status->ok()) return "";
-  s.epilogue = SddmmEpilogue::kAdamW;
-  *status = plan_sddmm(s, limits, &dw_adamw);
+  *status = plan_sddmm(sddmm_problem_at(g, SddmmEpilogue::kAdamW), limits, &dw_adamw);
   if (!status->ok()) return "";
   return plan_line(g, fwd, dx, dw, dw_adamw);
 }

@@ -105,15 +105,8 @@ TEST(Planner, PlansFitTheirDevice) {
         }
       }
       for (const SddmmEpilogue e : {SddmmEpilogue::kStore, SddmmEpilogue::kAdamW}) {
-        SddmmProblem s;
-        s.rows = g.m;
-        s.cols = g.k;
-        s.nnz = g.nnz;
-        s.n = g.n;
-        s.value_bytes = g.value_bytes;
-        s.epilogue = e;
         SddmmPlan p;
-        ASSERT_TRUE(plan_sddmm(s, limits, &p).ok());
+        ASSERT_TRUE(plan_sddmm(sddmm_problem_at(g, e), limits, &p).ok());
         EXPECT_LE(p.grid_x, p.variant == SddmmVariant::kSlot ? int64_t(1) << 20 : int64_t(limits.sms) * 8) << describe(p);
         if (p.variant == SddmmVariant::kRows) {
           EXPECT_LE(p.padded_batch, kSddmmRowsMaxBatch) << describe(p);

@@ -59,12 +59,6 @@ def _write_report() -> None:
             json.dump({"device": DEVICE.type, "examples_per_target": EXAMPLES, "outcomes": rows}, f, indent=1)
 
 
-def dense_of(p: snack.Pattern, values: torch.Tensor) -> torch.Tensor:
-    dense = torch.zeros(p.out_features, p.in_features, dtype=torch.float64)
-    dense[p.row_idx.long().cpu(), p.col_idx.long().cpu()] = values.detach().double().cpu()
-    return dense
-
-
 def random_layer(m, k, nnz_fraction, seed, dtype=torch.float32):
     nnz = max(0, min(m * k, round(nnz_fraction * m * k)))
     gen = torch.Generator().manual_seed(seed)
@@ -148,7 +142,7 @@ def test_corrupted_pattern_lists(m, k, frac, seed, data):
     ok, y = outcome("spmm(corrupted list, CPU)", lambda: ops.spmm(x, layer.values.detach(), tensors))
     assert ok == valid  # the CPU products check exactly what validate_pattern checks
     if ok:
-        ref, scale = matmul_ref(x, dense_of(layer.pattern, layer.values).t())
+        ref, scale = matmul_ref(x, layer.to_dense().detach().double().cpu().t())
         assert_close(y, ref, scale, torch.float32, "spmm")
 
 
@@ -167,7 +161,7 @@ def test_forward_and_backward_against_float64(m, k, frac, seed, n, lead, dtype, 
     x = torch.randn(*lead, n, k, generator=gen).to(dtype).to(DEVICE).requires_grad_(True)
     y = layer(x)
     OUTCOMES[("forward/backward vs float64", "accepted")] += 1
-    dense = dense_of(layer.pattern, layer.values)
+    dense = layer.to_dense().detach().double().cpu()
     x2 = x.detach().reshape(-1, k)
     ref, scale = matmul_ref(x2, dense.t())
     ref = ref + layer.bias.detach().double().cpu()
