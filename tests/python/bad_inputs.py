@@ -329,8 +329,9 @@ def checkpoints_that_are_valid_load(device):
     l = layer(device, seed=1)
     sd = l.state_dict()
     perm = torch.randperm(l.nnz)
-    shuffled = {**sd, "values": sd["values"][perm], "pattern.row_idx": sd["pattern.row_idx"][perm],
-                "pattern.col_idx": sd["pattern.col_idx"][perm]}
+    # Permuted on the CPU: torch indexes no uint16 tensor on CUDA.
+    shuffled = {**sd, **{n: sd[n].cpu()[perm].to(sd[n].device) for n in ("values", "pattern.row_idx",
+                                                                          "pattern.col_idx")}}
     other = layer(device, seed=2)
     other.load_state_dict(shuffled)
     assert torch.equal(other.to_dense(), l.to_dense())

@@ -214,7 +214,7 @@ def mutate(sd: dict, kind: str, key: str, data) -> dict:
             perm = torch.randperm(sd["values"].numel())
             for name in names:
                 if sd[name].shape == perm.shape:
-                    sd[name] = sd[name][perm]
+                    sd[name] = sd[name].cpu()[perm].to(sd[name].device)  # torch indexes no CUDA uint16
     return sd
 
 
