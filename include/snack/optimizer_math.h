@@ -54,9 +54,10 @@ struct AdamWStep {
   }
 
   /// The same update of a value and moments stored as T (A = accum_t<T>), from a gradient stored as
-  /// T: each is widened, updated, and rounded back once.
-  template <typename T>
-  SNACK_HOST_DEVICE void apply_stored(T g, T& value, T& exp_avg, T& exp_avg_sq) const {
+  /// G (T, or a 16-bit type for float32 master values under mixed precision): each is widened,
+  /// updated, and rounded back once.
+  template <typename G, typename T>
+  SNACK_HOST_DEVICE void apply_stored(G g, T& value, T& exp_avg, T& exp_avg_sq) const {
     A v = to_accum(value), m = to_accum(exp_avg), s = to_accum(exp_avg_sq);
     apply(to_accum(g), v, m, s);
     value = from_accum<T>(v);

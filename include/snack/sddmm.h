@@ -168,9 +168,13 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 /// `bias` (optional): a bias of w.rows values updated in the same call from its gradient
 /// db[r] = sum_n dY[n, r], with its own settings and count. The kRows kernel computes it from the
 /// dY it holds anyway (no launch of its own); the others launch the bias kernel after the product.
-template <typename T, typename Index>
-Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<T>& values,
-                   const AdamWParameter<T>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
+///
+/// P, the parameters' type, is T, or float for 16-bit T (mixed precision: float32 master values
+/// and moments updated from the gradient computed from T and rounded to T, as torch.autocast
+/// trains an nn.Linear).
+template <typename T, typename Index, typename P = T>
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<P>& values,
+                   const AdamWParameter<P>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
                    TransposedInput<T> x_t = {});
 
 /// The SDDMM planned for the current device, its workspace from cudaMallocAsync (C++ users
@@ -184,9 +188,9 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream);
 
 /// The bias gradient and AdamW's step of the bias in one kernel, as sddmm_adamw() for the values:
 /// db[r] (rounded to T) updates bias.values[r] and its moments in place and is never stored;
-/// *bias.step is advanced by one first.
-template <typename T>
-Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const AdamWParameter<T>& bias, Stream stream);
+/// *bias.step is advanced by one first. P as for sddmm_adamw().
+template <typename T, typename P = T>
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const AdamWParameter<P>& bias, Stream stream);
 
 }  // namespace cuda
 }  // namespace snack

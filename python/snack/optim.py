@@ -22,8 +22,14 @@ cannot be combined with it:
 
 * gradient accumulation over several backward passes, and a layer applied twice in one forward
   (both raise ``RuntimeError`` in the backward, before a second update);
-* gradient clipping, gradient scaling (AMP's ``GradScaler``), and ``DistributedDataParallel``,
-  which need the gradient before the update.
+* gradient clipping, gradient scaling (AMP's ``GradScaler``: ``scaler.step`` raises while the
+  optimizer fuses, after the backward has applied one update of the scaled gradient), and
+  ``DistributedDataParallel``, which need the gradient before the update.
+
+Under ``torch.autocast`` (bf16, or fp16 without a GradScaler) the fused update works as torch's
+AdamW does on an autocast ``nn.Linear``: the layer computes in the autocast dtype from 16-bit
+copies of its values and bias, and the backward computes their gradient from the 16-bit
+operands, rounds it to 16 bits, and updates the float32 values, bias and moments.
 
 Use ``torch.optim.AdamW`` for those (call :meth:`AdamW.release` first if a fused one was built); the
 two share their state layout, so a checkpoint of one loads into the other. Capturing the whole step
@@ -91,6 +97,16 @@ class AdamW(torch.optim.AdamW):
         # A step pre-hook, not an override of step(): a second step wrapper (profiling range, grad
         # mode) costs more host time than the hook.
         self.register_step_pre_hook(_clear_update_guards)
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # While it fuses, GradScaler.step must come here rather than unscale gradients that the
+        # fused values never had: _clear_update_guards then refuses the step (found_inf is set).
+        return bool(self._updates)
+
+    @_step_supports_amp_scaling.setter
+    def _step_supports_amp_scaling(self, value) -> None:
+        pass  # torch.optim.Adam's __init__ assigns it (True only with fused=True); the property decides
 
     def add_param_group(self, param_group: dict) -> None:
         _check_lr(param_group.get("lr", self.defaults["lr"]))  # before the group is added: nothing half-done
@@ -177,7 +193,13 @@ def _check_lr(lr) -> None:
 
 
 def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
-    """step() pre-hook: the values may be updated again by the next backward."""
+    """step() pre-hook: the values may be updated again by the next backward. Refuses a step from
+    torch.amp.GradScaler, which sets found_inf for optimizers that handle scaling themselves."""
+    if optimizer._updates and "found_inf" in vars(optimizer):
+        raise RuntimeError(
+            "snack.optim.AdamW cannot step under torch.amp.GradScaler: the update of SparseLinear values is fused "
+            "into their backward, which has already applied it from the scaled gradient (no unscaling, no skip on "
+            "inf). Train in bfloat16 (no scaler needed), or call release() and use torch.optim.AdamW with the scaler")
     for _, update in optimizer._updates.values():
         update.update_guard.zero_()
 

@@ -25,23 +25,25 @@ struct StoreGradient {
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
 };
 
-template <typename T>
+// T: the operands' type, to which the gradient is rounded; P: the parameter's and its moments'
+// (T, or float32 master values for 16-bit operands under mixed precision).
+template <typename T, typename P = T>
 struct AdamWUpdate {
   static constexpr bool kUpdatesState = true;  // apply() reads and writes each slot's value and moments
-  using A = accum_t<T>;
-  T* __restrict__ values;
-  T* __restrict__ exp_avg;
-  T* __restrict__ exp_avg_sq;
+  using A = accum_t<P>;
+  P* __restrict__ values;
+  P* __restrict__ exp_avg;
+  P* __restrict__ exp_avg_sq;
   float* step;  // device memory: a replayed CUDA graph reads the current count
   AdamWConfig config;
   AdamWStep<A> constants;
   struct Fetched {
-    T value, m, v;
+    P value, m, v;
   };
   float* count() const { return step; }  // advanced by one before the kernel that reads it
   __device__ __forceinline__ void begin() { constants = AdamWStep<A>::make(config, A(*step)); }
   __device__ __forceinline__ Fetched fetch(int64_t e) const { return {values[e], exp_avg[e], exp_avg_sq[e]}; }
-  __device__ __forceinline__ void apply(int64_t e, A g, Fetched f) const {
+  __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched f) const {
     // The gradient rounded to T first, as the update from a stored gradient would see it.
     constants.apply_stored(from_accum<T>(g), f.value, f.m, f.v);
     values[e] = f.value;

@@ -161,10 +161,12 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
                    workspace, stream, x_t);
 }
 
-template <typename T, typename Index>
-Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<T>& values,
-                   const AdamWParameter<T>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
+template <typename T, typename Index, typename P>
+Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<P>& values,
+                   const AdamWParameter<P>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
                    TransposedInput<T> x_t) {
+  static_assert(std::is_same_v<P, T> || (kIsHalfType<T> && std::is_same_v<P, float>),
+                "sddmm_adamw: parameters of the operands' type, or float32 masters of 16-bit operands");
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, required_if(w.nnz > 0, values.values),
@@ -176,11 +178,11 @@ Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t
   if (bias && w.rows > 0 && !(bias->values && bias->exp_avg && bias->exp_avg_sq && bias->step))
     return InvalidArgument("sddmm_adamw: the bias's values, exp_avg, exp_avg_sq and step must not be null");
   SNACK_RETURN_IF_ERROR(check_plan_matches(plan, w, n, SddmmEpilogue::kAdamW, workspace, x_t));
-  const AdamWUpdate<T> bias_update{bias ? bias->values : nullptr, bias ? bias->exp_avg : nullptr,
+  const AdamWUpdate<T, P> bias_update{bias ? bias->values : nullptr, bias ? bias->exp_avg : nullptr,
                                    bias ? bias->exp_avg_sq : nullptr, bias ? bias->step : nullptr,
                                    bias ? bias->config : AdamWConfig{}, {}};
   return run_sddmm(plan, w, dy, x, n,
-                   AdamWUpdate<T>{values.values, values.exp_avg, values.exp_avg_sq, values.step, values.config, {}},
+                   AdamWUpdate<T, P>{values.values, values.exp_avg, values.exp_avg_sq, values.step, values.config, {}},
                    bias ? &bias_update : nullptr, workspace, stream, x_t);
 }
 
@@ -224,20 +226,24 @@ Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias, Stream stream) {
                        stream);
 }
 
-template <typename T>
-Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const AdamWParameter<T>& bias, Stream stream) {
+template <typename T, typename P>
+Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const AdamWParameter<P>& bias, Stream stream) {
   return run_bias_grad("bias_grad_adamw", dy, n, m, bias.values && bias.exp_avg && bias.exp_avg_sq && bias.step,
                        "bias, exp_avg, exp_avg_sq and step must not be null",
-                       AdamWUpdate<T>{bias.values, bias.exp_avg, bias.exp_avg_sq, bias.step, bias.config, {}}, stream);
+                       AdamWUpdate<T, P>{bias.values, bias.exp_avg, bias.exp_avg_sq, bias.step, bias.config, {}}, stream);
 }
 
 #define SNACK_INSTANTIATE_CUDA_SDDMM(T, Index)                                                                     \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, const SddmmPlan&,   \
                                   void*, Stream, TransposedInput<T>);                                              \
-  template Status sddmm_adamw<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t,                    \
-                                        const AdamWParameter<T>&, const AdamWParameter<T>*, const SddmmPlan&,      \
-                                        void*, Stream, TransposedInput<T>);
+  SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(T, Index, T)
+
+// The AdamW step of parameters of type P from operands of type T.
+#define SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(T, Index, P)                                                        \
+  template Status sddmm_adamw<T, Index, P>(const SlotPattern<Index>&, const T*, const T*, int64_t,             \
+                                           const AdamWParameter<P>&, const AdamWParameter<P>*, const SddmmPlan&, \
+                                           void*, Stream, TransposedInput<T>);
 
 SNACK_INSTANTIATE_CUDA_SDDMM(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_SDDMM(float, int32_t)
@@ -247,13 +253,21 @@ SNACK_INSTANTIATE_CUDA_SDDMM(bfloat16, uint16_t)
 SNACK_INSTANTIATE_CUDA_SDDMM(bfloat16, int32_t)
 SNACK_INSTANTIATE_CUDA_SDDMM(float16, uint16_t)
 SNACK_INSTANTIATE_CUDA_SDDMM(float16, int32_t)
+SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(bfloat16, uint16_t, float)
+SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(bfloat16, int32_t, float)
+SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(float16, uint16_t, float)
+SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(float16, int32_t, float)
 template Status bias_grad<float>(const float*, int64_t, int64_t, float*, Stream);
 template Status bias_grad<double>(const double*, int64_t, int64_t, double*, Stream);
 template Status bias_grad<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*, Stream);
 template Status bias_grad<float16>(const float16*, int64_t, int64_t, float16*, Stream);
-template Status bias_grad_adamw<float>(const float*, int64_t, int64_t, const AdamWParameter<float>&, Stream);
-template Status bias_grad_adamw<double>(const double*, int64_t, int64_t, const AdamWParameter<double>&, Stream);
-template Status bias_grad_adamw<bfloat16>(const bfloat16*, int64_t, int64_t, const AdamWParameter<bfloat16>&, Stream);
-template Status bias_grad_adamw<float16>(const float16*, int64_t, int64_t, const AdamWParameter<float16>&, Stream);
+#define SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(T, P) \
+  template Status bias_grad_adamw<T, P>(const T*, int64_t, int64_t, const AdamWParameter<P>&, Stream);
+SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(float, float)
+SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(double, double)
+SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(bfloat16, bfloat16)
+SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(float16, float16)
+SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(bfloat16, float)
+SNACK_INSTANTIATE_CUDA_BIAS_ADAMW(float16, float)
 
 }  // namespace snack::cuda

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "op_args.h"
+#include "ops_common.h"
 
 namespace snack::binding {
 namespace {
@@ -76,6 +77,16 @@ std::vector<int64_t> output_shape(const at::Tensor& x, int64_t out_features) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out_features;
   return shape;
+}
+
+// What the products of sparse_linear_adamw read: values and bias as given, or, for 16-bit x with
+// float32 values (mixed precision: torch.autocast casts only x for this op, since the backward
+// updates the float32 masters in place), 16-bit copies of them.
+std::pair<at::Tensor, OptionalTensor> product_parameters(const at::Tensor& x, const at::Tensor& values,
+                                                         const OptionalTensor& bias) {
+  if (!is_mixed_precision(x, values)) return {values, bias};
+  const at::ScalarType t = x.scalar_type();
+  return {values.to(t), bias ? OptionalTensor(bias->to(t)) : std::nullopt};
 }
 
 void check_pattern_list(at::TensorList pattern) {
@@ -215,7 +226,10 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
     // The optimizer's tensors are not saved variables: the backward updates them, and they have no gradient.
     ctx->saved_data["state"] = state.vec();
     ctx->saved_data["hyper"] = hyper.vec();
-    return forward_and_save(ctx, x, values, bias, pattern, activation, values.requires_grad());
+    const auto [product_values, product_bias] = product_parameters(x, values, bias);
+    // Mixed precision: the products read the 16-bit copy (saved for dX), the update writes the masters.
+    if (!product_values.is_same(values)) ctx->saved_data["master_values"] = values;
+    return forward_and_save(ctx, x, product_values, product_bias, pattern, activation, values.requires_grad());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -247,15 +261,17 @@ class SparseLinearAdamWFunction : public torch::autograd::Function<SparseLinearA
       const OptionalTensor x_t =
           ctx->saved_data.count("x_t") ? OptionalTensor(ctx->saved_data["x_t"].toTensor()) : std::nullopt;
       ctx->saved_data.erase("x_t");  // freed once the update below is enqueued
+      const at::Tensor values = ctx->saved_data.count("master_values") ? ctx->saved_data["master_values"].toTensor()
+                                                                        : s.values;
       // The bias's update rides along in the same pass over dY.
-      call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.pattern, s.values,
+      call_sddmm_adamw(s.dy, flatten_input(s.x, s.in_features), s.pattern, values,
                        ctx->saved_data["state"].toTensorVector(), ctx->saved_data["hyper"].toDoubleVector(), bias,
                        bias_state, bias_hyper, x_t);
       // Set once the update is enqueued: a call that raised updated nothing, and the next backward may.
       if (ctx->saved_data.count("update_guard")) *ctx->saved_data["update_guard"].toTensor().data_ptr<int64_t>() = 1;
       // A second backward through a graph that saved these values (the layer applied twice, or a
       // retained graph) now fails autograd's version check instead of using updated values.
-      s.values.unsafeGetTensorImpl()->bump_version();
+      values.unsafeGetTensorImpl()->bump_version();
     }
     variable_list grads = gradients(size_t(ctx->saved_data["inputs"].toInt()), dx, at::Tensor(), at::Tensor());
     if (bias_in_backward) {
@@ -284,7 +300,8 @@ at::Tensor sparse_linear_autograd(const at::Tensor& x, const at::Tensor& values,
 at::Tensor sparse_linear_adamw_forward(const at::Tensor& x, const at::Tensor& values, const OptionalTensor& bias,
                                        at::TensorList pattern, at::TensorList, at::ArrayRef<double>, at::TensorList,
                                        const OptionalTensor&, at::ArrayRef<double>, c10::string_view activation) {
-  return sparse_linear_forward(x, values, bias, pattern, activation);
+  const auto [product_values, product_bias] = product_parameters(x, values, bias);
+  return sparse_linear_forward(x, product_values, product_bias, pattern, activation);
 }
 
 at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& values, const OptionalTensor& bias,
@@ -300,7 +317,8 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
                     ": bias_state holds exp_avg, exp_avg_sq and step, bias_hyper six numbers");
   if (!needs_grad(x, values, bias)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return sparse_linear_forward(x, values, bias, pattern, activation);
+    const auto [product_values, product_bias] = product_parameters(x, values, bias);
+    return sparse_linear_forward(x, product_values, product_bias, pattern, activation);
   }
   // A bias updated by the backward enters the node detached: autograd gives it no edge, so no
   // AccumulateGrad node of it runs with an undefined gradient. (Such a node keeps the stream it was

@@ -40,11 +40,18 @@ SddmmInputs sddmm_inputs(const at::Tensor& dy, const at::Tensor& x, at::TensorLi
   return in;
 }
 
+bool is_mixed_precision(const at::Tensor& operand, const at::Tensor& param) {
+  const at::ScalarType t = operand.scalar_type();
+  return param.scalar_type() == at::kFloat && (t == at::kBFloat16 || t == at::kHalf);
+}
+
 SddmmAdamWInputs sddmm_adamw_inputs(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern,
                                     const at::Tensor& values, at::TensorList state, at::ArrayRef<double> hyper,
                                     const std::optional<at::Tensor>& bias, at::TensorList bias_state,
                                     at::ArrayRef<double> bias_hyper, const char* op) {
-  SddmmAdamWInputs in{sddmm_inputs(dy, x, pattern, values, op), adamw_arg(values, state, hyper, op, "values"),
+  // dy and x of the values' dtype, or 16-bit with float32 values (mixed precision).
+  const at::Tensor& operand_like = is_mixed_precision(dy, values) ? dy : values;
+  SddmmAdamWInputs in{sddmm_inputs(dy, x, pattern, operand_like, op), adamw_arg(values, state, hyper, op, "values"),
                       std::nullopt};
   check_values(values, in.s.p, op);
   const bool bias_given = bias.has_value();
@@ -74,9 +81,10 @@ at::Tensor bias_grad_input(const at::Tensor& dy, const char* op) {
 BiasAdamWInputs bias_grad_adamw_inputs(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state,
                                        at::ArrayRef<double> hyper, const char* op) {
   BiasAdamWInputs in{bias_grad_input(dy, op), adamw_arg(bias, state, hyper, op, "bias")};
-  TORCH_CHECK_VALUE(in.dy.size(1) == bias.size(0) && in.dy.scalar_type() == bias.scalar_type(), "snack.", op,
-                    ": dy must be [N, ", bias.size(0), "] of the bias's dtype, got ", in.dy.sizes(), " ",
-                    in.dy.scalar_type());
+  TORCH_CHECK_VALUE(in.dy.size(1) == bias.size(0) &&
+                        (in.dy.scalar_type() == bias.scalar_type() || is_mixed_precision(in.dy, bias)),
+                    "snack.", op, ": dy must be [N, ", bias.size(0), "] of the bias's dtype (or 16-bit for a float32 "
+                    "bias), got ", in.dy.sizes(), " ", in.dy.scalar_type());
   check_same_device(in.dy, bias.device(), "dy", op);
   return in;
 }

@@ -36,7 +36,12 @@ struct SddmmInputs {
 SddmmInputs sddmm_inputs(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, const at::Tensor& like,
                          const char* op);
 
+// Whether a fused AdamW step updates float32 parameters from 16-bit operands (dy, x): mixed
+// precision, as under torch.autocast. Otherwise operands and parameters share one dtype.
+bool is_mixed_precision(const at::Tensor& operand, const at::Tensor& param);
+
 // sddmm_adamw_: the SDDMM's inputs, the values' AdamW state and, given together, the bias's.
+// dy and x have the values' dtype, or a 16-bit one with float32 values and bias (mixed precision).
 struct SddmmAdamWInputs {
   SddmmInputs s;
   AdamWArg values;

@@ -186,9 +186,10 @@ at::Tensor bias_grad(const at::Tensor& dy) {
 }
 
 // AdamW's step of a parameter from a stored gradient (the count already advanced): the CPU has no
-// fused kernels.
-void adamw_step(const at::Tensor& grad, const AdamWArg& a, const char* op) {
+// fused kernels. A 16-bit gradient of a float32 parameter (mixed precision) is widened exactly first.
+void adamw_step(const at::Tensor& stored_grad, const AdamWArg& a, const char* op) {
   const double count = a.step.item<double>();
+  const at::Tensor grad = stored_grad.to(a.param.scalar_type());
   dispatch_value_type(a.param, op, [&](auto tag) {
     using T = decltype(tag);
     throw_if_error(parallel_chunks(a.param.size(0), 1 << 14,

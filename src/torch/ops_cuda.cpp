@@ -179,40 +179,55 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
   }
   const bool with_x_t = given(x_t);
   if (with_x_t) {  // the forward's copy (spmm_for_step): checked for what the kernel reads
-    TORCH_CHECK_VALUE(x_t->device() == values.device() && x_t->scalar_type() == values.scalar_type() &&
+    TORCH_CHECK_VALUE(x_t->device() == values.device() && x_t->scalar_type() == in.s.x.scalar_type() &&
                           x_t->dim() == 2 && x_t->is_contiguous() && x_t->size(0) == in.s.p.cols + 1,
                       "snack.", op, ": x_t must be the forward's [", in.s.p.cols + 1, ", stride] copy of x, got ",
                       x_t->sizes());
   }
-  const SddmmPlan plan = sddmm_plan(sddmm_problem(in.s, values, SddmmEpilogue::kAdamW, v, with_x_t ? x_t->size(1) : 0),
+  const SddmmPlan plan = sddmm_plan(sddmm_problem(in.s, in.s.dy, SddmmEpilogue::kAdamW, v, with_x_t ? x_t->size(1) : 0),
                                     in.s.p.device.index(), op);
   const at::Tensor ws = workspace(plan.workspace_bytes, values);
-  dispatch_value_type(values, op, [&](auto tag) {
-    using T = decltype(tag);
+  // T: the operands' type; P: the parameters' (T, or float32 masters of 16-bit operands).
+  const auto run = [&](auto operand_tag, auto param_tag) {
+    using T = decltype(operand_tag);
+    using P = decltype(param_tag);
     const cuda::TransposedInput<T> given_x_t{with_x_t ? data_as<T>(*x_t) : nullptr, with_x_t ? x_t->size(1) : 0};
-    cuda::AdamWParameter<T> bias_param;
-    if (in.bias) bias_param = adamw_parameter<T>(*in.bias);
+    cuda::AdamWParameter<P> bias_param;
+    if (in.bias) bias_param = adamw_parameter<P>(*in.bias);
     throw_if_error(with_pattern(in.s.p,
                                 [&](auto w) {
                                   return cuda::sddmm_adamw(w, data_as<T>(in.s.dy), data_as<T>(in.s.x), in.s.x.size(0),
-                                                           adamw_parameter<T>(in.values),
+                                                           adamw_parameter<P>(in.values),
                                                            in.bias ? &bias_param : nullptr, plan, data_or_null(ws),
                                                            current_stream(), given_x_t);
                                 }),
                    op);
-  });
+  };
+  if (is_mixed_precision(in.s.dy, values)) {
+    if (in.s.dy.scalar_type() == at::kBFloat16) run(bfloat16{}, float{});
+    else run(float16{}, float{});
+  } else {
+    dispatch_value_type(values, op, [&](auto tag) { run(tag, tag); });
+  }
 }
 
 void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state, at::ArrayRef<double> hyper) {
   const char* op = "bias_grad_adamw_";
   const BiasAdamWInputs in = bias_grad_adamw_inputs(dy, bias, state, hyper, op);
   const c10::cuda::CUDAGuard guard(bias.device());
-  dispatch_value_type(bias, op, [&](auto tag) {
-    using T = decltype(tag);
-    throw_if_error(cuda::bias_grad_adamw(data_as<T>(in.dy), in.dy.size(0), in.dy.size(1), adamw_parameter<T>(in.bias),
+  const auto run = [&](auto operand_tag, auto param_tag) {
+    using T = decltype(operand_tag);
+    using P = decltype(param_tag);
+    throw_if_error(cuda::bias_grad_adamw(data_as<T>(in.dy), in.dy.size(0), in.dy.size(1), adamw_parameter<P>(in.bias),
                                          current_stream()),
                    op);
-  });
+  };
+  if (is_mixed_precision(in.dy, bias)) {
+    if (in.dy.scalar_type() == at::kBFloat16) run(bfloat16{}, float{});
+    else run(float16{}, float{});
+  } else {
+    dispatch_value_type(bias, op, [&](auto tag) { run(tag, tag); });
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,
