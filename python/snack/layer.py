@@ -70,7 +70,8 @@ class SparseLinear(nn.Module):
         density: fraction of connections kept, in (0, 1]. Exactly one of density/sparsity.
         sparsity: fraction of connections removed, ``1 - density``.
         device, dtype: as for ``nn.Linear``; dtype float32, float64, bfloat16 or float16 (the 16-bit
-            types are stored in 16 bits and computed in float32).
+            types are stored in 16 bits and computed in float32). Under ``torch.autocast`` the layer
+            computes in the autocast dtype, as ``nn.Linear`` does, and keeps its values' dtype.
         index_dtype: force ``torch.uint16`` or ``torch.int32`` slot indices (default: smallest fitting).
         generator: ``torch.Generator`` for the random pattern and initial values (CPU or the layer's device).
         activation: ``None`` (default), ``"relu"`` or ``"gelu"``: applied to the output, fused into the

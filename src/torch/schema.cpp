@@ -38,6 +38,8 @@ TORCH_LIBRARY(snack, m) {
   m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor[] pattern, Tensor(a!) values, Tensor(b!)[] state, "
         "float[] hyper, Tensor(c!)[] bias_state, Tensor(d!)? bias=None, float[] bias_hyper=[], Tensor? x_t=None, "
         "str variant=\"auto\") -> ()");
+  // dy and x have the values' dtype, or are 16-bit with float32 values, state and bias (mixed
+  // precision: the gradient is computed from them and rounded to their dtype before the update).
   // The same for a bias from its gradient bias_grad(dy), in place.
   m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!)[] state, float[] hyper) -> ()");
 
@@ -51,6 +53,8 @@ TORCH_LIBRARY(snack, m) {
   // then sets it (snack.optim.AdamW clears it in step(): no second update before a step).
   // bias_state and bias_hyper (the bias's own group; bias_state empty: none): the backward updates the bias the same way,
   // in sddmm_adamw_'s pass, and returns no gradient for it either.
+  // x may be 16-bit with float32 values and bias (mixed precision, as torch.autocast passes them):
+  // the products then read 16-bit copies, and the update writes the float32 masters.
   m.def("sparse_linear_adamw(Tensor x, Tensor values, Tensor? bias, Tensor[] pattern, Tensor[] state, "
         "float[] hyper, Tensor[] bias_state, Tensor? update_guard=None, float[] bias_hyper=[], "
         "str activation=\"none\") -> Tensor");
