@@ -35,11 +35,11 @@ TORCH_LIBRARY(snack, m) {
   // advanced by one first and the update uses the new count. bias (with bias_state and bias_hyper,
   // its own group's; bias_state empty without one): updated too, from bias_grad(dy) (on the GPU in the SDDMM's pass over dY).
   // x_t: the forward's copy of X transposed (spmm_for_step), read instead of transposing X again.
+  // dy and x have the values' dtype, or are 16-bit with float32 values, state and bias (mixed
+  // precision: the gradient is computed from them and rounded to their dtype before the update).
   m.def("sddmm_adamw_(Tensor dy, Tensor x, Tensor[] pattern, Tensor(a!) values, Tensor(b!)[] state, "
         "float[] hyper, Tensor(c!)[] bias_state, Tensor(d!)? bias=None, float[] bias_hyper=[], Tensor? x_t=None, "
         "str variant=\"auto\") -> ()");
-  // dy and x have the values' dtype, or are 16-bit with float32 values, state and bias (mixed
-  // precision: the gradient is computed from them and rounded to their dtype before the update).
   // The same for a bias from its gradient bias_grad(dy), in place.
   m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!)[] state, float[] hyper) -> ()");
 
