@@ -104,13 +104,17 @@ sanitize() {
   # graph tests; the ops of each index width.
   local kernels="((forward_variant or transposed_variant or sddmm_variant) and (float32 or bfloat16) and not 40000)"
   kernels="$kernels or wide_rows_closes or long_rows_split or stored_entries or unaligned or programmatic"
+  kernels="$kernels or (tensor_core_paths and bfloat16 and not 70x9000) or tensor_core_splits"
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
     -k "${SNACK_MEMCHECK_K:-$kernels}" tests/python/test_kernels_cuda.py || rc=1
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
     -k "cuda and float32" tests/python/test_ops.py || rc=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
-    -k "${SNACK_RACECHECK_K:-wide_rows_closes or long_rows_split or sddmm_skewed or (130x257 and float32)}" \
+    -k "${SNACK_RACECHECK_K:-wide_rows_closes or long_rows_split or sddmm_skewed or (130x257 and float32) or (tensor_core_paths and bfloat16 and 130x1001)}" \
     tests/python/test_kernels_cuda.py || rc=1
+  # The layer under autocast: the 16-bit products and the mixed-precision fused step.
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
+    -k "cuda and not cuda_graph" tests/python/test_autocast.py || rc=1
   # The bad-input matrix on the GPU (its isolated cases run in child processes, which the sanitizer follows).
   compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$PY" -m pytest -q -x \
     -p no:cacheprovider -k cuda tests/python/test_bad_inputs.py || rc=1

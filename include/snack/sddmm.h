@@ -140,6 +140,7 @@ struct AdamWParameter {
   T* exp_avg_sq = nullptr;
   float* step = nullptr;
   AdamWConfig config;
+  using Self = AdamWParameter;  // names the type where P must not be deduced (a bias given as nullptr)
 };
 
 /// X already transposed, as the forward leaves it when its plan transposes the whole batch at once
@@ -174,7 +175,7 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 /// trains an nn.Linear).
 template <typename T, typename Index, typename P = T>
 Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<P>& values,
-                   const AdamWParameter<P>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
+                   const typename AdamWParameter<P>::Self* bias, const SddmmPlan& plan, void* workspace, Stream stream,
                    TransposedInput<T> x_t = {});
 
 /// The SDDMM planned for the current device, its workspace from cudaMallocAsync (C++ users

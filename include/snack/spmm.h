@@ -38,6 +38,8 @@ enum class SpmmVariant : int {
                ///< tile of X (1, 2, 4 or 8 rows) in shared memory. Forward only.
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Float atomics make it non-deterministic: only when forced. Forward only.
+  kTensorCore, ///< 16-bit values only: bands of 64 rows expanded chunk by chunk into dense tiles in shared
+               ///< memory and multiplied with mma.sync (fp32 accumulation); a cluster splits a band's columns.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
@@ -62,7 +64,12 @@ enum class SpmmReason : int {
   kSmallInput,     ///< X small enough to stay in L1: read in place, no transpose launch
   kTinyProduct,    ///< too few multiply-adds for a transpose launch to pay
   kTransposeOnce,  ///< X transposed once and read as 16-byte vectors through L1
+  kTensorCores,    ///< 16-bit values and a batch of at least kTensorCoreMinBatch rows: tensor cores
 };
+
+/// Smallest batch the planner gives the tensor-core kernel in 16 bits (below it wide_rows and the
+/// row kernels read fewer bytes of X per slot than a tensor core wastes).
+inline constexpr int64_t kTensorCoreMinBatch = 9;
 /// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
 /// "transpose_once") and a sentence saying what it means.
 const char* spmm_reason_name(SpmmReason r);
@@ -99,6 +106,7 @@ struct SpmmPlan {
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller provides (kGlobalXT with a tile > 1)
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
+  int k_splits = 1;            ///< kTensorCore: blocks (one cluster) that split each band's columns
 };
 
 /// Plans a product on a GPU with `limits`. A requested variant that cannot run the problem (a

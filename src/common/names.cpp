@@ -24,7 +24,8 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kGlobalXT, "global_xt"},
                                                 {SpmmVariant::kGlobalX, "global_x"},
                                                 {SpmmVariant::kWideRows, "wide_rows"},
-                                                {SpmmVariant::kCooAtomic, "coo_atomic"}};
+                                                {SpmmVariant::kCooAtomic, "coo_atomic"},
+                                                {SpmmVariant::kTensorCore, "tensor_core"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
@@ -38,7 +39,9 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kSmallInput, "small_input", "X small enough to stay in L1: read in place, no transpose launch"},
     {SpmmReason::kTinyProduct, "tiny_product",
      "too few multiply-adds for a transpose launch to pay: X read in place through L1"},
-    {SpmmReason::kTransposeOnce, "transpose_once", "X transposed once, 16-byte vectors of it read through L1"}};
+    {SpmmReason::kTransposeOnce, "transpose_once", "X transposed once, 16-byte vectors of it read through L1"},
+    {SpmmReason::kTensorCores, "tensor_cores",
+     "16-bit values and a batch of 9 or more rows: tiles of W expanded in shared memory, multiplied on tensor cores"}};
 constexpr Named<SddmmReason> kSddmmReasons[] = {
     {SddmmReason::kForced, "forced", "the variant was named by the caller"},
     {SddmmReason::kSmallBatch, "small_batch", "below a batch of 4: one thread per slot, no transposes"},

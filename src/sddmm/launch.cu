@@ -163,7 +163,7 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
 
 template <typename T, typename Index, typename P>
 Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<P>& values,
-                   const AdamWParameter<P>* bias, const SddmmPlan& plan, void* workspace, Stream stream,
+                   const typename AdamWParameter<P>::Self* bias, const SddmmPlan& plan, void* workspace, Stream stream,
                    TransposedInput<T> x_t) {
   static_assert(std::is_same_v<P, T> || (kIsHalfType<T> && std::is_same_v<P, float>),
                 "sddmm_adamw: parameters of the operands' type, or float32 masters of 16-bit operands");

@@ -10,6 +10,7 @@
 #include "../device/transpose.cuh"
 #include "reference_kernels.cuh"
 #include "rows_kernel.cuh"
+#include "tensor_core_kernel.cuh"
 #include "snack/spmm.h"
 #include "wide_rows_kernel.cuh"
 
@@ -117,6 +118,49 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
   return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
 }
 
+template <typename T, typename View, int NT>
+Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in,
+                               int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  auto kernel = detail::spmm_tensor_core_kernel<T, View, NT>;
+  const size_t smem = detail::tensor_core_smem_bytes(NT);
+  if (smem > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
+  config.blockDim = dim3(detail::kTcThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = unsigned(plan.k_splits);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = plan.k_splits > 1 ? 1 : 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, view, out_dim, in_dim, in, n, bias, out, act,
+                                                plan.k_splits, vec));
+  return check_launch("spmm_tensor_core_kernel");
+}
+
+template <typename T, typename View>
+Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                          const T* bias, T* out, Activation act, Stream stream) {
+  if constexpr (kIsHalfType<T>) {
+    switch (plan.batch_tile) {
+      case 16: return launch_tensor_core_tile<T, View, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 32: return launch_tensor_core_tile<T, View, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 64: return launch_tensor_core_tile<T, View, 64>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 128:
+        return launch_tensor_core_tile<T, View, 128>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      default: break;
+    }
+    return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile));
+  } else {
+    return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
+  }
+}
+
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
 template <typename T, typename View>
 Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in,
@@ -136,6 +180,8 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
     }
     case SpmmVariant::kGlobalX:
       return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
+    case SpmmVariant::kTensorCore:
+      return launch_tensor_core<T>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case SpmmVariant::kGlobalXT: {
       // A one-row batch tile transposed is the row itself: that is global_x's in-place read.
       if (plan.batch_tile == 1)

@@ -169,6 +169,10 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
 // (read through L1) where it is not.
 SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason) {
   using namespace cuda::detail;
+  if (p.value_bytes == 2 && p.n >= kTensorCoreMinBatch) {
+    *reason = SpmmReason::kTensorCores;
+    return SpmmVariant::kTensorCore;
+  }
   const bool wide_full =
       wide.tile > 0 && wide.blocks_per_sm * wide_rows_threads(wide.tile) == kWideWarpsPerSm * 32;  // 32 warps per SM
   if (wide_full && wide.tile >= p.n && size_t(wide.tile) * size_t(p.value_bytes) <= kWideMaxGatherBytes &&
@@ -205,6 +209,31 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
   const int64_t slots = std::max<int64_t>(1, int64_t(limits.sms) * per_sm / tiles);
   plan->grid_x = std::max<int64_t>(1, std::min<int64_t>(blocks, slots));
   plan->threads = kSpmmWarps * 32;
+  return Status::Ok();
+}
+
+// The tensor-core kernel's grid: a block per band of kTcBandRows output rows and batch tile, and
+// per band a cluster of k_splits blocks that split its column chunks, doubled while the launch
+// stays under two blocks per SM (three fit at the largest tile) and each block keeps at least four
+// chunks.
+Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const int64_t bands = ceil_div(p.out_dim, kTcBandRows);
+  const int64_t tiles = ceil_div(std::max<int64_t>(p.n, 1), plan->batch_tile);
+  if (tiles > kMaxGridY)
+    return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
+                           std::to_string(p.n) + " rows");
+  const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
+  int splits = 1;
+  while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) && chunks >= 8 * splits)
+    splits *= 2;
+  plan->k_splits = splits;
+  plan->grid_x = std::max<int64_t>(1, bands) * splits;
+  plan->threads = kTcThreads;
+  plan->smem_bytes = tensor_core_smem_bytes(plan->batch_tile);
+  if (plan->smem_bytes > limits.smem_per_block)
+    return InvalidArgument("tensor_core: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
+                           "the device's " + std::to_string(limits.smem_per_block));
   return Status::Ok();
 }
 
@@ -252,6 +281,11 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     case SpmmVariant::kWarpRow:
       plan.batch_tile = p.n <= 1 ? 1 : (p.n <= 4 ? 4 : 8);
       break;
+    case SpmmVariant::kTensorCore:
+      if (p.value_bytes != 2)
+        return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
+      plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTcMaxTile));
+      break;
     case SpmmVariant::kWideRows:
       if (wide.tile == 0)
         return InvalidArgument("wide_rows: a batch tile of 1 x " + std::to_string(p.in_dim) +
@@ -264,14 +298,14 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       plan.batch_tile = 1;
       break;
   }
-  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows
+  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows || v == SpmmVariant::kTensorCore
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, p.out_dim,
                                                (p.n + plan.batch_tile - 1) / plan.batch_tile, p.transposed, limits);
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = p.nnz * int64_t(vb + sizeof(int32_t)) + p.n * p.in_dim * int64_t(vb);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
-                     operand_bytes <= kPrefetchMaxBytes;
+                     v != SpmmVariant::kTensorCore && operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   switch (v) {
@@ -293,6 +327,9 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
         return InvalidArgument("wide_rows: batch too large");
       break;
     }
+    case SpmmVariant::kTensorCore:
+      SNACK_RETURN_IF_ERROR(tensor_core_grid(p, &plan, limits));
+      break;
     default:
       SNACK_RETURN_IF_ERROR(rows_grid(p, &plan, limits));
       break;
@@ -310,6 +347,9 @@ std::string describe(const SpmmPlan& plan) {
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile);
   if (plan.variant == SpmmVariant::kWideRows) {
     s += ", " + std::to_string(plan.rows_per_warp) + " rows per warp";
+  } else if (plan.variant == SpmmVariant::kTensorCore) {
+    s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, " + std::to_string(plan.k_splits) +
+         " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
   } else if (plan.variant != SpmmVariant::kWarpRow && plan.variant != SpmmVariant::kCooAtomic) {
     s += ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   }

@@ -64,6 +64,25 @@ SNACK_HOST_DEVICE constexpr size_t wide_rows_static_smem(int tile) {
   return sizeof(int32_t) * size_t(wide_rows_threads(tile) / 32) * (kWideMaxRows + 1 + 3 * kWideLongPerWarp + 1);
 }
 
+// ---- the tensor-core kernel (tensor_core_kernel.cuh) ----
+constexpr int kTcWarps = 4;                   // warps per block, 16 output rows each
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcBandRows = kTcWarps * 16;    // output rows per block
+constexpr int kTcChunk = 64;                  // input columns per expanded tile
+constexpr int kTcStride = kTcChunk + 8;       // values per row of a staged tile: 16-byte rows, no bank conflicts
+constexpr int kTcPartialStride = kTcBandRows + 4;  // floats per batch row of the partial tile
+constexpr int kTcMaxSplits = 8;               // blocks of a cluster that split one band's chunks
+constexpr int kTcMinTile = 16;                // batch rows per block: 16, 32, 64 or 128
+constexpr int kTcMaxTile = 128;
+
+// Dynamic shared memory of one block: the warps' expanded tiles and two stages of the chunk of X
+// (the partial tile of the epilogue reuses them).
+SNACK_HOST_DEVICE constexpr size_t tensor_core_smem_bytes(int tile) {
+  return sizeof(uint16_t) * size_t(kTcWarps * 16 + 2 * tile) * size_t(kTcStride);
+}
+static_assert(sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMaxTile),
+              "the partial tile fits in the staging buffers");
+
 // ---- the reference kernels ----
 constexpr int kCooItems = 8;  // consecutive slots per thread of the atomic COO kernel
 

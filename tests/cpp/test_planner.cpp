@@ -86,6 +86,15 @@ TEST(Planner, PlansFitTheirDevice) {
             EXPECT_LE(p.batch_tile, 8) << describe(p);
             EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
             EXPECT_LE(size_t(p.batch_tile) * size_t(g.value_bytes), 16u) << describe(p);  // one 16-byte gather
+          } else if (p.variant == SpmmVariant::kTensorCore) {
+            EXPECT_EQ(g.value_bytes, 2) << describe(p);
+            EXPECT_GE(p.batch_tile, 16) << describe(p);
+            EXPECT_LE(p.batch_tile, 128) << describe(p);
+            EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
+            // A block per band and split; the splits one power-of-two cluster of at most 8.
+            EXPECT_EQ(p.grid_x, (out + 63) / 64 * p.k_splits) << describe(p);
+            EXPECT_EQ(p.k_splits & (p.k_splits - 1), 0) << describe(p);
+            EXPECT_LE(p.k_splits, 8) << describe(p);
           } else if (p.variant != SpmmVariant::kWarpRow) {
             EXPECT_LE(p.batch_tile, p.variant == SpmmVariant::kGlobalXT ? 128 : 32) << describe(p);
             EXPECT_GE(p.lanes_per_row, 1) << describe(p);

@@ -24,9 +24,22 @@ def variant_cases(transposed):
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
+# The variants that run 16-bit values only (the planner never picks them for others).
+SIXTEEN_BIT_ONLY = ("tensor_core",)
+
+
+def refusal(variant, n, in_dim, dtype):
+    """The error a forced variant gives for a product it cannot run (None: it runs it)."""
+    if variant in SIXTEEN_BIT_ONLY and dtype not in (torch.bfloat16, torch.float16):
+        return "16-bit"
+    return None if fits(variant, n, in_dim, dtype) else "shared memory"
+
+
 def fits(variant, n, in_dim, dtype):
     """wide_rows runs only where one row of X fits in shared memory (the planner never picks it
-    otherwise); the other variants run every product."""
+    otherwise), tensor_core only 16-bit values; the other variants run every product."""
+    if variant in SIXTEEN_BIT_ONLY:
+        return dtype in (torch.bfloat16, torch.float16)
     if variant != "wide_rows":
         return True
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
@@ -51,8 +64,8 @@ def test_forward_variant(shape, variant, dtype):
     m, k, n, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
     x, bias = p.randn(n, k, seed=7), p.randn(m, seed=8)
-    if not fits(variant, n, k, dtype):
-        with pytest.raises(ValueError, match="shared memory"):
+    if refusal(variant, n, k, dtype):
+        with pytest.raises(ValueError, match=refusal(variant, n, k, dtype)):
             ops.spmm(x, p.values, p.tensors, bias, variant=variant)
         return
     poison_cache(torch.device("cuda"))
@@ -68,8 +81,8 @@ def test_transposed_variant(shape, variant, dtype):
     m, k, n, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty)
     dy = p.randn(n, m, seed=9)
-    if not fits(variant, n, m, dtype):
-        with pytest.raises(ValueError, match="shared memory"):
+    if refusal(variant, n, m, dtype):
+        with pytest.raises(ValueError, match=refusal(variant, n, m, dtype)):
             ops.spmm_t(dy, p.values, p.tensors, variant)
         return
     poison_cache(torch.device("cuda"))
@@ -157,6 +170,8 @@ def test_one_row_of_a_large_layer_runs_wide_rows():
 @pytest.mark.parametrize("n", [1, 3, 16, 40])
 def test_long_rows_split_over_a_block(variant, n):
     # Rows of 5000 entries next to rows of ~10: the kernels hand the long rows to a whole block.
+    if variant in SIXTEEN_BIT_ONLY:
+        pytest.skip("a 16-bit variant: test_tensor_core_paths runs its long rows")
     m, k = 300, 5000
     rows, cols = skewed_positions(m, k, dense_rows=11, nnz_rest=3000, seed=n)
     p = Weight(m, k, rows.numel(), device="cuda", positions=(rows, cols))
@@ -172,6 +187,37 @@ def test_long_rows_split_over_a_block(variant, n):
         dx = ops.spmm_t(dy, q.values, q.tensors, variant)
         assert_matmul(dx, dy, q.dense64, torch.float32, what=variant)
         assert torch.equal(ops.spmm_t(dy, q.values, q.tensors, variant), dx)
+
+
+# (M, K, nnz, empty rows): bands of dense stretches (more than 32 slots of a row in one chunk), K not
+# a multiple of 8 (X staged element by element), a few bands over many chunks (a cluster of blocks
+# splits each band's columns, each seeking its first column), a partial last band.
+TENSOR_CORE_SHAPES = [(64, 100, 5800, 0), (130, 1001, 20000, 9), (256, 4096, 100000, 3), (70, 9000, 60000, 0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", TENSOR_CORE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n", [9, 16, 40, 128, 200])
+def test_tensor_core_paths(shape, n, dtype):
+    m, k, nnz, empty = shape
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty, seed=n)
+    x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "auto"))
+    assert plan.variant == "tensor_core" and plan.reason == "tensor_cores", plan
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias)
+    assert_matmul(y, x, p.dense64.T, dtype, bias=bias, what=str(plan))
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias), y), "not bitwise reproducible"
+    dy = p.randn(n, m, seed=3)
+    dx = ops.spmm_t(dy, p.values, p.tensors)
+    assert_matmul(dx, dy, p.dense64, dtype, what="transposed")
+    assert torch.equal(ops.spmm_t(dy, p.values, p.tensors), dx)
+
+
+def test_tensor_core_splits_columns_over_a_cluster():
+    p = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, 16, "forward", "auto"))
+    assert plan.variant == "tensor_core" and "8 blocks per band" in plan.describe, plan
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -270,13 +316,14 @@ def test_wide_rows_more_long_rows_than_a_warp_keeps(n):
 @pytest.mark.parametrize("variant", snack.SPMM_VARIANTS)
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_activation_every_variant(variant, activation):
-    p = Weight(70, 90, 900, device="cuda", empty_rows=4)
+    dtype = torch.bfloat16 if variant in SIXTEEN_BIT_ONLY else torch.float32
+    p = Weight(70, 90, 900, device="cuda", dtype=dtype, empty_rows=4)
     x, bias = p.randn(6, 90, seed=1), p.randn(70, seed=2)
     y = ops.spmm(x, p.values, p.tensors, bias, activation=activation, variant=variant)
     z, scale = matmul_ref(x, p.dense64.T)
     z, scale = z + bias.double().cpu(), scale + bias.double().cpu().abs()
     ref = torch.relu(z) if activation == "relu" else torch.nn.functional.gelu(z)
-    assert_close(y, ref, 1.2 * scale, torch.float32, variant)  # both activations have slope below 1.2
+    assert_close(y, ref, 1.2 * scale, dtype, variant)  # both activations have slope below 1.2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -1,0 +1,269 @@
+// The tensor-core SpMM for 16-bit values (bf16, fp16; fp32 accumulation): W is loaded as sparse and
+// multiplied as dense. A block owns a band of kTcBandRows output rows and a range of kTcChunk-wide
+// column chunks; for each chunk every warp expands its 16 rows' slots into a dense 16 x kTcChunk tile
+// in shared memory (zeros elsewhere), the block stages the chunk of X (NT batch rows) beside it, and
+// mma.sync m16n8k16 multiplies the two.
+//
+// The tile contents come from the CSR view itself (or the CSC view for dX): a band's rows are
+// consecutive slots, sorted by column, so each row keeps a cursor and one 32-lane ballot over its next
+// slots says which of them fall into the chunk. No tiled copy of the pattern is stored or rebuilt.
+//
+// Several blocks of one band split its chunks (a thread-block cluster of kSplits blocks along x) when
+// the bands alone would leave SMs idle; their partial tiles are summed through distributed shared
+// memory in a fixed order, so the result is deterministic. Each block's cursors start from a sampled
+// search (32 probes per round) of its first column in every row.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "../device/cuda_utils.cuh"
+#include "shapes.h"
+#include "snack/activation.h"
+#include "snack/value_types.h"
+#include "views.cuh"
+
+namespace snack::cuda::detail {
+
+// The m16n8k16 product of the 16-bit type T, accumulated in float.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(smem)));
+}
+
+// 16 bytes global -> shared, of which the first src_bytes are read and the rest zero-filled.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// The chunk of the input [n0, n0 + NT) x [k0, k0 + kTcChunk) into xs ([NT][kTcStride]), zeros
+// outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base).
+template <typename T, int NT>
+__device__ __forceinline__ void stage_input_chunk(uint16_t* xs, const T* __restrict__ in, int64_t n, int64_t in_dim,
+                                                  int64_t n0, int64_t k0, bool vec) {
+  constexpr int kSegments = NT * (kTcChunk / 8);  // 16-byte segments of the chunk
+  if (vec) {
+    for (int s = threadIdx.x; s < kSegments; s += kTcThreads) {
+      const int row = s / (kTcChunk / 8), seg = s % (kTcChunk / 8);
+      const int64_t b = n0 + row, k = k0 + seg * 8;
+      const bool inside = b < n && k < in_dim;
+      const T* src = inside ? in + b * in_dim + k : in;
+      cp_async_16(xs + row * kTcStride + seg * 8, src, inside ? 16 : 0);
+    }
+    cp_async_commit();
+  } else {
+    const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
+    for (int e = threadIdx.x; e < NT * kTcChunk; e += kTcThreads) {
+      const int row = e / kTcChunk, col = e % kTcChunk;
+      const int64_t b = n0 + row, k = k0 + col;
+      xs[row * kTcStride + col] = b < n && k < in_dim ? raw[b * in_dim + k] : uint16_t(0);
+    }
+  }
+}
+
+// Lanes r < 16 hold the cursor (next slot) of row r of the warp's 16, lanes 16 + r its end.
+// Moves every cursor to the first slot whose input is >= k_begin: rounds of 32 probes per row,
+// the 16 rows' probes issued together.
+template <typename View>
+__device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor_or_end, int64_t k_begin) {
+  const int lane = threadIdx.x % 32;
+  int32_t lo = cursor_or_end;
+  int32_t len = __shfl_down_sync(0xffffffffu, cursor_or_end, 16) - cursor_or_end;  // lanes < 16: the row's length
+  while (__any_sync(0xffffffffu, lane < 16 && len > 0)) {
+    int32_t probe[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int32_t row_lo = __shfl_sync(0xffffffffu, lo, r), row_len = __shfl_sync(0xffffffffu, len, r);
+      const int32_t step = (row_len + 31) / 32;
+      const int32_t at = lane * step;
+      probe[r] = row_len > 0 && at < row_len ? view.input(row_lo + at) : INT_MAX;
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int32_t row_len = __shfl_sync(0xffffffffu, len, r);
+      const int32_t step = (row_len + 31) / 32;
+      const int32_t below = __popc(__ballot_sync(0xffffffffu, probe[r] < k_begin));
+      if (lane == r && row_len > 0) {
+        if (below == 0) {
+          len = 0;
+        } else {
+          const int32_t skipped = (below - 1) * step + 1;  // the probes below, and the slots before the last
+          lo += skipped;
+          len = min(step - 1, row_len - skipped);
+        }
+      }
+    }
+  }
+  return lane < 16 ? lo : cursor_or_end;
+}
+
+// Expands the slots of the warp's 16 rows with inputs in [k0, k0 + kTcChunk) into `tile`
+// ([16][kTcStride], zeroed), advancing the cursors. The 16 rows' next 32 slots are loaded together;
+// a row with more than 32 slots in the chunk continues on its own.
+template <typename T, typename View>
+__device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor_or_end, int64_t k0) {
+  const int lane = threadIdx.x % 32;
+  const int64_t k_end = k0 + kTcChunk;
+  int32_t input[16];
+  T value[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int32_t e = __shfl_sync(0xffffffffu, cursor_or_end, r) + lane;
+    const bool valid = e < __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
+    input[r] = valid ? view.input(e) : INT_MAX;
+    value[r] = valid ? view.value(e) : T{};
+  }
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    bool take = input[r] < k_end;
+    if (take) tile[r * kTcStride + (input[r] - k0)] = value[r].bits;
+    int32_t taken = __popc(__ballot_sync(0xffffffffu, take));
+    int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, r) + taken;
+    const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
+    while (taken == 32 && cursor < end) {  // warp-uniform: a dense stretch of the row
+      const int32_t e = cursor + lane;
+      const int32_t in_col = e < end ? view.input(e) : INT_MAX;
+      take = in_col < k_end;
+      if (take) tile[r * kTcStride + (in_col - k0)] = view.value(e).bits;
+      taken = __popc(__ballot_sync(0xffffffffu, take));
+      cursor += taken;
+    }
+    if (lane == r) cursor_or_end = cursor;
+  }
+}
+
+// out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits,
+// the batch tile of blockIdx.y; the cluster's blocks split the band's chunks.
+template <typename T, typename View, int NT>
+__global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view, int64_t out_dim, int64_t in_dim,
+                                                                      const T* __restrict__ in, int64_t n,
+                                                                      const T* __restrict__ bias, T* __restrict__ out,
+                                                                      Activation act, int splits, bool vec) {
+  static_assert(NT % 16 == 0 && NT <= 128, "batch tiles of 16 to 128 rows");
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(smem);                 // [warps][16][kTcStride]
+  uint16_t* xs = tiles + kTcWarps * 16 * kTcStride;                     // [2][NT][kTcStride]
+  float* partial = reinterpret_cast<float*>(smem);                      // [NT][kTcPartialStride], after the loop
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int split = int(blockIdx.x % unsigned(splits));
+  const int64_t o0 = int64_t(blockIdx.x / unsigned(splits)) * kTcBandRows;
+  const int64_t n0 = int64_t(blockIdx.y) * NT;
+  const int64_t chunks = (in_dim + kTcChunk - 1) / kTcChunk;
+  const int64_t c_begin = chunks * split / splits, c_end = chunks * (split + 1) / splits;
+
+  // Cursors: lane r < 16 the first slot of row o0 + 16 warp + r, lane 16 + r its end.
+  const int64_t my_row = o0 + warp * 16 + (lane % 16);
+  int32_t cursor_or_end = 0;
+  if (my_row < out_dim) cursor_or_end = view.ptr[my_row + (lane < 16 ? 0 : 1)];
+  if (c_begin > 0) cursor_or_end = seek_cursors(view, cursor_or_end, c_begin * kTcChunk);
+
+  float acc[NT / 8][4];
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  uint16_t* tile = tiles + warp * 16 * kTcStride;
+  if (c_begin < c_end) stage_input_chunk<T, NT>(xs, in, n, in_dim, n0, c_begin * kTcChunk, vec);
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int buf = int((c - c_begin) & 1);
+    __syncwarp();
+    // Zero the warp's tile (16 rows of kTcChunk values: 4 stores of 16 bytes per lane).
+#pragma unroll
+    for (int i = 0; i < 16 * kTcChunk / 8 / 32; ++i) {
+      const int seg = lane + 32 * i;
+      *reinterpret_cast<uint4*>(tile + (seg / (kTcChunk / 8)) * kTcStride + (seg % (kTcChunk / 8)) * 8) =
+          make_uint4(0, 0, 0, 0);
+    }
+    __syncwarp();
+    expand_chunk<T>(view, tile, cursor_or_end, c * kTcChunk);
+    if (vec) cp_async_wait_all();
+    __syncthreads();  // the chunk of X is staged; every warp is done with the other buffer
+    if (c + 1 < c_end)
+      stage_input_chunk<T, NT>(xs + (buf ^ 1) * NT * kTcStride, in, n, in_dim, n0, (c + 1) * kTcChunk, vec);
+    const uint16_t* x_chunk = xs + buf * NT * kTcStride;
+#pragma unroll
+    for (int ks = 0; ks < kTcChunk / 16; ++ks) {
+      uint32_t a[4];
+      ldmatrix_x4(a, tile + (lane % 16) * kTcStride + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < NT / 8; j += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, x_chunk + ((j + lane / 16) * 8 + lane % 8) * kTcStride + ks * 16 + ((lane / 8) % 2) * 8);
+        mma_16816<T>(acc[j], a, b[0], b[1]);
+        mma_16816<T>(acc[j + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // The block's partial tile [NT][64 rows] to shared memory (over the staging buffers).
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+    const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+    partial[b * kTcPartialStride + row] = acc[j][0];
+    partial[(b + 1) * kTcPartialStride + row] = acc[j][1];
+    partial[b * kTcPartialStride + row + 8] = acc[j][2];
+    partial[(b + 1) * kTcPartialStride + row + 8] = acc[j][3];
+  }
+  // Block `split` of the cluster finishes batch rows split, split + splits, ... of the tile (two at a
+  // time, a thread per output row), summing the blocks' partials in rank order.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1) cluster.sync();
+  else __syncthreads();
+#else
+  if (splits > 1) __trap();  // clusters need sm_90 (the planner's splits assume it)
+  __syncthreads();
+#endif
+  const int row = threadIdx.x % kTcBandRows;
+  for (int b = split + int(threadIdx.x / kTcBandRows) * splits; b < NT; b += (kTcThreads / kTcBandRows) * splits) {
+    float sum = 0.f;
+    for (int q = 0; q < splits; ++q) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+      const float* part = splits > 1 ? cluster.map_shared_rank(partial, q) : partial;
+#else
+      const float* part = partial;
+#endif
+      sum += part[b * kTcPartialStride + row];
+    }
+    const int64_t o = o0 + row, batch = n0 + b;
+    if (o < out_dim && batch < n) {
+      if (bias != nullptr) sum += to_accum(bias[o]);
+      out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
+    }
+  }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if (splits > 1) cluster.sync();  // no block leaves while another reads its partial tile
+#endif
+}
+
+}  // namespace snack::cuda::detail
