@@ -17,6 +17,12 @@ def tolerance(dtype: torch.dtype) -> float:
     return {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2 ** -8, torch.float16: 1e-3}[dtype]
 
 
+def subnormal_spacing(dtype: torch.dtype) -> float:
+    """The absolute error of rounding to `dtype` near zero, where its values are subnormal: a 16-bit
+    result there is off by up to half this spacing whatever the relative tolerance."""
+    return {torch.float16: 2.0 ** -24, torch.bfloat16: 2.0 ** -133}.get(dtype, 1e-300)
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
     """Every element of `out` finite and within tolerance(dtype) * scale of `ref` (scale: the sum of
     the magnitudes of the terms of each element, float64); names the worst elements otherwise."""
@@ -25,7 +31,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, dtyp
     assert out64.shape == ref64.shape, (what, out64.shape, ref64.shape)
     bad = ~torch.isfinite(out64)
     assert not bool(bad.any()), f"{what}: {int(bad.sum())} non-finite elements (unwritten or NaN)"
-    excess = (out64 - ref64).abs() - tolerance(dtype) * scale64 - 1e-300
+    excess = (out64 - ref64).abs() - tolerance(dtype) * scale64 - subnormal_spacing(dtype)
     if bool((excess > 0).any()):
         worst = torch.topk(excess.flatten(), min(3, excess.numel())).indices
         detail = ", ".join(f"[{int(i)}] {out64.flatten()[i].item():.8g} vs {ref64.flatten()[i].item():.8g}"
