@@ -64,11 +64,11 @@ enum class SpmmReason : int {
   kSmallInput,     ///< X small enough to stay in L1: read in place, no transpose launch
   kTinyProduct,    ///< too few multiply-adds for a transpose launch to pay
   kTransposeOnce,  ///< X transposed once and read as 16-byte vectors through L1
-  kTensorCores,    ///< 16-bit values and a batch of at least kTensorCoreMinBatch rows: tensor cores
+  kTensorCores,    ///< 16-bit values, many batch rows, a high density: tensor cores
 };
 
-/// Smallest batch the planner gives the tensor-core kernel in 16 bits (below it wide_rows and the
-/// row kernels read fewer bytes of X per slot than a tensor core wastes).
+/// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels
+/// read fewer bytes of X per slot than a tensor core wastes); plan.cpp says where above it it pays.
 inline constexpr int64_t kTensorCoreMinBatch = 9;
 /// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
 /// "transpose_once") and a sentence saying what it means.

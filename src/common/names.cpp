@@ -41,7 +41,8 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
      "too few multiply-adds for a transpose launch to pay: X read in place through L1"},
     {SpmmReason::kTransposeOnce, "transpose_once", "X transposed once, 16-byte vectors of it read through L1"},
     {SpmmReason::kTensorCores, "tensor_cores",
-     "16-bit values and a batch of 9 or more rows: tiles of W expanded in shared memory, multiplied on tensor cores"}};
+     "16-bit values, many batch rows and a high density: tiles of W expanded in shared memory, multiplied on tensor "
+     "cores"}};
 constexpr Named<SddmmReason> kSddmmReasons[] = {
     {SddmmReason::kForced, "forced", "the variant was named by the caller"},
     {SddmmReason::kSmallBatch, "small_batch", "below a batch of 4: one thread per slot, no transposes"},

@@ -163,13 +163,30 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
   return {};
 }
 
+// Where the tensor-core kernel beats the CUDA-core ones in 16 bits. Its cost per 64-column chunk is
+// fixed (expanding 64 rows, one barrier, the products of the whole tile), so it pays where the row
+// kernels' cost per slot and batch row grows past it: many batch rows at a high density. Measured
+// on the H200 in bf16 (uniform rows; 768x3072, 3072x768, 4096x4096, 16384x4096 at 50-95%,
+// N = 16-128, bench/results/spmm_nvidia_h200_bf16.md): it wins at N >= 128 from 70% density
+// down to 30% on every shape (768x3072, 70%: 29.2 against 48.2 us), and on the layers of at least
+// 2^24 weights at N >= 64 from 10% density (16384x4096, 90%: 119.9 against 148.2 us) and at
+// N >= 32 from 30% (16384x4096, 70%: 121.1 against 219.6 us); elsewhere global_xt is faster
+// (16384x4096, 90%, N = 16: 50.0 against 96.1 us).
+bool tensor_cores_pay(const SpmmProblem& p) {
+  if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
+  const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
+  const bool large = p.out_dim * p.in_dim >= (int64_t(1) << 24);
+  return (p.n >= 128 && density >= 0.3) || (large && p.n >= 64 && density >= 0.1) ||
+         (large && p.n >= 32 && density >= 0.3);
+}
+
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few
 // rows of a large product stream W fastest with wide_rows; otherwise X is read in place where one
 // row is all, where it is small enough to stay in L1 or the product is tiny, and transposed once
 // (read through L1) where it is not.
 SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason) {
   using namespace cuda::detail;
-  if (p.value_bytes == 2 && p.n >= kTensorCoreMinBatch) {
+  if (tensor_cores_pay(p)) {
     *reason = SpmmReason::kTensorCores;
     return SpmmVariant::kTensorCore;
   }

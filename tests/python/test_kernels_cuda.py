@@ -202,22 +202,31 @@ def test_tensor_core_paths(shape, n, dtype):
     m, k, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty, seed=n)
     x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
-    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "auto"))
-    assert plan.variant == "tensor_core" and plan.reason == "tensor_cores", plan
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "tensor_core"))
     poison_cache(torch.device("cuda"))
-    y = ops.spmm(x, p.values, p.tensors, bias)
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="tensor_core")
     assert_matmul(y, x, p.dense64.T, dtype, bias=bias, what=str(plan))
-    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias), y), "not bitwise reproducible"
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="tensor_core"), y), "not bitwise reproducible"
     dy = p.randn(n, m, seed=3)
-    dx = ops.spmm_t(dy, p.values, p.tensors)
+    dx = ops.spmm_t(dy, p.values, p.tensors, "tensor_core")
     assert_matmul(dx, dy, p.dense64, dtype, what="transposed")
-    assert torch.equal(ops.spmm_t(dy, p.values, p.tensors), dx)
+    assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "tensor_core"), dx)
 
 
 def test_tensor_core_splits_columns_over_a_cluster():
     p = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
-    plan = snack.Plan(*ops.explain(p.values, p.tensors, 16, "forward", "auto"))
-    assert plan.variant == "tensor_core" and "8 blocks per band" in plan.describe, plan
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, 16, "forward", "tensor_core"))
+    assert "8 blocks per band" in plan.describe, plan
+
+
+def test_the_planner_takes_tensor_cores_for_many_rows_at_a_high_density():
+    dense_enough = Weight(768, 3072, 768 * 3072 // 2, device="cuda", dtype=torch.bfloat16)
+    assert snack.Plan(*ops.explain(dense_enough.values, dense_enough.tensors, 128, "forward", "auto")).variant == \
+        "tensor_core"
+    assert snack.Plan(*ops.explain(dense_enough.values, dense_enough.tensors, 16, "forward", "auto")).variant != \
+        "tensor_core"
+    fp32 = Weight(768, 3072, 768 * 3072 // 2, device="cuda")
+    assert snack.Plan(*ops.explain(fp32.values, fp32.tensors, 128, "forward", "auto")).variant != "tensor_core"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
