@@ -125,38 +125,26 @@ __device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor
   return lane < 16 ? lo : cursor_or_end;
 }
 
-// The next 32 slots of each of the warp's 16 rows (from their cursors): lane l holds slot cursor + l
-// of every row, or INT_MAX past the row's end.
-template <typename T>
-struct SlotWindow {
+// Expands the slots of the warp's 16 rows with inputs in [k0, k0 + kTcChunk) into `tile`
+// ([16][kTcStride], zeroed), advancing the cursors. The 16 rows' next 32 slots are loaded together;
+// a row with more than 32 slots in the chunk continues on its own.
+template <typename T, typename View>
+__device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor_or_end, int64_t k0) {
+  const int lane = threadIdx.x % 32;
+  const int64_t k_end = k0 + kTcChunk;
   int32_t input[16];
   T value[16];
-};
-
-template <typename T, typename View>
-__device__ __forceinline__ void load_window(const View& view, int32_t cursor_or_end, SlotWindow<T>& w) {
-  const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int32_t e = __shfl_sync(0xffffffffu, cursor_or_end, r) + lane;
     const bool valid = e < __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
-    w.input[r] = valid ? view.input(e) : INT_MAX;
-    w.value[r] = valid ? view.value(e) : T{};
+    input[r] = valid ? view.input(e) : INT_MAX;
+    value[r] = valid ? view.value(e) : T{};
   }
-}
-
-// Expands the slots of the warp's 16 rows with inputs in [k0, k0 + kTcChunk) into `tile`
-// ([16][kTcStride], zeroed) from the window loaded at the rows' cursors, advancing the cursors. A
-// row with more than 32 slots in the chunk continues on its own.
-template <typename T, typename View>
-__device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor_or_end, int64_t k0,
-                                             const SlotWindow<T>& w) {
-  const int lane = threadIdx.x % 32;
-  const int64_t k_end = k0 + kTcChunk;
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
-    bool take = w.input[r] < k_end;
-    if (take) tile[r * kTcStride + (w.input[r] - k0)] = w.value[r].bits;
+    bool take = input[r] < k_end;
+    if (take) tile[r * kTcStride + (input[r] - k0)] = value[r].bits;
     int32_t taken = __popc(__ballot_sync(0xffffffffu, take));
     int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, r) + taken;
     const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
@@ -203,11 +191,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
   for (int j = 0; j < NT / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
   uint16_t* tile = tiles + warp * 16 * kTcStride;
-  SlotWindow<T> window;  // the slots of the chunk to expand next, loaded one chunk ahead
-  if (c_begin < c_end) {
-    load_window(view, cursor_or_end, window);
-    stage_input_chunk<T, NT>(xs, in, n, in_dim, n0, c_begin * kTcChunk, vec);
-  }
+  if (c_begin < c_end) stage_input_chunk<T, NT>(xs, in, n, in_dim, n0, c_begin * kTcChunk, vec);
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int buf = int((c - c_begin) & 1);
     __syncwarp();
@@ -219,9 +203,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
           make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
-    expand_chunk<T>(view, tile, cursor_or_end, c * kTcChunk, window);
-    // The next chunk's slots are requested now: their loads overlap this chunk's products.
-    if (c + 1 < c_end) load_window(view, cursor_or_end, window);
+    expand_chunk<T>(view, tile, cursor_or_end, c * kTcChunk);
     if (vec) cp_async_wait_all();
     __syncthreads();  // the chunk of X is staged; every warp is done with the other buffer
     if (c + 1 < c_end)
