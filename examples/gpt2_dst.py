@@ -4,7 +4,9 @@
     python examples/gpt2_dst.py --configs 1x128:0.9,1x128:0.99,8x1024:0.9:50 --algorithm rigl
     python examples/gpt2_dst.py --tiny --steps 3         # seconds on a CPU (what the tests run)
 
-`--configs` lists BATCHxBLOCK:SPARSITY[:STEPS] runs; each trains snack, Dense+Mask and dense.
+`--configs` lists BATCHxBLOCK:SPARSITY[:STEPS] runs; each trains snack, Dense+Mask and dense, in
+each of `--dtypes` (fp32; bf16: the forward under torch.autocast(bfloat16), float32 weights, as
+mixed-precision training runs; generation then runs under autocast too).
 
 The model is GPT2LMHeadModel built from GPT2Config (random initialisation, no download) with a
 byte-level vocabulary of 256. The corpus is the source code of Python's standard library on this
@@ -24,6 +26,7 @@ every config of the invocation. transformers is needed by this example only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import sysconfig
@@ -36,7 +39,7 @@ from torch import nn
 import snack
 from snack import benchmark
 
-COLUMNS = ["impl", "batch", "block", "sparsity", "steps", "peak_mib", "step_ms", "graph_step_ms", "tokens_per_s",
+COLUMNS = ["impl", "dtype", "batch", "block", "sparsity", "steps", "peak_mib", "step_ms", "graph_step_ms", "tokens_per_s",
            "final_loss", "gen_ms_per_token", "infer_mib"]
 
 
@@ -96,17 +99,26 @@ def batches(corpus, args, device, gen):
         yield x[:, :-1], x[:, 1:]
 
 
-def train_step(model, opt, x, y) -> torch.Tensor:
+def precision(dtype: str, device) -> contextlib.AbstractContextManager:
+    """The forward's precision: fp32 as it is, bf16 under autocast. Autocast's cache stays off, as
+    CUDA-graph capture of the step requires (and the step casts its weights once per forward anyway)."""
+    if dtype == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+def train_step(model, opt, x, y, dtype: str = "fp32") -> torch.Tensor:
     """One language-model training step (next-token cross entropy, AdamW); returns the loss."""
     opt.zero_grad(set_to_none=True)
-    logits = model(x).logits
+    with precision(dtype, x.device):
+        logits = model(x).logits.float()
     loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     loss.backward()
     opt.step()
     return loss
 
 
-def run(impl, args, corpus, device):
+def run(impl, args, corpus, device, dtype="fp32"):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         gc.collect()  # the previous run's model and optimizer sit in reference cycles until collected
@@ -132,19 +144,19 @@ def run(impl, args, corpus, device):
         x, y = next(data)
         sync()
         t0 = time.perf_counter()
-        loss = train_step(model, opt, x, y)
+        loss = train_step(model, opt, x, y, dtype)
         sync()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         if (step + 1) % max(1, args.steps // 5) == 0:
-            print(f"  [{impl}] step {step + 1:5d}  loss {losses[-1]:.4f}")
+            print(f"  [{impl} {dtype}] step {step + 1:5d}  loss {losses[-1]:.4f}")
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else float("nan")
     del loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
     step_ms = 1e3 * statistics.median(times[len(times) // 4:] or times)
     if sched is not None:
         sched.remove()  # its hooks on the layers would keep it, and the optimizer state, alive
     del opt, sched
-    graph_ms = graphed_step_ms(model, x, y, args.lr) if device.type == "cuda" else float("nan")
+    graph_ms = graphed_step_ms(model, x, y, args.lr, dtype) if device.type == "cuda" else float("nan")
     # Inference: drop training state, then greedy generation at batch 1 with the KV cache.
     model.eval()
     for p in model.parameters():
@@ -156,7 +168,7 @@ def run(impl, args, corpus, device):
         before_generation = torch.cuda.memory_allocated()
     prompt = corpus[: min(32, args.block // 2)].long().to(device)[None]
     new_tokens = 8 if args.tiny else 64
-    with torch.no_grad():
+    with torch.no_grad(), precision(dtype, device):
         model.generate(prompt, max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
         sync()
         t0 = time.perf_counter()
@@ -168,7 +180,7 @@ def run(impl, args, corpus, device):
     model_bytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     infer = ((model_bytes + torch.cuda.max_memory_allocated() - before_generation) / 2**20
              if device.type == "cuda" else float("nan"))
-    row = dict(impl=impl, batch=args.batch, block=args.block, sparsity=args.sparsity, steps=args.steps,
+    row = dict(impl=impl, dtype=dtype, batch=args.batch, block=args.block, sparsity=args.sparsity, steps=args.steps,
                peak_mib=peak, step_ms=step_ms, graph_step_ms=graph_ms,
                tokens_per_s=args.batch * args.block / (step_ms / 1e3),
                final_loss=sum(losses[-5:]) / len(losses[-5:]), gen_ms_per_token=gen_ms, infer_mib=infer)
@@ -176,7 +188,7 @@ def run(impl, args, corpus, device):
     return row, losses
 
 
-def graphed_step_ms(model, x, y, lr, reps: int = 20) -> float:
+def graphed_step_ms(model, x, y, lr, dtype: str = "fp32", reps: int = 20) -> float:
     """Median GPU time (ms) of one training step replayed from a CUDA graph, NaN if it cannot be captured.
 
     A fresh AdamW(capturable=True) keeps its step count on the GPU, as capture requires; the
@@ -185,7 +197,7 @@ def graphed_step_ms(model, x, y, lr, reps: int = 20) -> float:
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, capturable=True)
     x, y = x.clone(), y.clone()
     try:
-        graph = benchmark.capture_graph(lambda: train_step(model, opt, x, y))
+        graph = benchmark.capture_graph(lambda: train_step(model, opt, x, y, dtype))
     except Exception as exc:  # a host synchronisation inside the model's forward, for example
         print(f"  CUDA-graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
         torch.cuda.synchronize()
@@ -225,6 +237,7 @@ def main(argv=None) -> int:
     parser.add_argument("--update-every", type=int, default=25)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtypes", default="fp32", help="fp32, bf16 (autocast) or both: fp32,bf16")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide GPT-2 (tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results on a GPU)")
@@ -239,19 +252,23 @@ def main(argv=None) -> int:
     corpus = load_corpus(2_000_000 if not args.tiny else 200_000)
     print(f"corpus: {corpus.numel():,} bytes of Python standard-library source; device {device}")
     impls = ["snack", "dense_mask", "dense"] if args.impl == "all" else [args.impl]
+    dtypes = args.dtypes.split(",")
+    if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
+        raise SystemExit(f"--dtypes: {args.dtypes!r}: use fp32, bf16 or fp32,bf16")
     rows, curves = [], {}
     for batch, block, sparsity, steps in configs:
         args.batch, args.block, args.sparsity, args.steps = batch, block, sparsity, steps
         print(f"== batch {batch} x block {block}, sparsity {sparsity:g}, {steps} steps")
-        for impl in impls:
-            row, losses = run(impl, args, corpus, device)
-            rows.append(row)
-            curves[(batch, block, sparsity, steps, impl)] = losses
-    print(f"\n{'impl':<12}{'config':>14}{'peak MiB':>10}{'step ms':>9}{'graph ms':>9}{'tok/s':>9}{'loss':>8}"
+        for dtype in dtypes:
+            for impl in impls:
+                row, losses = run(impl, args, corpus, device, dtype)
+                rows.append(row)
+                curves[(batch, block, sparsity, steps, dtype, impl)] = losses
+    print(f"\n{'impl':<12}{'dtype':>6}{'config':>14}{'peak MiB':>10}{'step ms':>9}{'graph ms':>9}{'tok/s':>9}{'loss':>8}"
           f"{'gen ms/tok':>11}{'infer MiB':>10}")
     for r in rows:
         config = f"{r['batch']}x{r['block']}:{r['sparsity']:g}"
-        print(f"{r['impl']:<12}{config:>14}{r['peak_mib']:>10.1f}{r['step_ms']:>9.2f}{r['graph_step_ms']:>9.2f}"
+        print(f"{r['impl']:<12}{r['dtype']:>6}{config:>14}{r['peak_mib']:>10.1f}{r['step_ms']:>9.2f}{r['graph_step_ms']:>9.2f}"
               f"{r['tokens_per_s']:>9.0f}{r['final_loss']:>8.4f}{r['gen_ms_per_token']:>11.2f}{r['infer_mib']:>10.1f}")
     out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
     if out is not None:
@@ -267,15 +284,18 @@ def main(argv=None) -> int:
 def _report(stem: Path, rows, curves, info) -> None:
     lines = benchmark.markdown_head("GPT-2 dynamic sparse training", info)
     lines += ["Step ms: wall time of an eager step; graph ms: GPU time of the same step replayed from a CUDA graph.", "",
-              "| config | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | gen ms/token | inference MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| config | dtype | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | gen ms/token | "
+              "inference MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']}x{r['block']} s={r['sparsity']:g} | {r['steps']} | {r['impl']} | {r['peak_mib']:.1f} | "
+        lines.append(f"| {r['batch']}x{r['block']} s={r['sparsity']:g} | {r['dtype']} | {r['steps']} | {r['impl']} | "
+                     f"{r['peak_mib']:.1f} | "
                      f"{r['step_ms']:.2f} | {r['graph_step_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['final_loss']:.4f} | "
                      f"{r['gen_ms_per_token']:.2f} | {r['infer_mib']:.1f} |")
-    # A config is (batch, block, sparsity, steps): the same shape may be run for different lengths.
-    configs = sorted({(r["batch"], r["block"], r["sparsity"], r["steps"]) for r in rows})
-    by = {(r["batch"], r["block"], r["sparsity"], r["steps"], r["impl"]): r for r in rows}
+    # A config is (batch, block, sparsity, steps, dtype): the same shape may be run for different
+    # lengths and precisions.
+    configs = sorted({(r["batch"], r["block"], r["sparsity"], r["steps"], r["dtype"]) for r in rows})
+    by = {(r["batch"], r["block"], r["sparsity"], r["steps"], r["dtype"], r["impl"]): r for r in rows}
     lines += ["", "## snack against Dense+Mask DST", "",
               "Targets (1x128, 90%): peak memory >= 50% less, final loss within 2%, step time no slower.", "",
               "| config | peak memory | final loss | eager step | graph step |", "|---|---|---|---|---|"]
@@ -283,7 +303,7 @@ def _report(stem: Path, rows, curves, info) -> None:
         s, d = by.get(c + ("snack",)), by.get(c + ("dense_mask",))
         if s is None or d is None:
             continue
-        lines.append(f"| {c[0]}x{c[1]} s={c[2]:g}, {c[3]} steps | {100 * (1 - s['peak_mib'] / d['peak_mib']):.0f}% less | "
+        lines.append(f"| {c[0]}x{c[1]} s={c[2]:g}, {c[3]} steps, {c[4]} | {100 * (1 - s['peak_mib'] / d['peak_mib']):.0f}% less | "
                      f"{100 * (s['final_loss'] / d['final_loss'] - 1):+.2f}% | {d['step_ms'] / s['step_ms']:.2f}x faster | "
                      f"{d['graph_step_ms'] / s['graph_step_ms']:.2f}x faster |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -295,10 +315,10 @@ def _report(stem: Path, rows, curves, info) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     first = configs[0]
-    for (b, t, sp, st, impl), losses in curves.items():
-        if (b, t, sp, st) == first:
+    for (b, t, sp, st, dt, impl), losses in curves.items():
+        if (b, t, sp, st, dt) == first:
             axes[0].plot(losses, label=impl)
-    axes[0].set_title(f"loss, {first[0]}x{first[1]}, sparsity {first[2]:g}")
+    axes[0].set_title(f"loss, {first[0]}x{first[1]}, sparsity {first[2]:g}, {first[4]}")
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("training loss")
     axes[0].legend()
@@ -308,7 +328,7 @@ def _report(stem: Path, rows, curves, info) -> None:
         axes[1].bar([j + i * width for j in range(len(configs))],
                     [by[c + (impl,)]["peak_mib"] if c + (impl,) in by else 0 for c in configs], width, label=impl)
     axes[1].set_xticks([j + width * (len(impls) - 1) / 2 for j in range(len(configs))],
-                       [f"{c[0]}x{c[1]}\ns={c[2]:g}, {c[3]} st." for c in configs])
+                       [f"{c[0]}x{c[1]} {c[4]}\ns={c[2]:g}, {c[3]} st." for c in configs])
     axes[1].set_ylabel("peak training MiB")
     if all(r["peak_mib"] > 0 for r in rows):  # NaN on a CPU
         axes[1].set_yscale("log")

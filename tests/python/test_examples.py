@@ -20,10 +20,12 @@ def load(name):
 def test_gpt2_dst_tiny(capsys, tmp_path):
     pytest.importorskip("transformers")
     gpt2 = load("gpt2_dst")
-    assert gpt2.main(["--tiny", "--steps", "4", "--update-every", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert gpt2.main(["--tiny", "--steps", "4", "--update-every", "2", "--device", "cpu", "--dtypes", "fp32,bf16",
+                      "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for impl in ("snack", "dense_mask", "dense"):
-        assert f"\n{impl}" in out
+        for dtype in ("fp32", "bf16"):
+            assert f"\n{impl:<12}{dtype:>6}" in out
     assert_report(tmp_path, "gpt2", ("snack", "dense_mask", "dense"))
 
 
