@@ -48,10 +48,14 @@ class Plan:
         return self.describe
 
 
-def explain(layer, n: int, *, op: str = "forward", variant: str = "auto") -> Plan:
+def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=None) -> Plan:
     """The plan of one product of ``layer`` (a SparseLinear) for a batch of ``n`` rows: ``op`` is
-    "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM)."""
-    return Plan(*ops.explain(layer.values, layer.pattern.tensors, n, op, variant))
+    "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM). ``dtype``: the dtype the product
+    runs in, where it is not the values' (``torch.bfloat16`` under ``torch.autocast(dtype=torch.bfloat16)``)."""
+    values = layer.values.detach()
+    if dtype is not None and dtype != values.dtype:
+        values = values.to(dtype)
+    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant))
 
 
 def set_spmm_variant(variant: str) -> None:

@@ -227,6 +227,9 @@ def test_the_planner_takes_tensor_cores_for_many_rows_at_a_high_density():
         "tensor_core"
     fp32 = Weight(768, 3072, 768 * 3072 // 2, device="cuda")
     assert snack.Plan(*ops.explain(fp32.values, fp32.tensors, 128, "forward", "auto")).variant != "tensor_core"
+    layer = snack.SparseLinear(3072, 768, density=0.5, device="cuda")  # float32 values, run under autocast
+    assert snack.explain(layer, 128).variant != "tensor_core"
+    assert snack.explain(layer, 128, dtype=torch.bfloat16).variant == "tensor_core"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
