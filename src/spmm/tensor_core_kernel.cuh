@@ -8,7 +8,7 @@
 // consecutive slots, sorted by column, so each row keeps a cursor and one 32-lane ballot over its next
 // slots says which of them fall into the chunk. No tiled copy of the pattern is stored or rebuilt.
 //
-// Several blocks of one band split its chunks (a thread-block cluster of kSplits blocks along x) when
+// Several blocks of one band split its chunks (a thread-block cluster of 2-8 blocks along x) when
 // the bands alone would leave SMs idle; their partial tiles are summed through distributed shared
 // memory in a fixed order, so the result is deterministic. Each block's cursors start from a sampled
 // search (32 probes per round) of its first column in every row.
