@@ -196,6 +196,10 @@ def _clear_update_guards(optimizer: AdamW, args, kwargs) -> None:
     """step() pre-hook: the values may be updated again by the next backward. Refuses a step from
     torch.amp.GradScaler, which sets found_inf for optimizers that handle scaling themselves."""
     if optimizer._updates and "found_inf" in vars(optimizer):
+        # GradScaler removes its two attributes only after a step that returns: the next plain
+        # step() must not see them.
+        vars(optimizer).pop("found_inf", None)
+        vars(optimizer).pop("grad_scale", None)
         raise RuntimeError(
             "snack.optim.AdamW cannot step under torch.amp.GradScaler: the update of SparseLinear values is fused "
             "into their backward, which has already applied it from the scaled gradient (no unscaling, no skip on "

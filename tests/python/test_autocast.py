@@ -231,6 +231,7 @@ def test_grad_scaler_refuses_the_fused_step(device):
     scaler.scale(loss).backward()
     with pytest.raises(RuntimeError, match="GradScaler"):
         scaler.step(opt)
+    opt.step()  # without the scaler the fused optimizer steps again
     opt.release()  # then torch's path works with the same optimizer object's parameters
     assert not opt._step_supports_amp_scaling
 
