@@ -114,7 +114,7 @@ sanitize() {
     tests/python/test_kernels_cuda.py || rc=1
   # The layer under autocast: the 16-bit products and the mixed-precision fused step.
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
-    -k "cuda and not cuda_graph" tests/python/test_autocast.py || rc=1
+    -k cuda tests/python/test_autocast.py || rc=1
   # The bad-input matrix on the GPU (its isolated cases run in child processes, which the sanitizer follows).
   compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$PY" -m pytest -q -x \
     -p no:cacheprovider -k cuda tests/python/test_bad_inputs.py || rc=1

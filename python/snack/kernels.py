@@ -54,7 +54,7 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
     runs in, where it is not the values' (``torch.bfloat16`` under ``torch.autocast(dtype=torch.bfloat16)``)."""
     values = layer.values.detach()
     if dtype is not None and dtype != values.dtype:
-        values = values.to(dtype)
+        values = values.new_empty(values.shape, dtype=dtype)  # the planner reads its dtype, not its contents
     return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant))
 
 

@@ -164,6 +164,19 @@ cuda::AdamWParameter<T> adamw_parameter(const AdamWArg& a) {
   return {data_as<T>(a.param), data_as<T>(a.exp_avg), data_as<T>(a.exp_avg_sq), a.step.data_ptr<float>(), a.config};
 }
 
+// Calls fn(operand tag, parameter tag) with the types of a fused AdamW step: the operands' and the
+// parameter's dtype, or a 16-bit operand type with float32 parameters (mixed precision).
+template <typename Fn>
+void dispatch_adamw_types(const at::Tensor& operand, const at::Tensor& param, const char* op, Fn&& fn) {
+  if (!is_mixed_precision(operand, param)) {
+    dispatch_value_type(param, op, [&](auto tag) { fn(tag, tag); });
+  } else if (operand.scalar_type() == at::kBFloat16) {
+    fn(bfloat16{}, float{});
+  } else {
+    fn(float16{}, float{});
+  }
+}
+
 void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, const at::Tensor& values,
                   at::TensorList state, at::ArrayRef<double> hyper, at::TensorList bias_state,
                   const std::optional<at::Tensor>& bias, at::ArrayRef<double> bias_hyper,
@@ -203,12 +216,7 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
                                 }),
                    op);
   };
-  if (is_mixed_precision(in.s.dy, values)) {
-    if (in.s.dy.scalar_type() == at::kBFloat16) run(bfloat16{}, float{});
-    else run(float16{}, float{});
-  } else {
-    dispatch_value_type(values, op, [&](auto tag) { run(tag, tag); });
-  }
+  dispatch_adamw_types(in.s.dy, values, op, run);
 }
 
 void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorList state, at::ArrayRef<double> hyper) {
@@ -222,12 +230,7 @@ void bias_grad_adamw_(const at::Tensor& dy, const at::Tensor& bias, at::TensorLi
                                          current_stream()),
                    op);
   };
-  if (is_mixed_precision(in.dy, bias)) {
-    if (in.dy.scalar_type() == at::kBFloat16) run(bfloat16{}, float{});
-    else run(float16{}, float{});
-  } else {
-    dispatch_value_type(bias, op, [&](auto tag) { run(tag, tag); });
-  }
+  dispatch_adamw_types(in.dy, bias, op, run);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& rows, const at::Tensor& cols,

@@ -315,17 +315,21 @@ def test_rejects_a_tensor_learning_rate():
 
 
 @pytest.mark.cuda
-def test_cuda_graph_capture_of_a_fused_step():
+@pytest.mark.parametrize("precision", ["float32", "autocast_bf16"])
+def test_cuda_graph_capture_of_a_fused_step(precision):
     # Every parameter here is updated in the backward, so none receives a gradient: under
     # compute-sanitizer torch cannot capture such a backward (scripts/repro_capture_memcheck.py,
-    # torch only); scripts/gpu_check.sh leaves this test out of its memcheck run.
+    # torch only); scripts/gpu_check.sh leaves this test out of its memcheck run. autocast_bf16:
+    # the standard mixed-precision step (autocast's cache off, as capture requires).
     eager, captured = twin_layers("cuda", activation="relu", density=0.1, m=200, k=300)
     x, target = torch.randn(16, 300, device="cuda"), torch.randn(16, 200, device="cuda")
     opts = [snack.optim.AdamW(lyr.parameters(), capturable=True, **HYPER) for lyr in (eager, captured)]
 
     def fused_step(layer, opt):
         opt.zero_grad(set_to_none=False)
-        ((layer(x) - target) ** 2).mean().backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=precision != "float32"):
+            y = layer(x)
+        ((y.float() - target) ** 2).mean().backward()
         opt.step()
 
     graph = capture_graph(lambda: fused_step(captured, opts[1]), warmup=3)
