@@ -317,8 +317,8 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
                     ": bias_state holds exp_avg, exp_avg_sq and step, bias_hyper six numbers");
   if (!needs_grad(x, values, bias)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    const auto [product_values, product_bias] = product_parameters(x, values, bias);
-    return sparse_linear_forward(x, product_values, product_bias, pattern, activation);
+    return sparse_linear_adamw_forward(x, values, bias, pattern, state, hyper, bias_state, update_guard, bias_hyper,
+                                       activation);
   }
   // A bias updated by the backward enters the node detached: autograd gives it no edge, so no
   // AccumulateGrad node of it runs with an undefined gradient. (Such a node keeps the stream it was
