@@ -2,6 +2,7 @@
 
     python bench/layer.py            # the issue's grid (a few minutes on an H200)
     python bench/layer.py --quick    # two shapes, to check the set-up
+    python bench/layer.py --dtype bf16 --ns 16,32,64,128   # the backward kernels in bf16 (or fp16)
 
 Step = forward + backward + optimizer step (SGD with momentum, AdamW) of one layer on an input of N
 rows, for: snack (SparseLinear), dense (nn.Linear), dense_mask (a dense weight times a fixed 0/1
@@ -187,6 +188,89 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     return rows
 
 
+# Relative error allowed against float64 before a 16-bit result is timed (bench/spmm.py's).
+TOLERANCE_16 = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+DTYPE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def backward_rows_16bit(ref, n, sparsity, dtype, timer, bandwidth):
+    """The backward kernels in 16 bits (values, dY and X in `dtype`, fp32 accumulation): dX as snack's
+    planner runs it and with the tensor-core kernel forced, dW (the SDDMM), the forward beside them
+    (the issue's dX-against-forward ratio), and dense cuBLAS in the same dtype (dY @ W and dY^T @ X)."""
+    m, k, nnz = ref.out_features, ref.in_features, ref.nnz
+    name = next(key for key, value in DTYPE_NAMES.items() if value == dtype)
+    pattern = ref.pattern.tensors
+    values = ref.values.detach().to(dtype)
+    dense_w = ref.to_dense().detach().to(dtype)
+    dy = torch.randn(n, m, device="cuda").to(dtype)
+    x = torch.randn(n, k, device="cuda").to(dtype)
+    dense64 = dense_w.double()
+    ref_fwd = x.double() @ dense64.t()
+    ref_dx = dy.double() @ dense64
+    full = dy.double().t() @ x.double()
+    ref_dw = full[ref.row_idx.long(), ref.col_idx.long()]
+    vb, ib = dtype.itemsize, ref.col_idx.element_size()
+    floor = {  # bytes of the view (values, indices, csc_perm for dX) and of the activations
+        "fwd": (nnz * (vb + ib) + 4 * (m + 1) + vb * n * (m + k)) / (bandwidth * 1e3),
+        "dx": (nnz * (vb + ib + 4) + 4 * (k + 1) + vb * n * (m + k)) / (bandwidth * 1e3),
+        "dw": (nnz * (vb + 2 * ib) + vb * n * (m + k)) / (bandwidth * 1e3),
+    }
+    cands = {
+        ("fwd", "snack"): (lambda: snack.ops.spmm(x, values, pattern, None), ref_fwd),
+        ("dx", "snack"): (lambda: snack.ops.spmm_t(dy, values, pattern), ref_dx),
+        ("dx", "snack_tensor_core"): (lambda: snack.ops.spmm_t(dy, values, pattern, "tensor_core"), ref_dx),
+        ("dx", "dense"): (lambda: dy @ dense_w, ref_dx),
+        ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, pattern), ref_dw),
+        ("dw", "dense"): (lambda: dy.t() @ x, full),
+    }
+    rows = []
+    for (op, impl), (fn, ref_out) in cands.items():
+        try:
+            out = fn()
+        except ValueError as e:  # a forced kernel that cannot run this shape
+            print(f"  {op}/{impl} {m}x{k} N={n}: {e}")
+            continue
+        err = benchmark.rel_error(out, ref_out)
+        if not err < TOLERANCE_16[dtype]:
+            print(f"  {op}/{impl} {m}x{k} N={n} {name}: rel error {err:.2e}, not timed")
+            continue
+        rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=name, impl=impl,
+                         median_us=timer.median_us(fn, reps=20), floor_us=floor[op]))
+    return rows
+
+
+def summarize_16bit(back_rows, info) -> str:
+    """The 16-bit backward kernels against dense cuBLAS in the same dtype, and dX against the forward."""
+    dtype = back_rows[0]["dtype"] if back_rows else "bf16"
+    lines = benchmark.markdown_head(f"Backward kernels in {dtype}", info)
+    b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r for r in back_rows}
+    lines += ["Median us, cold L2. dX: the planner's kernel (snack) and the tensor-core kernel forced; dense: "
+              f"cuBLAS in {dtype} (dY @ W for dX, the whole dY^T @ X for dW). dX / fwd: snack's dX over its "
+              "forward on the same problem.", "",
+              "| M x K | N | sparsity | fwd | dX | dX tensor_core | dense dX | dX vs dense | dX / fwd | dW | dense dW "
+              "| dW vs dense |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    cell = lambda r: f"{r['median_us']:.1f}" if r else "-"  # noqa: E731
+    ratio = lambda num, den: f"{num['median_us'] / den['median_us']:.2f}x" if num and den else "-"  # noqa: E731
+    dx_vs_dense, dx_vs_fwd, dw_vs_dense = [], [], []
+    for key in sorted({k[1:5] for k in b}):
+        get = lambda op, impl: b.get((op,) + key + (impl,))  # noqa: E731
+        fwd, dx, dx_tc, ddx = get("fwd", "snack"), get("dx", "snack"), get("dx", "snack_tensor_core"), get("dx", "dense")
+        dw, ddw = get("dw", "snack"), get("dw", "dense")
+        if dx and ddx:
+            dx_vs_dense.append(ddx["median_us"] / dx["median_us"])
+        if dx and fwd:
+            dx_vs_fwd.append(dx["median_us"] / fwd["median_us"])
+        if dw and ddw:
+            dw_vs_dense.append(ddw["median_us"] / dw["median_us"])
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {cell(fwd)} | {cell(dx)} | {cell(dx_tc)} | {cell(ddx)} "
+                     f"| {ratio(ddx, dx)} | {ratio(dx, fwd)} | {cell(dw)} | {cell(ddw)} | {ratio(ddw, dw)} |")
+    if dx_vs_dense:
+        lines += ["", f"- dX against dense {dtype}, geomean: {benchmark.geomean(dx_vs_dense):.2f}x; "
+                  f"dX / forward, geomean: {benchmark.geomean(dx_vs_fwd):.2f} (target <= 1.3); "
+                  f"dW against dense {dtype}, geomean: {benchmark.geomean(dw_vs_dense):.2f}x"]
+    return "\n".join(lines) + "\n"
+
+
 ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8)
 
 
@@ -262,6 +346,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sddmm-variants", action="store_true",
                         help="also time every SDDMM kernel forced (impl snack_vector, snack_rows; "
                              "with AdamW fused: snack_fused_<variant>)")
+    parser.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="fp32",
+                        help="bf16 / fp16: only the backward kernels, values and activations in that dtype, against "
+                             "dense cuBLAS in it (backward_<gpu>_<dtype>.*)")
     parser.add_argument("--profile", action="store_true",
                         help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
                              "(16384x4096, N=16, 90%%): snack with torch's AdamW, and snack_fused_step with the "
@@ -305,6 +392,21 @@ def main(argv=None) -> int:
     layer_rows, back_rows = [], []
     configs = list(itertools.product(shapes, sparsities))
     gen = torch.Generator().manual_seed(0)
+    if args.dtype != "fp32":
+        dtype = DTYPE_NAMES[args.dtype]
+        info["method"] = f"backward kernels in {args.dtype}: median of 20 single calls, {benchmark.ColdTimer.METHOD}"
+        for (m, k), sparsity in benchmark.progress(configs, len(configs), f"backward {args.dtype}"):
+            ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
+            for n in ns:
+                back_rows += backward_rows_16bit(ref, n, sparsity, dtype, timer, bandwidth)
+            del ref
+            slug = benchmark.gpu_slug() + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
+            benchmark.write_csv(args.out / f"backward_{slug}_{args.dtype}.csv", info, BACKWARD_COLUMNS, back_rows)
+            md = summarize_16bit(back_rows, info)
+            (args.out / f"backward_{slug}_{args.dtype}.md").write_text(md)
+        plot_16bit(back_rows, args.out / f"backward_{slug}_{args.dtype}.png", info)
+        print(md)
+        return 0
     for (m, k), sparsity in benchmark.progress(configs, len(configs), "layer"):
         ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
         for n in ns:
@@ -467,6 +569,35 @@ def plot(layer_rows, path, info):
         ax.set_title(title)
         ax.legend(fontsize=7)
     fig.suptitle(f"one layer, fwd+bwd+step - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_16bit(back_rows, path, info):
+    """Speedup of snack's dX and dW over dense cuBLAS in the same dtype, against N, a line per layer."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r["median_us"] for r in back_rows}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, op in zip(axes, ("dx", "dw")):
+        for m, k, sparsity in sorted({(r["M"], r["K"], r["sparsity"]) for r in back_rows}):
+            ns = sorted({key[3] for key in b if key[:3] == (op, m, k) and key[4] == sparsity
+                         and (op, m, k, key[3], sparsity, "dense") in b and (op, m, k, key[3], sparsity, "snack") in b})
+            if ns:
+                ax.plot(ns, [b[(op, m, k, n, sparsity, "dense")] / b[(op, m, k, n, sparsity, "snack")] for n in ns],
+                        marker="o", label=f"{m}x{k} {sparsity:g}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("N")
+        ax.set_ylabel(f"dense {op} us / snack {op} us")
+        ax.set_title(f"{op}: speedup over dense {back_rows[0]['dtype'] if back_rows else ''}")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"backward kernels - {info['gpu']}, commit {info['commit'][:10]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -25,15 +25,18 @@ def main(argv=None) -> int:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--variant", default="auto",
                         help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}; for --op dw an SDDMM kernel")
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                        help="the values' and activations' precision")
     parser.add_argument("--op", choices=("fwd", "dx", "dw"), default="fwd",
                         help="the forward Y = X W^T, the input gradient dX = dY W, or the weight gradient (SDDMM)")
     args = parser.parse_args(argv)
     m, k = map(int, args.shape.split("x"))
     gen = torch.Generator().manual_seed(0)
-    layer = snack.SparseLinear(k, m, sparsity=args.sparsity, bias=False, device="cuda", generator=gen)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    layer = snack.SparseLinear(k, m, sparsity=args.sparsity, bias=False, device="cuda", dtype=dtype, generator=gen)
     pattern = layer.pattern.tensors
-    x = torch.randn(args.n, k, device="cuda")
-    dy = torch.randn(args.n, m, device="cuda")
+    x = torch.randn(args.n, k, device="cuda", dtype=dtype)
+    dy = torch.randn(args.n, m, device="cuda", dtype=dtype)
     if args.op == "dw":
         run = lambda: snack.ops.sddmm(dy, x, pattern, variant=args.variant)  # noqa: E731
     else:

@@ -118,11 +118,11 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
   return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
 }
 
-template <typename T, typename View, int NT>
+template <typename T, typename View, int NT, int CW>
 Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in,
                                int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  auto kernel = detail::spmm_tensor_core_kernel<T, View, NT>;
-  const size_t smem = detail::tensor_core_smem_bytes(NT);
+  auto kernel = detail::spmm_tensor_core_kernel<T, View, NT, CW>;
+  const size_t smem = detail::tensor_core_smem_bytes(NT, CW);
   if (smem > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
@@ -143,19 +143,47 @@ Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim,
   return check_launch("spmm_tensor_core_kernel");
 }
 
+// The batch tile and chunk width of the plan, instantiated: the narrow chunk at every tile, the wide
+// one at tiles up to kTcWideMaxTile (its staging would not fit beyond).
 template <typename T, typename View>
 Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                           const T* bias, T* out, Activation act, Stream stream) {
+  using detail::kTcNarrowChunk;
+  using detail::kTcWideChunk;
   if constexpr (kIsHalfType<T>) {
-    switch (plan.batch_tile) {
-      case 16: return launch_tensor_core_tile<T, View, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      case 32: return launch_tensor_core_tile<T, View, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      case 64: return launch_tensor_core_tile<T, View, 64>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      case 128:
-        return launch_tensor_core_tile<T, View, 128>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      default: break;
+    if (plan.chunk == kTcWideChunk) {
+      static_assert(detail::kTcWideMaxTile == 64, "the wide chunk's tiles below");
+      switch (plan.batch_tile) {
+        case 16:
+          return launch_tensor_core_tile<T, View, 16, kTcWideChunk>(plan, view, out_dim, in_dim, in, n, bias, out, act,
+                                                                    stream);
+        case 32:
+          return launch_tensor_core_tile<T, View, 32, kTcWideChunk>(plan, view, out_dim, in_dim, in, n, bias, out, act,
+                                                                    stream);
+        case 64:
+          return launch_tensor_core_tile<T, View, 64, kTcWideChunk>(plan, view, out_dim, in_dim, in, n, bias, out, act,
+                                                                    stream);
+        default: break;
+      }
+    } else if (plan.chunk == kTcNarrowChunk) {
+      switch (plan.batch_tile) {
+        case 16:
+          return launch_tensor_core_tile<T, View, 16, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
+                                                                      act, stream);
+        case 32:
+          return launch_tensor_core_tile<T, View, 32, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
+                                                                      act, stream);
+        case 64:
+          return launch_tensor_core_tile<T, View, 64, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
+                                                                      act, stream);
+        case 128:
+          return launch_tensor_core_tile<T, View, 128, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
+                                                                       act, stream);
+        default: break;
+      }
     }
-    return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile));
+    return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile) +
+                           " with chunks of " + std::to_string(plan.chunk) + " columns");
   } else {
     return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
   }

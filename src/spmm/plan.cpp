@@ -230,10 +230,24 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
   return Status::Ok();
 }
 
+// The tensor-core kernel's chunk width: the wide chunk where a row's slots in it are expected to fit
+// one round of the expansion (kTcRowWindow, with room for the spread of row lengths) and the batch
+// fits one of its tiles, else the narrow one. A narrow chunk of a sparse row loads a whole window of
+// slots to expand a few of them (at 90% sparsity 6.4 of 32 per 64 columns), and the expansion's cost
+// per chunk is what bounds the kernel there. Measured on the H200 (bf16, 16384x4096, 90%): N = 16
+// 54.3 against 96.9 us, N = 64 106.0 against 120.2 us; N = 128 in two tiles of 64 176.9 against
+// 152.8 us in one narrow tile of 128, hence the batch limit.
+int tensor_core_chunk(const SpmmProblem& p) {
+  using namespace cuda::detail;
+  const double density =
+      p.out_dim > 0 && p.in_dim > 0 ? double(p.nnz) / (double(p.out_dim) * double(p.in_dim)) : 0.0;
+  const bool fits_window = density * kTcWideChunk <= 0.875 * kTcRowWindow;
+  return fits_window && p.n <= kTcWideMaxTile ? kTcWideChunk : kTcNarrowChunk;
+}
+
 // The tensor-core kernel's grid: a block per band of kTcBandRows output rows and batch tile, and
-// per band a cluster of k_splits blocks that split its column chunks, doubled while the launch
-// stays under two blocks per SM (three fit at the largest tile) and each block keeps at least four
-// chunks.
+// per band a cluster of k_splits blocks that split its columns, doubled while the launch stays
+// under two blocks per SM and each block keeps at least 512 columns.
 Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   const int64_t bands = ceil_div(p.out_dim, kTcBandRows);
@@ -241,14 +255,14 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   if (tiles > kMaxGridY)
     return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
                            std::to_string(p.n) + " rows");
-  const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
   int splits = 1;
-  while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) && chunks >= 8 * splits)
+  while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
+         p.in_dim >= kTcSplitMinColumns * splits)
     splits *= 2;
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
   plan->threads = kTcThreads;
-  plan->smem_bytes = tensor_core_smem_bytes(plan->batch_tile);
+  plan->smem_bytes = tensor_core_smem_bytes(plan->batch_tile, plan->chunk);
   if (plan->smem_bytes > limits.smem_per_block)
     return InvalidArgument("tensor_core: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
                            "the device's " + std::to_string(limits.smem_per_block));
@@ -302,6 +316,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     case SpmmVariant::kTensorCore:
       if (p.value_bytes != 2)
         return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
+      plan.chunk = tensor_core_chunk(p);
       plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTcMaxTile));
       break;
     case SpmmVariant::kWideRows:
@@ -366,7 +381,8 @@ std::string describe(const SpmmPlan& plan) {
   if (plan.variant == SpmmVariant::kWideRows) {
     s += ", " + std::to_string(plan.rows_per_warp) + " rows per warp";
   } else if (plan.variant == SpmmVariant::kTensorCore) {
-    s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, " + std::to_string(plan.k_splits) +
+    s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
+         std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
   } else if (plan.variant != SpmmVariant::kWarpRow && plan.variant != SpmmVariant::kCooAtomic) {
     s += ", " + std::to_string(plan.lanes_per_row) + " lanes per row";

@@ -1,6 +1,7 @@
 // The tensor-core SpMM for 16-bit values (bf16, fp16; fp32 accumulation): W is loaded as sparse and
-// multiplied as dense. A block owns a band of kTcBandRows output rows and a range of kTcChunk-wide
-// column chunks; for each chunk every warp expands its 16 rows' slots into a dense 16 x kTcChunk tile
+// multiplied as dense. A block owns a band of kTcBandRows output rows and a range of CW-wide column
+// chunks (CW = kTcNarrowChunk or kTcWideChunk, by density); for each chunk every warp expands its 16
+// rows' slots into a dense 16 x CW tile
 // in shared memory (zeros elsewhere), the block stages the chunk of X (NT batch rows) beside it, and
 // mma.sync m16n8k16 multiplies the two.
 //
@@ -64,27 +65,28 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// The chunk of the input [n0, n0 + NT) x [k0, k0 + kTcChunk) into xs ([NT][kTcStride]), zeros
+// The chunk of the input [n0, n0 + NT) x [k0, k0 + CW) into xs ([NT][tensor_core_stride(CW)]), zeros
 // outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base).
-template <typename T, int NT>
+template <typename T, int NT, int CW>
 __device__ __forceinline__ void stage_input_chunk(uint16_t* xs, const T* __restrict__ in, int64_t n, int64_t in_dim,
                                                   int64_t n0, int64_t k0, bool vec) {
-  constexpr int kSegments = NT * (kTcChunk / 8);  // 16-byte segments of the chunk
+  constexpr int kStride = tensor_core_stride(CW);
+  constexpr int kSegments = NT * (CW / 8);  // 16-byte segments of the chunk
   if (vec) {
     for (int s = threadIdx.x; s < kSegments; s += kTcThreads) {
-      const int row = s / (kTcChunk / 8), seg = s % (kTcChunk / 8);
+      const int row = s / (CW / 8), seg = s % (CW / 8);
       const int64_t b = n0 + row, k = k0 + seg * 8;
       const bool inside = b < n && k < in_dim;
       const T* src = inside ? in + b * in_dim + k : in;
-      cp_async_16(xs + row * kTcStride + seg * 8, src, inside ? 16 : 0);
+      cp_async_16(xs + row * kStride + seg * 8, src, inside ? 16 : 0);
     }
     cp_async_commit();
   } else {
     const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
-    for (int e = threadIdx.x; e < NT * kTcChunk; e += kTcThreads) {
-      const int row = e / kTcChunk, col = e % kTcChunk;
+    for (int e = threadIdx.x; e < NT * CW; e += kTcThreads) {
+      const int row = e / CW, col = e % CW;
       const int64_t b = n0 + row, k = k0 + col;
-      xs[row * kTcStride + col] = b < n && k < in_dim ? raw[b * in_dim + k] : uint16_t(0);
+      xs[row * kStride + col] = b < n && k < in_dim ? raw[b * in_dim + k] : uint16_t(0);
     }
   }
 }
@@ -125,13 +127,15 @@ __device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor
   return lane < 16 ? lo : cursor_or_end;
 }
 
-// Expands the slots of the warp's 16 rows with inputs in [k0, k0 + kTcChunk) into `tile`
-// ([16][kTcStride], zeroed), advancing the cursors. The 16 rows' next 32 slots are loaded together;
-// a row with more than 32 slots in the chunk continues on its own.
-template <typename T, typename View>
+// Expands the slots of the warp's 16 rows with inputs in [k0, k0 + CW) into `tile`
+// ([16][tensor_core_stride(CW)], zeroed), advancing the cursors. The 16 rows' next kTcRowWindow
+// slots are loaded together; a row with more slots in the chunk continues on its own.
+template <typename T, int CW, typename View>
 __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor_or_end, int64_t k0) {
+  static_assert(kTcRowWindow == 32, "one slot of the window per lane");
+  constexpr int kStride = tensor_core_stride(CW);
   const int lane = threadIdx.x % 32;
-  const int64_t k_end = k0 + kTcChunk;
+  const int64_t k_end = k0 + CW;
   int32_t input[16];
   T value[16];
 #pragma unroll
@@ -144,7 +148,7 @@ __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, i
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     bool take = input[r] < k_end;
-    if (take) tile[r * kTcStride + (input[r] - k0)] = value[r].bits;
+    if (take) tile[r * kStride + (input[r] - k0)] = value[r].bits;
     int32_t taken = __popc(__ballot_sync(0xffffffffu, take));
     int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, r) + taken;
     const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
@@ -152,7 +156,7 @@ __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, i
       const int32_t e = cursor + lane;
       const int32_t in_col = e < end ? view.input(e) : INT_MAX;
       take = in_col < k_end;
-      if (take) tile[r * kTcStride + (in_col - k0)] = view.value(e).bits;
+      if (take) tile[r * kStride + (in_col - k0)] = view.value(e).bits;
       taken = __popc(__ballot_sync(0xffffffffu, take));
       cursor += taken;
     }
@@ -162,61 +166,63 @@ __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, i
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits,
 // the batch tile of blockIdx.y; the cluster's blocks split the band's chunks.
-template <typename T, typename View, int NT>
+template <typename T, typename View, int NT, int CW>
 __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view, int64_t out_dim, int64_t in_dim,
                                                                       const T* __restrict__ in, int64_t n,
                                                                       const T* __restrict__ bias, T* __restrict__ out,
                                                                       Activation act, int splits, bool vec) {
   static_assert(NT % 16 == 0 && NT <= 128, "batch tiles of 16 to 128 rows");
+  static_assert(CW % 64 == 0, "chunks of whole 16-byte segments per lane");
+  constexpr int kStride = tensor_core_stride(CW);
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* tiles = reinterpret_cast<uint16_t*>(smem);                 // [warps][16][kTcStride]
-  uint16_t* xs = tiles + kTcWarps * 16 * kTcStride;                     // [2][NT][kTcStride]
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(smem);                 // [warps][16][kStride]
+  uint16_t* xs = tiles + kTcWarps * 16 * kStride;                       // [2][NT][kStride]
   float* partial = reinterpret_cast<float*>(smem);                      // [NT][kTcPartialStride], after the loop
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int split = int(blockIdx.x % unsigned(splits));
   const int64_t o0 = int64_t(blockIdx.x / unsigned(splits)) * kTcBandRows;
   const int64_t n0 = int64_t(blockIdx.y) * NT;
-  const int64_t chunks = (in_dim + kTcChunk - 1) / kTcChunk;
+  const int64_t chunks = (in_dim + CW - 1) / CW;
   const int64_t c_begin = chunks * split / splits, c_end = chunks * (split + 1) / splits;
 
   // Cursors: lane r < 16 the first slot of row o0 + 16 warp + r, lane 16 + r its end.
   const int64_t my_row = o0 + warp * 16 + (lane % 16);
   int32_t cursor_or_end = 0;
   if (my_row < out_dim) cursor_or_end = view.ptr[my_row + (lane < 16 ? 0 : 1)];
-  if (c_begin > 0) cursor_or_end = seek_cursors(view, cursor_or_end, c_begin * kTcChunk);
+  if (c_begin > 0) cursor_or_end = seek_cursors(view, cursor_or_end, c_begin * CW);
 
   float acc[NT / 8][4];
 #pragma unroll
   for (int j = 0; j < NT / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-  uint16_t* tile = tiles + warp * 16 * kTcStride;
-  if (c_begin < c_end) stage_input_chunk<T, NT>(xs, in, n, in_dim, n0, c_begin * kTcChunk, vec);
+  uint16_t* tile = tiles + warp * 16 * kStride;
+  if (c_begin < c_end) stage_input_chunk<T, NT, CW>(xs, in, n, in_dim, n0, c_begin * CW, vec);
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int buf = int((c - c_begin) & 1);
     __syncwarp();
-    // Zero the warp's tile (16 rows of kTcChunk values: 4 stores of 16 bytes per lane).
+    // Zero the warp's tile (16 rows of CW values: CW / 16 stores of 16 bytes per lane).
 #pragma unroll
-    for (int i = 0; i < 16 * kTcChunk / 8 / 32; ++i) {
+    for (int i = 0; i < 16 * CW / 8 / 32; ++i) {
       const int seg = lane + 32 * i;
-      *reinterpret_cast<uint4*>(tile + (seg / (kTcChunk / 8)) * kTcStride + (seg % (kTcChunk / 8)) * 8) =
+      *reinterpret_cast<uint4*>(tile + (seg / (CW / 8)) * kStride + (seg % (CW / 8)) * 8) =
           make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
-    expand_chunk<T>(view, tile, cursor_or_end, c * kTcChunk);
+    expand_chunk<T, CW>(view, tile, cursor_or_end, c * CW);
     if (vec) cp_async_wait_all();
     __syncthreads();  // the chunk of X is staged; every warp is done with the other buffer
     if (c + 1 < c_end)
-      stage_input_chunk<T, NT>(xs + (buf ^ 1) * NT * kTcStride, in, n, in_dim, n0, (c + 1) * kTcChunk, vec);
-    const uint16_t* x_chunk = xs + buf * NT * kTcStride;
+      stage_input_chunk<T, NT, CW>(xs + (buf ^ 1) * NT * kStride, in, n, in_dim, n0, (c + 1) * CW, vec);
+    const uint16_t* x_chunk = xs + buf * NT * kStride;
 #pragma unroll
-    for (int ks = 0; ks < kTcChunk / 16; ++ks) {
+    for (int ks = 0; ks < CW / 16; ++ks) {
       uint32_t a[4];
-      ldmatrix_x4(a, tile + (lane % 16) * kTcStride + ks * 16 + (lane / 16) * 8);
+      ldmatrix_x4(a, tile + (lane % 16) * kStride + ks * 16 + (lane / 16) * 8);
 #pragma unroll
       for (int j = 0; j < NT / 8; j += 2) {
         uint32_t b[4];
-        ldmatrix_x4(b, x_chunk + ((j + lane / 16) * 8 + lane % 8) * kTcStride + ks * 16 + ((lane / 8) % 2) * 8);
+        ldmatrix_x4(b, x_chunk + ((j + lane / 16) * 8 + lane % 8) * kStride + ks * 16 + ((lane / 8) % 2) * 8);
         mma_16816<T>(acc[j], a, b[0], b[1]);
         mma_16816<T>(acc[j + 1], a, b[2], b[3]);
       }

@@ -90,6 +90,8 @@ TEST(Planner, PlansFitTheirDevice) {
             EXPECT_EQ(g.value_bytes, 2) << describe(p);
             EXPECT_GE(p.batch_tile, 16) << describe(p);
             EXPECT_LE(p.batch_tile, 128) << describe(p);
+            EXPECT_TRUE(p.chunk == 64 || (p.chunk == 256 && p.batch_tile <= 64)) << describe(p);
+            EXPECT_EQ(p.smem_bytes, size_t(2) * (64 + 2 * p.batch_tile) * (p.chunk + 8)) << describe(p);
             EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
             // A block per band and split; the splits one power-of-two cluster of at most 8.
             EXPECT_EQ(p.grid_x, (out + 63) / 64 * p.k_splits) << describe(p);

@@ -66,3 +66,18 @@ def test_compare_matches_rows_and_takes_each_rows_fastest_round(tmp_path):
     md = (out / "compare_t_test_gpu.md").read_text()
     assert "| kernel | median_us | snack | 2 | 1.000 | 0.500 | 2.000 |" in md
     assert "commit aaa" in md and "commit bbb" in md
+
+
+def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
+    from bench import layer
+    info = {"gpu": "Test GPU", "commit": "0123456789"}
+    rows = [dict(op=op, M=4096, K=4096, N=16, sparsity=0.9, pattern="uniform", dtype="bf16", impl=impl,
+                 median_us=us, floor_us=5.0)
+            for op, impl, us in (("fwd", "snack", 20.0), ("dx", "snack", 25.0), ("dx", "snack_tensor_core", 40.0),
+                                 ("dx", "dense", 50.0), ("dw", "snack", 30.0), ("dw", "dense", 15.0))]
+    md = layer.summarize_16bit(rows, info)
+    assert "| 4096x4096 | 16 | 0.9 | 20.0 | 25.0 | 40.0 | 50.0 | 2.00x | 1.25x | 30.0 | 15.0 | 0.50x |" in md
+    assert "dX / forward, geomean: 1.25 (target <= 1.3)" in md
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
+    layer.plot_16bit(rows, tmp_path / "b.png", info)
+    assert (tmp_path / "b.png").stat().st_size > 0

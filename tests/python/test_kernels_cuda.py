@@ -191,8 +191,10 @@ def test_long_rows_split_over_a_block(variant, n):
 
 # (M, K, nnz, empty rows): bands of dense stretches (more than 32 slots of a row in one chunk), K not
 # a multiple of 8 (X staged element by element), a few bands over many chunks (a cluster of blocks
-# splits each band's columns, each seeking its first column), a partial last band.
-TENSOR_CORE_SHAPES = [(64, 100, 5800, 0), (130, 1001, 20000, 9), (256, 4096, 100000, 3), (70, 9000, 60000, 0)]
+# splits each band's columns, each seeking its first column), a partial last band; the last three
+# below 11% density, where the planner takes the wide chunk (the last with K % 8 != 0).
+TENSOR_CORE_SHAPES = [(64, 100, 5800, 0), (130, 1001, 20000, 9), (256, 4096, 100000, 3), (70, 9000, 60000, 0),
+                      (100, 2051, 18000, 5)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
@@ -217,6 +219,18 @@ def test_tensor_core_splits_columns_over_a_cluster():
     p = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, 16, "forward", "tensor_core"))
     assert "8 blocks per band" in plan.describe, plan
+
+
+def test_tensor_core_chunk_width_follows_the_density():
+    # A row's slots in one chunk should fill about one 32-slot round of the expansion: 256 columns
+    # below 11% density for batches up to one tile of 64, else 64 columns.
+    sparse = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
+    for n, chunk, tile in ((16, 256, 16), (64, 256, 64), (65, 64, 128), (200, 64, 128)):
+        plan = snack.Plan(*ops.explain(sparse.values, sparse.tensors, n, "forward", "tensor_core"))
+        assert f"chunks of {chunk} columns" in plan.describe and plan.batch_tile == tile, plan
+    denser = Weight(256, 4096, 256 * 4096 // 5, device="cuda", dtype=torch.bfloat16)
+    plan = snack.Plan(*ops.explain(denser.values, denser.tensors, 16, "forward", "tensor_core"))
+    assert "chunks of 64 columns" in plan.describe and plan.batch_tile == 16, plan
 
 
 def test_the_planner_takes_tensor_cores_for_many_rows_at_a_high_density():
