@@ -172,10 +172,16 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
 // 2^24 weights at N >= 64 from 10% density (16384x4096, 90%: 119.9 against 148.2 us) and at
 // N >= 32 from 30% (16384x4096, 70%: 121.1 against 219.6 us); elsewhere global_xt is faster
 // (16384x4096, 90%, N = 16: 50.0 against 96.1 us).
+//
+// The transposed product (dX) reads each slot through csc_perm, so its expansion waits on two
+// dependent loads per slot: there the kernel pays only on small layers at a high density (bf16,
+// bench/results/backward_nvidia_h200_bf16.md: 16384x4096, 90%, N = 64: 464.7 us against 104.6 us for
+// the CUDA-core dX at 95%, and the forward's 106.6; 3072x768, 80%, N = 128: 39.3 against 45.2 us).
 bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
   const bool large = p.out_dim * p.in_dim >= (int64_t(1) << 24);
+  if (p.transposed) return !large && p.n >= 128 && density >= 0.29;
   // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K) slots.
   return (p.n >= 128 && density >= 0.29) || (large && p.n >= 64 && density >= 0.095) ||
          (large && p.n >= 32 && density >= 0.29);
@@ -235,7 +241,7 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 // fits one of its tiles, else the narrow one. A narrow chunk of a sparse row loads a whole window of
 // slots to expand a few of them (at 90% sparsity 6.4 of 32 per 64 columns), and the expansion's cost
 // per chunk is what bounds the kernel there. Measured on the H200 (bf16, 16384x4096, 90%): N = 16
-// 54.3 against 96.9 us, N = 64 106.0 against 120.2 us; N = 128 in two tiles of 64 176.9 against
+// 55.4 against 96.9 us, N = 64 106.5 against 120.2 us; N = 128 in two tiles of 64 176.9 against
 // 152.8 us in one narrow tile of 128, hence the batch limit.
 int tensor_core_chunk(const SpmmProblem& p) {
   using namespace cuda::detail;
