@@ -174,14 +174,14 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
 // (16384x4096, 90%, N = 16: 50.0 against 96.1 us).
 //
 // The transposed product (dX) reads each slot through csc_perm, so its expansion waits on two
-// dependent loads per slot: there the kernel pays only on small layers at a high density (bf16,
-// bench/results/backward_nvidia_h200_bf16.md: 16384x4096, 90%, N = 64: 464.7 us against 104.6 us for
-// the CUDA-core dX at 95%, and the forward's 106.6; 3072x768, 80%, N = 128: 39.3 against 45.2 us).
+// dependent loads per slot: there the kernel pays only from N = 128 at 20% density (bf16,
+// bench/results/backward_nvidia_h200_bf16.md: 16384x4096, N = 128, 80%: 509.8 against 700.2 us for
+// the CUDA-core dX, but 90%: 562.6 against 359.7 us; N = 64, 80%: 443.6 against 358.1 us).
 bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
   const bool large = p.out_dim * p.in_dim >= (int64_t(1) << 24);
-  if (p.transposed) return !large && p.n >= 128 && density >= 0.29;
+  if (p.transposed) return p.n >= 128 && density >= 0.19;
   // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K) slots.
   return (p.n >= 128 && density >= 0.29) || (large && p.n >= 64 && density >= 0.095) ||
          (large && p.n >= 32 && density >= 0.29);
