@@ -104,6 +104,7 @@ constexpr int64_t kTinyProductMaxBatch = 32;
 constexpr int kWideRowsMinRowsPerWarp = 3;
 constexpr double kWideRowsMinAverage = 128.0;
 constexpr size_t kWideMaxGatherBytes = 16;
+constexpr int64_t kWide16MinInputs = 4096;  // wide_rows_pay_16bit
 
 // Products whose slot arrays and input take at most this many bytes are bound by the latency of
 // their first misses rather than by bandwidth: their blocks first prefetch W (and X) into L2.
@@ -181,10 +182,34 @@ bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
   const bool large = p.out_dim * p.in_dim >= (int64_t(1) << 24);
+  const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
   if (p.transposed) return p.n >= 128 && density >= 0.19;
-  // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K) slots.
-  return (p.n >= 128 && density >= 0.29) || (large && p.n >= 64 && density >= 0.095) ||
-         (large && p.n >= 32 && density >= 0.29);
+  // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K)
+  // slots. At N = 64 and 10% density the kernel wins on 16384x4096 (106.5 against 148.8 us) but not
+  // on 4096x4096 (58.8 against 48.0 us), hence the larger layer there.
+  return (p.n >= 128 && density >= 0.29) || (large && p.n >= 128 && density >= 0.095) ||
+         (huge && p.n >= 64 && density >= 0.095) || (large && p.n >= 32 && density >= 0.29);
+}
+
+// Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per
+// warp group): its tile of 8 rows is one 16-byte gather per slot, and from 4096 inputs the gathers
+// from shared memory beat global_xt's through L1 even with a row per warp group, and in two tiles
+// at 16 rows where rows are dense or the layer large. Measured on the H200 in bf16
+// (spmm_nvidia_h200_bf16.md, wide_rows forced): 4096x4096, N = 8: 27.3 / 20.5 / 13.6 / 11.1 against
+// 44.8 / 30.0 / 17.5 / 13.3 us at 50 / 70 / 90 / 95%; N = 16: 47.2 against 57.0 us at 50%, 34.0
+// against 38.0 at 70%, but 21.8 against 19.7 at 90%; 16384x4096, N = 16: 137.5 / 92.9 / 43.7 against
+// 194.6 / 125.0 / 50.1 us at 50 / 70 / 90%, 33.5 against 32.2 at 95%. Below 4096 inputs global_x and
+// global_xt stay (3072x768, N = 16: 13.8 against 10.3 us), and rows as short as the fp32 rule's.
+bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool wide_full, double avg) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 2 || !wide_full || wide.tile != kWideMaxTile || p.in_dim < kWide16MinInputs ||
+      avg < kWideRowsMinAverage)
+    return false;
+  const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
+  const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
+  const bool one_tile = p.n > kWideMaxTile / 2 && p.n <= kWideMaxTile;
+  const bool two_tiles = p.n > kWideMaxTile && p.n <= 2 * kWideMaxTile && (density >= 0.29 || (huge && density >= 0.095));
+  return one_tile || two_tiles;
 }
 
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few
@@ -199,6 +224,10 @@ SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, doub
   }
   const bool wide_full =
       wide.tile > 0 && wide.blocks_per_sm * wide_rows_threads(wide.tile) == kWideWarpsPerSm * 32;  // 32 warps per SM
+  if (wide_rows_pay_16bit(p, wide, wide_full, avg)) {
+    *reason = SpmmReason::kWideRows;
+    return SpmmVariant::kWideRows;
+  }
   if (wide_full && wide.tile >= p.n && size_t(wide.tile) * size_t(p.value_bytes) <= kWideMaxGatherBytes &&
       wide.rows_per_warp >= kWideRowsMinRowsPerWarp && avg >= kWideRowsMinAverage) {
     *reason = SpmmReason::kWideRows;
