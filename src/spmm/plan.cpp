@@ -185,8 +185,8 @@ bool tensor_cores_pay(const SpmmProblem& p) {
   const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
   if (p.transposed) return p.n >= 128 && density >= 0.19;
   // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K)
-  // slots. At N = 64 and 10% density the kernel wins on 16384x4096 (106.5 against 148.8 us) but not
-  // on 4096x4096 (58.8 against 48.0 us), hence the larger layer there.
+  // slots. At N = 64 and 10% density the kernel wins on 16384x4096 (106.8 against 148.9 us) but not
+  // on 4096x4096 (58.6 against 47.8 us), hence the larger layer there.
   return (p.n >= 128 && density >= 0.29) || (large && p.n >= 128 && density >= 0.095) ||
          (huge && p.n >= 64 && density >= 0.095) || (large && p.n >= 32 && density >= 0.29);
 }
@@ -195,11 +195,13 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 // warp group): its tile of 8 rows is one 16-byte gather per slot, and from 4096 inputs the gathers
 // from shared memory beat global_xt's through L1 even with a row per warp group, and in two tiles
 // at 16 rows where rows are dense or the layer large. Measured on the H200 in bf16
-// (spmm_nvidia_h200_bf16.md, wide_rows forced): 4096x4096, N = 8: 27.3 / 20.5 / 13.6 / 11.1 against
-// 44.8 / 30.0 / 17.5 / 13.3 us at 50 / 70 / 90 / 95%; N = 16: 47.2 against 57.0 us at 50%, 34.0
-// against 38.0 at 70%, but 21.8 against 19.7 at 90%; 16384x4096, N = 16: 137.5 / 92.9 / 43.7 against
-// 194.6 / 125.0 / 50.1 us at 50 / 70 / 90%, 33.5 against 32.2 at 95%. Below 4096 inputs global_x and
-// global_xt stay (3072x768, N = 16: 13.8 against 10.3 us), and rows as short as the fp32 rule's.
+// (spmm_nvidia_h200_bf16.md, wide_rows forced beside global_xt): 4096x4096, N = 8: 27.3 / 20.5 /
+// 13.5 / 11.1 us against 35.0 / 24.6 / 16.0 / 12.6 at 50 / 70 / 90 / 95% (and 44.8 / 30.0 / 17.5 /
+// 13.3 for global_x, the choice before, at commit 062c5c5); N = 16: 46.9 against 56.5 us at 50%,
+// 33.9 against 37.6 at 70%, but 21.7 against 19.3 at 90%; 16384x4096, N = 16: 137.2 / 92.5 / 43.7
+// against 193.2 / 124.1 / 50.3 us at 50 / 70 / 90%, 33.5 against 31.8 at 95%. Below 4096 inputs
+// global_x and global_xt stay (3072x768, N = 16, 50%: 18.4 against 15.1 us), and rows as short as
+// the fp32 rule's.
 bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool wide_full, double avg) {
   using namespace cuda::detail;
   if (p.value_bytes != 2 || !wide_full || wide.tile != kWideMaxTile || p.in_dim < kWide16MinInputs ||
@@ -270,8 +272,8 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 // fits one of its tiles, else the narrow one. A narrow chunk of a sparse row loads a whole window of
 // slots to expand a few of them (at 90% sparsity 6.4 of 32 per 64 columns), and the expansion's cost
 // per chunk is what bounds the kernel there. Measured on the H200 (bf16, 16384x4096, 90%): N = 16
-// 55.4 against 96.9 us, N = 64 106.5 against 120.2 us; N = 128 in two tiles of 64 176.9 against
-// 152.8 us in one narrow tile of 128, hence the batch limit.
+// 55.1 against 96.9 us, N = 64 106.8 against 120.2 us (narrow chunks at commit c011040); N = 128 in
+// two tiles of 64 176.9 against 152.8 us in one narrow tile of 128, hence the batch limit.
 int tensor_core_chunk(const SpmmProblem& p) {
   using namespace cuda::detail;
   const double density =
