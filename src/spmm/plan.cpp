@@ -168,7 +168,7 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
 // fixed (expanding 64 rows, one barrier, the products of the whole tile), so it pays where the row
 // kernels' cost per slot and batch row grows past it: many batch rows at a high density. Measured
 // on the H200 in bf16 (uniform rows; 768x3072, 3072x768, 4096x4096, 16384x4096 at 50-95%,
-// N = 16-128, bench/results/spmm_nvidia_h200_bf16.md): it wins at N >= 128 from 70% density
+// N = 16-128, bench/results/spmm_nvidia_h200_bf16.md at commit c011040, 64-column chunks): it wins at N >= 128 from 70% density
 // down to 30% on every shape (768x3072, 70%: 29.2 against 48.2 us), and on the layers of at least
 // 2^24 weights at N >= 64 from 10% density (16384x4096, 90%: 119.9 against 148.2 us) and at
 // N >= 32 from 30% (16384x4096, 70%: 121.1 against 219.6 us); elsewhere global_xt is faster
