@@ -15,6 +15,10 @@ Conv1D) are made sparse with snack.sparsify (ERK at the given global density, lm
 it is tied to the embedding), then trained with AdamW and snack.dst.DSTScheduler. The Dense+Mask run
 replaces each SparseLinear by snack.dst.DenseMaskLinear with the same weights, mask, rule and seed.
 
+Every 10th source file (in sorted path order) is held out of training: each run reports its
+perplexity there after the last step (and every --eval-every steps, plotted), on the same fixed
+held-out batches for every run of the invocation.
+
 Reports per run: peak training memory, step time (the wall time of an eager step, and on a GPU the
 GPU time of the whole step - forward, backward, AdamW - replayed from a captured CUDA graph, timed
 after training; topology updates rewrite the slots in place, so such a graph stays valid across
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import math
 import statistics
 import sysconfig
 import time
@@ -40,27 +45,35 @@ import snack
 from snack import benchmark
 
 COLUMNS = ["impl", "dtype", "batch", "block", "sparsity", "steps", "peak_mib", "step_ms", "graph_step_ms", "tokens_per_s",
-           "final_loss", "gen_ms_per_token", "infer_mib"]
+           "final_loss", "heldout_ppl", "gen_ms_per_token", "infer_mib"]
+HELDOUT_EVERY = 10  # every 10th source file (in sorted path order) is held out of training
 
 
-def load_corpus(max_bytes: int) -> torch.Tensor:
-    """Bytes of the standard library's .py files, in sorted path order, as a uint8 tensor."""
+def load_corpus(max_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes of the standard library's .py files, in sorted path order, as uint8 tensors: the
+    training text (up to max_bytes) and the held-out text (every HELDOUT_EVERY-th file, never trained
+    on; up to max_bytes // 4)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    chunks, total = [], 0
-    for path in sorted(stdlib.rglob("*.py")):
-        if "site-packages" in path.parts:
-            continue
+    train, heldout, totals = [], [], [0, 0]
+    paths = [p for p in sorted(stdlib.rglob("*.py")) if "site-packages" not in p.parts]
+    for i, path in enumerate(paths):
         try:
             data = path.read_bytes()
         except OSError:
             continue
-        chunks.append(data)
-        total += len(data)
-        if total >= max_bytes:
+        held = i % HELDOUT_EVERY == HELDOUT_EVERY - 1
+        if totals[held] < (max_bytes // 4 if held else max_bytes):
+            (heldout if held else train).append(data)
+            totals[held] += len(data)
+        if totals[0] >= max_bytes and totals[1] >= max_bytes // 4:
             break
-    if total == 0:
-        raise SystemExit(f"no Python sources found under {stdlib}")
-    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8).clone()
+    if totals[0] == 0 or totals[1] == 0:
+        raise SystemExit(f"too few Python sources under {stdlib} for a training and a held-out text")
+
+    def as_tensor(chunks, limit):
+        return torch.frombuffer(bytearray(b"".join(chunks)[:limit]), dtype=torch.uint8).clone()
+
+    return as_tensor(train, max_bytes), as_tensor(heldout, max_bytes // 4)
 
 
 def build_model(args, device):
@@ -91,12 +104,36 @@ def make_variant(args, impl, device):
     return model, densities
 
 
-def batches(corpus, args, device, gen):
+def batches(corpus, args, device, gen, batch=None):
     n = corpus.numel() - args.block - 1
     while True:
-        starts = torch.randint(0, n, (args.batch,), generator=gen)
+        starts = torch.randint(0, n, (batch or args.batch,), generator=gen)
         x = torch.stack([corpus[s:s + args.block + 1] for s in starts.tolist()]).long().to(device)
         yield x[:, :-1], x[:, 1:]
+
+
+def heldout_batches(heldout, args, device) -> list:
+    """The held-out evaluation set: args.eval_batches batches of max(batch, 8) sequences at fixed
+    positions, the same for every run of the invocation."""
+    if args.block + 1 >= heldout.numel():
+        raise SystemExit(f"the held-out text ({heldout.numel()} bytes) is shorter than a block of {args.block}")
+    data = batches(heldout, args, device, torch.Generator().manual_seed(12345), batch=max(args.batch, 8))
+    return [next(data) for _ in range(args.eval_batches)]
+
+
+def heldout_perplexity(model, data, dtype: str) -> float:
+    """exp(mean next-token cross entropy) over the held-out batches, in the training precision."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad(), precision(dtype, data[0][0].device):
+        for x, y in data:
+            logits = model(x).logits.float()
+            total += nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                 reduction="sum").item()
+            count += y.numel()
+    model.train(was_training)
+    return math.exp(total / count)
 
 
 def precision(dtype: str, device) -> contextlib.AbstractContextManager:
@@ -118,7 +155,7 @@ def train_step(model, opt, x, y, dtype: str = "fp32") -> torch.Tensor:
     return loss
 
 
-def run(impl, args, corpus, device, dtype="fp32"):
+def run(impl, args, corpus, heldout, device, dtype="fp32"):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         gc.collect()  # the previous run's model and optimizer sit in reference cycles until collected
@@ -139,7 +176,8 @@ def run(impl, args, corpus, device, dtype="fp32"):
                                        end=int(0.75 * args.steps), drop_fraction=0.3,
                                        generator=torch.Generator(device=device).manual_seed(args.seed))
     data = batches(corpus, args, device, torch.Generator().manual_seed(args.seed))
-    losses, times = [], []
+    evaluation = heldout_batches(heldout, args, device)
+    losses, times, heldout_curve = [], [], []
     for step in range(args.steps):
         x, y = next(data)
         sync()
@@ -148,8 +186,11 @@ def run(impl, args, corpus, device, dtype="fp32"):
         sync()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
+        if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
+            heldout_curve.append((step + 1, heldout_perplexity(model, evaluation, dtype)))
         if (step + 1) % max(1, args.steps // 5) == 0:
-            print(f"  [{impl} {dtype}] step {step + 1:5d}  loss {losses[-1]:.4f}")
+            ppl = f"  held-out ppl {heldout_curve[-1][1]:.3f}" if heldout_curve and heldout_curve[-1][0] == step + 1 else ""
+            print(f"  [{impl} {dtype}] step {step + 1:5d}  loss {losses[-1]:.4f}{ppl}")
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else float("nan")
     del loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
     step_ms = 1e3 * statistics.median(times[len(times) // 4:] or times)
@@ -185,9 +226,10 @@ def run(impl, args, corpus, device, dtype="fp32"):
     row = dict(impl=impl, dtype=dtype, batch=args.batch, block=args.block, sparsity=args.sparsity, steps=args.steps,
                peak_mib=peak, step_ms=step_ms, graph_step_ms=graph_ms,
                tokens_per_s=args.batch * args.block / (step_ms / 1e3),
-               final_loss=sum(losses[-5:]) / len(losses[-5:]), gen_ms_per_token=gen_ms, infer_mib=infer)
+               final_loss=sum(losses[-5:]) / len(losses[-5:]), heldout_ppl=heldout_curve[-1][1],
+               gen_ms_per_token=gen_ms, infer_mib=infer)
     del model  # collected at the start of the next run
-    return row, losses
+    return row, losses, heldout_curve
 
 
 def graphed_step_ms(model, x, y, lr, dtype: str = "fp32", reps: int = 20) -> float:
@@ -240,6 +282,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtypes", default="fp32", help="fp32, bf16 (autocast) or both: fp32,bf16")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="held-out perplexity every this many steps (0: at the end only)")
+    parser.add_argument("--eval-batches", type=int, default=4, help="held-out batches of max(batch, 8) sequences")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide GPT-2 (tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results on a GPU)")
@@ -251,27 +296,32 @@ def main(argv=None) -> int:
         return 1
     device = torch.device(args.device)
     configs = parse_configs(args.configs, args.steps)
-    corpus = load_corpus(2_000_000 if not args.tiny else 200_000)
-    print(f"corpus: {corpus.numel():,} bytes of Python standard-library source; device {device}")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        raise SystemExit("--eval-every must be >= 0 and --eval-batches >= 1")
+    corpus, heldout = load_corpus(2_000_000 if not args.tiny else 200_000)
+    print(f"corpus: {corpus.numel():,} bytes of Python standard-library source for training, {heldout.numel():,} "
+          f"held out (every {HELDOUT_EVERY}th file); device {device}")
     impls = ["snack", "dense_mask", "dense"] if args.impl == "all" else [args.impl]
     dtypes = args.dtypes.split(",")
     if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
         raise SystemExit(f"--dtypes: {args.dtypes!r}: use fp32, bf16 or fp32,bf16")
-    rows, curves = [], {}
+    rows, curves, heldout_curves = [], {}, {}
     for batch, block, sparsity, steps in configs:
         args.batch, args.block, args.sparsity, args.steps = batch, block, sparsity, steps
         print(f"== batch {batch} x block {block}, sparsity {sparsity:g}, {steps} steps")
         for dtype in dtypes:
             for impl in impls:
-                row, losses = run(impl, args, corpus, device, dtype)
+                row, losses, heldout_curve = run(impl, args, corpus, heldout, device, dtype)
                 rows.append(row)
                 curves[(batch, block, sparsity, steps, dtype, impl)] = losses
+                heldout_curves[(batch, block, sparsity, steps, dtype, impl)] = heldout_curve
     print(f"\n{'impl':<12}{'dtype':>6}{'config':>14}{'peak MiB':>10}{'step ms':>9}{'graph ms':>9}{'tok/s':>9}{'loss':>8}"
-          f"{'gen ms/tok':>11}{'infer MiB':>10}")
+          f"{'ppl':>8}{'gen ms/tok':>11}{'infer MiB':>10}")
     for r in rows:
         config = f"{r['batch']}x{r['block']}:{r['sparsity']:g}"
         print(f"{r['impl']:<12}{r['dtype']:>6}{config:>14}{r['peak_mib']:>10.1f}{r['step_ms']:>9.2f}{r['graph_step_ms']:>9.2f}"
-              f"{r['tokens_per_s']:>9.0f}{r['final_loss']:>8.4f}{r['gen_ms_per_token']:>11.2f}{r['infer_mib']:>10.1f}")
+              f"{r['tokens_per_s']:>9.0f}{r['final_loss']:>8.4f}{r['heldout_ppl']:>8.3f}{r['gen_ms_per_token']:>11.2f}"
+              f"{r['infer_mib']:>10.1f}")
     out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
     if out is not None:
         info = benchmark.provenance(device)
@@ -279,34 +329,37 @@ def main(argv=None) -> int:
                        f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every steps // 4), AdamW lr {args.lr}, corpus stdlib sources")
         stem = out / f"gpt2_{benchmark.gpu_slug(device)}"
         benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
-        _report(stem, rows, curves, info)
+        _report(stem, rows, curves, heldout_curves, info)
     return 0
 
 
-def _report(stem: Path, rows, curves, info) -> None:
+def _report(stem: Path, rows, curves, heldout_curves, info) -> None:
     lines = benchmark.markdown_head("GPT-2 dynamic sparse training", info)
-    lines += ["Step ms: wall time of an eager step; graph ms: GPU time of the same step replayed from a CUDA graph.", "",
-              "| config | dtype | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | gen ms/token | "
-              "inference MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["Step ms: wall time of an eager step; graph ms: GPU time of the same step replayed from a CUDA graph. "
+              f"Held-out ppl: perplexity (bytes) after the last step on files kept out of training (every "
+              f"{HELDOUT_EVERY}th source file).", "",
+              "| config | dtype | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | held-out ppl | "
+              "gen ms/token | inference MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['batch']}x{r['block']} s={r['sparsity']:g} | {r['dtype']} | {r['steps']} | {r['impl']} | "
                      f"{r['peak_mib']:.1f} | "
                      f"{r['step_ms']:.2f} | {r['graph_step_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['final_loss']:.4f} | "
-                     f"{r['gen_ms_per_token']:.2f} | {r['infer_mib']:.1f} |")
+                     f"{r['heldout_ppl']:.3f} | {r['gen_ms_per_token']:.2f} | {r['infer_mib']:.1f} |")
     # A config is (batch, block, sparsity, steps, dtype): the same shape may be run for different
     # lengths and precisions.
     configs = sorted({(r["batch"], r["block"], r["sparsity"], r["steps"], r["dtype"]) for r in rows})
     by = {(r["batch"], r["block"], r["sparsity"], r["steps"], r["dtype"], r["impl"]): r for r in rows}
     lines += ["", "## snack against Dense+Mask DST", "",
               "Targets (1x128, 90%): peak memory >= 50% less, final loss within 2%, step time no slower.", "",
-              "| config | peak memory | final loss | eager step | graph step |", "|---|---|---|---|---|"]
+              "| config | peak memory | final loss | held-out ppl | eager step | graph step |", "|---|---|---|---|---|---|"]
     for c in configs:
         s, d = by.get(c + ("snack",)), by.get(c + ("dense_mask",))
         if s is None or d is None:
             continue
         lines.append(f"| {c[0]}x{c[1]} s={c[2]:g}, {c[3]} steps, {c[4]} | {100 * (1 - s['peak_mib'] / d['peak_mib']):.0f}% less | "
-                     f"{100 * (s['final_loss'] / d['final_loss'] - 1):+.2f}% | {d['step_ms'] / s['step_ms']:.2f}x faster | "
+                     f"{100 * (s['final_loss'] / d['final_loss'] - 1):+.2f}% | "
+                     f"{100 * (s['heldout_ppl'] / d['heldout_ppl'] - 1):+.2f}% | {d['step_ms'] / s['step_ms']:.2f}x faster | "
                      f"{d['graph_step_ms'] / s['graph_step_ms']:.2f}x faster |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     try:
@@ -315,15 +368,21 @@ def _report(stem: Path, rows, curves, info) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     first = configs[0]
     for (b, t, sp, st, dt, impl), losses in curves.items():
         if (b, t, sp, st, dt) == first:
             axes[0].plot(losses, label=impl)
+            steps, ppl = zip(*heldout_curves[(b, t, sp, st, dt, impl)])
+            axes[2].plot(steps, ppl, marker="o" if len(steps) < 30 else None, label=impl)
     axes[0].set_title(f"loss, {first[0]}x{first[1]}, sparsity {first[2]:g}, {first[4]}")
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("training loss")
     axes[0].legend()
+    axes[2].set_title(f"held-out perplexity, {first[0]}x{first[1]}, sparsity {first[2]:g}, {first[4]}")
+    axes[2].set_xlabel("step")
+    axes[2].set_ylabel("perplexity (bytes)")
+    axes[2].legend()
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     width = 0.8 / max(1, len(impls))
     for i, impl in enumerate(impls):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from snack import benchmark
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -21,12 +23,31 @@ def test_gpt2_dst_tiny(capsys, tmp_path):
     pytest.importorskip("transformers")
     gpt2 = load("gpt2_dst")
     assert gpt2.main(["--tiny", "--steps", "4", "--update-every", "2", "--device", "cpu", "--dtypes", "fp32,bf16",
-                      "--out", str(tmp_path)]) == 0
+                      "--eval-every", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for impl in ("snack", "dense_mask", "dense"):
         for dtype in ("fp32", "bf16"):
             assert f"\n{impl:<12}{dtype:>6}" in out
     assert_report(tmp_path, "gpt2", ("snack", "dense_mask", "dense"))
+    # Held-out perplexity of every run: finite, above 1, below a uniform guess over 256 bytes' by a
+    # margin only training gives; snack and Dense+Mask (same weights, masks and updates) agree.
+    _, rows = benchmark.read_csv(tmp_path / "gpt2_cpu.csv")
+    ppl = {(r["impl"], r["dtype"]): float(r["heldout_ppl"]) for r in rows}
+    assert all(1.0 < v < 256.0 for v in ppl.values()), ppl
+    for dtype in ("fp32", "bf16"):
+        assert ppl[("snack", dtype)] == pytest.approx(ppl[("dense_mask", dtype)], rel=2e-2)
+    assert "held-out ppl" in (tmp_path / "gpt2_cpu.md").read_text()
+
+
+def test_gpt2_heldout_text_is_never_trained_on(tmp_path, monkeypatch):
+    gpt2 = load("gpt2_dst")
+    for i in range(20):  # whole files, each its own byte
+        (tmp_path / f"m{i:02d}.py").write_bytes(bytes([65 + i]) * 100)
+    monkeypatch.setattr(gpt2.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    train, heldout = gpt2.load_corpus(1800)
+    held = {i for i in range(20) if i % gpt2.HELDOUT_EVERY == gpt2.HELDOUT_EVERY - 1}  # files 9 and 19
+    assert set(heldout.tolist()) == {65 + i for i in held} and heldout.numel() == 200
+    assert set(train.tolist()) == {65 + i for i in range(20) if i not in held} and train.numel() == 1800
 
 
 def test_graph_inference_tiny(capsys, tmp_path):
