@@ -3,6 +3,7 @@
     python bench/layer.py            # the issue's grid (a few minutes on an H200)
     python bench/layer.py --quick    # two shapes, to check the set-up
     python bench/layer.py --dtype bf16 --ns 16,32,64,128   # the backward kernels in bf16 (or fp16)
+    python bench/layer.py --precisions fp32,tf32,bf16_autocast --ns 512,2048,8192,16384 --tag large
 
 Step = forward + backward + optimizer step (SGD with momentum, AdamW) of one layer on an input of N
 rows, for: snack (SparseLinear), dense (nn.Linear), dense_mask (a dense weight times a fixed 0/1
@@ -23,6 +24,7 @@ Writes bench/results/layer_<gpu>.{csv,md} and backward_<gpu>.{csv,md}, and a PNG
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
 import time
@@ -86,17 +88,40 @@ def runs(impl, opt_name):
     return impl != "snack_fused_step" or opt_name != "sgd"
 
 
-def training_step(layer, opt, x, target):
-    """The step every implementation is timed on: forward, squared-error loss, backward, optimizer step."""
+PRECISIONS = ("fp32", "tf32", "bf16_autocast")
+
+
+@contextlib.contextmanager
+def precision_mode(precision: str):
+    """fp32: TF32 off (this benchmark's default); tf32: torch's matmuls and convolutions may use TF32
+    (snack's kernels compute in fp32 either way); bf16_autocast: like fp32, the forward then runs
+    under torch.autocast(bfloat16) (training_step)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {PRECISIONS}")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def training_step(layer, opt, x, target, precision="fp32"):
+    """The step every implementation is timed on: forward (under autocast for bf16_autocast),
+    squared-error loss in fp32, backward, optimizer step."""
+    autocast = precision == "bf16_autocast"
+
     def step():
         opt.zero_grad()  # PyTorch's default, set_to_none=True: backward writes fresh gradients
-        ((layer(x) - target) ** 2).mean().backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast, cache_enabled=False):
+            out = layer(x)
+        ((out.float() - target) ** 2).mean().backward()
         opt.step()
 
     return step
 
 
-def time_layer(impl, ref, n, opt_name, steps=20):
+def time_layer(impl, ref, n, opt_name, steps=20, precision="fp32"):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -104,7 +129,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     opt = make_optimizer(opt_name, layer.parameters(), impl=impl)
     x = torch.randn(n, ref.in_features, device="cuda")
     target = torch.randn(n, ref.out_features, device="cuda")
-    step = training_step(layer, opt, x, target)
+    step = training_step(layer, opt, x, target, precision)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -129,7 +154,7 @@ def time_layer(impl, ref, n, opt_name, steps=20):
     try:
         layer_g = make_layer(impl, ref)
         opt_g = make_optimizer(opt_name, layer_g.parameters(), capturable=True, impl=impl)
-        graph = benchmark.capture_graph(training_step(layer_g, opt_g, x, target))
+        graph = benchmark.capture_graph(training_step(layer_g, opt_g, x, target, precision))
         for _ in range(3):
             graph.replay()
         graph_us = 1e3 * statistics.median(benchmark.replay_times_ms(graph, steps))
@@ -343,6 +368,9 @@ def main(argv=None) -> int:
                         help=f"comma-separated, of {', '.join(OPTIMIZER_CHOICES)} (adamw: torch's default, foreach)")
     parser.add_argument("--tag", default="", help="suffix of the result files' names (layer_<gpu>_<tag>.*)")
     parser.add_argument("--backward-only", action="store_true", help="only the backward kernels (no layer steps)")
+    parser.add_argument("--precisions", default="fp32",
+                        help=f"layer steps in each of {', '.join(PRECISIONS)} (comma-separated): fp32 with TF32 off, "
+                             "TF32 allowed for torch's matmuls, the forward under autocast bf16")
     parser.add_argument("--sddmm-variants", action="store_true",
                         help="also time every SDDMM kernel forced (impl snack_vector, snack_rows; "
                              "with AdamW fused: snack_fused_<variant>)")
@@ -378,6 +406,9 @@ def main(argv=None) -> int:
         ns = [int(v) for v in args.ns.split(",")]
     if args.sparsities:
         sparsities = [float(v) for v in args.sparsities.split(",")]
+    precisions = args.precisions.split(",")
+    if set(precisions) - set(PRECISIONS):
+        parser.error(f"unknown precisions {sorted(set(precisions) - set(PRECISIONS))}; choose from {PRECISIONS}")
     optimizers = args.optimizers.split(",")
     unknown = set(optimizers) - set(OPTIMIZER_CHOICES)
     if unknown:
@@ -410,12 +441,20 @@ def main(argv=None) -> int:
     for (m, k), sparsity in benchmark.progress(configs, len(configs), "layer"):
         ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
         for n in ns:
-            for impl, opt_name in itertools.product(() if args.backward_only else IMPLS, optimizers):
+            for impl, opt_name, precision in itertools.product(() if args.backward_only else IMPLS, optimizers,
+                                                               precisions):
                 if not runs(impl, opt_name):
                     continue
-                gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name)
-                layer_rows.append(dict(M=m, K=k, N=n, sparsity=sparsity, dtype="fp32", impl=impl, optimizer=opt_name,
-                                       gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
+                try:
+                    with precision_mode(precision):
+                        gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name, precision=precision)
+                except RuntimeError as exc:  # a baseline without this precision (torch.sparse under autocast)
+                    if impl.startswith("snack") or precision == "fp32":
+                        raise
+                    print(f"  {impl}/{opt_name} {precision} {m}x{k} N={n}: {str(exc)[:120]}")
+                    continue
+                layer_rows.append(dict(M=m, K=k, N=n, sparsity=sparsity, dtype=precision, impl=impl,
+                                       optimizer=opt_name, gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
             back_rows += backward_rows(ref, n, sparsity, timer, bandwidth,
                                        SDDMM_VARIANTS if args.sddmm_variants else ())
         del ref
@@ -469,24 +508,27 @@ def write_results(args, info, layer_rows, back_rows) -> str:
 
 def summarize(layer_rows, back_rows, info) -> str:
     lines = benchmark.markdown_head("One-layer training step and backward kernels", info)
-    t = {(r["M"], r["K"], r["N"], r["sparsity"], r["impl"], r["optimizer"]): r for r in layer_rows}
-    keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["optimizer"]) for r in layer_rows})
+    # A row's key: (M, K, N, sparsity, dtype, impl, optimizer); dtype is the step's precision.
+    t = {(r["M"], r["K"], r["N"], r["sparsity"], r.get("dtype", "fp32"), r["impl"], r["optimizer"]): r
+         for r in layer_rows}
+    keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r.get("dtype", "fp32"), r["optimizer"]) for r in layer_rows})
     lines.append("GPU us per step (events) / graph-replay us / wall us / peak MiB. Speedups: GPU time of the baseline "
-                 "over snack's.")
+                 "over snack's. Precision: fp32 (TF32 off), tf32 (allowed for torch's matmuls), bf16_autocast (the "
+                 "forward under torch.autocast).")
     lines.append("")
-    lines.append("| M x K | N | sparsity | opt | " + " | ".join(IMPLS) + " | vs dense | vs D+M | memory vs dense |")
-    lines.append("|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|")
+    lines.append("| M x K | N | sparsity | precision | opt | " + " | ".join(IMPLS) + " | vs dense | vs D+M | memory vs dense |")
+    lines.append("|---|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|")
     for key in keys:
-        cells, snack_row = [], t.get(key[:4] + ("snack", key[4]))
+        cells, snack_row = [], t.get(key[:5] + ("snack", key[5]))
         for impl in IMPLS:
-            r = t.get(key[:4] + (impl, key[4]))
+            r = t.get(key[:5] + (impl, key[5]))
             cells.append(f"{r['gpu_us']:.0f} / {r['graph_us']:.0f} / {r['wall_us']:.0f} / {r['peak_mib']:.1f}" if r else "-")
-        d, dm = t.get(key[:4] + ("dense", key[4])), t.get(key[:4] + ("dense_mask", key[4]))
+        d, dm = t.get(key[:5] + ("dense", key[5])), t.get(key[:5] + ("dense_mask", key[5]))
         sp = lambda b: f"{b['gpu_us'] / snack_row['gpu_us']:.2f}x" if b and snack_row else "-"  # noqa: E731
         mem = f"{100 * (1 - snack_row['peak_mib'] / d['peak_mib']):.0f}% less" if d and snack_row else "-"
-        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | " + " | ".join(cells) +
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]} | " + " | ".join(cells) +
                      f" | {sp(d)} | {sp(dm)} | {mem} |")
-    key = (16384, 4096, 16, 0.9)
+    key = (16384, 4096, 16, 0.9, "fp32")
     target_rows = []
     for opt_name, flavour in (("adamw", "default (foreach)"), ("adamw_fused", "fused=True")):
         d, dm = t.get(key + ("dense", opt_name)), t.get(key + ("dense_mask", opt_name))
@@ -553,7 +595,7 @@ def plot(layer_rows, path, info):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9]
+    sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9 and r.get("dtype", "fp32") == "fp32"]
     if not sel:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -81,3 +81,18 @@ def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
     layer.plot_16bit(rows, tmp_path / "b.png", info)
     assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_the_layer_summary_keeps_each_precision_apart(tmp_path):
+    from bench import layer
+    info = {"gpu": "Test GPU", "commit": "0123456789"}
+    rows = [dict(M=4096, K=4096, N=2048, sparsity=0.9, dtype=dtype, impl=impl, optimizer="adamw", gpu_us=us,
+                 graph_us=us, wall_us=us, peak_mib=10.0)
+            for dtype, snack_us, dense_us in (("fp32", 100.0, 400.0), ("bf16_autocast", 200.0, 100.0))
+            for impl, us in (("snack", snack_us), ("dense", dense_us))]
+    md = layer.summarize(rows, [], info)
+    assert "| 4096x4096 | 2048 | 0.9 | fp32 | adamw |" in md and "| 4.00x |" in md
+    assert "| 4096x4096 | 2048 | 0.9 | bf16_autocast | adamw |" in md and "| 0.50x |" in md
+    with pytest.raises(ValueError):
+        with layer.precision_mode("fp64"):
+            pass
