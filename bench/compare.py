@@ -27,7 +27,7 @@ from snack.benchmark import RESULTS_DIR, geomean, git_commit, markdown_head, rea
 # The measured columns of each result kind; the other columns name the row.
 MEASURES = {"kernel": ("median_us",), "step": ("graph_us", "peak_mib")}
 # Columns that are neither a row's name nor compared (derived, or too noisy to compare).
-IGNORED = {"floor_us", "gpu_us", "wall_us"}
+IGNORED = {"floor_us", "gpu_us", "wall_us", "tflops"}
 
 
 def kind_of(columns) -> str:

@@ -44,7 +44,12 @@ OPTIMIZERS = ["sgd", "adamw"]
 # adamw_fused (--optimizers): torch's single-kernel AdamW (fused=True), for every implementation alike.
 OPTIMIZER_CHOICES = OPTIMIZERS + ["adamw_fused"]
 LAYER_COLUMNS = ["M", "K", "N", "sparsity", "dtype", "impl", "optimizer", "gpu_us", "graph_us", "wall_us", "peak_mib"]
-BACKWARD_COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
+BACKWARD_COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us", "tflops"]
+
+
+def useful_tflops(nnz: int, n: int, us: float) -> float:
+    """TFLOP/s of the sparse product's useful work, 2 x nnz x N multiply-adds' flops, whatever ran it."""
+    return 2.0 * nnz * n / (us * 1e6)
 
 
 class TorchSparse(nn.Module):
@@ -209,7 +214,8 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
             print(f"  {op}/{impl} {m}x{k} N={n}: rel error {err:.2e}, not timed")
             continue
         rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
-                         median_us=timer.median_us(fn, reps=20), floor_us=floor_dx if op == "dx" else floor_dw))
+                         median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor_dx if op == "dx" else floor_dw,
+                         tflops=useful_tflops(nnz, n, us)))
     return rows
 
 
@@ -260,7 +266,8 @@ def backward_rows_16bit(ref, n, sparsity, dtype, timer, bandwidth):
             print(f"  {op}/{impl} {m}x{k} N={n} {name}: rel error {err:.2e}, not timed")
             continue
         rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=name, impl=impl,
-                         median_us=timer.median_us(fn, reps=20), floor_us=floor[op]))
+                         median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor[op],
+                         tflops=useful_tflops(nnz, n, us)))
     return rows
 
 
@@ -345,7 +352,8 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
                 print(f"  dw_adamw/{impl} {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
                 continue
         rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
-                         median_us=timer.median_us(fn, reps=20), floor_us=floor))
+                         median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor,
+                         tflops=useful_tflops(nnz, n, us)))
     return rows
 
 

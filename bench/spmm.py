@@ -26,7 +26,7 @@ NS = [1, 8, 16, 32, 128]
 SPARSITIES = [0.8, 0.9, 0.95, 0.99]
 PATTERNS = ["uniform", "powerlaw"]
 BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
-COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us"]
+COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us", "tflops"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative error allowed against float64 before a result is timed (the 16-bit types round each
 # output once: unit roundoff 2^-8 for bf16, 2^-11 for fp16).
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
                     continue
                 us = timer.median_us(fn, reps=args.reps)
                 rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype=args.dtype,
-                                     impl=name, median_us=us, floor_us=fl))
+                                     impl=name, median_us=us, floor_us=fl, tflops=2.0 * nnz * n / (us * 1e6)))
         del dense_w, mask, w64
     slug = benchmark.gpu_slug()
     suffix = ("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_quick" if args.quick else "")
@@ -221,16 +221,23 @@ def index(rows):
     return table
 
 
+def tflops(row) -> str:
+    """The row's useful TFLOP/s, "-" in result files written before the column."""
+    value = row.get("tflops")
+    return "-" if value in (None, "") else f"{float(value):.2f}"
+
+
 def summarize(rows, info, failures, dtype: str = "fp32") -> str:
     t = index(rows)
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"]) for r in rows},
                   key=lambda c: (c[4], c[0] * c[1], c[0], c[3], c[2]))
     impls = ["snack"] + [b for b in BASELINES]
     lines = benchmark.markdown_head("Forward SpMM benchmark", info)
-    lines += ["Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time.", ""]
+    lines += ["Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time. "
+              "TFLOP/s: snack's useful work, 2 x nnz x N flops over its time.", ""]
     lines.append("| M x K | N | sparsity | pattern | floor | " + " | ".join(impls) +
-                 " | %floor | vs dense | vs D+M | vs csr |")
-    lines.append("|" + "---|" * (4 + 1 + len(impls) + 4))
+                 " | %floor | TFLOP/s | vs dense | vs D+M | vs csr |")
+    lines.append("|" + "---|" * (4 + 1 + len(impls) + 5))
     for key in keys:
         cells = [t.get(key + (i,)) for i in impls]
         snack_row = t.get(key + ("snack",))
@@ -244,7 +251,7 @@ def summarize(rows, info, failures, dtype: str = "fp32") -> str:
 
         lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | {snack_row['floor_us']:.1f} | " +
                      " | ".join(f"{c['median_us']:.1f}" if c else "-" for c in cells) +
-                     f" | {100 * snack_row['floor_us'] / s:.0f}% | {ratio('dense')} | {ratio('dense_mask')} | "
+                     f" | {100 * snack_row['floor_us'] / s:.0f}% | {tflops(snack_row)} | {ratio('dense')} | {ratio('dense_mask')} | "
                      f"{ratio('cusparse_csr')} |")
     lines += ["", f"## Targets ({dtype}, uniform pattern, sparsity 0.9-0.99; the issue sets them for fp32)", ""]
     target_keys = [k for k in keys if k[4] == "uniform" and k[3] >= 0.9 and (k + ("snack",)) in t]
