@@ -164,15 +164,21 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
   return {};
 }
 
-// Where the tensor-core kernel beats the CUDA-core ones in 16 bits. Its cost per 64-column chunk is
+// Stored entries over the weights of the layer (0 for an empty one).
+double density_of(const SpmmProblem& p) {
+  return p.out_dim > 0 && p.in_dim > 0 ? double(p.nnz) / (double(p.out_dim) * double(p.in_dim)) : 0.0;
+}
+
+// Where the tensor-core kernel beats the CUDA-core ones in 16 bits. Its cost per chunk is mostly
 // fixed (expanding 64 rows, one barrier, the products of the whole tile), so it pays where the row
 // kernels' cost per slot and batch row grows past it: many batch rows at a high density. Measured
 // on the H200 in bf16 (uniform rows; 768x3072, 3072x768, 4096x4096, 16384x4096 at 50-95%,
-// N = 16-128, bench/results/spmm_nvidia_h200_bf16.md at commit c011040, 64-column chunks): it wins at N >= 128 from 70% density
-// down to 30% on every shape (768x3072, 70%: 29.2 against 48.2 us), and on the layers of at least
-// 2^24 weights at N >= 64 from 10% density (16384x4096, 90%: 119.9 against 148.2 us) and at
-// N >= 32 from 30% (16384x4096, 70%: 121.1 against 219.6 us); elsewhere global_xt is faster
-// (16384x4096, 90%, N = 16: 50.0 against 96.1 us).
+// N = 16-128, bench/results/spmm_nvidia_h200_bf16.md, every variant forced): it wins at N >= 128
+// from 70% density down to 30% on every shape (768x3072, 70%: 29.2 against 48.2 us at commit
+// c011040), on the layers of at least 2^24 weights at N >= 128 from 10% density (4096x4096, 90%:
+// 70.5 against 77.6 us) and at N >= 32 from 30% (16384x4096, 70%, N = 32: 121.7 against 220.2 us);
+// elsewhere the CUDA-core kernels are faster (16384x4096, 90%, N = 16: 55.1 against 50.3 us for
+// global_xt).
 //
 // The transposed product (dX) reads each slot through csc_perm, so its expansion waits on two
 // dependent loads per slot: there the kernel pays only from N = 128 at 20% density (bf16,
@@ -180,7 +186,7 @@ WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t
 // the CUDA-core dX, but 90%: 562.6 against 359.7 us; N = 64, 80%: 443.6 against 358.1 us).
 bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
-  const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
+  const double density = density_of(p);
   const bool large = p.out_dim * p.in_dim >= (int64_t(1) << 24);
   const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
   if (p.transposed) return p.n >= 128 && density >= 0.19;
@@ -207,10 +213,11 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
   if (p.value_bytes != 2 || !wide_full || wide.tile != kWideMaxTile || p.in_dim < kWide16MinInputs ||
       avg < kWideRowsMinAverage)
     return false;
-  const double density = double(p.nnz) / (double(p.out_dim) * double(p.in_dim));
+  const double density = density_of(p);
   const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
   const bool one_tile = p.n > kWideMaxTile / 2 && p.n <= kWideMaxTile;
-  const bool two_tiles = p.n > kWideMaxTile && p.n <= 2 * kWideMaxTile && (density >= 0.29 || (huge && density >= 0.095));
+  const bool two_tiles =
+      p.n > kWideMaxTile && p.n <= 2 * kWideMaxTile && (density >= 0.29 || (huge && density >= 0.095));
   return one_tile || two_tiles;
 }
 
@@ -276,9 +283,7 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 // two tiles of 64 176.9 against 152.8 us in one narrow tile of 128, hence the batch limit.
 int tensor_core_chunk(const SpmmProblem& p) {
   using namespace cuda::detail;
-  const double density =
-      p.out_dim > 0 && p.in_dim > 0 ? double(p.nnz) / (double(p.out_dim) * double(p.in_dim)) : 0.0;
-  const bool fits_window = density * kTcWideChunk <= 0.875 * kTcRowWindow;
+  const bool fits_window = density_of(p) * kTcWideChunk <= 0.875 * kTcRowWindow;
   return fits_window && p.n <= kTcWideMaxTile ? kTcWideChunk : kTcNarrowChunk;
 }
 
