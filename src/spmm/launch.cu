@@ -143,47 +143,40 @@ Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim,
   return check_launch("spmm_tensor_core_kernel");
 }
 
-// The batch tile and chunk width of the plan, instantiated: the narrow chunk at every tile, the wide
-// one at tiles up to kTcWideMaxTile (its staging would not fit beyond).
+// The plan's batch tile for chunks of CW columns: 16-128 rows, up to kMaxTile (the wide chunk's
+// staging fits tiles up to kTcWideMaxTile).
+template <typename T, typename View, int CW, int kMaxTile>
+Status launch_tensor_core_chunk(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in,
+                                int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  switch (plan.batch_tile) {
+    case 16: return launch_tensor_core_tile<T, View, 16, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 32: return launch_tensor_core_tile<T, View, 32, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 64:
+      if constexpr (kMaxTile >= 64)
+        return launch_tensor_core_tile<T, View, 64, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      break;
+    case 128:
+      if constexpr (kMaxTile >= 128)
+        return launch_tensor_core_tile<T, View, 128, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      break;
+    default: break;
+  }
+  return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile) +
+                         " with chunks of " + std::to_string(CW) + " columns");
+}
+
 template <typename T, typename View>
 Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                           const T* bias, T* out, Activation act, Stream stream) {
-  using detail::kTcNarrowChunk;
-  using detail::kTcWideChunk;
+  using namespace detail;
   if constexpr (kIsHalfType<T>) {
-    if (plan.chunk == kTcWideChunk) {
-      static_assert(detail::kTcWideMaxTile == 64, "the wide chunk's tiles below");
-      switch (plan.batch_tile) {
-        case 16:
-          return launch_tensor_core_tile<T, View, 16, kTcWideChunk>(plan, view, out_dim, in_dim, in, n, bias, out, act,
-                                                                    stream);
-        case 32:
-          return launch_tensor_core_tile<T, View, 32, kTcWideChunk>(plan, view, out_dim, in_dim, in, n, bias, out, act,
-                                                                    stream);
-        case 64:
-          return launch_tensor_core_tile<T, View, 64, kTcWideChunk>(plan, view, out_dim, in_dim, in, n, bias, out, act,
-                                                                    stream);
-        default: break;
-      }
-    } else if (plan.chunk == kTcNarrowChunk) {
-      switch (plan.batch_tile) {
-        case 16:
-          return launch_tensor_core_tile<T, View, 16, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
-                                                                      act, stream);
-        case 32:
-          return launch_tensor_core_tile<T, View, 32, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
-                                                                      act, stream);
-        case 64:
-          return launch_tensor_core_tile<T, View, 64, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
-                                                                      act, stream);
-        case 128:
-          return launch_tensor_core_tile<T, View, 128, kTcNarrowChunk>(plan, view, out_dim, in_dim, in, n, bias, out,
-                                                                       act, stream);
-        default: break;
-      }
-    }
-    return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile) +
-                           " with chunks of " + std::to_string(plan.chunk) + " columns");
+    if (plan.chunk == kTcWideChunk)
+      return launch_tensor_core_chunk<T, View, kTcWideChunk, kTcWideMaxTile>(plan, view, out_dim, in_dim, in, n, bias,
+                                                                             out, act, stream);
+    if (plan.chunk == kTcNarrowChunk)
+      return launch_tensor_core_chunk<T, View, kTcNarrowChunk, kTcMaxTile>(plan, view, out_dim, in_dim, in, n, bias,
+                                                                           out, act, stream);
+    return InvalidArgument("tensor_core: unsupported chunk of " + std::to_string(plan.chunk) + " columns");
   } else {
     return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
   }
