@@ -47,11 +47,6 @@ LAYER_COLUMNS = ["M", "K", "N", "sparsity", "dtype", "impl", "optimizer", "gpu_u
 BACKWARD_COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us", "tflops"]
 
 
-def useful_tflops(nnz: int, n: int, us: float) -> float:
-    """TFLOP/s of the sparse product's useful work, 2 x nnz x N multiply-adds' flops, whatever ran it."""
-    return 2.0 * nnz * n / (us * 1e6)
-
-
 class TorchSparse(nn.Module):
     def __init__(self, indices, values, bias, shape):
         super().__init__()
@@ -201,35 +196,40 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     for variant in sddmm_variants:
         cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, pattern, variant=v), ref_dw)
     rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants)
+    return rows + timed_rows(cands, ref, n, sparsity, "fp32", {"dx": floor_dx, "dw": floor_dw}, timer)
+
+
+def timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer) -> list[dict]:
+    """Checks each candidate {(op, impl): (fn, float64 reference)} against its reference within the
+    dtype's tolerance, then times it: a result row per candidate that ran and was right. A forced
+    snack kernel that cannot run the shape (ValueError) is reported and left out; a baseline's error
+    stays an error. floor: the floor in us of each op."""
+    m, k, nnz = ref.out_features, ref.in_features, ref.nnz
+    rows = []
     for (op, impl), (fn, ref_out) in cands.items():
         try:
             out = fn()
-        except ValueError as e:  # a forced SDDMM kernel that cannot run this shape
+        except ValueError as e:
             if not impl.startswith("snack_"):
                 raise
             print(f"  {op}/{impl} {m}x{k} N={n}: {e}")
             continue
         err = benchmark.rel_error(out, ref_out)
-        if not err < 1e-5:
-            print(f"  {op}/{impl} {m}x{k} N={n}: rel error {err:.2e}, not timed")
+        if not err < benchmark.TOLERANCE[dtype_name]:
+            print(f"  {op}/{impl} {m}x{k} N={n} {dtype_name}: rel error {err:.2e}, not timed")
             continue
-        rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
-                         median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor_dx if op == "dx" else floor_dw,
-                         tflops=useful_tflops(nnz, n, us)))
+        us = timer.median_us(fn, reps=20)
+        rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=dtype_name, impl=impl,
+                         median_us=us, floor_us=floor[op], tflops=benchmark.useful_tflops(nnz, n, us)))
     return rows
 
 
-# Relative error allowed against float64 before a 16-bit result is timed (bench/spmm.py's).
-TOLERANCE_16 = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
-DTYPE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def backward_rows_16bit(ref, n, sparsity, dtype, timer, bandwidth):
+def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth):
     """The backward kernels in 16 bits (values, dY and X in `dtype`, fp32 accumulation): dX as snack's
     planner runs it and with the tensor-core kernel forced, dW (the SDDMM), the forward beside them
     (the issue's dX-against-forward ratio), and dense cuBLAS in the same dtype (dY @ W and dY^T @ X)."""
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
-    name = next(key for key, value in DTYPE_NAMES.items() if value == dtype)
+    dtype = benchmark.DTYPES[dtype_name]
     pattern = ref.pattern.tensors
     values = ref.values.detach().to(dtype)
     dense_w = ref.to_dense().detach().to(dtype)
@@ -254,21 +254,7 @@ def backward_rows_16bit(ref, n, sparsity, dtype, timer, bandwidth):
         ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, pattern), ref_dw),
         ("dw", "dense"): (lambda: dy.t() @ x, full),
     }
-    rows = []
-    for (op, impl), (fn, ref_out) in cands.items():
-        try:
-            out = fn()
-        except ValueError as e:  # a forced kernel that cannot run this shape
-            print(f"  {op}/{impl} {m}x{k} N={n}: {e}")
-            continue
-        err = benchmark.rel_error(out, ref_out)
-        if not err < TOLERANCE_16[dtype]:
-            print(f"  {op}/{impl} {m}x{k} N={n} {name}: rel error {err:.2e}, not timed")
-            continue
-        rows.append(dict(op=op, M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=name, impl=impl,
-                         median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor[op],
-                         tflops=useful_tflops(nnz, n, us)))
-    return rows
+    return timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer)
 
 
 def summarize_16bit(back_rows, info) -> str:
@@ -353,7 +339,7 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
                 continue
         rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
                          median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor,
-                         tflops=useful_tflops(nnz, n, us)))
+                         tflops=benchmark.useful_tflops(nnz, n, us)))
     return rows
 
 
@@ -382,7 +368,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sddmm-variants", action="store_true",
                         help="also time every SDDMM kernel forced (impl snack_vector, snack_rows; "
                              "with AdamW fused: snack_fused_<variant>)")
-    parser.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="fp32",
+    parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32",
                         help="bf16 / fp16: only the backward kernels, values and activations in that dtype, against "
                              "dense cuBLAS in it (backward_<gpu>_<dtype>.*)")
     parser.add_argument("--profile", action="store_true",
@@ -432,12 +418,11 @@ def main(argv=None) -> int:
     configs = list(itertools.product(shapes, sparsities))
     gen = torch.Generator().manual_seed(0)
     if args.dtype != "fp32":
-        dtype = DTYPE_NAMES[args.dtype]
         info["method"] = f"backward kernels in {args.dtype}: median of 20 single calls, {benchmark.ColdTimer.METHOD}"
         for (m, k), sparsity in benchmark.progress(configs, len(configs), f"backward {args.dtype}"):
             ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
             for n in ns:
-                back_rows += backward_rows_16bit(ref, n, sparsity, dtype, timer, bandwidth)
+                back_rows += backward_rows_16bit(ref, n, sparsity, args.dtype, timer, bandwidth)
             del ref
             slug = benchmark.gpu_slug() + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
             benchmark.write_csv(args.out / f"backward_{slug}_{args.dtype}.csv", info, BACKWARD_COLUMNS, back_rows)

@@ -27,10 +27,7 @@ SPARSITIES = [0.8, 0.9, 0.95, 0.99]
 PATTERNS = ["uniform", "powerlaw"]
 BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
 COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us", "tflops"]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Relative error allowed against float64 before a result is timed (the 16-bit types round each
-# output once: unit roundoff 2^-8 for bf16, 2^-11 for fp16).
-TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+DTYPES, TOLERANCE = benchmark.DTYPES, benchmark.TOLERANCE
 
 
 def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Generator) -> snack.Pattern:
@@ -148,7 +145,7 @@ def main(argv=None) -> int:
                     continue
                 us = timer.median_us(fn, reps=args.reps)
                 rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype=args.dtype,
-                                     impl=name, median_us=us, floor_us=fl, tflops=2.0 * nnz * n / (us * 1e6)))
+                                     impl=name, median_us=us, floor_us=fl, tflops=benchmark.useful_tflops(nnz, n, us)))
         del dense_w, mask, w64
     slug = benchmark.gpu_slug()
     suffix = ("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_quick" if args.quick else "")

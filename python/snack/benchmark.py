@@ -161,6 +161,18 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
+# The benchmarks' precisions by name, and the relative error allowed against float64 before a result
+# is timed (the 16-bit types round each output once: unit roundoff 2^-8 for bf16, 2^-11 for fp16).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+
+
+def useful_tflops(nnz: int, n: int, us: float) -> float:
+    """TFLOP/s of a sparse product's useful work (2 x nnz x N flops) done in `us` microseconds,
+    whatever kernel or baseline ran it."""
+    return 2.0 * nnz * n / (us * 1e6)
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if out.shape != ref.shape:
         return math.inf
