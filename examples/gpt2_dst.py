@@ -121,19 +121,21 @@ def heldout_batches(heldout, args, device) -> list:
     return [next(data) for _ in range(args.eval_batches)]
 
 
+def lm_loss(model, x, y, dtype: str, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross entropy of the model on x against y, its forward in the run's precision."""
+    with precision(dtype, x.device):
+        logits = model(x).logits.float()
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction=reduction)
+
+
 def heldout_perplexity(model, data, dtype: str) -> float:
     """exp(mean next-token cross entropy) over the held-out batches, in the training precision."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad(), precision(dtype, data[0][0].device):
-        for x, y in data:
-            logits = model(x).logits.float()
-            total += nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                 reduction="sum").item()
-            count += y.numel()
+    with torch.no_grad():
+        total = sum(lm_loss(model, x, y, dtype, reduction="sum").item() for x, y in data)
     model.train(was_training)
-    return math.exp(total / count)
+    return math.exp(total / sum(y.numel() for _, y in data))
 
 
 def precision(dtype: str, device) -> contextlib.AbstractContextManager:
@@ -147,9 +149,7 @@ def precision(dtype: str, device) -> contextlib.AbstractContextManager:
 def train_step(model, opt, x, y, dtype: str = "fp32") -> torch.Tensor:
     """One language-model training step (next-token cross entropy, AdamW); returns the loss."""
     opt.zero_grad(set_to_none=True)
-    with precision(dtype, x.device):
-        logits = model(x).logits.float()
-    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss = lm_loss(model, x, y, dtype)
     loss.backward()
     opt.step()
     return loss
@@ -177,7 +177,7 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
                                        generator=torch.Generator(device=device).manual_seed(args.seed))
     data = batches(corpus, args, device, torch.Generator().manual_seed(args.seed))
     evaluation = heldout_batches(heldout, args, device)
-    losses, times, heldout_curve = [], [], []
+    losses, times, heldout_curve, train_peak = [], [], [], 0
     for step in range(args.steps):
         x, y = next(data)
         sync()
@@ -187,11 +187,16 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
+            if device.type == "cuda":  # the evaluation's batches are not part of the training peak
+                train_peak = max(train_peak, torch.cuda.max_memory_allocated())
             heldout_curve.append((step + 1, heldout_perplexity(model, evaluation, dtype)))
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
         if (step + 1) % max(1, args.steps // 5) == 0:
             ppl = f"  held-out ppl {heldout_curve[-1][1]:.3f}" if heldout_curve and heldout_curve[-1][0] == step + 1 else ""
             print(f"  [{impl} {dtype}] step {step + 1:5d}  loss {losses[-1]:.4f}{ppl}")
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else float("nan")
+    peak = ((max(train_peak, torch.cuda.max_memory_allocated()) - base) / 2**20 if device.type == "cuda"
+            else float("nan"))
     del loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
     step_ms = 1e3 * statistics.median(times[len(times) // 4:] or times)
     if sched is not None:
