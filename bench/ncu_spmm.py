@@ -16,6 +16,7 @@ import argparse
 import torch
 
 import snack
+from snack import benchmark
 
 
 def main(argv=None) -> int:
@@ -25,14 +26,14 @@ def main(argv=None) -> int:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--variant", default="auto",
                         help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}; for --op dw an SDDMM kernel")
-    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+    parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32",
                         help="the values' and activations' precision")
     parser.add_argument("--op", choices=("fwd", "dx", "dw"), default="fwd",
                         help="the forward Y = X W^T, the input gradient dX = dY W, or the weight gradient (SDDMM)")
     args = parser.parse_args(argv)
     m, k = map(int, args.shape.split("x"))
     gen = torch.Generator().manual_seed(0)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = benchmark.DTYPES[args.dtype]
     layer = snack.SparseLinear(k, m, sparsity=args.sparsity, bias=False, device="cuda", dtype=dtype, generator=gen)
     pattern = layer.pattern.tensors
     x = torch.randn(args.n, k, device="cuda", dtype=dtype)

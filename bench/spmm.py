@@ -27,7 +27,6 @@ SPARSITIES = [0.8, 0.9, 0.95, 0.99]
 PATTERNS = ["uniform", "powerlaw"]
 BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
 COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us", "tflops"]
-DTYPES, TOLERANCE = benchmark.DTYPES, benchmark.TOLERANCE
 
 
 def make_pattern(m: int, k: int, sparsity: float, pattern: str, gen: torch.Generator) -> snack.Pattern:
@@ -86,13 +85,13 @@ def main(argv=None) -> int:
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.99")
     parser.add_argument("--patterns", default=None, help="uniform,powerlaw")
     parser.add_argument("--impls", default=None, help="subset of implementations to time")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="values and activations")
+    parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32", help="values and activations")
     parser.add_argument("--render", action="store_true",
                         help="only rebuild the .md and .png from the spmm_<gpu>*.csv result files in --out")
     args = parser.parse_args(argv)
     if args.render:
         return render(args.out)
-    dtype = DTYPES[args.dtype]
+    dtype = benchmark.DTYPES[args.dtype]
     if not torch.cuda.is_available():
         print("bench/spmm.py needs a CUDA GPU")
         return 1
@@ -140,7 +139,7 @@ def main(argv=None) -> int:
                         raise
                     skipped.append(f"{name} {m}x{k} N={n}: {exc}")
                     continue
-                if not err < TOLERANCE[args.dtype]:
+                if not err < benchmark.TOLERANCE[args.dtype]:
                     failures.append(f"{name} {m}x{k} N={n} s={sparsity} {pattern}: rel error {err:.2e}")
                     continue
                 us = timer.median_us(fn, reps=args.reps)
