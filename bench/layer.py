@@ -195,8 +195,25 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     }
     for variant in sddmm_variants:
         cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, pattern, variant=v), ref_dw)
+    dense_w = ref.to_dense().detach()
+    cands[("dx", "dense")] = (lambda: dy @ dense_w, ref_dx)
+    cands[("dw", "dense")] = (lambda: dy.t() @ x, full)
+    cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw))
     rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants)
     return rows + timed_rows(cands, ref, n, sparsity, "fp32", {"dx": floor_dx, "dw": floor_dw}, timer)
+
+
+def large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw) -> dict:
+    """From a batch of snack.DENSE_BLOCK_MIN_ROWS: the planner's two paths for dX and dW forced side
+    by side (the sparse kernel, and the dense GEMM over expanded blocks), so its choice is checked."""
+    if n < snack.DENSE_BLOCK_MIN_ROWS:
+        return {}
+    return {
+        ("dx", "snack_global_xt"): (lambda: snack.ops.spmm_t(dy, values, pattern, "global_xt"), ref_dx),
+        ("dx", "snack_dense_blocks"): (lambda: snack.ops.spmm_t(dy, values, pattern, "dense_blocks"), ref_dx),
+        ("dw", "snack_vector"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="vector"), ref_dw),
+        ("dw", "snack_dense_blocks"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="dense_blocks"), ref_dw),
+    }
 
 
 def timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer) -> list[dict]:
@@ -254,6 +271,10 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth):
         ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, pattern), ref_dw),
         ("dw", "dense"): (lambda: dy.t() @ x, full),
     }
+    cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw))
+    if n >= snack.DENSE_BLOCK_MIN_ROWS:
+        cands[("fwd", "snack_dense_blocks")] = (lambda: snack.ops.spmm(x, values, pattern, None, variant="dense_blocks"),
+                                                ref_fwd)
     return timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer)
 
 

@@ -3,7 +3,9 @@
     python bench/spmm.py                 # the full grid of the issue (about 10 minutes on an H200)
     python bench/spmm.py --quick         # a few rows, to check the set-up
     python bench/spmm.py --variants      # also each snack kernel variant, forced (impl snack_<variant>)
+    python bench/spmm.py --variants dense_blocks,global_xt   # ... or the variants named
     python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
+    python bench/spmm.py --large         # training batches, N = 256-16384: spmm_<gpu>[_bf16]_large.*
 
 Every implementation gets the same inputs in one process; each result is checked against a float64
 reference before it is timed; times are medians of CUDA-event timings of single calls with a cold L2
@@ -24,6 +26,9 @@ from snack import benchmark
 SHAPES = [(768, 3072), (3072, 768), (4096, 4096), (5000, 5000), (16384, 4096)]
 NS = [1, 8, 16, 32, 128]
 SPARSITIES = [0.8, 0.9, 0.95, 0.99]
+# --large: the training batches of a layer (GPT-2 small at 8 x 1024 tokens is N = 8192).
+LARGE_SHAPES = [(768, 3072), (3072, 768), (4096, 4096), (16384, 4096)]
+LARGE_NS = [256, 1024, 4096, 16384]
 PATTERNS = ["uniform", "powerlaw"]
 BASELINES = ["dense", "dense_mask", "cusparse_csr", "cusparse_coo"]
 COLUMNS = ["op", "M", "K", "N", "sparsity", "pattern", "dtype", "impl", "median_us", "floor_us", "tflops"]
@@ -77,7 +82,9 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
-    parser.add_argument("--variants", action="store_true", help="also time every snack kernel variant")
+    parser.add_argument("--variants", nargs="?", const="all", default=None,
+                        help="also time every snack kernel variant, or those named (comma-separated)")
+    parser.add_argument("--large", action="store_true", help="the training-batch grid (N = 256-16384)")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
@@ -100,8 +107,16 @@ def main(argv=None) -> int:
     ns = [int(v) for v in args.ns.split(",")] if args.ns else NS
     sparsities = [float(v) for v in args.sparsities.split(",")] if args.sparsities else SPARSITIES
     patterns = args.patterns.split(",") if args.patterns else PATTERNS
+    if args.large:
+        shapes = LARGE_SHAPES if not args.shapes else shapes
+        ns = LARGE_NS if not args.ns else ns
     if args.quick:
         shapes, ns, sparsities, patterns = [(4096, 4096), (16384, 4096)], [1, 16, 128], [0.9, 0.99], ["uniform"]
+    variants = () if args.variants is None else (
+        snack.SPMM_VARIANTS if args.variants == "all" else tuple(args.variants.split(",")))
+    unknown = [v for v in variants if v not in snack.SPMM_VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown} (expected some of {', '.join(snack.SPMM_VARIANTS)})")
 
     torch.backends.cuda.matmul.allow_tf32 = False
     info = benchmark.provenance()
@@ -123,8 +138,7 @@ def main(argv=None) -> int:
         for n in ns:
             x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
             ref = x.double() @ w64.t()
-            impls = build_impls(pat, values, dense_w, mask, x,
-                                snack.SPMM_VARIANTS if args.variants else ())
+            impls = build_impls(pat, values, dense_w, mask, x, variants)
             if args.impls:
                 impls = {k_: v for k_, v in impls.items() if k_ in args.impls.split(",")}
             fl = floor_us(m, k, n, nnz, bandwidth, dtype.itemsize)
@@ -147,7 +161,8 @@ def main(argv=None) -> int:
                                      impl=name, median_us=us, floor_us=fl, tflops=benchmark.useful_tflops(nnz, n, us)))
         del dense_w, mask, w64
     slug = benchmark.gpu_slug()
-    suffix = ("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_quick" if args.quick else "")
+    suffix = (("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_large" if args.large else "") +
+              ("_quick" if args.quick else ""))
     csv_path = args.out / f"spmm_{slug}{suffix}.csv"
     benchmark.write_csv(csv_path, info, COLUMNS, rows_out)
     md = summarize(rows_out, info, failures, args.dtype)
@@ -269,14 +284,41 @@ def summarize(rows, info, failures, dtype: str = "fp32") -> str:
             lines.append(f"- geomean speedup over {base}: not measured in this run (target >= {target}x)")
     lines.append(f"- slower than dense in {len(slower)} of {len(vs_dense)} rows (target: none) "
                  f"{'met' if not slower else 'MISSED: ' + ', '.join(f'{k[0]}x{k[1]} N={k[2]} s={k[3]}' for k in slower)}")
+    held = [k for k in keys if k[3] >= 0.8 and (k + ("dense",)) in t and (k + ("snack",)) in t]
+    below = [k for k in held if t[k + ("snack",)]["median_us"] > t[k + ("dense",)]["median_us"] / 0.9]
+    lines.append(f"- at least 0.9x dense's speed at sparsity >= 0.8 in {len(held) - len(below)} of {len(held)} rows "
+                 f"(target: all) {'met' if not below else 'MISSED: ' + ', '.join(f'{k[0]}x{k[1]} N={k[2]} s={k[3]} {k[4]}' for k in below)}")
     if floors:
         lines.append(f"- % of floor on 16384x4096, N <= 16: min {100 * min(floors):.0f}%, "
                      f"max {100 * max(floors):.0f}% (target >= 60%) {'met' if min(floors) >= 0.6 else 'MISSED'}")
         if min(floors) < 0.6:
             lines += floor_evidence(t, big, info)
+    lines += variant_table(rows, t, keys)
     if failures:
         lines += ["", "## Correctness failures (not timed)", ""] + [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
+
+
+def variant_table(rows, t, keys) -> list[str]:
+    """Each forced variant's time beside the planner's choice (`snack`) and dense: checks the choice."""
+    variants = sorted({r["impl"][len("snack_"):] for r in rows if r["impl"].startswith("snack_")})
+    if not variants:
+        return []
+    lines = ["", "## Each variant, forced (median us); `snack` is the planner's choice", "",
+             "| M x K | N | sparsity | pattern | snack | " + " | ".join(variants) + " | dense | choice / best |",
+             "|" + "---|" * (6 + len(variants) + 1)]
+    for key in keys:
+        if (key + ("snack",)) not in t:
+            continue
+        times = {v: t[key + (f"snack_{v}",)]["median_us"] for v in variants if (key + (f"snack_{v}",)) in t}
+        best = min(times.values()) if times else float("nan")
+        dense = t.get(key + ("dense",))
+        chosen = t[key + ("snack",)]["median_us"]
+        cells = [f"{times[v]:.1f}" if v in times else "-" for v in variants]
+        cells.append(f"{dense['median_us']:.1f}" if dense else "-")
+        cells.append(f"{chosen / best:.2f}" if times else "-")
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | {chosen:.1f} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(rows, path: Path, info, dtype: str = "fp32") -> None:

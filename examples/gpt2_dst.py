@@ -293,6 +293,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide GPT-2 (tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results on a GPU)")
+    parser.add_argument("--tag", default="", help="suffix of the result files' names (gpt2_<gpu>_<tag>.*)")
     args = parser.parse_args(argv)
     try:
         import transformers  # noqa: F401
@@ -311,6 +312,12 @@ def main(argv=None) -> int:
     if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
         raise SystemExit(f"--dtypes: {args.dtypes!r}: use fp32, bf16 or fp32,bf16")
     rows, curves, heldout_curves = [], {}, {}
+    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
+    info = benchmark.provenance(device)
+    info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, {args.algorithm}, steps per config as listed, "
+                   f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every "
+                   f"steps // 4), AdamW lr {args.lr}, corpus stdlib sources")
+    stem = None if out is None else out / (f"gpt2_{benchmark.gpu_slug(device)}" + (f"_{args.tag}" if args.tag else ""))
     for batch, block, sparsity, steps in configs:
         args.batch, args.block, args.sparsity, args.steps = batch, block, sparsity, steps
         print(f"== batch {batch} x block {block}, sparsity {sparsity:g}, {steps} steps")
@@ -320,6 +327,9 @@ def main(argv=None) -> int:
                 rows.append(row)
                 curves[(batch, block, sparsity, steps, dtype, impl)] = losses
                 heldout_curves[(batch, block, sparsity, steps, dtype, impl)] = heldout_curve
+                if stem is not None:  # after every run: a run cut off keeps the ones before it
+                    benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+                    _report(stem, rows, curves, heldout_curves, info)
     print(f"\n{'impl':<12}{'dtype':>6}{'config':>14}{'peak MiB':>10}{'step ms':>9}{'graph ms':>9}{'tok/s':>9}{'loss':>8}"
           f"{'ppl':>8}{'gen ms/tok':>11}{'infer MiB':>10}")
     for r in rows:
@@ -327,14 +337,6 @@ def main(argv=None) -> int:
         print(f"{r['impl']:<12}{r['dtype']:>6}{config:>14}{r['peak_mib']:>10.1f}{r['step_ms']:>9.2f}{r['graph_step_ms']:>9.2f}"
               f"{r['tokens_per_s']:>9.0f}{r['final_loss']:>8.4f}{r['heldout_ppl']:>8.3f}{r['gen_ms_per_token']:>11.2f}"
               f"{r['infer_mib']:>10.1f}")
-    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
-    if out is not None:
-        info = benchmark.provenance(device)
-        info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, {args.algorithm}, steps per config as listed, "
-                       f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every steps // 4), AdamW lr {args.lr}, corpus stdlib sources")
-        stem = out / f"gpt2_{benchmark.gpu_slug(device)}"
-        benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
-        _report(stem, rows, curves, heldout_curves, info)
     return 0
 
 

@@ -105,6 +105,7 @@ sanitize() {
   local kernels="((forward_variant or transposed_variant or sddmm_variant) and (float32 or bfloat16) and not 40000)"
   kernels="$kernels or wide_rows_closes or long_rows_split or stored_entries or unaligned or programmatic"
   kernels="$kernels or (tensor_core_paths and bfloat16 and not 70x9000) or tensor_core_splits"
+  kernels="$kernels or dense_blocks_in_many_blocks"
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
     -k "${SNACK_MEMCHECK_K:-$kernels}" tests/python/test_kernels_cuda.py || rc=1
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \

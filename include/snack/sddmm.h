@@ -31,9 +31,12 @@ enum class SddmmVariant : int {
   kSlot,      ///< one thread per slot, dY and X read in place
   kVector,    ///< dY and X transposed once; G lanes per slot read 16-byte vectors of both through L1
   kRows,      ///< a warp per row of W keeps dY's row in registers, gathers X^T through L1 (batch <= 128)
+  kDenseBlocks,  ///< large batches: the caller's GEMM computes G = dY[:, rows]^T X for a block of
+                 ///< SddmmPlan::block_rows rows at a time, sddmm_from_block reads the slots out of it.
+                 ///< Planned only for a problem with `gemm` set.
 };
 
-/// Names used by the Python API ("auto", "slot", "vector", "rows").
+/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
@@ -53,8 +56,10 @@ enum class SddmmReason : int {
   kRowsKernel,     ///< dY's row kept in registers, X^T gathered through L1
   kBeyondRows,     ///< a batch past the rows kernel's 128: both operands transposed
   kAdamWBatchOf4,  ///< AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel
+  kDenseBlocks,    ///< a batch large enough that dense GEMMs over blocks of rows beat the sparse kernels
 };
-/// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4") and
+/// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4",
+/// "dense_blocks") and
 /// a sentence saying what it means.
 const char* sddmm_reason_name(SddmmReason r);
 const char* sddmm_reason_text(SddmmReason r);
@@ -76,9 +81,14 @@ struct SddmmProblem {
   /// X already transposed by the caller (the forward's copy, TransposedInput) with this many
   /// values per row; 0: not given. Only the kRows kernel reads it.
   int64_t x_t_stride = 0;
+  /// The caller multiplies dense blocks with a GEMM of its own (kDenseBlocks may be planned).
+  bool gemm = false;
+  /// The caller's float32 GEMMs may round to TF32 (torch.backends.cuda.matmul.allow_tf32).
+  bool tf32 = false;
   bool operator==(const SddmmProblem& o) const {
     return rows == o.rows && cols == o.cols && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
-           epilogue == o.epilogue && requested == o.requested && x_t_stride == o.x_t_stride;
+           epilogue == o.epilogue && requested == o.requested && x_t_stride == o.x_t_stride && gemm == o.gemm &&
+           tf32 == o.tf32;
   }
 };
 
@@ -97,6 +107,7 @@ struct SddmmPlan {
   bool reads_x_t = false;      ///< the kRows kernel reads the caller's X^T (problem.x_t_stride) instead
   bool transpose_dy = false;   ///< dY too (kVector)
   size_t workspace_bytes = 0;  ///< device workspace the caller provides
+  int64_t block_rows = 0;      ///< kDenseBlocks: rows of W per GEMM block (workspace: block_rows x cols values)
 };
 
 /// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a
@@ -177,6 +188,19 @@ template <typename T, typename Index, typename P = T>
 Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, const AdamWParameter<P>& values,
                    const typename AdamWParameter<P>::Self* bias, const SddmmPlan& plan, void* workspace, Stream stream,
                    TransposedInput<T> x_t = {});
+
+/// kDenseBlocks: the SDDMM of rows [first_row, first_row + rows) of W read from the caller's dense
+/// block g = dY[:, first_row:first_row+rows]^T X ([rows, w.cols] row-major, `ld` values per row):
+/// dvalues[s] = g[row(s) - first_row, col(s)] for the slots of those rows.
+template <typename T, typename Index>
+Status sddmm_from_block(const SlotPattern<Index>& w, const T* g, int64_t ld, int64_t first_row, int64_t rows,
+                        T* dvalues, Stream stream);
+
+/// The same with AdamW's step of those slots (sddmm_adamw()'s arithmetic; P as there). The call for
+/// the first block of a step (first_block) advances *values.step by one before its update.
+template <typename T, typename Index, typename P = T>
+Status sddmm_adamw_from_block(const SlotPattern<Index>& w, const T* g, int64_t ld, int64_t first_row, int64_t rows,
+                              const AdamWParameter<P>& values, bool first_block, Stream stream);
 
 /// The SDDMM planned for the current device, its workspace from cudaMallocAsync (C++ users
 /// without a framework).

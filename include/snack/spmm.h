@@ -40,10 +40,13 @@ enum class SpmmVariant : int {
                ///< Float atomics make it non-deterministic: only when forced. Forward only.
   kTensorCore, ///< 16-bit values only: bands of 64 rows expanded chunk by chunk into dense tiles in shared
                ///< memory and multiplied with mma.sync (fp32 accumulation); a cluster splits a band's columns.
+  kDenseBlocks,  ///< large batches: W expanded a block of SpmmPlan::block_rows outputs at a time into a dense
+                 ///< workspace (expand_block) that the caller multiplies with its dense GEMM (cuBLAS through
+                 ///< the torch front end). Planned only for a problem with `gemm` set.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
-/// "wide_rows", "coo_atomic").
+/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -65,13 +68,14 @@ enum class SpmmReason : int {
   kTinyProduct,    ///< too few multiply-adds for a transpose launch to pay
   kTransposeOnce,  ///< X transposed once and read as 16-byte vectors through L1
   kTensorCores,    ///< 16-bit values, many batch rows, a high density: tensor cores
+  kDenseBlocks,    ///< a batch large enough that a dense GEMM over expanded blocks of W beats the sparse kernels
 };
 
 /// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels
 /// read fewer bytes of X per slot than a tensor core wastes); plan.cpp says where above it it pays.
 inline constexpr int64_t kTensorCoreMinBatch = 9;
 /// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
-/// "transpose_once") and a sentence saying what it means.
+/// "transpose_once", "tensor_cores", "dense_blocks") and a sentence saying what it means.
 const char* spmm_reason_name(SpmmReason r);
 const char* spmm_reason_text(SpmmReason r);
 
@@ -85,11 +89,20 @@ struct SpmmProblem {
   int value_bytes = 4;  ///< bytes of a value (and of an activation): 2, 4 or 8
   bool transposed = false;
   SpmmVariant requested = SpmmVariant::kAuto;
+  /// The caller multiplies dense blocks with a GEMM of its own (kDenseBlocks may be planned).
+  bool gemm = false;
+  /// The caller's float32 GEMMs may round to TF32 (torch.backends.cuda.matmul.allow_tf32).
+  bool tf32 = false;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
-           transposed == o.transposed && requested == o.requested;
+           transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32;
   }
 };
+
+/// kDenseBlocks never holds more of W at once than this many outputs' rows, or the batch's N
+/// where that is more: the workspace stays within the product's own activation operand (X, or dY
+/// for the transposed product) wherever the planner chooses it (at batches of at least this).
+inline constexpr int64_t kDenseBlockMinRows = 128;
 
 /// How a CUDA product runs. Made by plan_spmm() for one problem; the launch checks that it is given
 /// that problem.
@@ -108,6 +121,7 @@ struct SpmmPlan {
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
   int k_splits = 1;            ///< kTensorCore: blocks (one cluster) that split each band's columns
   int chunk = 0;               ///< kTensorCore: input columns per expanded tile (64 or 256)
+  int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
 };
 
 /// Plans a product on a GPU with `limits`. A requested variant that cannot run the problem (a
@@ -148,6 +162,14 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
                        const SpmmPlan& plan, void* workspace, Stream stream);
+
+/// kDenseBlocks: outputs [first, first + count) of the product's view of W written dense into
+/// `block` ([count, in_dim] row-major; zeros where no slot is stored): rows of W for the forward
+/// (in_dim = w.cols), columns of W, i.e. rows of W^T, for the transposed product (in_dim = w.rows).
+/// The caller then computes Y[:, first:first+count] = X block^T with its GEMM (X: [n, in_dim]).
+template <typename T, typename Index>
+Status expand_block(const SlotPattern<Index>& w, const T* values, bool transposed, int64_t first, int64_t count,
+                    T* block, Stream stream);
 
 /// The same, planned for the current device and with a workspace from cudaMallocAsync: for C++
 /// users without a framework.

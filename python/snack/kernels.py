@@ -17,6 +17,9 @@ SDDMM_VARIANTS = tuple(_weight_grad)
 FORWARD_ONLY_VARIANTS = tuple(v for v in SPMM_VARIANTS if v not in TRANSPOSED_VARIANTS)
 #: The variants whose repeated runs are bitwise equal (all but the atomic COO kernel).
 DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v not in _nondeterministic)
+#: The smallest batch for which the planner considers dense_blocks (a dense GEMM over blocks of W
+#: expanded into a workspace of at most max(N, this) rows of W).
+DENSE_BLOCK_MIN_ROWS = ops.dense_block_min_rows()
 
 _current_default = "auto"
 

@@ -25,11 +25,13 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kGlobalX, "global_x"},
                                                 {SpmmVariant::kWideRows, "wide_rows"},
                                                 {SpmmVariant::kCooAtomic, "coo_atomic"},
-                                                {SpmmVariant::kTensorCore, "tensor_core"}};
+                                                {SpmmVariant::kTensorCore, "tensor_core"},
+                                                {SpmmVariant::kDenseBlocks, "dense_blocks"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
-                                                  {SddmmVariant::kRows, "rows"}};
+                                                  {SddmmVariant::kRows, "rows"},
+                                                  {SddmmVariant::kDenseBlocks, "dense_blocks"}};
 constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kForced, "forced", "the variant was named by the caller"},
     {SpmmReason::kWideRows, "wide_rows",
@@ -42,7 +44,10 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kTransposeOnce, "transpose_once", "X transposed once, 16-byte vectors of it read through L1"},
     {SpmmReason::kTensorCores, "tensor_cores",
      "16-bit values, many batch rows and a high density: tiles of W expanded in shared memory, multiplied on tensor "
-     "cores"}};
+     "cores"},
+    {SpmmReason::kDenseBlocks, "dense_blocks",
+     "a batch large enough that a dense GEMM beats the sparse kernels: W expanded a block of outputs at a time into "
+     "a workspace no larger than the batch's activations, multiplied by cuBLAS"}};
 constexpr Named<SddmmReason> kSddmmReasons[] = {
     {SddmmReason::kForced, "forced", "the variant was named by the caller"},
     {SddmmReason::kSmallBatch, "small_batch", "below a batch of 4: one thread per slot, no transposes"},
@@ -50,7 +55,10 @@ constexpr Named<SddmmReason> kSddmmReasons[] = {
      "a warp per row of W keeps dY's row in registers and gathers X^T through L1"},
     {SddmmReason::kBeyondRows, "beyond_rows", "a batch past the rows kernel's 128: dY and X transposed once"},
     {SddmmReason::kAdamWBatchOf4, "adamw_batch_of_4",
-     "AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel"}};
+     "AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel"},
+    {SddmmReason::kDenseBlocks, "dense_blocks",
+     "a batch large enough that a dense GEMM beats the sparse kernels: dY^T X computed by cuBLAS a block of rows at a "
+     "time (a workspace no larger than X), the stored slots read out of each block"}};
 
 template <typename E, size_t N>
 const Named<E>* find(const Named<E> (&table)[N], E v) {

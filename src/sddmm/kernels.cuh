@@ -265,6 +265,26 @@ __global__ void __launch_bounds__(kThreads) bias_grad_kernel(const T* __restrict
 
 // The SDDMM kernel after it is launched programmatically: it starts at once and waits for this grid
 // (griddepcontrol.wait) before it reads the counts.
+// kDenseBlocks: the slots of rows [first_row, first_row + rows) read out of the caller's dense block
+// g = dY[:, rows]^T X ([rows, ld]): a warp per row, its lanes along the row's slots.
+template <typename T, typename Index, typename Out>
+__global__ void __launch_bounds__(kThreads) sddmm_from_block_kernel(const int32_t* __restrict__ row_ptr,
+                                                                    const Index* __restrict__ col_idx,
+                                                                    const T* __restrict__ g, int64_t ld,
+                                                                    int64_t first_row, int64_t rows, Out out) {
+  out.begin();
+  const int lane = int(threadIdx.x & 31);
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t r = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32; r < rows; r += warps) {
+    const T* g_row = g + r * ld;
+    const int32_t end = row_ptr[first_row + r + 1];
+    for (int32_t s = row_ptr[first_row + r] + lane; s < end; s += 32) {
+      const auto fetched = out.fetch(s);
+      out.apply(s, to_accum(g_row[col_idx[s]]), fetched);
+    }
+  }
+}
+
 __global__ void advance_counts_kernel(detail::StepCounts counts) {
   detail::allow_dependent_launch();
   counts.advance();

@@ -99,6 +99,8 @@ Status check_plan_matches(const SddmmPlan& plan, const SlotPattern<Index>& w, in
                            std::to_string(p.cols) + ", nnz " + std::to_string(p.nnz) + ", batch " +
                            std::to_string(p.n) + "); plan this one with plan_sddmm()");
   if (plan.variant == SddmmVariant::kAuto) return InvalidArgument("sddmm: plan the product first (variant auto)");
+  if (plan.variant == SddmmVariant::kDenseBlocks)
+    return InvalidArgument("dense_blocks runs through the caller's GEMM: sddmm_from_block() reads its blocks");
   if ((x_t.data != nullptr) != (p.x_t_stride != 0) || (x_t.data && x_t.stride != p.x_t_stride))
     return InvalidArgument("sddmm: the transposed input differs from the one the plan was made for");
   if (plan.workspace_bytes > 0 && workspace == nullptr)
@@ -186,6 +188,49 @@ Status sddmm_adamw(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t
                    bias ? &bias_update : nullptr, workspace, stream, x_t);
 }
 
+namespace {
+// The slots of a block of rows read out of the caller's GEMM result, with `out` as their epilogue.
+template <typename T, typename Index, typename Out>
+Status run_from_block(const char* op, const SlotPattern<Index>& w, const T* g, int64_t ld, int64_t first_row,
+                      int64_t rows, const Out& out, Stream stream) {
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+  if (first_row < 0 || rows < 0 || first_row + rows > w.rows)
+    return InvalidArgument(std::string(op) + ": rows [" + std::to_string(first_row) + ", " +
+                           std::to_string(first_row + rows) + ") outside the pattern's " + std::to_string(w.rows));
+  if (ld < w.cols) return InvalidArgument(std::string(op) + ": the block's rows hold " + std::to_string(ld) +
+                                          " values, fewer than the pattern's " + std::to_string(w.cols) + " columns");
+  if (rows == 0 || w.nnz == 0) return Status::Ok();
+  if (g == nullptr) return InvalidArgument(std::string(op) + ": the block must not be null");
+  DeviceLimits limits;
+  SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
+  const unsigned grid = grid_for(rows * 32, kThreads, int64_t(limits.sms) * 8);  // as plan_sddmm() plans it
+  sddmm_from_block_kernel<T, Index, Out><<<grid, kThreads, 0, stream>>>(w.row_ptr, w.col_idx, g, ld, first_row, rows,
+                                                                        out);
+  return check_launch("sddmm_from_block_kernel");
+}
+}  // namespace
+
+template <typename T, typename Index>
+Status sddmm_from_block(const SlotPattern<Index>& w, const T* g, int64_t ld, int64_t first_row, int64_t rows,
+                        T* dvalues, Stream stream) {
+  if (w.nnz > 0 && dvalues == nullptr) return InvalidArgument("sddmm_from_block: dvalues must not be null");
+  return run_from_block("sddmm_from_block", w, g, ld, first_row, rows, StoreGradient<T>{dvalues}, stream);
+}
+
+template <typename T, typename Index, typename P>
+Status sddmm_adamw_from_block(const SlotPattern<Index>& w, const T* g, int64_t ld, int64_t first_row, int64_t rows,
+                              const AdamWParameter<P>& values, bool first_block, Stream stream) {
+  static_assert(std::is_same_v<P, T> || (kIsHalfType<T> && std::is_same_v<P, float>),
+                "sddmm_adamw_from_block: parameters of the operands' type, or float32 masters of 16-bit operands");
+  if (w.nnz > 0 && !(values.values && values.exp_avg && values.exp_avg_sq && values.step))
+    return InvalidArgument("sddmm_adamw_from_block: values, exp_avg, exp_avg_sq and step must not be null");
+  if (first_block) SNACK_RETURN_IF_ERROR(advance_counts(detail::StepCounts{values.step, nullptr}, stream));
+  return run_from_block("sddmm_adamw_from_block", w, g, ld, first_row, rows,
+                        AdamWUpdate<T, P>{values.values, values.exp_avg, values.exp_avg_sq, values.step,
+                                          values.config, {}},
+                        stream);
+}
+
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues, Stream stream) {
   DeviceLimits limits;
@@ -237,13 +282,17 @@ Status bias_grad_adamw(const T* dy, int64_t n, int64_t m, const AdamWParameter<P
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);             \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, const SddmmPlan&,   \
                                   void*, Stream, TransposedInput<T>);                                              \
+  template Status sddmm_from_block<T, Index>(const SlotPattern<Index>&, const T*, int64_t, int64_t, int64_t, T*,   \
+                                             Stream);                                                              \
   SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(T, Index, T)
 
 // The AdamW step of parameters of type P from operands of type T.
 #define SNACK_INSTANTIATE_CUDA_SDDMM_ADAMW(T, Index, P)                                                        \
   template Status sddmm_adamw<T, Index, P>(const SlotPattern<Index>&, const T*, const T*, int64_t,             \
                                            const AdamWParameter<P>&, const AdamWParameter<P>*, const SddmmPlan&, \
-                                           void*, Stream, TransposedInput<T>);
+                                           void*, Stream, TransposedInput<T>);                                 \
+  template Status sddmm_adamw_from_block<T, Index, P>(const SlotPattern<Index>&, const T*, int64_t, int64_t,   \
+                                                      int64_t, const AdamWParameter<P>&, bool, Stream);
 
 SNACK_INSTANTIATE_CUDA_SDDMM(float, uint16_t)
 SNACK_INSTANTIATE_CUDA_SDDMM(float, int32_t)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "../common/dense_blocks.h"
 #include "../common/grid.h"
 #include "shapes.h"
 #include "snack/sddmm.h"
@@ -108,8 +109,27 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
   plan.threads = kSddmmThreads;
   plan.variant = p.requested;
   plan.reason = SddmmReason::kForced;
-  if (p.requested == SddmmVariant::kAuto)
-    plan.variant = choose_variant(p.n, np, p.epilogue == SddmmEpilogue::kAdamW, &plan.reason);
+  if (p.requested == SddmmVariant::kAuto) {
+    const detail::DenseBlocksProblem dense{detail::DenseBlocksOp::kWeightGrad, p.rows, p.cols, p.nnz, p.n,
+                                           p.value_bytes, p.tf32 && p.value_bytes == 4};
+    if (p.gemm && detail::dense_blocks_pay(dense, limits)) {
+      plan.variant = SddmmVariant::kDenseBlocks;
+      plan.reason = SddmmReason::kDenseBlocks;
+    } else {
+      plan.variant = choose_variant(p.n, np, p.epilogue == SddmmEpilogue::kAdamW, &plan.reason);
+    }
+  }
+  if (plan.variant == SddmmVariant::kDenseBlocks) {
+    if (!p.gemm)
+      return InvalidArgument("dense_blocks runs through the caller's GEMM: plan it with SddmmProblem::gemm set (the "
+                             "torch front end does)");
+    // The caller's GEMM writes each block of G = dY^T X; sddmm_from_block reads it, a warp per row.
+    plan.block_rows = detail::dense_block_rows(p.rows, p.n);
+    plan.workspace_bytes = size_t(plan.block_rows) * size_t(p.cols) * size_t(p.value_bytes);
+    plan.grid_x = grid_for(plan.block_rows * 32, kSddmmThreads, int64_t(limits.sms) * 8);
+    *out = plan;
+    return Status::Ok();
+  }
   const bool transposed = p.nnz > 0 && p.n > 0 && plan.variant != SddmmVariant::kSlot;
   if (transposed && plan.variant == SddmmVariant::kRows && np > kSddmmRowsMaxBatch)
     return InvalidArgument("sddmm: rows runs batches of at most " + std::to_string(kSddmmRowsMaxBatch));
@@ -161,6 +181,7 @@ std::string describe(const SddmmPlan& plan) {
     s += ", " + std::to_string(plan.batch_lanes) + " batch lanes x " + std::to_string(plan.batch_chunks) +
          " chunks, " + std::to_string(plan.lanes_per_row) + " lanes per row";
   if (plan.variant == SddmmVariant::kVector) s += ", " + std::to_string(plan.batch_lanes) + " lanes per slot";
+  if (plan.variant == SddmmVariant::kDenseBlocks) s += ", blocks of " + std::to_string(plan.block_rows) + " rows";
   s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
   return s + "): " + sddmm_reason_text(plan.reason);

@@ -8,6 +8,7 @@
 #include "../common/checks.h"
 #include "../device/cuda_utils.cuh"
 #include "../device/transpose.cuh"
+#include "expand_kernel.cuh"
 #include "reference_kernels.cuh"
 #include "rows_kernel.cuh"
 #include "tensor_core_kernel.cuh"
@@ -219,6 +220,8 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
       return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act,
                                                              stream, rl);
     }
+    case SpmmVariant::kDenseBlocks:
+      return InvalidArgument("dense_blocks runs through the caller's GEMM: expand_block() writes its blocks");
     default:
       return InvalidArgument(std::string("variant ") + spmm_variant_name(plan.variant) + " cannot run this product");
   }
@@ -291,6 +294,30 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
                      stream, Activation::kNone);
 }
 
+template <typename T, typename Index>
+Status expand_block(const SlotPattern<Index>& w, const T* values, bool transposed, int64_t first, int64_t count,
+                    T* block, Stream stream) {
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+  const int64_t outputs = transposed ? w.cols : w.rows, width = transposed ? w.rows : w.cols;
+  if (first < 0 || count < 0 || first + count > outputs)
+    return InvalidArgument("expand_block: outputs [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                           ") outside the product's " + std::to_string(outputs));
+  if (count == 0 || width == 0) return Status::Ok();
+  if (block == nullptr || (w.nnz > 0 && values == nullptr))
+    return InvalidArgument("expand_block: block and values must not be null");
+  const bool vector_rows = reinterpret_cast<uintptr_t>(block) % 16 == 0 && (width * int64_t(sizeof(T))) % 16 == 0;
+  constexpr int kThreads = detail::kExpandThreads;
+  const unsigned grid = detail::grid_for(count * 32, kThreads);
+  if (transposed) {
+    const CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
+    detail::expand_block_kernel<T><<<grid, kThreads, 0, stream>>>(view, first, count, width, vector_rows, block);
+  } else {
+    const CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
+    detail::expand_block_kernel<T><<<grid, kThreads, 0, stream>>>(view, first, count, width, vector_rows, block);
+  }
+  return check_launch("expand_block_kernel");
+}
+
 namespace {
 // The plan-free entry points: plan for the current device, take the workspace from cudaMallocAsync.
 struct AsyncWorkspace {
@@ -339,7 +366,8 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
                                             const SpmmPlan&, void*, Stream);                                     \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
                                          Stream, Activation);                                                    \
-  template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream);
+  template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream); \
+  template Status expand_block<T, Index>(const SlotPattern<Index>&, const T*, bool, int64_t, int64_t, T*, Stream);
 
 SNACK_INSTANTIATE_SPMM(float, uint16_t)
 SNACK_INSTANTIATE_SPMM(float, int32_t)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "../common/dense_blocks.h"
 #include "../common/grid.h"
 #include "shapes.h"
 #include "snack/spmm.h"
@@ -221,12 +222,22 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
   return one_tile || two_tiles;
 }
 
+detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p) {
+  return {p.transposed ? detail::DenseBlocksOp::kTransposed : detail::DenseBlocksOp::kForward,
+          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32 && p.value_bytes == 4};
+}
+
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few
 // rows of a large product stream W fastest with wide_rows; otherwise X is read in place where one
 // row is all, where it is small enough to stay in L1 or the product is tiny, and transposed once
 // (read through L1) where it is not.
-SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason) {
+SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason,
+                           const DeviceLimits& limits) {
   using namespace cuda::detail;
+  if (p.gemm && detail::dense_blocks_pay(dense_blocks_problem(p), limits)) {
+    *reason = SpmmReason::kDenseBlocks;
+    return SpmmVariant::kDenseBlocks;
+  }
   if (tensor_cores_pay(p)) {
     *reason = SpmmReason::kTensorCores;
     return SpmmVariant::kTensorCore;
@@ -335,7 +346,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       p.transposed ? WideRowsShape{} : wide_rows_shape(p.out_dim, p.in_dim, p.n, vb, limits);
   plan.variant = p.requested;
   plan.reason = SpmmReason::kForced;
-  if (p.requested == SpmmVariant::kAuto) plan.variant = choose_variant(p, wide, avg, &plan.reason);
+  if (p.requested == SpmmVariant::kAuto) plan.variant = choose_variant(p, wide, avg, &plan.reason, limits);
   const SpmmVariant v = plan.variant;
   const int64_t batch = std::max<int64_t>(p.n, 1);
   switch (v) {
@@ -361,6 +372,13 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       plan.chunk = tensor_core_chunk(p);
       plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTcMaxTile));
       break;
+    case SpmmVariant::kDenseBlocks:
+      if (!p.gemm)
+        return InvalidArgument("dense_blocks runs through the caller's GEMM: plan it with SpmmProblem::gemm set (the "
+                               "torch front end does)");
+      plan.block_rows = detail::dense_block_rows(p.out_dim, p.n);
+      plan.workspace_bytes = size_t(plan.block_rows) * size_t(p.in_dim) * vb;
+      break;
     case SpmmVariant::kWideRows:
       if (wide.tile == 0)
         return InvalidArgument("wide_rows: a batch tile of 1 x " + std::to_string(p.in_dim) +
@@ -373,14 +391,16 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       plan.batch_tile = 1;
       break;
   }
-  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows || v == SpmmVariant::kTensorCore
+  plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows || v == SpmmVariant::kTensorCore ||
+                               v == SpmmVariant::kDenseBlocks
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, p.out_dim,
                                                (p.n + plan.batch_tile - 1) / plan.batch_tile, p.transposed, limits);
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = p.nnz * int64_t(vb + sizeof(int32_t)) + p.n * p.in_dim * int64_t(vb);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
-                     v != SpmmVariant::kTensorCore && operand_bytes <= kPrefetchMaxBytes;
+                     v != SpmmVariant::kTensorCore && v != SpmmVariant::kDenseBlocks &&
+                     operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
   switch (v) {
@@ -405,6 +425,10 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     case SpmmVariant::kTensorCore:
       SNACK_RETURN_IF_ERROR(tensor_core_grid(p, &plan, limits));
       break;
+    case SpmmVariant::kDenseBlocks:  // the expansion of one block: a warp per output
+      plan.threads = cuda::detail::kExpandThreads;
+      plan.grid_x = std::max<int64_t>(1, ceil_div(plan.block_rows, plan.threads / 32));
+      break;
     default:
       SNACK_RETURN_IF_ERROR(rows_grid(p, &plan, limits));
       break;
@@ -426,6 +450,8 @@ std::string describe(const SpmmPlan& plan) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
+  } else if (plan.variant == SpmmVariant::kDenseBlocks) {
+    s += ", blocks of " + std::to_string(plan.block_rows) + " outputs";
   } else if (plan.variant != SpmmVariant::kWarpRow && plan.variant != SpmmVariant::kCooAtomic) {
     s += ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   }

@@ -91,6 +91,9 @@ static_assert(sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_
                   sizeof(float) * kTcWideMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcWideMaxTile, kTcWideChunk),
               "the partial tile fits in the staging buffers");
 
+// ---- dense blocks ----
+constexpr int kExpandThreads = 256;  // a warp per expanded output row
+
 // ---- the reference kernels ----
 constexpr int kCooItems = 8;  // consecutive slots per thread of the atomic COO kernel
 

@@ -42,7 +42,54 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant) {
-  return {p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant};
+  return gemm_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant});
+}
+
+// kDenseBlocks, the GEMM side (cuBLAS through ATen, on the current stream): out[:, o:o+b] = in
+// block^T (+ bias[o:o+b]) for blocks of plan.block_rows outputs of the product's view of W (rows
+// of W for the forward, of W^T for the transposed product), each written by expand_block into one
+// workspace that the next block reuses; the activation over the whole output last.
+void dense_blocks_product(const PatternArg& p, const at::Tensor& values, const at::Tensor& in,
+                          const std::optional<at::Tensor>& bias, Activation act, const SpmmPlan& plan,
+                          at::Tensor& out, const char* op) {
+  const bool transposed = plan.problem.transposed;
+  const int64_t outputs = transposed ? p.cols : p.rows, width = transposed ? p.rows : p.cols;
+  const at::Tensor block = at::empty({std::min(plan.block_rows, outputs), width}, values.options());
+  for (int64_t first = 0; first < outputs; first += plan.block_rows) {
+    const int64_t count = std::min(plan.block_rows, outputs - first);
+    dispatch_value_type(values, op, [&](auto tag) {
+      using T = decltype(tag);
+      throw_if_error(with_pattern(p,
+                                  [&](auto w) {
+                                    return cuda::expand_block(w, data_as<T>(values), transposed, first, count,
+                                                              data_as<T>(block), current_stream());
+                                  }),
+                     op);
+    });
+    const at::Tensor b = block.narrow(0, 0, count);
+    at::Tensor o = out.narrow(1, first, count);
+    if (bias) {
+      at::addmm_out(o, bias->narrow(0, first, count), in, b.t());
+    } else {
+      at::mm_out(o, in, b.t());
+    }
+  }
+  if (act == Activation::kReLU) out.relu_();
+  if (act == Activation::kGELU) out.copy_(at::gelu(out));  // the exact (erf) GELU, as the kernels'
+}
+
+// kDenseBlocks for the weight gradient: per block of plan.block_rows rows of W, g = dY[:, rows]^T X
+// by the GEMM, then `read(g, first_row, rows)` takes the slots out of it.
+template <typename Read>
+void dense_blocks_weight_grad(const PatternArg& p, const at::Tensor& dy, const at::Tensor& x, const SddmmPlan& plan,
+                              Read&& read) {
+  const at::Tensor block = at::empty({std::min(plan.block_rows, p.rows), p.cols}, dy.options());
+  for (int64_t first = 0; first < p.rows; first += plan.block_rows) {
+    const int64_t count = std::min(plan.block_rows, p.rows - first);
+    at::Tensor g = block.narrow(0, 0, count);
+    at::mm_out(g, dy.narrow(1, first, count).t(), x);
+    read(g, first, count);
+  }
 }
 
 // The forward. keep_x_t: where the plan transposes the whole batch, its workspace is allocated as
@@ -62,6 +109,10 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
     ws = workspace(plan.workspace_bytes, values);
   }
   at::Tensor y = at::empty({n, in.p.rows}, values.options());
+  if (plan.variant == SpmmVariant::kDenseBlocks) {
+    dense_blocks_product(in.p, values, in.x, in.bias, in.act, plan, y, op);
+    return {y, x_t};
+  }
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
@@ -95,11 +146,15 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.dy.size(0);
-  const SpmmProblem problem{in.p.cols, in.p.rows, in.p.nnz, n, int(values.element_size()), true,
-                            spmm_variant_arg(variant, true, op)};
+  const SpmmProblem problem = gemm_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n, int(values.element_size()),
+                                                       true, spmm_variant_arg(variant, true, op)});
   const SpmmPlan plan = spmm_plan(problem, in.p.device.index(), op);
-  const at::Tensor ws = workspace(plan.workspace_bytes, values);
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
+  if (plan.variant == SpmmVariant::kDenseBlocks) {
+    dense_blocks_product(in.p, values, in.dy, std::nullopt, Activation::kNone, plan, dx, op);
+    return dx;
+  }
+  const at::Tensor ws = workspace(plan.workspace_bytes, values);
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     throw_if_error(with_pattern(in.p,
@@ -124,7 +179,7 @@ SddmmProblem sddmm_problem(const SddmmInputs& in, const at::Tensor& like, SddmmE
   problem.epilogue = epilogue;
   problem.requested = variant;
   problem.x_t_stride = x_t_stride;
-  return problem;
+  return gemm_problem(problem);
 }
 
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {
@@ -133,8 +188,22 @@ at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList patte
   const SddmmInputs in = sddmm_inputs(dy, x, pattern, dy, op);
   const c10::cuda::CUDAGuard guard(in.p.device);
   const SddmmPlan plan = sddmm_plan(sddmm_problem(in, dy, SddmmEpilogue::kStore, v, 0), in.p.device.index(), op);
-  const at::Tensor ws = workspace(plan.workspace_bytes, dy);
   at::Tensor dv = at::empty({in.p.nnz}, dy.options());
+  if (plan.variant == SddmmVariant::kDenseBlocks) {
+    dense_blocks_weight_grad(in.p, in.dy, in.x, plan, [&](const at::Tensor& g, int64_t first, int64_t count) {
+      dispatch_value_type(dy, op, [&](auto tag) {
+        using T = decltype(tag);
+        throw_if_error(with_pattern(in.p,
+                                    [&](auto w) {
+                                      return cuda::sddmm_from_block(w, data_as<T>(g), g.stride(0), first, count,
+                                                                    data_as<T>(dv), current_stream());
+                                    }),
+                       op);
+      });
+    });
+    return dv;
+  }
+  const at::Tensor ws = workspace(plan.workspace_bytes, dy);
   dispatch_value_type(dy, op, [&](auto tag) {
     using T = decltype(tag);
     throw_if_error(with_pattern(in.p,
@@ -177,6 +246,29 @@ void dispatch_adamw_types(const at::Tensor& operand, const at::Tensor& param, co
   }
 }
 
+// sddmm_adamw_ as dense blocks: each block's slots updated as they are read out of it (the first
+// block advances the values' count), then the bias's step from dY.
+void dense_blocks_adamw(const SddmmAdamWInputs& in, const SddmmPlan& plan, const char* op) {
+  const auto run = [&](auto operand_tag, auto param_tag) {
+    using T = decltype(operand_tag);
+    using P = decltype(param_tag);
+    const cuda::AdamWParameter<P> values = adamw_parameter<P>(in.values);
+    dense_blocks_weight_grad(in.s.p, in.s.dy, in.s.x, plan, [&](const at::Tensor& g, int64_t first, int64_t count) {
+      throw_if_error(with_pattern(in.s.p,
+                                  [&](auto w) {
+                                    return cuda::sddmm_adamw_from_block(w, data_as<T>(g), g.stride(0), first, count,
+                                                                        values, first == 0, current_stream());
+                                  }),
+                     op);
+    });
+    if (in.bias)
+      throw_if_error(cuda::bias_grad_adamw(data_as<T>(in.s.dy), in.s.dy.size(0), in.s.dy.size(1),
+                                           adamw_parameter<P>(*in.bias), current_stream()),
+                     op);
+  };
+  dispatch_adamw_types(in.s.dy, in.values.param, op, run);
+}
+
 void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, const at::Tensor& values,
                   at::TensorList state, at::ArrayRef<double> hyper, at::TensorList bias_state,
                   const std::optional<at::Tensor>& bias, at::ArrayRef<double> bias_hyper,
@@ -199,6 +291,10 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
   }
   const SddmmPlan plan = sddmm_plan(sddmm_problem(in.s, in.s.dy, SddmmEpilogue::kAdamW, v, with_x_t ? x_t->size(1) : 0),
                                     in.s.p.device.index(), op);
+  if (plan.variant == SddmmVariant::kDenseBlocks) {  // the forward's X^T is not needed
+    dense_blocks_adamw(in, plan, op);
+    return;
+  }
   const at::Tensor ws = workspace(plan.workspace_bytes, values);
   // T: the operands' type; P: the parameters' (T, or float32 masters of 16-bit operands).
   const auto run = [&](auto operand_tag, auto param_tag) {

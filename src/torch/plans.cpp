@@ -1,5 +1,6 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
-// (explain, kernel_variants, pattern_fields, index_bits, nnz_for_density, set_default_spmm_variant):
+// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, nnz_for_density,
+// set_default_spmm_variant):
 // they read metadata only, so they run for any device and under tracing.
 #include "plans.h"
 
@@ -71,6 +72,7 @@ class PlanCache {
     mix(uint64_t(p.nnz));
     mix(uint64_t(p.n));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
+    mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
   }
   template <typename Mix>
   static void for_each_field(const SddmmProblem& p, Mix&& mix) {
@@ -80,6 +82,7 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.x_t_stride));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.epilogue) << 4 | uint64_t(p.requested));
+    mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
   }
   std::mutex mutex_;
   std::unordered_map<Key, Plan, Hash> plans_;
@@ -95,6 +98,20 @@ PlanCache<SddmmProblem, SddmmPlan>& sddmm_cache() {
 }
 
 }  // namespace
+
+bool tf32_matmuls() { return at::globalContext().allowTF32CuBLAS(); }
+
+SpmmProblem gemm_problem(SpmmProblem p) {
+  p.gemm = true;
+  p.tf32 = p.value_bytes == 4 && tf32_matmuls();
+  return p;
+}
+
+SddmmProblem gemm_problem(SddmmProblem p) {
+  p.gemm = true;
+  p.tf32 = p.value_bytes == 4 && tf32_matmuls();
+  return p;
+}
 
 SpmmPlan spmm_plan(const SpmmProblem& problem, int device, const char* op) {
   return spmm_cache().get(problem, device, [&] {
@@ -138,14 +155,15 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     problem.n = n;
     problem.value_bytes = value_bytes;
     problem.requested = sddmm_variant_arg(variant, op);
-    const SddmmPlan plan = sddmm_plan(problem, device, op);
+    const SddmmPlan plan = sddmm_plan(gemm_problem(problem), device, op);
     return {sddmm_variant_name(plan.variant), sddmm_reason_name(plan.reason), plan.padded_batch, plan.lanes_per_row,
             plan.batch_lanes, plan.grid_x, plan.threads, 0, int64_t(plan.workspace_bytes), false,
             describe(plan)};
   }
   const bool transposed = which == "input_grad";
-  SpmmProblem problem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols, p.nnz, n, value_bytes, transposed,
-                      spmm_variant_arg(variant, transposed, op)};
+  const SpmmProblem problem = gemm_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
+                                                       p.nnz, n, value_bytes, transposed,
+                                                       spmm_variant_arg(variant, transposed, op)});
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
@@ -170,6 +188,8 @@ std::vector<std::string> pattern_fields() {
   return names;
 }
 
+int64_t dense_block_min_rows() { return kDenseBlockMinRows; }
+
 int64_t index_bits(int64_t out_features, int64_t in_features) {
   check_features(out_features, in_features, "index_bits");
   return default_index_bits(out_features, in_features);
@@ -190,6 +210,7 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("kernel_variants", &snack::binding::kernel_variants);
   m.impl("pattern_fields", &snack::binding::pattern_fields);
   m.impl("index_bits", &snack::binding::index_bits);
+  m.impl("dense_block_min_rows", &snack::binding::dense_block_min_rows);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
 }

@@ -11,6 +11,11 @@ namespace snack::binding {
 /// The limits of CUDA device `device`, queried once; a failed query raises.
 DeviceLimits cuda_device_limits(int device);
 
+/// A product as the binding runs it: with its GEMM for kDenseBlocks (cuBLAS through ATen), and
+/// float32 GEMMs in TF32 where torch allows them (torch.backends.cuda.matmul.allow_tf32).
+SpmmProblem gemm_problem(SpmmProblem p);
+SddmmProblem gemm_problem(SddmmProblem p);
+
 /// The plan of a product on CUDA device `device`. A forced variant that cannot run it raises
 /// ValueError naming `op`.
 SpmmPlan spmm_plan(const SpmmProblem& problem, int device, const char* op);

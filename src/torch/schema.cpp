@@ -74,6 +74,7 @@ TORCH_LIBRARY(snack, m) {
   // Bits of the slot indices a rows x cols pattern gets by default (16 or 32), and the slots a layer
   // keeps at a density: the rules every constructor shares.
   m.def("index_bits(int out_features, int in_features) -> int");
+  m.def("dense_block_min_rows() -> int");
   m.def("nnz_for_density(int out_features, int in_features, float density) -> int");
 
   // ---- Topology: building patterns (validating, so they synchronise once with the device) ----

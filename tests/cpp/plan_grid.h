@@ -22,7 +22,7 @@ struct GridPoint {
 inline std::vector<GridPoint> benchmark_grid() {
   const int64_t shapes[][2] = {{768, 3072},  {3072, 768},  {768, 2304},   {4096, 4096},
                                {5000, 5000}, {16384, 4096}, {4096, 11008}, {11008, 4096}};
-  const int64_t batches[] = {1, 2, 4, 8, 16, 32, 128, 1024, 8192};
+  const int64_t batches[] = {1, 2, 4, 8, 16, 32, 128, 512, 1024, 8192, 16384};
   const double sparsities[] = {0.5, 0.8, 0.9, 0.95, 0.99};
   std::vector<GridPoint> grid;
   for (const auto& shape : shapes)
@@ -51,8 +51,8 @@ inline std::string plan_line(const GridPoint& g, const SpmmPlan& fwd, const Spmm
          " | " + sddmm(dw) + " | " + sddmm(dw_adamw);
 }
 
-// The four plans of a layer's step at one grid point: forward, dX, dW, dW with AdamW.
-// The weight gradient's problem at a grid point.
+// The weight gradient's problem at a grid point, as the torch front end plans it (its GEMM there
+// for dense_blocks, TF32 off).
 inline SddmmProblem sddmm_problem_at(const GridPoint& g, SddmmEpilogue epilogue) {
   SddmmProblem s;
   s.rows = g.m;
@@ -61,16 +61,19 @@ inline SddmmProblem sddmm_problem_at(const GridPoint& g, SddmmEpilogue epilogue)
   s.n = g.n;
   s.value_bytes = g.value_bytes;
   s.epilogue = epilogue;
+  s.gemm = true;
   return s;
 }
 
+// The four plans of a layer's step at one grid point (forward, dX, dW, dW with AdamW), as the torch
+// front end plans them.
 inline std::string plan_grid_point(const GridPoint& g, const DeviceLimits& limits, Status* status) {
   SpmmPlan fwd, dx;
   SddmmPlan dw, dw_adamw;
-  SpmmProblem p{g.m, g.k, g.nnz, g.n, g.value_bytes, false, SpmmVariant::kAuto};
+  SpmmProblem p{g.m, g.k, g.nnz, g.n, g.value_bytes, false, SpmmVariant::kAuto, true};
   *status = plan_spmm(p, limits, &fwd);
   if (!status->ok()) return "";
-  p = SpmmProblem{g.k, g.m, g.nnz, g.n, g.value_bytes, true, SpmmVariant::kAuto};
+  p = SpmmProblem{g.k, g.m, g.nnz, g.n, g.value_bytes, true, SpmmVariant::kAuto, true};
   *status = plan_spmm(p, limits, &dx);
   if (!status->ok()) return "";
   *status = plan_sddmm(sddmm_problem_at(g, SddmmEpilogue::kStore), limits, &dw);

@@ -127,6 +127,8 @@ TEST(Planner, PlansFitTheirDevice) {
         if (p.variant == SddmmVariant::kVector)
           EXPECT_EQ(p.workspace_bytes, size_t((g.k + g.m) * p.padded_batch * g.value_bytes)) << describe(p);
         if (p.variant == SddmmVariant::kSlot) EXPECT_EQ(p.workspace_bytes, 0u) << describe(p);
+        if (p.variant == SddmmVariant::kDenseBlocks)
+          EXPECT_EQ(p.workspace_bytes, size_t(p.block_rows * g.k * g.value_bytes)) << describe(p);
       }
     }
   }
@@ -267,6 +269,91 @@ TEST(Planner, SddmmRules) {
   bad.requested = SddmmVariant::kRows;
   EXPECT_EQ(plan_sddmm(bad, DeviceLimits::h200(), &q).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(plan_dw(10, 10, 0, 16).workspace_bytes, 0u);
+}
+
+// dense_blocks: only for a caller with a GEMM, only at large batches, and with a workspace no larger
+// than the op's activation operand.
+TEST(Planner, DenseBlocksRules) {
+  const DeviceLimits h200 = DeviceLimits::h200();
+  const auto spmm_with_gemm = [&](int64_t out, int64_t in, int64_t nnz, int64_t n, int bytes, bool transposed,
+                                  SpmmVariant v = SpmmVariant::kAuto, bool tf32 = false) {
+    SpmmPlan p;
+    const Status s = plan_spmm({out, in, nnz, n, bytes, transposed, v, true, tf32}, h200, &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  };
+  const auto sddmm_with_gemm = [&](int64_t rows, int64_t cols, int64_t nnz, int64_t n, int bytes,
+                                   SddmmEpilogue e = SddmmEpilogue::kStore) {
+    SddmmProblem q;
+    q.rows = rows;
+    q.cols = cols;
+    q.nnz = nnz;
+    q.n = n;
+    q.value_bytes = bytes;
+    q.epilogue = e;
+    q.gemm = true;
+    SddmmPlan p;
+    EXPECT_TRUE(plan_sddmm(q, h200, &p).ok());
+    return p;
+  };
+  // Without a GEMM it is never planned, and forcing it is an error.
+  EXPECT_NE(plan(4096, 4096, 1677722, 8192, 2).variant, SpmmVariant::kDenseBlocks);
+  SpmmPlan refused;
+  EXPECT_EQ(plan_spmm({4096, 4096, 1677722, 8192, 2, false, SpmmVariant::kDenseBlocks}, h200, &refused).code(),
+            StatusCode::kInvalidArgument);
+  SddmmProblem q;
+  q.rows = q.cols = 4096;
+  q.nnz = 1677722;
+  q.n = 8192;
+  q.requested = SddmmVariant::kDenseBlocks;
+  SddmmPlan refused_dw;
+  EXPECT_EQ(plan_sddmm(q, h200, &refused_dw).code(), StatusCode::kInvalidArgument);
+  // A training batch at 90% in bf16: all three products as dense blocks, each block all of W
+  // (4096 rows <= N), the workspace the size of W in bf16.
+  for (const bool transposed : {false, true}) {
+    const SpmmPlan p = spmm_with_gemm(4096, 4096, 1677722, 8192, 2, transposed);
+    EXPECT_EQ(p.variant, SpmmVariant::kDenseBlocks) << describe(p);
+    EXPECT_EQ(p.reason, SpmmReason::kDenseBlocks);
+    EXPECT_EQ(p.block_rows, 4096);
+    EXPECT_EQ(p.workspace_bytes, size_t(4096) * 4096 * 2);
+  }
+  for (const SddmmEpilogue e : {SddmmEpilogue::kStore, SddmmEpilogue::kAdamW}) {
+    const SddmmPlan p = sddmm_with_gemm(4096, 4096, 1677722, 8192, 2, e);
+    EXPECT_EQ(p.variant, SddmmVariant::kDenseBlocks) << describe(p);
+    EXPECT_EQ(p.block_rows, 4096);
+  }
+  // Small batches stay sparse at any density.
+  for (const int64_t n : {1, 8, 16, 64})
+    for (const int bytes : {2, 4}) {
+      EXPECT_NE(spmm_with_gemm(4096, 4096, 8388608, n, bytes, false).variant, SpmmVariant::kDenseBlocks) << n;
+      EXPECT_NE(sddmm_with_gemm(4096, 4096, 8388608, n, bytes).variant, SddmmVariant::kDenseBlocks) << n;
+    }
+  // Blocks of at most the batch's rows where W has more (a multiple of 64), at least 128 rows when forced.
+  SpmmPlan p = spmm_with_gemm(16384, 4096, 6710886, 1000, 2, false, SpmmVariant::kDenseBlocks);
+  EXPECT_EQ(p.block_rows, 960);
+  EXPECT_LE(p.workspace_bytes, size_t(1000) * 4096 * 2);
+  EXPECT_EQ(spmm_with_gemm(16384, 4096, 6710886, 3, 2, false, SpmmVariant::kDenseBlocks).block_rows, 128);
+  // Wherever it is chosen, its workspace stays within the activation operand.
+  for (const GridPoint& g : benchmark_grid())
+    for (const bool transposed : {false, true}) {
+      const int64_t out = transposed ? g.k : g.m, in = transposed ? g.m : g.k;
+      const SpmmPlan a = spmm_with_gemm(out, in, g.nnz, g.n, g.value_bytes, transposed);
+      if (a.variant != SpmmVariant::kDenseBlocks) continue;
+      EXPECT_GE(g.n, kDenseBlockMinRows);
+      EXPECT_LE(a.workspace_bytes, size_t(g.n) * size_t(in) * size_t(g.value_bytes)) << describe(a);
+    }
+  // TF32 makes the fp32 GEMM faster: dense blocks wherever they paid in fp32, and more often.
+  int fp32 = 0, tf32 = 0;
+  for (const GridPoint& g : benchmark_grid()) {
+    if (g.value_bytes != 4) continue;
+    const bool plain = spmm_with_gemm(g.m, g.k, g.nnz, g.n, 4, false).variant == SpmmVariant::kDenseBlocks;
+    const bool rounded =
+        spmm_with_gemm(g.m, g.k, g.nnz, g.n, 4, false, SpmmVariant::kAuto, true).variant == SpmmVariant::kDenseBlocks;
+    EXPECT_TRUE(rounded || !plain) << g.m << "x" << g.k << " n " << g.n;
+    fp32 += plain;
+    tf32 += rounded;
+  }
+  EXPECT_GT(tf32, fp32);
 }
 
 }  // namespace

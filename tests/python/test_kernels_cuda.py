@@ -461,16 +461,21 @@ def test_unaligned_slot_arrays_give_the_same_bits(nnz, index_dtype):
         assert torch.equal(ops.sddmm(dy, x, moved, variant="rows"), ops.sddmm(dy, x, p.tensors, variant="rows"))
 
 
+# dense_blocks multiplies the zeros of its expanded blocks like a dense layer: an infinite input
+# reaches every output there (0 * inf is NaN), as in nn.Linear.
+SPARSE_ONLY_VARIANTS = tuple(v for v in snack.DETERMINISTIC_VARIANTS if v != "dense_blocks")
+
+
 def test_stored_entries_alone_see_an_infinite_input():
-    # An infinite input reaches only the outputs whose rows hold its column: no kernel multiplies a
-    # slot outside a row's range by it (0 * inf would be NaN). Forward (column 0 of X infinite) and
-    # transposed product (column 0 of dY infinite).
+    # An infinite input reaches only the outputs whose rows hold its column: no sparse kernel
+    # multiplies a slot outside a row's range by it (0 * inf would be NaN). Forward (column 0 of X
+    # infinite) and transposed product (column 0 of dY infinite).
     p = Weight(64, 50, 600, device="cuda")
     dense = p.dense64
     for n in (1, 3, 16, 40):
         x = p.randn(n, 50, seed=n)
         x[:, 0] = float("inf")
-        for variant in snack.DETERMINISTIC_VARIANTS:
+        for variant in SPARSE_ONLY_VARIANTS:
             if not fits(variant, n, 50, torch.float32):
                 continue
             y = ops.spmm(x, p.values, p.tensors, None, variant=variant).cpu()
@@ -480,12 +485,53 @@ def test_stored_entries_alone_see_an_infinite_input():
         dy = p.randn(n, 64, seed=n + 1)
         dy[:, 0] = float("inf")
         for variant in snack.TRANSPOSED_VARIANTS:  # the transposed product: row 0 of W
-            if not fits(variant, n, 64, torch.float32):
+            if variant not in SPARSE_ONLY_VARIANTS or not fits(variant, n, 64, torch.float32):
                 continue
             dx = ops.spmm_t(dy, p.values, p.tensors, variant).cpu()
             touched = (dense[0, :] != 0)[None, :].expand_as(dx)
             assert torch.isfinite(dx[~touched]).all(), variant
             assert not torch.isfinite(dx[touched]).any(), variant
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("n", [5, 300])
+def test_dense_blocks_in_many_blocks(n, dtype):
+    # More outputs than one block holds (max(N, 128) of them): the forward over blocks of rows of W,
+    # dX over blocks of rows of W^T (columns of W), dW over blocks of rows, each last block partial;
+    # K odd (rows not a whole number of 16-byte units), empty rows, a bias and both activations.
+    m, k = 1000, 301
+    p = Weight(m, k, 30000, device="cuda", dtype=dtype, index_dtype=torch.int32, empty_rows=20)
+    x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "dense_blocks"))
+    assert plan.workspace_bytes == min(m, max(n, 128) // 64 * 64) * k * dtype.itemsize
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="dense_blocks")
+    assert_forward(y, x, p, bias, dtype, "dense_blocks")
+    for activation in ("relu", "gelu"):
+        y = ops.spmm(x, p.values, p.tensors, bias, activation=activation, variant="dense_blocks")
+        z, scale = matmul_ref(x, p.dense64.T)
+        z, scale = z + bias.double().cpu(), scale + bias.double().cpu().abs()
+        ref = torch.relu(z) if activation == "relu" else torch.nn.functional.gelu(z)
+        assert_close(y, ref, 1.2 * scale, dtype, activation)
+    dx = ops.spmm_t(dy, p.values, p.tensors, "dense_blocks")
+    assert_matmul(dx, dy, p.dense64, dtype, what="dense_blocks dX")
+    dv = ops.sddmm(dy, x, p.tensors, variant="dense_blocks")
+    assert_close(dv, *p.slot_ref(dy, x), dtype, "dense_blocks dW")
+    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="dense_blocks"), dv)
+
+
+def test_the_planner_takes_dense_blocks_at_large_batches():
+    # At a large batch and a moderate density a dense GEMM over expanded blocks of W beats the sparse
+    # kernels; its workspace is never larger than the op's activation operand. The rule itself is
+    # tested on the CPU (tests/cpp/test_planner.cpp).
+    layer = snack.SparseLinear(2048, 2048, density=0.3, device="cuda")
+    for op in ("forward", "input_grad", "weight_grad"):
+        plan = snack.explain(layer, 4096, op=op)
+        assert (plan.variant, plan.reason) == ("dense_blocks", "dense_blocks"), (op, plan)
+        assert plan.workspace_bytes <= 4096 * 2048 * 4
+    assert snack.explain(layer, 16).variant != "dense_blocks"
+    x = torch.randn(4096, 2048, device="cuda")
+    assert_matmul(layer(x), x, layer.to_dense().detach().T, torch.float32, bias=layer.bias.detach())
 
 
 # (M, K, nnz): two shapes; both SDDMM kernels that follow the transposes run in the graph (the

@@ -406,7 +406,7 @@ def reference_update(p, dy, x, values, m, v, step, lr, beta1, beta2, eps, wd, ma
 
 SHAPES = [  # m, k, nnz, n, empty rows
     (37, 29, 300, 1, 3), (37, 29, 300, 3, 0), (64, 53, 900, 5, 4), (130, 77, 2000, 16, 7), (33, 1, 20, 40, 0),
-    (70, 90, 1500, 130, 2), (5, 7, 0, 4, 0),
+    (70, 90, 1500, 130, 2), (5, 7, 0, 4, 0), (300, 77, 5000, 6, 9),  # the last: dense_blocks in 3 blocks
 ]
 
 
@@ -421,7 +421,7 @@ def sddmm_case(device, shape, dtype, variant):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows"])
+@pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows", "dense_blocks"])
 def test_sddmm_adamw_op(device, shape, dtype, variant):
     n = shape[3]
     if device.type == "cpu" and (variant != "auto" or dtype in (torch.bfloat16, torch.float16) and n > 5):
@@ -524,7 +524,7 @@ def test_bias_grad_adamw_op(device, dtype, n, m):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows"])
+@pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows", "dense_blocks"])
 def test_sddmm_adamw_updates_the_bias_in_the_same_pass(device, shape, dtype, variant):
     """With the bias's state, sddmm_adamw_ also updates the bias from dy.sum(0) (inside the rows
     kernel; after the product for the others) with its own settings and count, and the values

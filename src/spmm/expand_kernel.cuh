@@ -1,0 +1,38 @@
+// kDenseBlocks' expansion: outputs of a view of W written dense into a block that the caller's GEMM
+// multiplies. A warp per output row: it zeroes the row with 16-byte stores where the rows are
+// aligned for them, then writes the row's slots into it (the row is still in L2, so the scattered
+// stores cost no second pass over memory).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device/cuda_utils.cuh"
+
+namespace snack::cuda::detail {
+
+// block[o - first, :] = row o of the view, dense, for o in [first, first + count); `width` values
+// per block row. vector_rows: every block row starts 16-byte aligned and is a whole number of
+// 16-byte units.
+template <typename T, typename View>
+__global__ void expand_block_kernel(View view, int64_t first, int64_t count, int64_t width, bool vector_rows,
+                                    T* __restrict__ block) {
+  const int lane = int(threadIdx.x & 31);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < count; r += warps) {
+    T* row = block + r * width;
+    if (vector_rows) {
+      uint4* row16 = reinterpret_cast<uint4*>(row);
+      const int64_t units = width * int64_t(sizeof(T)) / 16;
+      for (int64_t i = lane; i < units; i += 32) row16[i] = make_uint4(0, 0, 0, 0);
+    } else {
+      for (int64_t i = lane; i < width; i += 32) row[i] = from_accum<T>(accum_t<T>(0));
+    }
+    __syncwarp();  // the zeros before the slots: ordered among the warp's lanes
+    const int32_t begin = view.ptr[first + r], end = view.ptr[first + r + 1];
+    for (int32_t e = begin + lane; e < end; e += 32) row[view.input(e)] = view.value(e);
+  }
+}
+
+}  // namespace snack::cuda::detail
