@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "snack/device_limits.h"
@@ -32,18 +33,31 @@ struct DenseBlocksProblem {
   bool tf32 = false;
 };
 
-// Rates on the H200 (TFLOP/s; the sparse ones count useful work, 2 x nnz x N). GEMM: cuBLAS through
-// torch.mm at the benchmark's large shapes; sparse: the planner's kernels at N >= 256.
+// Rates measured on the H200 (bench/results/spmm_nvidia_h200*_large.md and backward_nvidia_h200*.md,
+// every path forced). GEMM: cuBLAS through torch.mm on the large shapes, 2 x M x K x N over its time
+// (bf16 760-860, fp32 50 TFLOP/s). Sparse: useful TFLOP/s (2 x nnz x N over the time) of the
+// planner's kernels from N = 256 at 80-95% sparsity (global_xt forward fp32 4.5-4.9, bf16 6.5-6.9;
+// dX 4.0-4.6 / 5.5; dW (vector) 2.9-4.0 / 6.7), lower at 99% where the sparse kernels win anyway;
+// the tensor-core forward as the dense work it does (136-141 TFLOP/s); rows of ~40 slots (99%) run
+// at about half those rates, and a sparse product pays ~10 us of transposes and launches. Expansion:
+// ~1.2 TB/s of the dense block written; the SDDMM's read of the slots out of its block ~2.5 TB/s.
+// Each block enqueues an expansion and a cuBLAS call from the host, ~28 us per block, and small
+// blocks leave the GPU waiting for them (4096x4096 bf16, N = 256, 16 blocks: 596 us against 23 us
+// for dense): a product of many blocks takes at least that long.
 struct DenseBlocksRates {
-  double gemm_16bit = 560.0;
-  double gemm_tf32 = 280.0;
-  double gemm_fp32 = 48.0;
-  double gemm_fp64 = 48.0;
-  double sparse_fp32[3] = {5.0, 3.5, 4.0};       // forward, transposed, weight gradient
-  double sparse_16bit[3] = {6.0, 4.0, 5.0};
-  double tensor_core_dense_equivalent = 110.0;  // the tensor-core forward, 2 x M x K x N over its time
-  double bandwidth_gbs = 3000.0;
-  double block_overhead_us = 6.0;               // launches of one block: expansion, GEMM, gather
+  double gemm_16bit = 800.0;
+  double gemm_tf32 = 350.0;  // an estimate from the fp32 and bf16 rates, not measured
+  double gemm_fp32 = 50.0;
+  double sparse_fp32[3] = {4.7, 4.0, 3.0};  // forward, transposed, weight gradient
+  double sparse_16bit[3] = {6.5, 5.5, 6.0};
+  double tensor_core_dense_equivalent = 140.0;  // the tensor-core forward, 2 x M x K x N over its time
+  double gemm_bandwidth_gbs = 3000.0;           // what a GEMM streams at best
+  double expand_bandwidth_gbs = 1200.0;         // the expansion's writes of the block
+  double gather_bandwidth_gbs = 2500.0;         // the SDDMM's reads of its block
+  double launch_us = 5.0;        // the first block's launches
+  double host_block_us = 28.0;   // the host's enqueue of one block
+  double sparse_fixed_us = 10.0; // a sparse product's transposes and launches
+  double full_row_slots = 128.0; // rows shorter than this run the sparse kernels at sqrt(len / this) of their rate
   int reference_sms = 132;
 };
 inline constexpr DenseBlocksRates kDenseBlocksRates{};
@@ -55,41 +69,47 @@ inline int64_t dense_block_rows(int64_t outputs, int64_t n) {
   return rows >= outputs ? std::max<int64_t>(outputs, 0) : rows / 64 * 64;
 }
 
-/// Estimated microseconds of the product as dense blocks, and in the best sparse kernel.
+/// Estimated microseconds of the product as dense blocks: the GEMMs (bound by their arithmetic or
+/// by the bytes they stream) and the expansion (or the SDDMM's read of its blocks), or the host's
+/// enqueue of the blocks where that takes longer.
 inline double dense_blocks_us(const DenseBlocksProblem& p, const DeviceLimits& limits) {
   const DenseBlocksRates& r = kDenseBlocksRates;
   const double scale = double(limits.sms) / r.reference_sms;
-  const double rate = p.value_bytes == 2 ? r.gemm_16bit
-                      : p.value_bytes == 8 ? r.gemm_fp64
-                                           : (p.tf32 ? r.gemm_tf32 : r.gemm_fp32);
+  const double rate = p.value_bytes == 2 ? r.gemm_16bit : (p.tf32 ? r.gemm_tf32 : r.gemm_fp32);
   const double weights = double(p.outputs) * double(p.inputs);
-  const double flops_us = 2.0 * weights * double(p.n) / (rate * scale * 1e6);
-  const double activations = double(p.n) * double(p.outputs + p.inputs);
-  // The block passes memory twice (written by the expansion and read by the GEMM; for the SDDMM
-  // written by the GEMM and read by the gather); the activations are read and written once.
-  const double bytes = (2.0 * weights + activations) * p.value_bytes;
-  const double blocks = double((p.outputs + dense_block_rows(p.outputs, p.n) - 1) /
-                               std::max<int64_t>(1, dense_block_rows(p.outputs, p.n)));
-  return flops_us + bytes / (r.bandwidth_gbs * scale * 1e3) + blocks * r.block_overhead_us;
+  const double weight_bytes = weights * p.value_bytes;
+  const double streamed = weight_bytes + double(p.n) * double(p.outputs + p.inputs) * p.value_bytes;
+  const double gemm = std::max(2.0 * weights * double(p.n) / (rate * scale * 1e6),
+                               streamed / (r.gemm_bandwidth_gbs * scale * 1e3));
+  const double side = weight_bytes / ((p.op == DenseBlocksOp::kWeightGrad ? r.gather_bandwidth_gbs
+                                                                            : r.expand_bandwidth_gbs) * scale * 1e3);
+  const int64_t rows = std::max<int64_t>(1, dense_block_rows(p.outputs, p.n));
+  const double blocks = double((p.outputs + rows - 1) / rows);
+  return std::max(gemm + side, blocks * r.host_block_us) + r.launch_us;
 }
 
+/// Estimated microseconds of the product in the sparse kernels the planner would take instead.
 inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits) {
   const DenseBlocksRates& r = kDenseBlocksRates;
   const double scale = double(limits.sms) / r.reference_sms;
   const int op = int(p.op);
   const double useful = 2.0 * double(p.nnz) * double(p.n);
-  double us = useful / ((p.value_bytes == 2 ? r.sparse_16bit[op] : r.sparse_fp32[op]) * scale * 1e6);
+  const double row = double(p.nnz) / double(std::max<int64_t>(1, p.outputs));
+  const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
+  const double rate = (p.value_bytes == 2 ? r.sparse_16bit[op] : r.sparse_fp32[op]) * short_rows;
+  double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
   if (p.value_bytes == 2 && p.op == DenseBlocksOp::kForward) {
     const double tiles = 2.0 * double(p.outputs) * double(p.inputs) * double(p.n);
-    us = std::min(us, tiles / (r.tensor_core_dense_equivalent * scale * 1e6));
+    us = std::min(us, r.sparse_fixed_us + tiles / (r.tensor_core_dense_equivalent * scale * 1e6));
   }
   return us;
 }
 
-/// Whether dense blocks beat the sparse kernels: a batch of at least kDenseBlockMinRows and a
-/// shorter estimated time.
+/// Whether dense blocks beat the sparse kernels: 16- or 32-bit values (float64 keeps the sparse
+/// kernels: its rates were not measured), a batch of at least kDenseBlockMinRows and a shorter
+/// estimated time.
 inline bool dense_blocks_pay(const DenseBlocksProblem& p, const DeviceLimits& limits) {
-  if (p.n < kDenseBlockMinRows || p.outputs <= 0 || p.inputs <= 0) return false;
+  if (p.value_bytes == 8 || p.n < kDenseBlockMinRows || p.outputs <= 0 || p.inputs <= 0) return false;
   return dense_blocks_us(p, limits) < sparse_us(p, limits);
 }
 
