@@ -84,7 +84,7 @@ Status advance_counts(const detail::StepCounts& counts, Stream stream) {
 
 template <typename T, typename Out>
 Status launch_bias_grad(const T* dy, int64_t n, int64_t m, const Out& out, Stream stream) {
-  bias_grad_kernel<T><<<grid_for(m, kThreads), kThreads, 0, stream>>>(dy, n, m, out);
+  bias_grad_kernel<T><<<grid_for(m, kBiasColumns), kBiasColumns * kBiasWarps, 0, stream>>>(dy, n, m, out);
   return check_launch("bias_grad_kernel");
 }
 

@@ -77,7 +77,7 @@ def test_sddmm_variant_names(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,m", [(1, 1), (3, 7), (257, 33), (0, 5)])
+@pytest.mark.parametrize("n,m", [(1, 1), (3, 7), (257, 33), (0, 5), (5000, 97)])
 def test_bias_grad(device, dtype, n, m):
     dy = torch.randn(n, m, dtype=torch.float64).to(device, dtype)
     poison_cache(device)

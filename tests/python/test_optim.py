@@ -506,7 +506,7 @@ def adamw_tolerance(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,m", [(1, 37), (6, 130), (0, 9), (3, 0)])
+@pytest.mark.parametrize("n,m", [(1, 37), (6, 130), (0, 9), (3, 0), (3001, 70)])
 def test_bias_grad_adamw_op(device, dtype, n, m):
     gen = torch.Generator().manual_seed(n + m)
     dy = torch.randn(n, m, generator=gen, dtype=torch.float64).to(device, dtype)
