@@ -487,9 +487,11 @@ def test_sddmm_adamw_rows_and_vector_agree(n):
         close(a, b)
 
 
-def reference_bias_update(dy, bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, maximize, dtype):
-    """float64 AdamW of a bias from dy.sum(0), the gradient rounded to `dtype` first as a stored one would be."""
-    g = dy.double().sum(0).to(dtype).double().cpu()
+def reference_bias_update(dy, bias, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, maximize, dtype,
+                          grad=None):
+    """float64 AdamW of a bias from dy.sum(0), the gradient rounded to `dtype` first as a stored one would be;
+    or from `grad`, a gradient the library stored."""
+    g = (dy.double().sum(0).to(dtype) if grad is None else grad).double().cpu()
     if maximize:
         g = -g
     b, ma, v = bias.double().cpu(), exp_avg.double().cpu(), exp_avg_sq.double().cpu()
@@ -539,8 +541,13 @@ def test_sddmm_adamw_updates_the_bias_in_the_same_pass(device, shape, dtype, var
     bias = torch.randn(m, generator=gen).to(device, dtype)
     bias_m, bias_v = torch.randn(m, generator=gen).to(device, dtype), torch.rand(m, generator=gen).to(device, dtype)
     hyper, bias_hyper = (1e-2, 0.9, 0.99, 1e-6, 0.05), (3e-2, 0.8, 0.95, 1e-5, 0.1)
+    # A sum of 130 terms can cancel, and the last bits of the gradient then move the update by more
+    # than the tolerance: each element must match the update from the gradient rounded once, or the one
+    # from the gradient that the bias kernel stores (the kernel the variants other than rows run).
+    stored = ops.bias_grad(dy)
     for maximize in (False, True):
         want = reference_bias_update(dy, bias, bias_m, bias_v, 8, *bias_hyper, maximize, dtype)
+        from_stored = reference_bias_update(dy, bias, bias_m, bias_v, 8, *bias_hyper, maximize, dtype, grad=stored)
         alone = [t.clone() for t in start] + [torch.full((), 2.0, device=device)]
         sddmm_adamw(dy, x, p.tensors, *alone, hyper, variant=variant)
         fused = [t.clone() for t in start] + [torch.full((), 2.0, device=device)]
@@ -550,8 +557,11 @@ def test_sddmm_adamw_updates_the_bias_in_the_same_pass(device, shape, dtype, var
         assert float(fused[3]) == 3.0 and float(bias_step) == 8.0
         for a, b in zip(alone, fused):
             assert torch.equal(a, b)
-        for got, ref in zip((bias, bias_m, bias_v), want):
-            assert_same_values(got, ref, adamw_tolerance(dtype), floor=UPDATE_FLOOR)
+        for got, ref, alt in zip((bias, bias_m, bias_v), want, from_stored):
+            tol = adamw_tolerance(dtype) * (ref.abs() + UPDATE_FLOOR)
+            got64 = got.double().cpu()
+            assert bool(((got64 - ref).abs() <= tol).logical_or((got64 - alt).abs() <= tol).all()), \
+                float(torch.minimum((got64 - ref).abs() - tol, (got64 - alt).abs() - tol).max())
         bias, bias_m, bias_v = (t.to(device, dtype) for t in want)
 
 
