@@ -364,6 +364,12 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
     return rows
 
 
+def less_or_more(value: float, reference: float) -> str:
+    """'22% less' or '46% more': value against reference."""
+    change = 100 * (1 - value / reference)
+    return f"{change:.0f}% less" if change >= 0 else f"{-change:.0f}% more"
+
+
 def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
     """Rebuilds the Markdown summary from result files written by an earlier run."""
     info, layer_rows = benchmark.read_csv(layer_csv)
@@ -539,7 +545,7 @@ def summarize(layer_rows, back_rows, info) -> str:
             cells.append(f"{r['gpu_us']:.0f} / {r['graph_us']:.0f} / {r['wall_us']:.0f} / {r['peak_mib']:.1f}" if r else "-")
         d, dm = t.get(key[:5] + ("dense", key[5])), t.get(key[:5] + ("dense_mask", key[5]))
         sp = lambda b: f"{b['gpu_us'] / snack_row['gpu_us']:.2f}x" if b and snack_row else "-"  # noqa: E731
-        mem = f"{100 * (1 - snack_row['peak_mib'] / d['peak_mib']):.0f}% less" if d and snack_row else "-"
+        mem = less_or_more(snack_row["peak_mib"], d["peak_mib"]) if d and snack_row else "-"
         lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]} | " + " | ".join(cells) +
                      f" | {sp(d)} | {sp(dm)} | {mem} |")
     key = (16384, 4096, 16, 0.9, "fp32")

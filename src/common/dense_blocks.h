@@ -33,17 +33,17 @@ struct DenseBlocksProblem {
   bool tf32 = false;
 };
 
-// Rates measured on the H200 (bench/results/spmm_nvidia_h200*_large.md and backward_nvidia_h200*.md,
-// every path forced). GEMM: cuBLAS through torch.mm on the large shapes, 2 x M x K x N over its time
+// Rates measured on the H200 with every path forced (bench/results/spmm_nvidia_h200*_large.md and
+// backward_nvidia_h200_large.csv; dX and dW also on 4096x4096 at N = 256-4096). GEMM: cuBLAS through torch.mm on the large shapes, 2 x M x K x N over its time
 // (bf16 760-860, fp32 50 TFLOP/s). Sparse: useful TFLOP/s (2 x nnz x N over the time) of the
 // planner's kernels from N = 256 at 80-95% sparsity (global_xt forward fp32 4.5-4.9, bf16 6.5-6.9;
 // dX 4.0-4.6 / 5.5; dW (vector) 2.9-4.0 / 6.7), lower at 99% where the sparse kernels win anyway;
 // the tensor-core forward as the dense work it does (136-141 TFLOP/s); rows of ~40 slots (99%) run
 // at about half those rates, and a sparse product pays ~10 us of transposes and launches. Expansion:
 // ~1.2 TB/s of the dense block written; the SDDMM's read of the slots out of its block ~2.5 TB/s.
-// Each block enqueues an expansion and a cuBLAS call from the host, ~28 us per block, and small
-// blocks leave the GPU waiting for them (4096x4096 bf16, N = 256, 16 blocks: 596 us against 23 us
-// for dense): a product of many blocks takes at least that long.
+// Each block enqueues an expansion and a cuBLAS call from the host, ~20-35 us per block, and small
+// blocks leave the GPU waiting for them (4096x4096, N = 256, 16 blocks: 596 us against 186 us for
+// dense in fp32): a product of many blocks takes at least that long.
 struct DenseBlocksRates {
   double gemm_16bit = 800.0;
   double gemm_tf32 = 350.0;  // an estimate from the fp32 and bf16 rates, not measured

@@ -101,6 +101,11 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
   const int64_t n = in.x.size(0);
   const SpmmPlan plan = spmm_plan(forward_problem(in.p, n, values, variant), in.p.device.index(), op);
   at::Tensor ws, x_t = at::empty({0, 0}, values.options());
+  if (plan.variant == SpmmVariant::kDenseBlocks) {  // its workspace is the block dense_blocks_product takes
+    at::Tensor y = at::empty({n, in.p.rows}, values.options());
+    dense_blocks_product(in.p, values, in.x, in.bias, in.act, plan, y, op);
+    return {y, x_t};
+  }
   if (keep_x_t && plan_transposes_whole_input(plan)) {
     x_t = at::empty({in.p.cols + 1, plan.batch_tile}, values.options());
     TORCH_INTERNAL_ASSERT(size_t(x_t.nbytes()) == plan.workspace_bytes);
@@ -109,10 +114,6 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
     ws = workspace(plan.workspace_bytes, values);
   }
   at::Tensor y = at::empty({n, in.p.rows}, values.options());
-  if (plan.variant == SpmmVariant::kDenseBlocks) {
-    dense_blocks_product(in.p, values, in.x, in.bias, in.act, plan, y, op);
-    return {y, x_t};
-  }
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
