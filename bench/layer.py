@@ -168,13 +168,23 @@ def time_layer(impl, ref, n, opt_name, steps=20, precision="fp32"):
 SDDMM_VARIANTS = ("vector", "rows")  # forced with --sddmm-variants, as impl "snack_<variant>"
 
 
+def backward_operands(ref, n, dtype):
+    """Random dY and X of a batch of n rows, the dense weight in `dtype`, and the float64 references:
+    the forward, dX, the whole dY^T X and dW at the stored slots."""
+    dy = torch.randn(n, ref.out_features, device="cuda").to(dtype)
+    x = torch.randn(n, ref.in_features, device="cuda").to(dtype)
+    dense_w = ref.to_dense().detach().to(dtype)
+    dense64 = dense_w.double()
+    full = dy.double().t() @ x.double()
+    return (dy, x, dense_w, x.double() @ dense64.t(), dy.double() @ dense64, full,
+            full[ref.row_idx.long(), ref.col_idx.long()])
+
+
 def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
     pattern = ref.pattern.tensors
     values = ref.values.detach()
-    dy = torch.randn(n, m, device="cuda")
-    x = torch.randn(n, k, device="cuda")
-    dense64 = ref.to_dense().detach().double()
+    dy, x, dense_w, _, ref_dx, full, ref_dw = backward_operands(ref, n, torch.float32)
     # cuSPARSE operands built from the pattern itself (a dense round trip would drop exact zeros):
     # W in CSR, and W^T in CSR = W's CSC view.
     w_csr = torch.sparse_csr_tensor(ref.pattern.row_ptr, ref.col_idx.int(), values, (m, k))
@@ -183,9 +193,6 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     rows = []
     floor_dx = (nnz * 12 + 4 * (k + 1) + 4 * n * (m + k)) / (bandwidth * 1e3)
     floor_dw = (nnz * 12 + 4 * n * (m + k)) / (bandwidth * 1e3)
-    ref_dx = dy.double() @ dense64
-    full = dy.double().t() @ x.double()
-    ref_dw = full[ref.row_idx.long(), ref.col_idx.long()]
     cands = {
         ("dx", "snack"): (lambda: snack.ops.spmm_t(dy, values, pattern), ref_dx),
         ("dx", "cusparse_csr"): (lambda: torch.sparse.mm(wt_csr, dy.t()).t(), ref_dx),
@@ -195,7 +202,6 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     }
     for variant in sddmm_variants:
         cands[("dw", f"snack_{variant}")] = (lambda v=variant: snack.ops.sddmm(dy, x, pattern, variant=v), ref_dw)
-    dense_w = ref.to_dense().detach()
     cands[("dx", "dense")] = (lambda: dy @ dense_w, ref_dx)
     cands[("dw", "dense")] = (lambda: dy.t() @ x, full)
     cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw))
@@ -203,12 +209,16 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     return rows + timed_rows(cands, ref, n, sparsity, "fp32", {"dx": floor_dx, "dw": floor_dw}, timer)
 
 
-def large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw) -> dict:
+def large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=None) -> dict:
     """From a batch of snack.DENSE_BLOCK_MIN_ROWS: the planner's two paths for dX and dW forced side
-    by side (the sparse kernel, and the dense GEMM over expanded blocks), so its choice is checked."""
+    by side (the sparse kernel, and the dense GEMM over expanded blocks), so its choice is checked;
+    fwd=(x, float64 reference): the forward's dense blocks too."""
     if n < snack.DENSE_BLOCK_MIN_ROWS:
         return {}
-    return {
+    paths = {} if fwd is None else {
+        ("fwd", "snack_dense_blocks"): (lambda: snack.ops.spmm(fwd[0], values, pattern, None, variant="dense_blocks"),
+                                        fwd[1])}
+    return paths | {
         ("dx", "snack_global_xt"): (lambda: snack.ops.spmm_t(dy, values, pattern, "global_xt"), ref_dx),
         ("dx", "snack_dense_blocks"): (lambda: snack.ops.spmm_t(dy, values, pattern, "dense_blocks"), ref_dx),
         ("dw", "snack_vector"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="vector"), ref_dw),
@@ -249,14 +259,7 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth):
     dtype = benchmark.DTYPES[dtype_name]
     pattern = ref.pattern.tensors
     values = ref.values.detach().to(dtype)
-    dense_w = ref.to_dense().detach().to(dtype)
-    dy = torch.randn(n, m, device="cuda").to(dtype)
-    x = torch.randn(n, k, device="cuda").to(dtype)
-    dense64 = dense_w.double()
-    ref_fwd = x.double() @ dense64.t()
-    ref_dx = dy.double() @ dense64
-    full = dy.double().t() @ x.double()
-    ref_dw = full[ref.row_idx.long(), ref.col_idx.long()]
+    dy, x, dense_w, ref_fwd, ref_dx, full, ref_dw = backward_operands(ref, n, dtype)
     vb, ib = dtype.itemsize, ref.col_idx.element_size()
     floor = {  # bytes of the view (values, indices, csc_perm for dX) and of the activations
         "fwd": (nnz * (vb + ib) + 4 * (m + 1) + vb * n * (m + k)) / (bandwidth * 1e3),
@@ -271,10 +274,7 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth):
         ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, pattern), ref_dw),
         ("dw", "dense"): (lambda: dy.t() @ x, full),
     }
-    cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw))
-    if n >= snack.DENSE_BLOCK_MIN_ROWS:
-        cands[("fwd", "snack_dense_blocks")] = (lambda: snack.ops.spmm(x, values, pattern, None, variant="dense_blocks"),
-                                                ref_fwd)
+    cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=(x, ref_fwd)))
     return timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer)
 
 

@@ -30,7 +30,7 @@ struct DenseBlocksProblem {
   int64_t nnz = 0;
   int64_t n = 0;
   int value_bytes = 4;
-  bool tf32 = false;
+  bool tf32 = false;  ///< float32 GEMMs may round to TF32 (ignored for 16-bit values)
 };
 
 // Rates measured on the H200 with every path forced (bench/results/spmm_nvidia_h200*_large.md and

@@ -111,7 +111,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
   plan.reason = SddmmReason::kForced;
   if (p.requested == SddmmVariant::kAuto) {
     const detail::DenseBlocksProblem dense{detail::DenseBlocksOp::kWeightGrad, p.rows, p.cols, p.nnz, p.n,
-                                           p.value_bytes, p.tf32 && p.value_bytes == 4};
+                                           p.value_bytes, p.tf32};
     if (p.gemm && detail::dense_blocks_pay(dense, limits)) {
       plan.variant = SddmmVariant::kDenseBlocks;
       plan.reason = SddmmReason::kDenseBlocks;

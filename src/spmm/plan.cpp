@@ -224,7 +224,7 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
 
 detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p) {
   return {p.transposed ? detail::DenseBlocksOp::kTransposed : detail::DenseBlocksOp::kForward,
-          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32 && p.value_bytes == 4};
+          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32};
 }
 
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few

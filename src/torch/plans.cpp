@@ -101,18 +101,6 @@ PlanCache<SddmmProblem, SddmmPlan>& sddmm_cache() {
 
 bool tf32_matmuls() { return at::globalContext().allowTF32CuBLAS(); }
 
-SpmmProblem gemm_problem(SpmmProblem p) {
-  p.gemm = true;
-  p.tf32 = p.value_bytes == 4 && tf32_matmuls();
-  return p;
-}
-
-SddmmProblem gemm_problem(SddmmProblem p) {
-  p.gemm = true;
-  p.tf32 = p.value_bytes == 4 && tf32_matmuls();
-  return p;
-}
-
 SpmmPlan spmm_plan(const SpmmProblem& problem, int device, const char* op) {
   return spmm_cache().get(problem, device, [&] {
     SpmmPlan plan;

@@ -11,10 +11,17 @@ namespace snack::binding {
 /// The limits of CUDA device `device`, queried once; a failed query raises.
 DeviceLimits cuda_device_limits(int device);
 
-/// A product as the binding runs it: with its GEMM for kDenseBlocks (cuBLAS through ATen), and
-/// float32 GEMMs in TF32 where torch allows them (torch.backends.cuda.matmul.allow_tf32).
-SpmmProblem gemm_problem(SpmmProblem p);
-SddmmProblem gemm_problem(SddmmProblem p);
+/// Whether torch lets float32 matmuls round to TF32 (torch.backends.cuda.matmul.allow_tf32).
+bool tf32_matmuls();
+
+/// A product (SpmmProblem or SddmmProblem) as the binding runs it: with its GEMM for kDenseBlocks
+/// (cuBLAS through ATen), and float32 GEMMs in TF32 where torch allows them.
+template <typename Problem>
+Problem gemm_problem(Problem p) {
+  p.gemm = true;
+  p.tf32 = p.value_bytes == 4 && tf32_matmuls();
+  return p;
+}
 
 /// The plan of a product on CUDA device `device`. A forced variant that cannot run it raises
 /// ValueError naming `op`.

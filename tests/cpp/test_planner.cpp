@@ -18,15 +18,16 @@ namespace {
 
 SpmmPlan plan(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, int value_bytes = 4,
               SpmmVariant requested = SpmmVariant::kAuto, bool transposed = false,
-              const DeviceLimits& limits = DeviceLimits::h200()) {
+              const DeviceLimits& limits = DeviceLimits::h200(), bool gemm = false, bool tf32 = false) {
   SpmmPlan p;
-  const Status s = plan_spmm({out_dim, in_dim, nnz, n, value_bytes, transposed, requested}, limits, &p);
+  const Status s = plan_spmm({out_dim, in_dim, nnz, n, value_bytes, transposed, requested, gemm, tf32}, limits, &p);
   EXPECT_TRUE(s.ok()) << s.message();
   return p;
 }
 
 SddmmPlan plan_dw(int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue epilogue = SddmmEpilogue::kStore,
-                  SddmmVariant requested = SddmmVariant::kAuto, int64_t x_t_stride = 0) {
+                  SddmmVariant requested = SddmmVariant::kAuto, int64_t x_t_stride = 0, int value_bytes = 4,
+                  bool gemm = false) {
   SddmmProblem p;
   p.rows = rows;
   p.cols = cols;
@@ -35,6 +36,8 @@ SddmmPlan plan_dw(int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilo
   p.epilogue = epilogue;
   p.requested = requested;
   p.x_t_stride = x_t_stride;
+  p.value_bytes = value_bytes;
+  p.gemm = gemm;
   SddmmPlan out;
   const Status s = plan_sddmm(p, DeviceLimits::h200(), &out);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -277,24 +280,11 @@ TEST(Planner, DenseBlocksRules) {
   const DeviceLimits h200 = DeviceLimits::h200();
   const auto spmm_with_gemm = [&](int64_t out, int64_t in, int64_t nnz, int64_t n, int bytes, bool transposed,
                                   SpmmVariant v = SpmmVariant::kAuto, bool tf32 = false) {
-    SpmmPlan p;
-    const Status s = plan_spmm({out, in, nnz, n, bytes, transposed, v, true, tf32}, h200, &p);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return p;
+    return plan(out, in, nnz, n, bytes, v, transposed, h200, true, tf32);
   };
   const auto sddmm_with_gemm = [&](int64_t rows, int64_t cols, int64_t nnz, int64_t n, int bytes,
                                    SddmmEpilogue e = SddmmEpilogue::kStore) {
-    SddmmProblem q;
-    q.rows = rows;
-    q.cols = cols;
-    q.nnz = nnz;
-    q.n = n;
-    q.value_bytes = bytes;
-    q.epilogue = e;
-    q.gemm = true;
-    SddmmPlan p;
-    EXPECT_TRUE(plan_sddmm(q, h200, &p).ok());
-    return p;
+    return plan_dw(rows, cols, nnz, n, e, SddmmVariant::kAuto, 0, bytes, true);
   };
   // Without a GEMM it is never planned, and forcing it is an error.
   EXPECT_NE(plan(4096, 4096, 1677722, 8192, 2).variant, SpmmVariant::kDenseBlocks);
