@@ -1,10 +1,10 @@
-// Microbenchmark (session 13): the read bandwidth of an 80 MiB array streamed (a) through a
-// shared-memory ring by cp.async.bulk (one thread issues, all threads wait on mbarriers, a block
-// barrier per stage, as session 13's `stream` SpMM kernel did), (b) by plain 16-byte loads; no
-// compute. L2 is flushed before each run (a 256 MiB memset); CUDA events around one launch, best of
+// Microbenchmark: the read bandwidth of an 80 MiB array streamed (a) through a shared-memory ring
+// by cp.async.bulk (one thread issues, all threads wait on mbarriers, a block barrier per stage, as
+// the `stream` SpMM kernel did: docs/kernels.md, "Measured and not kept"), (b) by plain 16-byte
+// loads; no compute. L2 is flushed before each run (a 256 MiB memset); CUDA events around one launch, best of
 // 10 (launch overhead included). Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o ring_read bench/micro/ring_read.cu && ./ring_read
-// Results on the H200: bench/results/gpu_session13_nvidia_h200.log, call 8.
+// Its H200 figures are quoted in docs/kernels.md (`stream`: the ring streams 2.66-2.84 TB/s).
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>

@@ -31,6 +31,7 @@ struct DenseBlocksProblem {
   int64_t n = 0;
   int value_bytes = 4;
   bool tf32 = false;  ///< float32 GEMMs may round to TF32 (ignored for 16-bit values)
+  bool tensor_cores = false;  ///< the sparse side of a 16-bit forward runs the tensor-core kernel
 };
 
 // Rates measured on the H200 with every path forced (bench/results/spmm_nvidia_h200*_large.md and
@@ -88,7 +89,8 @@ inline double dense_blocks_us(const DenseBlocksProblem& p, const DeviceLimits& l
   return std::max(gemm + side, blocks * r.host_block_us) + r.launch_us;
 }
 
-/// Estimated microseconds of the product in the sparse kernels the planner would take instead.
+/// Estimated microseconds of the product in the sparse kernels the planner would take instead: the
+/// CUDA-core kernels, or for a 16-bit forward the tensor-core kernel where the planner takes it.
 inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits) {
   const DenseBlocksRates& r = kDenseBlocksRates;
   const double scale = double(limits.sms) / r.reference_sms;
@@ -98,7 +100,7 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
   const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
   const double rate = (p.value_bytes == 2 ? r.sparse_16bit[op] : r.sparse_fp32[op]) * short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
-  if (p.value_bytes == 2 && p.op == DenseBlocksOp::kForward) {
+  if (p.value_bytes == 2 && p.op == DenseBlocksOp::kForward && p.tensor_cores) {
     const double tiles = 2.0 * double(p.outputs) * double(p.inputs) * double(p.n);
     us = std::min(us, r.sparse_fixed_us + tiles / (r.tensor_core_dense_equivalent * scale * 1e6));
   }

@@ -193,9 +193,13 @@ bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.transposed) return p.n >= 128 && density >= 0.19;
   // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K)
   // slots. At N = 64 and 10% density the kernel wins on 16384x4096 (106.8 against 148.9 us) but not
-  // on 4096x4096 (58.6 against 47.8 us), hence the larger layer there.
-  return (p.n >= 128 && density >= 0.29) || (large && p.n >= 128 && density >= 0.095) ||
-         (huge && p.n >= 64 && density >= 0.095) || (large && p.n >= 32 && density >= 0.29);
+  // on 4096x4096 (58.6 against 47.8 us), hence the larger layer there. From N = 256 it wins on every
+  // measured layer from 10% density, the small ones too (spmm_nvidia_h200_bf16_large.md, 768x3072,
+  // N = 256: 31.2 against 61.0 us for global_xt at 80%, 30.5 against 36.7 at 90%; 24.5 against 29.6
+  // for global_xt at 95%).
+  return (p.n >= 128 && density >= 0.29) || (p.n >= 256 && density >= 0.095) ||
+         (large && p.n >= 128 && density >= 0.095) || (huge && p.n >= 64 && density >= 0.095) ||
+         (large && p.n >= 32 && density >= 0.29);
 }
 
 // Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per
@@ -224,7 +228,7 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
 
 detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p) {
   return {p.transposed ? detail::DenseBlocksOp::kTransposed : detail::DenseBlocksOp::kForward,
-          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32};
+          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32, tensor_cores_pay(p)};
 }
 
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few

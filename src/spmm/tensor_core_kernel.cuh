@@ -66,7 +66,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // The chunk of the input [n0, n0 + NT) x [k0, k0 + CW) into xs ([NT][tensor_core_stride(CW)]), zeros
-// outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base).
+// outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base), copied by
+// cp.async (the caller commits the group); otherwise stored element by element.
 template <typename T, int NT, int CW>
 __device__ __forceinline__ void stage_input_chunk(uint16_t* xs, const T* __restrict__ in, int64_t n, int64_t in_dim,
                                                   int64_t n0, int64_t k0, bool vec) {
@@ -80,13 +81,94 @@ __device__ __forceinline__ void stage_input_chunk(uint16_t* xs, const T* __restr
       const T* src = inside ? in + b * in_dim + k : in;
       cp_async_16(xs + row * kStride + seg * 8, src, inside ? 16 : 0);
     }
-    cp_async_commit();
   } else {
     const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
     for (int e = threadIdx.x; e < NT * CW; e += kTcThreads) {
       const int row = e / CW, col = e % CW;
       const int64_t b = n0 + row, k = k0 + col;
       xs[row * kStride + col] = b < n && k < in_dim ? raw[b * in_dim + k] : uint16_t(0);
+    }
+  }
+}
+
+// The end of a band's block: its partial tile [NT][64 rows] (acc of the m16n8k16 layout, warp w
+// rows 16 w..16 w + 15) through shared memory (`partial`, over the staging buffers), summed over the
+// cluster's `splits` blocks in rank order, then bias, activation and the store along the output rows.
+// Block `split` of the cluster finishes batch rows split, split + splits, ... of the tile (a thread per
+// output row).
+template <typename T, int NT>
+__device__ __forceinline__ void finish_band_tile(const float (&acc)[NT / 8][4], float* partial, int64_t o0,
+                                                 int64_t out_dim, int64_t n0, int64_t n, const T* __restrict__ bias,
+                                                 T* __restrict__ out, Activation act, int split, int splits) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+    const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+    partial[b * kTcPartialStride + row] = acc[j][0];
+    partial[(b + 1) * kTcPartialStride + row] = acc[j][1];
+    partial[b * kTcPartialStride + row + 8] = acc[j][2];
+    partial[(b + 1) * kTcPartialStride + row + 8] = acc[j][3];
+  }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1) cluster.sync();
+  else __syncthreads();
+#else
+  if (splits > 1) __trap();  // clusters need sm_90 (the planner's splits assume it)
+  __syncthreads();
+#endif
+  const int row = threadIdx.x % kTcBandRows;
+  for (int b = split + int(threadIdx.x / kTcBandRows) * splits; b < NT; b += (kTcThreads / kTcBandRows) * splits) {
+    float sum = 0.f;
+    for (int q = 0; q < splits; ++q) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+      const float* part = splits > 1 ? cluster.map_shared_rank(partial, q) : partial;
+#else
+      const float* part = partial;
+#endif
+      sum += part[b * kTcPartialStride + row];
+    }
+    const int64_t o = o0 + row, batch = n0 + b;
+    if (o < out_dim && batch < n) {
+      if (bias != nullptr) sum += to_accum(bias[o]);
+      out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
+    }
+  }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if (splits > 1) cluster.sync();  // no block leaves while another reads its partial tile
+#endif
+}
+
+// Zeroes a warp's tile (16 rows of CW values at tensor_core_stride(CW): CW / 16 16-byte stores per lane).
+template <int CW>
+__device__ __forceinline__ void zero_warp_tile(uint16_t* tile) {
+  constexpr int kStride = tensor_core_stride(CW);
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 16 * CW / 8 / 32; ++i) {
+    const int seg = lane + 32 * i;
+    *reinterpret_cast<uint4*>(tile + (seg / (CW / 8)) * kStride + (seg % (CW / 8)) * 8) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// acc += tile (the warp's 16 rows x CW columns) x the chunk of X ([NT][CW]), both in shared memory
+// at tensor_core_stride(CW).
+template <typename T, int NT, int CW>
+__device__ __forceinline__ void multiply_chunk(float (&acc)[NT / 8][4], const uint16_t* tile, const uint16_t* x_chunk) {
+  constexpr int kStride = tensor_core_stride(CW);
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int ks = 0; ks < CW / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, tile + (lane % 16) * kStride + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int j = 0; j < NT / 8; j += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, x_chunk + ((j + lane / 16) * 8 + lane % 8) * kStride + ks * 16 + ((lane / 8) % 2) * 8);
+      mma_16816<T>(acc[j], a, b[0], b[1]);
+      mma_16816<T>(acc[j + 1], a, b[2], b[3]);
     }
   }
 }
@@ -198,78 +280,22 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
 
   uint16_t* tile = tiles + warp * 16 * kStride;
   if (c_begin < c_end) stage_input_chunk<T, NT, CW>(xs, in, n, in_dim, n0, c_begin * CW, vec);
+  cp_async_commit();
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int buf = int((c - c_begin) & 1);
     __syncwarp();
-    // Zero the warp's tile (16 rows of CW values: CW / 16 stores of 16 bytes per lane).
-#pragma unroll
-    for (int i = 0; i < 16 * CW / 8 / 32; ++i) {
-      const int seg = lane + 32 * i;
-      *reinterpret_cast<uint4*>(tile + (seg / (CW / 8)) * kStride + (seg % (CW / 8)) * 8) =
-          make_uint4(0, 0, 0, 0);
-    }
+    zero_warp_tile<CW>(tile);
     __syncwarp();
     expand_chunk<T, CW>(view, tile, cursor_or_end, c * CW);
     if (vec) cp_async_wait_all();
     __syncthreads();  // the chunk of X is staged; every warp is done with the other buffer
     if (c + 1 < c_end)
       stage_input_chunk<T, NT, CW>(xs + (buf ^ 1) * NT * kStride, in, n, in_dim, n0, (c + 1) * CW, vec);
-    const uint16_t* x_chunk = xs + buf * NT * kStride;
-#pragma unroll
-    for (int ks = 0; ks < CW / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, tile + (lane % 16) * kStride + ks * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int j = 0; j < NT / 8; j += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, x_chunk + ((j + lane / 16) * 8 + lane % 8) * kStride + ks * 16 + ((lane / 8) % 2) * 8);
-        mma_16816<T>(acc[j], a, b[0], b[1]);
-        mma_16816<T>(acc[j + 1], a, b[2], b[3]);
-      }
-    }
+    cp_async_commit();
+    multiply_chunk<T, NT, CW>(acc, tile, xs + buf * NT * kStride);
   }
 
-  // The block's partial tile [NT][64 rows] to shared memory (over the staging buffers).
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-    const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-    partial[b * kTcPartialStride + row] = acc[j][0];
-    partial[(b + 1) * kTcPartialStride + row] = acc[j][1];
-    partial[b * kTcPartialStride + row + 8] = acc[j][2];
-    partial[(b + 1) * kTcPartialStride + row + 8] = acc[j][3];
-  }
-  // Block `split` of the cluster finishes batch rows split, split + splits, ... of the tile (two at a
-  // time, a thread per output row), summing the blocks' partials in rank order.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (splits > 1) cluster.sync();
-  else __syncthreads();
-#else
-  if (splits > 1) __trap();  // clusters need sm_90 (the planner's splits assume it)
-  __syncthreads();
-#endif
-  const int row = threadIdx.x % kTcBandRows;
-  for (int b = split + int(threadIdx.x / kTcBandRows) * splits; b < NT; b += (kTcThreads / kTcBandRows) * splits) {
-    float sum = 0.f;
-    for (int q = 0; q < splits; ++q) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-      const float* part = splits > 1 ? cluster.map_shared_rank(partial, q) : partial;
-#else
-      const float* part = partial;
-#endif
-      sum += part[b * kTcPartialStride + row];
-    }
-    const int64_t o = o0 + row, batch = n0 + b;
-    if (o < out_dim && batch < n) {
-      if (bias != nullptr) sum += to_accum(bias[o]);
-      out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
-    }
-  }
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  if (splits > 1) cluster.sync();  // no block leaves while another reads its partial tile
-#endif
+  finish_band_tile<T, NT>(acc, partial, o0, out_dim, n0, n, bias, out, act, split, splits);
 }
 
 }  // namespace snack::cuda::detail
