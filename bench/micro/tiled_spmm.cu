@@ -3,13 +3,15 @@
 // in-tile positions (a view built on the GPU from the CSR view, no host synchronisation), the values
 // read in slot order (entry e of a tile row is slot e + delta[row]) by 4-byte cp.async gathers, all of
 // a chunk's bytes streamed through a 5-stage shared-memory ring, the tile expanded per warp and
-// multiplied by mma.sync. Correct (float64 reference, poisoned output, compute-sanitizer memcheck and
-// racecheck clean) but slower than the tensor_core kernel it was meant to replace.
+// multiplied by mma.sync. Correct (float64 reference, poisoned output, compute-sanitizer memcheck
+// clean; racecheck clean in its first form, with run-time capacities) but slower than the
+// tensor_core kernel it was meant to replace.
 //
 // This file holds the view's builder, the kernel and the benchmark: it checks the product, then times
 // the build and the kernel for each cluster split against cuBLAS bf16 (cold L2: a 256 MiB memset
 // before each run; CUDA events; median of 20). Not part of the build:
-//   nvcc -O3 -arch=sm_90 -std=c++17 -Iinclude -o tiled_spmm bench/micro/tiled_spmm.cu -lcublas
+//   nvcc -O3 -arch=sm_90 -std=c++17 -Iinclude [-DTILED_CHUNK=128] -o tiled_spmm \
+//     bench/micro/tiled_spmm.cu -lcublas
 //   ./tiled_spmm M K N density [cap]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -22,6 +24,7 @@
 #include <cstring>
 #include <cub/device/device_scan.cuh>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "../../src/device/cuda_utils.cuh"
@@ -34,8 +37,11 @@
 namespace snack::cuda::detail {
 // ---- the geometry ----
 constexpr int kTiledRows = 16;
-constexpr int kTiledChunk = 64;
-constexpr int kTiledColBits = 6;            // a position is (row in tile) << kTiledColBits | (column in chunk)
+#ifndef TILED_CHUNK
+#define TILED_CHUNK 64
+#endif
+constexpr int kTiledChunk = TILED_CHUNK;    // 64 or 128 (-DTILED_CHUNK=...)
+constexpr int kTiledColBits = kTiledChunk == 64 ? 6 : 7;  // a position is (row in tile) << bits | (column in chunk)
 constexpr int kTiledStages = 5;             // chunks in flight in the shared-memory ring
 constexpr int kTiledAhead = 2;              // chunks between a chunk's values being requested and used
 static_assert(kTiledStages >= 2 * kTiledAhead + 1, "a chunk's positions land before its values are requested");
@@ -237,15 +243,17 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
-// the batch tile of blockIdx.y. cap: slots of a tile the ring holds (a multiple of 32; the rest of a
+// the batch tile of blockIdx.y. CAP: slots of a tile the ring holds (a multiple of 32; the rest of a
 // larger tile is read directly). vec: X rows 16-byte aligned.
-template <typename T, int NT>
+template <typename T, int NT, int CAP>
 __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, const T* __restrict__ values,
                                                                 int64_t nnz, int64_t out_dim, int64_t in_dim,
                                                                 const T* __restrict__ in, int64_t n,
                                                                 const T* __restrict__ bias, T* __restrict__ out,
-                                                                Activation act, int splits, int cap, bool vec) {
+                                                                Activation act, int splits, bool vec) {
   static_assert(NT % 16 == 0 && NT <= kTiledMaxTile, "batch tiles of 16 to 64 rows");
+  static_assert(CAP % 32 == 0, "whole rounds of a warp");
+  constexpr int cap = CAP;
   constexpr int CW = kTiledChunk, S = kTiledStages, A = kTiledAhead;
   constexpr int kStride = tensor_core_stride(CW);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -257,11 +265,11 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
   const int64_t o0 = band64 * kTcBandRows, n0 = int64_t(blockIdx.y) * NT;
   const int64_t band = band64 * kTcWarps + warp;  // the warp's tile row
   const bool has_rows = band < view.bands;
-  const int64_t c_begin = view.chunks * split / splits, c_end = view.chunks * (split + 1) / splits;
+  const int c_begin = int(view.chunks * split / splits), c_end = int(view.chunks * (split + 1) / splits);
 
   uint16_t* tile = reinterpret_cast<uint16_t*>(smem) + warp * kTiledRows * kStride;
   unsigned char* ring = smem + sizeof(uint16_t) * kTcBandRows * kStride;
-  const size_t stage_bytes = tiled_stage_bytes(NT, cap);
+  constexpr uint32_t stage_bytes = uint32_t(tiled_stage_bytes(NT, CAP));
   // Stage s: X [NT][kStride], then per warp positions [cap + 16], row offsets [16], values [cap].
   auto x_stage = [&](int s) { return reinterpret_cast<uint16_t*>(ring + s * stage_bytes); };
   auto warp_stage = [&](int s) {
@@ -276,7 +284,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
   const int32_t* tile_ptr = view.tile_ptr + (has_rows ? band * view.chunks : 0);
 
   // Positions, row offsets and X of chunk c into stage s; entries [lo, hi) of the warp's tile.
-  auto request_positions = [&](int64_t c, int s, int32_t lo, int32_t hi) {
+  auto request_positions = [&](int c, int s, int32_t lo, int32_t hi) {
     stage_input_chunk<T, NT, CW>(x_stage(s), in, n, in_dim, n0, c * CW, vec);
     if (!has_rows) return;
     if (lane == 0) {
@@ -284,7 +292,11 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
       first_entry[s][warp][1] = hi;
     }
     const int32_t seg0 = lo / 8, segments = min((hi + 7) / 8 - seg0, (cap + 16) / 8);
-    for (int g = lane; g < segments; g += 32) cp_async_16(pos_stage(s) + g * 8, view.pos + int64_t(seg0 + g) * 8, 16);
+#pragma unroll
+    for (int i = 0; i < (CAP / 8 + 2 + 31) / 32; ++i) {
+      const int g = lane + 32 * i;
+      if (g < segments) cp_async_16(pos_stage(s) + g * 8, view.pos + (seg0 + g) * 8, 16);
+    }
     if (lane < kTiledRows / 4)
       cp_async_16(delta_stage(s) + lane * 4, view.delta + (band * view.chunks + c) * kTiledRows + lane * 4, 16);
   };
@@ -295,10 +307,14 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
     const uint16_t* pos = pos_stage(s) + lo % 8;
     const int32_t* delta = delta_stage(s);
     uint32_t* words = value_stage(s);
-    for (int j = lane; j < count; j += 32) {
-      const int32_t slot = lo + j + delta[pos[j] >> kTiledColBits];
-      const int32_t even = slot & ~1;
-      cp_async_4(words + j, values + even, even + 1 < nnz ? 4 : 2);
+#pragma unroll
+    for (int i = 0; i < CAP / 32; ++i) {
+      const int j = lane + 32 * i;
+      if (j < count) {
+        const int32_t slot = lo + j + delta[pos[j] >> kTiledColBits];
+        const int32_t even = slot & ~1;
+        cp_async_4(words + j, values + even, even + 1 < nnz ? 4 : 2);
+      }
     }
   };
 
@@ -309,7 +325,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
   // Prologue: the first S - 1 chunks' positions and X, then the first A chunks' values.
   int32_t next_lo = has_rows && c_begin < c_end ? tile_ptr[c_begin] : 0;
   for (int k = 0; k < S - 1; ++k) {
-    const int64_t c = c_begin + k;
+    const int c = c_begin + k;
     if (c < c_end) {
       const int32_t hi = has_rows ? tile_ptr[c + 1] : 0;
       request_positions(c, k, next_lo, hi);
@@ -326,17 +342,16 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
   // The upper end of the tile S - 1 chunks ahead, loaded an iteration before its request.
   int32_t next_hi = has_rows && c_begin + S - 1 < c_end ? tile_ptr[c_begin + S] : 0;
 
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    const int s = int((c - c_begin) % S);
+  for (int c = c_begin, s = 0; c < c_end; ++c, s = s + 1 == S ? 0 : s + 1) {
     cp_async_wait<A - 1>();  // this chunk's values, and the positions of chunk c + A
     __syncthreads();         // ... from every thread; every warp is done with chunk c - 1's stage
-    const int64_t ahead = c + S - 1;
+    const int ahead = c + S - 1;
     if (ahead < c_end) {
-      request_positions(ahead, int((ahead - c_begin) % S), next_lo, next_hi);
+      request_positions(ahead, s == 0 ? S - 1 : s - 1, next_lo, next_hi);
       next_lo = next_hi;
       if (has_rows && ahead + 1 < c_end) next_hi = tile_ptr[ahead + 2];
     }
-    if (c + A < c_end) request_values(int((c + A - c_begin) % S));  // its bounds: written S - A - 1 chunks ago
+    if (c + A < c_end) request_values(s + A < S ? s + A : s + A - S);  // its bounds: written S - A - 1 chunks ago
     cp_async_commit();
 
     // The warp's tile of chunk c: zero it, scatter its slots, multiply.
@@ -348,11 +363,15 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
       const uint16_t* pos = pos_stage(s) + lo % 8;
       const int32_t* delta = delta_stage(s);
       const uint32_t* words = value_stage(s);
-      for (int j = lane; j < staged; j += 32) {
-        const uint16_t p = pos[j];
-        const int32_t slot = lo + j + delta[p >> kTiledColBits];
-        const uint32_t word = words[j];
-        tile[(p >> kTiledColBits) * kStride + (p & (CW - 1))] = uint16_t(slot & 1 ? word >> 16 : word & 0xffffu);
+#pragma unroll
+      for (int i = 0; i < CAP / 32; ++i) {
+        const int j = lane + 32 * i;
+        if (j < staged) {
+          const uint16_t p = pos[j];
+          const int32_t slot = lo + j + delta[p >> kTiledColBits];
+          const uint32_t word = words[j];
+          tile[(p >> kTiledColBits) * kStride + (p & (CW - 1))] = uint16_t(slot & 1 ? word >> 16 : word & 0xffffu);
+        }
       }
       for (int32_t e = lo + cap + lane; e < hi; e += 32) {  // a tile larger than the ring's stage
         const uint16_t p = view.pos[e];
@@ -395,11 +414,11 @@ static float from_bits(uint16_t b) {
   return f;
 }
 
-template <int NT>
+template <int NT, int CAP>
 cudaError_t launch(const d::TiledView& v, const bfloat16* values, int64_t nnz, int64_t m, int64_t k, const bfloat16* x,
-                   int64_t n, bfloat16* y, int splits, int cap) {
-  auto kernel = d::spmm_tiled_kernel<bfloat16, NT>;
-  const size_t smem = d::tiled_smem_bytes(NT, cap);
+                   int64_t n, bfloat16* y, int splits) {
+  auto kernel = d::spmm_tiled_kernel<bfloat16, NT, CAP>;
+  const size_t smem = d::tiled_smem_bytes(NT, CAP);
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned((m + 63) / 64 * splits), unsigned((n + NT - 1) / NT));
@@ -414,14 +433,20 @@ cudaError_t launch(const d::TiledView& v, const bfloat16* values, int64_t nnz, i
   config.numAttrs = splits > 1 ? 1 : 0;
   const bool vec = k % 8 == 0;
   return cudaLaunchKernelEx(&config, kernel, v, values, nnz, m, k, x, n, (const bfloat16*)nullptr, y,
-                            snack::Activation::kNone, splits, cap, vec);
+                            snack::Activation::kNone, splits, vec);
 }
 
 cudaError_t launch_any(int nt, const d::TiledView& v, const bfloat16* values, int64_t nnz, int64_t m, int64_t k,
                        const bfloat16* x, int64_t n, bfloat16* y, int splits, int cap) {
-  if (nt == 16) return launch<16>(v, values, nnz, m, k, x, n, y, splits, cap);
-  if (nt == 32) return launch<32>(v, values, nnz, m, k, x, n, y, splits, cap);
-  return launch<64>(v, values, nnz, m, k, x, n, y, splits, cap);
+  auto with_cap = [&](auto nt_tag) {
+    constexpr int NT = decltype(nt_tag)::value;
+    if (cap <= 128) return launch<NT, 128>(v, values, nnz, m, k, x, n, y, splits);
+    if (cap <= 256) return launch<NT, 256>(v, values, nnz, m, k, x, n, y, splits);
+    return launch<NT, 512>(v, values, nnz, m, k, x, n, y, splits);
+  };
+  if (nt == 16) return with_cap(std::integral_constant<int, 16>{});
+  if (nt == 32) return with_cap(std::integral_constant<int, 32>{});
+  return with_cap(std::integral_constant<int, 64>{});
 }
 
 int main(int argc, char** argv) {
@@ -516,8 +541,9 @@ int main(int argc, char** argv) {
       mag[b * m + r] = a;
     }
   const int nt = n <= 16 ? 16 : n <= 32 ? 32 : 64;
-  const double tile_mean = density * 16 * 64;
-  const int cap = cap_arg > 0 ? cap_arg : std::min(512, std::max(64, (int(tile_mean * 1.25) + 32 + 31) / 32 * 32));
+  const double tile_mean = density * 16 * d::kTiledChunk;
+  const double want = cap_arg > 0 ? cap_arg : tile_mean * 1.2 + 16;
+  const int cap = want <= 128 ? 128 : want <= 256 ? 256 : 512;
   cublasHandle_t handle;
   cublasCreate(&handle);
   const float alpha = 1.f, beta = 0.f;
@@ -526,8 +552,8 @@ int main(int argc, char** argv) {
                  CUDA_R_16BF, int(k), &beta, d_yd, CUDA_R_16BF, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
   const double bytes = 4.0 * nnz + 4.0 * tiles * 16 + 2.0 * n * (k + m);
-  std::printf("M=%ld K=%ld N=%ld density=%.3f nnz=%ld cap=%d tile=%d build=%.1f us dense=%.1f us floor=%.1f us\n",
-              long(m), long(k), long(n), density, long(nnz), cap, nt, build_us, dense_us, bytes / 3.3e6);
+  std::printf("chunk=%d M=%ld K=%ld N=%ld density=%.3f nnz=%ld cap=%d tile=%d build=%.1f us dense=%.1f us floor=%.1f us\n",
+              d::kTiledChunk, long(m), long(k), long(n), density, long(nnz), cap, nt, build_us, dense_us, bytes / 3.3e6);
   for (int splits : {1, 2, 4, 8}) {
     if (d::tiled_chunks(k) < splits) continue;
     CHECK(cudaMemset(d_y, 0xff, 2 * n * m));  // poisoned: every output must be written
