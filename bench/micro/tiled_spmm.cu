@@ -73,9 +73,10 @@ SNACK_HOST_DEVICE constexpr size_t tiled_smem_bytes(int tile, int cap) {
 }  // namespace snack::cuda::detail
 
 // ---- the view ----
-// The tiled view: W cut into tiles of 16 rows x 64 columns (band-major: tile t = band * chunks +
-// chunk), each tile's slots listed contiguously in row-major order as 16-bit in-tile positions. Values are not copied: entry e of row r
-// of tile t is slot e + delta[16 t + r] (a row's slots in one tile are consecutive slots).
+// The tiled view: W cut into tiles of 16 rows x kTiledChunk columns (band-major: tile t = band *
+// chunks + chunk), each tile's slots listed contiguously in row-major order as 16-bit in-tile
+// positions. Values are not copied: entry e of row r of tile t is slot e + delta[16 t + r] (a row's
+// slots in one tile are consecutive slots).
 //
 // Built from the CSR view in five steps on the stream, no host synchronisation: each row's first slot
 // per chunk (binary search), tile sizes, their exclusive sum (CUB), row offsets, positions.
@@ -136,7 +137,7 @@ __global__ void row_offsets_kernel(int64_t rows, int64_t chunks, int64_t tiles, 
   }
 }
 
-// pos[entry of slot s] = (row in tile) << 6 | (column in chunk); the padding after nnz is zero.
+// pos[entry of slot s] = (row in tile) << kTiledColBits | (column in chunk); the padding after nnz is zero.
 template <typename Index>
 __global__ void positions_kernel(int64_t nnz, int64_t padded, int64_t chunks, const Index* __restrict__ row_idx,
                                  const Index* __restrict__ col_idx, const int32_t* __restrict__ delta,
@@ -210,7 +211,7 @@ Status build_tiled_view(const SlotPattern<Index>& w, int32_t* tile_ptr, uint16_t
 // The kernel.
 //
 // A block of 4 warps owns a band of 64 output rows (warp w its tile row of 16) and a range of
-// 64-column chunks; several blocks of one band (a thread-block cluster) split the chunks when the
+// kTiledChunk-column chunks; several blocks of one band (a thread-block cluster) split the chunks when the
 // bands alone would leave SMs idle, as in tensor_core_kernel.cuh, summing their partial tiles in rank
 // order. Per chunk a warp's slots are one contiguous stretch of the view's positions; its values stay
 // in slot order (the layer's own values tensor, no tiled copy), at slot = entry + delta[row], so each
@@ -227,19 +228,15 @@ namespace snack::cuda::detail {
 // The tiled view of a pattern (built by build_tiled_view).
 struct TiledView {
   const int32_t* __restrict__ tile_ptr;  // [tiles + 1] first entry of tile t = band * chunks + chunk
-  const uint16_t* __restrict__ pos;      // [tiled_positions(nnz)] (row in tile) << 6 | (column in chunk)
+  const uint16_t* __restrict__ pos;      // [tiled_positions(nnz)] (row in tile) << kTiledColBits | (column in chunk)
   const int32_t* __restrict__ delta;     // [tiles * 16] slot of entry e of row r of tile t: e + delta[16 t + r]
   int64_t bands = 0;                     // ceil(rows / 16)
-  int64_t chunks = 0;                    // ceil(cols / 64)
+  int64_t chunks = 0;                    // ceil(cols / kTiledChunk)
 };
 
 // 4 bytes global -> shared, of which the first src_bytes are read and the rest zero-filled.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(smem)), "l"(gmem), "r"(src_bytes));
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
@@ -253,7 +250,6 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
                                                                 Activation act, int splits, bool vec) {
   static_assert(NT % 16 == 0 && NT <= kTiledMaxTile, "batch tiles of 16 to 64 rows");
   static_assert(CAP % 32 == 0, "whole rounds of a warp");
-  constexpr int cap = CAP;
   constexpr int CW = kTiledChunk, S = kTiledStages, A = kTiledAhead;
   constexpr int kStride = tensor_core_stride(CW);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -270,16 +266,16 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
   uint16_t* tile = reinterpret_cast<uint16_t*>(smem) + warp * kTiledRows * kStride;
   unsigned char* ring = smem + sizeof(uint16_t) * kTcBandRows * kStride;
   constexpr uint32_t stage_bytes = uint32_t(tiled_stage_bytes(NT, CAP));
-  // Stage s: X [NT][kStride], then per warp positions [cap + 16], row offsets [16], values [cap].
+  // Stage s: X [NT][kStride], then per warp positions [CAP + 16], row offsets [16], values [CAP].
   auto x_stage = [&](int s) { return reinterpret_cast<uint16_t*>(ring + s * stage_bytes); };
   auto warp_stage = [&](int s) {
     return ring + s * stage_bytes + sizeof(uint16_t) * NT * kStride +
-           warp * (sizeof(uint16_t) * (cap + 16) + sizeof(int32_t) * kTiledRows + sizeof(uint32_t) * cap);
+           warp * (sizeof(uint16_t) * (CAP + 16) + sizeof(int32_t) * kTiledRows + sizeof(uint32_t) * CAP);
   };
   auto pos_stage = [&](int s) { return reinterpret_cast<uint16_t*>(warp_stage(s)); };
-  auto delta_stage = [&](int s) { return reinterpret_cast<int32_t*>(warp_stage(s) + sizeof(uint16_t) * (cap + 16)); };
+  auto delta_stage = [&](int s) { return reinterpret_cast<int32_t*>(warp_stage(s) + sizeof(uint16_t) * (CAP + 16)); };
   auto value_stage = [&](int s) {
-    return reinterpret_cast<uint32_t*>(warp_stage(s) + sizeof(uint16_t) * (cap + 16) + sizeof(int32_t) * kTiledRows);
+    return reinterpret_cast<uint32_t*>(warp_stage(s) + sizeof(uint16_t) * (CAP + 16) + sizeof(int32_t) * kTiledRows);
   };
   const int32_t* tile_ptr = view.tile_ptr + (has_rows ? band * view.chunks : 0);
 
@@ -291,7 +287,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
       first_entry[s][warp][0] = lo;
       first_entry[s][warp][1] = hi;
     }
-    const int32_t seg0 = lo / 8, segments = min((hi + 7) / 8 - seg0, (cap + 16) / 8);
+    const int32_t seg0 = lo / 8, segments = min((hi + 7) / 8 - seg0, (CAP + 16) / 8);
 #pragma unroll
     for (int i = 0; i < (CAP / 8 + 2 + 31) / 32; ++i) {
       const int g = lane + 32 * i;
@@ -303,7 +299,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
   // Values of the chunk in stage s (its positions landed): the 32-bit word holding each slot's value.
   auto request_values = [&](int s) {
     if (!has_rows) return;
-    const int32_t lo = first_entry[s][warp][0], count = min(first_entry[s][warp][1] - lo, cap);
+    const int32_t lo = first_entry[s][warp][0], count = min(first_entry[s][warp][1] - lo, CAP);
     const uint16_t* pos = pos_stage(s) + lo % 8;
     const int32_t* delta = delta_stage(s);
     uint32_t* words = value_stage(s);
@@ -359,7 +355,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
     __syncwarp();
     if (has_rows) {
       const int32_t lo = first_entry[s][warp][0], hi = first_entry[s][warp][1];
-      const int32_t staged = min(hi - lo, cap);
+      const int32_t staged = min(hi - lo, CAP);
       const uint16_t* pos = pos_stage(s) + lo % 8;
       const int32_t* delta = delta_stage(s);
       const uint32_t* words = value_stage(s);
@@ -373,7 +369,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
           tile[(p >> kTiledColBits) * kStride + (p & (CW - 1))] = uint16_t(slot & 1 ? word >> 16 : word & 0xffffu);
         }
       }
-      for (int32_t e = lo + cap + lane; e < hi; e += 32) {  // a tile larger than the ring's stage
+      for (int32_t e = lo + CAP + lane; e < hi; e += 32) {  // a tile larger than the ring's stage
         const uint16_t p = view.pos[e];
         const int32_t slot = e + delta[p >> kTiledColBits];
         tile[(p >> kTiledColBits) * kStride + (p & (CW - 1))] = values[slot].bits;
@@ -552,8 +548,10 @@ int main(int argc, char** argv) {
                  CUDA_R_16BF, int(k), &beta, d_yd, CUDA_R_16BF, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
   const double bytes = 4.0 * nnz + 4.0 * tiles * 16 + 2.0 * n * (k + m);
-  std::printf("chunk=%d M=%ld K=%ld N=%ld density=%.3f nnz=%ld cap=%d tile=%d build=%.1f us dense=%.1f us floor=%.1f us\n",
-              d::kTiledChunk, long(m), long(k), long(n), density, long(nnz), cap, nt, build_us, dense_us, bytes / 3.3e6);
+  std::printf("chunk=%d M=%ld K=%ld N=%ld density=%.3f nnz=%ld cap=%d tile=%d build=%.1f us dense=%.1f us "
+              "floor=%.1f us\n",
+              d::kTiledChunk, long(m), long(k), long(n), density, long(nnz), cap, nt, build_us, dense_us,
+              bytes / 3.3e6);
   for (int splits : {1, 2, 4, 8}) {
     if (d::tiled_chunks(k) < splits) continue;
     CHECK(cudaMemset(d_y, 0xff, 2 * n * m));  // poisoned: every output must be written

@@ -226,9 +226,10 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
   return one_tile || two_tiles;
 }
 
-detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p) {
+// tensor_cores: the planner's tensor_cores_pay(p), what the sparse side would run.
+detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p, bool tensor_cores) {
   return {p.transposed ? detail::DenseBlocksOp::kTransposed : detail::DenseBlocksOp::kForward,
-          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32, tensor_cores_pay(p)};
+          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32, tensor_cores};
 }
 
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few
@@ -238,11 +239,12 @@ detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p) {
 SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason,
                            const DeviceLimits& limits) {
   using namespace cuda::detail;
-  if (p.gemm && detail::dense_blocks_pay(dense_blocks_problem(p), limits)) {
+  const bool tensor_cores = tensor_cores_pay(p);
+  if (p.gemm && detail::dense_blocks_pay(dense_blocks_problem(p, tensor_cores), limits)) {
     *reason = SpmmReason::kDenseBlocks;
     return SpmmVariant::kDenseBlocks;
   }
-  if (tensor_cores_pay(p)) {
+  if (tensor_cores) {
     *reason = SpmmReason::kTensorCores;
     return SpmmVariant::kTensorCore;
   }
