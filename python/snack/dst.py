@@ -119,17 +119,25 @@ def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor
     """The k absent positions of largest |dense gradient| = |dY^T X| (RigL), ties to the smaller
     position, without ever holding the dense gradient: on the GPU with up to 256 rows of ``x`` the
     scores are recomputed in registers (``block_rows`` does not matter); otherwise they are computed
-    ``block_rows`` output rows at a time (0: blocks of about 2^23 scores, 32 MiB in fp32)."""
-    x2 = x.reshape(-1, layer.in_features).to(layer.values.dtype)
-    dy2 = dy.reshape(-1, layer.out_features).to(layer.values.dtype)
+    ``block_rows`` output rows at a time (0: blocks of about 2^23 scores, 32 MiB in fp32).
+
+    A 16-bit ``dy`` (a layer run under autocast) keeps the scores in that precision's operands: ``x``
+    is cast to it, as the layer's product cast it, and on the GPU the blocks are tensor-core GEMMs
+    accumulated and ranked in fp32. Otherwise both are taken in the layer's values' dtype."""
+    half = (torch.bfloat16, torch.float16)
+    dtype = dy.dtype if dy.dtype in half else layer.values.dtype
+    x2 = x.reshape(-1, layer.in_features).to(dtype)
+    dy2 = dy.reshape(-1, layer.out_features).to(dtype)
     return ops.topk_absent_gradient(dy2, x2, layer.row_idx, layer.col_idx, k, block_rows)
 
 
 class DSTRule:
     """A prune-and-grow rule. Subclass and override ``prune`` and/or ``grow``.
 
-    ``needs_gradient``: the scheduler captures the layer's input and output gradient on the step
-    before an update and passes them to ``grow`` as ``x`` and ``dy``."""
+    ``needs_gradient``: on the step before an update, the scheduler calls ``grow`` during the backward
+    pass, as soon as the layer's output gradient is known, with the layer's input as ``x`` and that
+    gradient as ``dy`` (so that only one layer's are alive at a time); ``prune`` runs at the
+    optimizer step, after the weights moved. Rules without it have both called at the step."""
 
     needs_gradient = False
 
@@ -230,10 +238,12 @@ class DSTScheduler:
         self.generator = generator
         self.steps = 0
         self.last_moved = {name: 0 for name in self.layers}
-        self._captured = {}
+        self._grown = {}  # layer name -> grow decision (or its error) made during the backward pass
+        self._early_generator_states = []
         self._hooks = [optimizer.register_step_post_hook(lambda opt, args, kwargs: self.step())]
         if self.rule.needs_gradient:
             for name, layer in self.layers.items():
+                self._hooks.append(layer.register_forward_pre_hook(self._autocast_input_hook))
                 self._hooks.append(layer.register_forward_hook(self._capture_hook(name)))
 
     # ---- schedule ---------------------------------------------------------------------------------
@@ -251,59 +261,98 @@ class DSTScheduler:
         return (step >= self.start and (self.end is None or step < self.end) and step > 0
                 and step % self.update_every == 0)
 
-    # ---- gradient capture for gradient-based growth ------------------------------------------------
+    # ---- gradient-based growth, during the backward pass ------------------------------------------
+    def _count(self, layer, step: int) -> int:
+        """Connections to move in ``layer`` at update step ``step``."""
+        k = int(self.fraction(step) * layer.nnz)
+        return min(k, layer.nnz, layer.out_features * layer.in_features - layer.nnz)
+
+    def _autocast_input_hook(self, module, inputs):
+        # On the step before an update, under autocast, the layer gets its input already in the
+        # autocast dtype (the cast autocast would make, so the same product and gradient): the capture
+        # below then holds the very tensor the layer saves for its backward, not also the wider
+        # original (GPT-2 small at 8 x 1024: 1.7 GiB of float32 LayerNorm and GELU outputs).
+        if not inputs or not torch.is_tensor(inputs[0]) or not self.is_update_step(self.steps + 1):
+            return None
+        x = inputs[0]
+        kind = x.device.type
+        if not (torch.is_grad_enabled() and torch.is_autocast_enabled(kind) and x.is_floating_point()
+                and x.dtype != torch.float64):
+            return None
+        dtype = torch.get_autocast_dtype(kind)
+        return None if x.dtype == dtype else (x.to(dtype),) + tuple(inputs[1:])
+
     def _capture_hook(self, name):
+        # The rule's grow runs as soon as the layer's output gradient arrives, so that X and dY of one
+        # layer at a time are alive, not those of every layer until the optimizer step. The topology
+        # does not change before the step, so the decision is the one the step would make; an error
+        # is raised by the step.
         def hook(module, inputs, output):
-            if not self.is_update_step(self.steps + 1) or not torch.is_grad_enabled():
+            step = self.steps + 1
+            if not self.is_update_step(step) or not torch.is_grad_enabled():
                 return
             x = inputs[0].detach()
 
-            def keep_grad(grad):
-                self._captured[name] = (x, grad.detach())
+            def grow_now(grad):
+                k = self._count(module, step)
+                if k <= 0:
+                    return
+                if not self._early_generator_states:  # the first draw of this update: kept for a rollback
+                    self._early_generator_states = self._save_generators()
+                try:
+                    self._grown[name] = self.rule.grow(module, k, generator=self.generator, x=x, dy=grad.detach())
+                except Exception as exc:  # raised by the step, which restores the generators
+                    self._grown[name] = exc
 
-            output.register_hook(keep_grad)
+            output.register_hook(grow_now)
         return hook
+
+    def _save_generators(self) -> list:
+        # (A CUDA generator cannot report its state while a graph is captured; nothing is retried there.)
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        return [(g, g.get_state()) for g in self._generators() if not (capturing and g.device.type == "cuda")]
 
     # ---- the update -------------------------------------------------------------------------------
     def step(self) -> bool:
         """Counts an optimizer step; updates the topology when the schedule says so. Returns whether it did.
 
         An update is all or nothing: every layer's decision is made and checked (rules, custom or
-        not, run here) before any layer changes; if anything raises, every layer, the optimizer's
-        state, the step count and the random generators are left as they were."""
+        not, run here, or for rules that need the gradient, their grow during the backward pass)
+        before any layer changes; if anything raises, every layer, the optimizer's state, the step
+        count and the random generators are left as they were."""
         step = self.steps + 1
         if not self.is_update_step(step):
             self.steps = step
+            self._grown.clear()
+            self._early_generator_states = []
             return False
-        # (A CUDA generator cannot report its state while a graph is captured; nothing is retried there.)
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-        generators = [g for g in self._generators() if not (capturing and g.device.type == "cuda")]
-        saved = [g.get_state() for g in generators]
+        saved = self._early_generator_states or self._save_generators()
+        grown, self._grown, self._early_generator_states = self._grown, {}, []
         try:
-            fraction = self.fraction(step)
             updates = []
             for name, layer in self.layers.items():
-                k = int(fraction * layer.nnz)
-                k = min(k, layer.nnz, layer.out_features * layer.in_features - layer.nnz)
+                k = self._count(layer, step)
                 if k <= 0:
                     updates.append((name, layer, None))
                     continue
-                x, dy = self._captured.get(name, (None, None))
                 drop = self.rule.prune(layer, k)
-                grow = self.rule.grow(layer, k, generator=self.generator, x=x, dy=dy)
+                grow = grown.get(name)
+                if isinstance(grow, Exception):
+                    raise grow
+                if grow is None:  # a rule without the gradient, or a layer the backward did not reach
+                    grow = self.rule.grow(layer, k, generator=self.generator, x=None, dy=None)
                 drop, grow = _agree_across_ranks(drop, grow)
                 # SET and RigL produce valid decisions by construction; a custom rule's are checked.
                 trusted = type(self.rule) in (SET, RigL)
                 updates.append((name, layer, layer.prepare_topology_update(
                     drop, grow, optimizer=self.optimizer, init=self.grow_init, validate=not trusted)))
         except BaseException:
-            for g, state in zip(generators, saved):
+            for g, state in saved:
                 g.set_state(state)
             raise
         for name, layer, update in updates:
             self.last_moved[name] = layer.commit_topology_update(update) if update is not None else 0
         self.steps = step
-        self._captured.clear()
         return any(update is not None for _, _, update in updates)
 
     def _generators(self) -> list:

@@ -100,8 +100,13 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
     });
     return out;
   }
-  // Large batch: cuBLAS writes each block of scores, and the passes read it back.
-  const at::Tensor dyt = dy.to(at::kFloat).t(), xs = x.to(at::kFloat);
+  // Large batch: cuBLAS writes each block of scores in fp32, and the passes read it back. 16-bit
+  // operands of one dtype (a layer under autocast) stay 16-bit: tensor cores, fp32 accumulation,
+  // and no fp32 copies of dY and X.
+  const bool half_operands = dy.scalar_type() == x.scalar_type() &&
+                             (dy.scalar_type() == at::kBFloat16 || dy.scalar_type() == at::kHalf);
+  const at::ScalarType operand_type = half_operands ? dy.scalar_type() : at::kFloat;
+  const at::Tensor dyt = dy.to(operand_type).t(), xs = x.to(operand_type);
   at::Tensor bitmap = at::empty({cuda::bitmap_words(m, kin)}, dy.options().dtype(at::kInt));
   auto* bits = reinterpret_cast<uint32_t*>(bitmap.data_ptr());
   with_device_indices(row_idx, col_idx, [&](auto tag, const at::Tensor& r, const at::Tensor& c) {
@@ -114,7 +119,10 @@ at::Tensor topk_absent_gradient(const at::Tensor& dy, const at::Tensor& x, const
   bool whole_matrix_ready = false;  // one block covering every row is computed once, not once per pass
   auto block_scores = [&](int64_t r0, int64_t r1) {
     at::Tensor body = block.slice(0, 0, r1 - r0);
-    if (!whole_matrix_ready) at::mm_out(body, dyt.slice(0, r0, r1), xs);
+    if (!whole_matrix_ready) {
+      if (half_operands) at::mm_out(body, dyt.slice(0, r0, r1), xs, at::kFloat);
+      else at::mm_out(body, dyt.slice(0, r0, r1), xs);
+    }
     whole_matrix_ready = rows >= m;
     return body;
   };

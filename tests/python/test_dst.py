@@ -178,6 +178,26 @@ def test_topk_absent_gradient_matches_dense(device, block_rows):
     assert torch.equal(got, ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [5, 300])
+def test_topk_absent_gradient_of_16bit_operands(device, dtype, n):
+    # A layer under autocast: dY in 16 bits, X in fp32 (a LayerNorm's output) cast to dY's dtype.
+    # Integer operands make every product and sum exact in fp32 in any order, so the selection must
+    # equal the float64 reference exactly, ties included; above 256 rows on the GPU the blocks are
+    # 16-bit GEMMs (a bf16 accumulation would round these sums, up to 2700, and fail).
+    gen = torch.Generator().manual_seed(n)
+    layer = snack.SparseLinear(50, 40, density=0.2, device=device, generator=gen)
+    x = torch.randint(-3, 4, (n, 50), generator=gen).float().to(device)
+    dy = torch.randint(-3, 4, (n, 40), generator=gen).to(device=device, dtype=dtype)
+    k = 150
+    score = (dy.double().t() @ x.double()).abs().flatten()
+    score[layer.row_idx.long() * 50 + layer.col_idx.long()] = -1
+    ref = torch.sort(torch.sort(score.cpu(), stable=True, descending=True).indices[:k]).values
+    for block_rows in (0, 7):
+        got = snack.dst.grow_gradient(layer, k, x, dy, block_rows=block_rows)
+        assert torch.equal(got.cpu(), ref), f"block_rows={block_rows}"
+
+
 def test_topk_absent_gradient_ties_to_smaller_position():
     layer = snack.SparseLinear.from_coo(torch.tensor([0]), torch.tensor([1]), torch.ones(1, dtype=torch.float64), 2, 3)
     x = torch.ones(1, 3, dtype=torch.float64)
@@ -427,6 +447,86 @@ def test_custom_rule():
     layer(torch.randn(2, 8)).sum().backward()
     opt.step()
     assert sched.last_moved and sched.report()[0]["moved"] == 6
+
+
+def test_gradient_rule_error_in_backward_leaves_everything_unchanged():
+    # A gradient rule's grow runs during the backward pass; its error surfaces at the optimizer step,
+    # which leaves the layers, the step count and the generator (drawn from by the first layer's
+    # grow) as they were.
+    class FailsOnSecondLayer(snack.dst.DSTRule):
+        needs_gradient = True
+
+        def grow(self, layer, k, *, generator=None, x=None, dy=None):
+            if layer is second:
+                raise RuntimeError("no growth for the second layer")
+            return snack.dst.grow_random(layer, k, generator)
+
+    torch.manual_seed(0)
+    first, second = snack.SparseLinear(12, 10, density=0.4), snack.SparseLinear(10, 8, density=0.4)
+    model = nn.Sequential(first, nn.ReLU(), second)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(3)
+    sched = snack.dst.DSTScheduler(model, opt, algorithm=FailsOnSecondLayer(), update_every=1,
+                                   drop_fraction=0.3, drop_schedule="constant", generator=gen)
+    masks, gen_state = [first.mask().clone(), second.mask().clone()], gen.get_state()
+    model(torch.randn(4, 12)).square().sum().backward()  # the error is held, not raised here
+    assert not torch.equal(gen.get_state(), gen_state)  # the first layer's grow drew
+    with pytest.raises(RuntimeError, match="second layer"):
+        opt.step()
+    assert torch.equal(first.mask(), masks[0]) and torch.equal(second.mask(), masks[1])
+    assert sched.steps == 0 and torch.equal(gen.get_state(), gen_state)
+
+
+def test_rigl_under_autocast_computes_as_without_the_scheduler(device):
+    # On the step before an update the scheduler hands the layer its input already in the autocast
+    # dtype: the cast autocast makes anyway, so outputs and gradients are bitwise a twin's without it.
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(32, 24, density=0.3, device=device)
+    twin = copy.deepcopy(layer)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    sched = snack.dst.DSTScheduler(nn.Sequential(layer), opt, algorithm="rigl", update_every=1, drop_fraction=0.3)
+    x = torch.randn(16, 32, device=device, requires_grad=True)
+    x_twin = x.detach().clone().requires_grad_()
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        y, y_twin = layer(x), twin(x_twin)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y_twin)
+    y.float().square().sum().backward()
+    y_twin.float().square().sum().backward()
+    assert x.grad.dtype == torch.float32 and torch.equal(x.grad, x_twin.grad)
+    assert torch.equal(layer.values.grad, twin.values.grad) and torch.equal(layer.bias.grad, twin.bias.grad)
+    opt.step()
+    assert sched.steps == 1 and sched.report()[0]["moved"] > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16_autocast"])
+def test_rigl_update_holds_one_layer_gradient_at_a_time(precision):
+    # RigL's growth runs in the backward pass, on the input the layer saved itself: an update step's
+    # peak stays near a plain step's, instead of also keeping every layer's dY (6 x 8 MiB in fp32)
+    # until the optimizer step, or under autocast the float32 LayerNorm outputs (5 x 8 MiB) beside the
+    # bf16 copies the layers save.
+    torch.manual_seed(0)
+    width, batch = 1024, 2048
+    model = nn.Sequential(*[m for _ in range(6) for m in (snack.SparseLinear(width, width, density=0.05, device="cuda"),
+                                                            nn.LayerNorm(width, device="cuda"))])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = snack.dst.DSTScheduler(model, opt, algorithm="rigl", update_every=3, drop_fraction=0.3)
+    x = torch.randn(batch, width, device="cuda")
+    peaks = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision != "fp32"):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated())
+    assert sched.steps == 3 and sum(r["moved"] for r in sched.report()) > 0
+    one_fp32_activation = batch * width * 4
+    assert peaks[2] - peaks[1] < 2 * one_fp32_activation, \
+        f"update step peak {peaks[2] / 2**20:.1f} MiB, plain step {peaks[1] / 2**20:.1f} MiB"
 
 
 def test_resume_follows_the_same_topology_path():
