@@ -44,7 +44,7 @@ from torch import nn
 import snack
 from snack import benchmark
 
-COLUMNS = ["impl", "dtype", "batch", "block", "sparsity", "steps", "peak_mib", "step_ms", "graph_step_ms", "tokens_per_s",
+COLUMNS = ["impl", "dtype", "batch", "block", "sparsity", "steps", "peak_mib", "peak_update_mib", "step_ms", "graph_step_ms", "tokens_per_s",
            "final_loss", "heldout_ppl", "gen_ms_per_token", "infer_mib"]
 HELDOUT_EVERY = 10  # every 10th source file (in sorted path order) is held out of training
 
@@ -177,26 +177,29 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
                                        generator=torch.Generator(device=device).manual_seed(args.seed))
     data = batches(corpus, args, device, torch.Generator().manual_seed(args.seed))
     evaluation = heldout_batches(heldout, args, device)
-    losses, times, heldout_curve, train_peak = [], [], [], 0
+    # The peak of each step (the evaluations' batches are no part of it), the steps before a
+    # topology update (where RigL captures its inputs) kept apart.
+    losses, times, heldout_curve, peaks = [], [], [], {False: 0, True: 0}
     for step in range(args.steps):
         x, y = next(data)
         sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        update = sched is not None and sched.is_update_step(step + 1)
         t0 = time.perf_counter()
         loss = train_step(model, opt, x, y, dtype)
         sync()
         times.append(time.perf_counter() - t0)
+        if device.type == "cuda":
+            peaks[update] = max(peaks[update], torch.cuda.max_memory_allocated())
         losses.append(loss.item())
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
-            if device.type == "cuda":  # the evaluation's batches are not part of the training peak
-                train_peak = max(train_peak, torch.cuda.max_memory_allocated())
             heldout_curve.append((step + 1, heldout_perplexity(model, evaluation, dtype)))
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
         if (step + 1) % max(1, args.steps // 5) == 0:
             ppl = f"  held-out ppl {heldout_curve[-1][1]:.3f}" if heldout_curve and heldout_curve[-1][0] == step + 1 else ""
             print(f"  [{impl} {dtype}] step {step + 1:5d}  loss {losses[-1]:.4f}{ppl}")
-    peak = ((max(train_peak, torch.cuda.max_memory_allocated()) - base) / 2**20 if device.type == "cuda"
-            else float("nan"))
+    def mib(peak):
+        return (peak - base) / 2**20 if device.type == "cuda" and peak > 0 else float("nan")
     del loss  # the last step's autograd graph: kept alive, it would break the CUDA-graph capture
     step_ms = 1e3 * statistics.median(times[len(times) // 4:] or times)
     if sched is not None:
@@ -229,7 +232,7 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
     infer = ((model_bytes + torch.cuda.max_memory_allocated() - before_generation) / 2**20
              if device.type == "cuda" else float("nan"))
     row = dict(impl=impl, dtype=dtype, batch=args.batch, block=args.block, sparsity=args.sparsity, steps=args.steps,
-               peak_mib=peak, step_ms=step_ms, graph_step_ms=graph_ms,
+               peak_mib=mib(max(peaks.values())), peak_update_mib=mib(peaks[True]), step_ms=step_ms, graph_step_ms=graph_ms,
                tokens_per_s=args.batch * args.block / (step_ms / 1e3),
                final_loss=sum(losses[-5:]) / len(losses[-5:]), heldout_ppl=heldout_curve[-1][1],
                gen_ms_per_token=gen_ms, infer_mib=infer)
@@ -345,12 +348,14 @@ def _report(stem: Path, rows, curves, heldout_curves, info) -> None:
     lines += ["Step ms: wall time of an eager step; graph ms: GPU time of the same step replayed from a CUDA graph. "
               f"Held-out ppl: perplexity (bytes) after the last step on files kept out of training (every "
               f"{HELDOUT_EVERY}th source file).", "",
-              "| config | dtype | steps | impl | peak MiB | step ms | graph ms | tokens/s | final loss | held-out ppl | "
-              "gen ms/token | inference MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Peak MiB: the largest allocation of any training step above what was allocated before the model "
+              "was built; update-step MiB: the same over the steps before a topology update.", "",
+              "| config | dtype | steps | impl | peak MiB | update-step MiB | step ms | graph ms | tokens/s | final loss | "
+              "held-out ppl | gen ms/token | inference MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['batch']}x{r['block']} s={r['sparsity']:g} | {r['dtype']} | {r['steps']} | {r['impl']} | "
-                     f"{r['peak_mib']:.1f} | "
+                     f"{r['peak_mib']:.1f} | {r['peak_update_mib']:.1f} | "
                      f"{r['step_ms']:.2f} | {r['graph_step_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['final_loss']:.4f} | "
                      f"{r['heldout_ppl']:.3f} | {r['gen_ms_per_token']:.2f} | {r['infer_mib']:.1f} |")
     # A config is (batch, block, sparsity, steps, dtype): the same shape may be run for different
