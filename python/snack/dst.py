@@ -291,9 +291,14 @@ class DSTScheduler:
             step = self.steps + 1
             if not self.is_update_step(step) or not torch.is_grad_enabled():
                 return
-            x = inputs[0].detach()
+            # Handed over once: the graph's nodes keep this hook (and what it holds) for as long as
+            # the caller keeps the loss, usually until the next step.
+            held = [inputs[0].detach()]
 
             def grow_now(grad):
+                if not held:  # a second backward through a retained graph: decided by the first
+                    return
+                x = held.pop()
                 k = self._count(module, step)
                 if k <= 0:
                     return

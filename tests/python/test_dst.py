@@ -512,7 +512,7 @@ def test_rigl_update_holds_one_layer_gradient_at_a_time(precision):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = snack.dst.DSTScheduler(model, opt, algorithm="rigl", update_every=3, drop_fraction=0.3)
     x = torch.randn(batch, width, device="cuda")
-    peaks = []
+    peaks, allocated = [], []
     for _ in range(3):
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -523,10 +523,12 @@ def test_rigl_update_holds_one_layer_gradient_at_a_time(precision):
         opt.step()
         torch.cuda.synchronize()
         peaks.append(torch.cuda.max_memory_allocated())
+        allocated.append(torch.cuda.memory_allocated())  # the loss, and so its graph, still alive
     assert sched.steps == 3 and sum(r["moved"] for r in sched.report()) > 0
     one_fp32_activation = batch * width * 4
     assert peaks[2] - peaks[1] < 2 * one_fp32_activation, \
         f"update step peak {peaks[2] / 2**20:.1f} MiB, plain step {peaks[1] / 2**20:.1f} MiB"
+    assert allocated[2] - allocated[1] < one_fp32_activation, "the update step left its inputs allocated"
 
 
 def test_resume_follows_the_same_topology_path():
