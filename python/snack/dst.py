@@ -243,8 +243,8 @@ class DSTScheduler:
         self._hooks = [optimizer.register_step_post_hook(lambda opt, args, kwargs: self.step())]
         if self.rule.needs_gradient:
             for name, layer in self.layers.items():
-                self._hooks.append(layer.register_forward_pre_hook(self._autocast_input_hook))
-                self._hooks.append(layer.register_forward_hook(self._capture_hook(name)))
+                self._hooks.append(layer.register_forward_pre_hook(self._autocast_input_hook, with_kwargs=True))
+                self._hooks.append(layer.register_forward_hook(self._capture_hook(name), with_kwargs=True))
 
     # ---- schedule ---------------------------------------------------------------------------------
     def fraction(self, step: int) -> float:
@@ -267,33 +267,46 @@ class DSTScheduler:
         k = int(self.fraction(step) * layer.nnz)
         return min(k, layer.nnz, layer.out_features * layer.in_features - layer.nnz)
 
-    def _autocast_input_hook(self, module, inputs):
+    @staticmethod
+    def _input_key(args, kwargs):
+        """Where the layer's input is in a forward call: 0 (the first positional argument), "x", or None."""
+        if args:
+            return 0 if torch.is_tensor(args[0]) else None
+        return "x" if torch.is_tensor(kwargs.get("x")) else None
+
+    def _autocast_input_hook(self, module, args, kwargs):
         # On the step before an update, under autocast, the layer gets its input already in the
         # autocast dtype (the cast autocast would make, so the same product and gradient): the capture
         # below then holds the very tensor the layer saves for its backward, not also the wider
         # original (GPT-2 small at 8 x 1024: 1.7 GiB of float32 LayerNorm and GELU outputs).
-        if not inputs or not torch.is_tensor(inputs[0]) or not self.is_update_step(self.steps + 1):
+        key = self._input_key(args, kwargs)
+        if key is None or not self.is_update_step(self.steps + 1):
             return None
-        x = inputs[0]
+        x = args[0] if key == 0 else kwargs["x"]
         kind = x.device.type
         if not (torch.is_grad_enabled() and torch.is_autocast_enabled(kind) and x.is_floating_point()
                 and x.dtype != torch.float64):
             return None
         dtype = torch.get_autocast_dtype(kind)
-        return None if x.dtype == dtype else (x.to(dtype),) + tuple(inputs[1:])
+        if x.dtype == dtype:
+            return None
+        if key == 0:
+            return (x.to(dtype),) + tuple(args[1:]), kwargs
+        return args, {**kwargs, "x": x.to(dtype)}
 
     def _capture_hook(self, name):
         # The rule's grow runs as soon as the layer's output gradient arrives, so that X and dY of one
         # layer at a time are alive, not those of every layer until the optimizer step. The topology
         # does not change before the step, so the decision is the one the step would make; an error
         # is raised by the step.
-        def hook(module, inputs, output):
+        def hook(module, args, kwargs, output):
             step = self.steps + 1
-            if not self.is_update_step(step) or not torch.is_grad_enabled():
+            key = self._input_key(args, kwargs)
+            if key is None or not self.is_update_step(step) or not torch.is_grad_enabled():
                 return
             # Handed over once: the graph's nodes keep this hook (and what it holds) for as long as
             # the caller keeps the loss, usually until the next step.
-            held = [inputs[0].detach()]
+            held = [(args[0] if key == 0 else kwargs["x"]).detach()]
 
             def grow_now(grad):
                 if not held:  # a second backward through a retained graph: decided by the first

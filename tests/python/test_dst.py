@@ -488,7 +488,7 @@ def test_rigl_under_autocast_computes_as_without_the_scheduler(device):
     x = torch.randn(16, 32, device=device, requires_grad=True)
     x_twin = x.detach().clone().requires_grad_()
     with torch.autocast(device.type, dtype=torch.bfloat16):
-        y, y_twin = layer(x), twin(x_twin)
+        y, y_twin = layer(x=x), twin(x_twin)  # the input as a keyword reaches the hooks too
     assert y.dtype == torch.bfloat16 and torch.equal(y, y_twin)
     y.float().square().sum().backward()
     y_twin.float().square().sum().backward()
