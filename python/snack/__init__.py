@@ -1,6 +1,6 @@
 """snack: truly sparse neural-network layers for PyTorch.
 
-A :class:`SparseLinear` stores only its non-zero connections (values plus a :class:`Pattern` of
+A :class:`SparseLinear` (and :class:`SparseConv2d`, its 1x1-convolution form) stores only its non-zero connections (values plus a :class:`Pattern` of
 16/32-bit slot indices) and computes forward, backward and the optimizer step on them alone, on the
 CPU or with CUDA kernels. See the README for the design and the benchmarks.
 """
@@ -12,7 +12,8 @@ from .kernels import (DENSE_BLOCK_MIN_ROWS, DETERMINISTIC_VARIANTS, FORWARD_ONLY
                       SPMM_VARIANTS, TRANSPOSED_VARIANTS, Plan, explain, set_spmm_variant, spmm_variant)
 from .pattern import Pattern
 from .layer import SparseLinear, nnz_for_density, prepare_ddp, sparse_linear
-from . import dst, optim
+from .conv import SparseConv2d
+from . import dst, nn, optim
 from .sparsify import sparsify
 
 __version__ = "0.1.0"
@@ -21,7 +22,7 @@ __version__ = "0.1.0"
 #: Next to the installed library (in an editable install that is site-packages, not the source tree).
 cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "cmake")
 
-__all__ = ["SparseLinear", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
+__all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
            "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
            "spmm_variant", "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
-           "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "dst", "optim", "sparsify", "prepare_ddp"]
+           "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "dst", "nn", "optim", "sparsify", "prepare_ddp"]

@@ -46,6 +46,10 @@ class DenseMaskLinear(nn.Module):
     def forward(self, x):
         return nn.functional.linear(x, self.weight * self.mask_, self.bias)
 
+    def product_rows(self, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`SparseLinear.product_rows`."""
+        return x.reshape(-1, self.in_features), dy.reshape(-1, self.out_features)
+
     def _active(self) -> torch.Tensor:
         return self.mask_.flatten().nonzero().flatten()  # ascending = the slot order of SparseLinear
 
@@ -126,9 +130,8 @@ def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor
     accumulated and ranked in fp32. Otherwise both are taken in the layer's values' dtype."""
     half = (torch.bfloat16, torch.float16)
     dtype = dy.dtype if dy.dtype in half else layer.values.dtype
-    x2 = x.reshape(-1, layer.in_features).to(dtype)
-    dy2 = dy.reshape(-1, layer.out_features).to(dtype)
-    return ops.topk_absent_gradient(dy2, x2, layer.row_idx, layer.col_idx, k, block_rows)
+    x2, dy2 = layer.product_rows(x, dy)
+    return ops.topk_absent_gradient(dy2.to(dtype), x2.to(dtype), layer.row_idx, layer.col_idx, k, block_rows)
 
 
 class DSTRule:

@@ -215,6 +215,11 @@ class SparseLinear(nn.Module):
                                            activation=self.activation)
         return ops.sparse_linear(x, self.values, self.bias, self.pattern.tensors, self.activation)
 
+    def product_rows(self, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer's input and output gradient of one call as the matrices of its product,
+        ``[rows, in_features]`` and ``[rows, out_features]`` (RigL's scores are their ``dY^T X``)."""
+        return x.reshape(-1, self.in_features), dy.reshape(-1, self.out_features)
+
     def attach_fused_update(self, update) -> None:
         """Runs ``update``'s optimizer step of ``values`` inside the layer's backward from now on, in
         place of returning their gradient (None: detach, the backward returns gradients again).

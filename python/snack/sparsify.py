@@ -1,4 +1,4 @@
-"""snack.sparsify: replace a model's dense linear layers by SparseLinear at a global density."""
+"""snack.sparsify: replace a model's dense linear layers and 1x1 convolutions by sparse ones at a global density."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import nn
 
 from ._checks import real_number
 from ._ops import ops
+from .conv import SparseConv2d
 from .layer import SparseLinear
 
 Selector = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
@@ -19,6 +20,13 @@ def _is_hf_conv1d(module: nn.Module) -> bool:
     # Hugging Face GPT-2's Conv1D: y = x @ weight + bias with weight [in, out]. Matched by name so that
     # transformers stays optional.
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(module, "weight", None) is not None
+
+
+def _is_pointwise_conv(module: nn.Module) -> bool:
+    # A 1x1 convolution that is a product over channels: no padding (it would add bias-only borders),
+    # no groups (depthwise and grouped convolutions stay dense).
+    return (isinstance(module, nn.Conv2d) and tuple(module.kernel_size) == (1, 1) and tuple(module.padding) == (0, 0)
+            and module.groups == 1)
 
 
 def _selected(name: str, module: nn.Module, selector: Selector, default: bool) -> bool:
@@ -77,7 +85,8 @@ def _keep_off_dense_fast_paths(parent: nn.Module) -> None:
 
 def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", include: Selector = None,
              exclude: Selector = None, generator: Optional[torch.Generator] = None) -> dict[str, float]:
-    """Replaces every selected ``nn.Linear`` (and Hugging Face ``Conv1D``) of ``model`` by a SparseLinear.
+    """Replaces every selected ``nn.Linear`` (and Hugging Face ``Conv1D``) of ``model`` by a SparseLinear,
+    and every 1x1 ``nn.Conv2d`` (no padding, no groups) by a :class:`SparseConv2d` of the same stride.
 
     The layers together keep ``round(density * total weights)`` connections exactly, spread by
     ``distribution``: "erk" (Erdos-Renyi-Kernel, the usual choice for DST) or "uniform". Each layer's
@@ -102,7 +111,8 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
     places: dict[int, list[tuple[nn.Module, str]]] = {}   # id(module) -> (parent, attribute) of each use
     seen: set[int] = set()
     for name, module in model.named_modules(remove_duplicate=False):
-        if not name or isinstance(module, SparseLinear) or not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)):
+        if not name or isinstance(module, SparseLinear) or not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)
+                                                                or _is_pointwise_conv(module)):
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -117,7 +127,8 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
         if id(module) in places:
             places[id(module)].append((parent, child))
     if not targets:
-        raise ValueError("sparsify: the model has no nn.Linear (or Conv1D) layer to sparsify with these filters")
+        raise ValueError("sparsify: the model has no nn.Linear (or Conv1D, or 1x1 Conv2d) layer to sparsify with these "
+                         "filters")
     shapes = {}
     for name, module in targets.items():
         w = module.weight
@@ -128,11 +139,14 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
     for name, module in targets.items():
         out_f, in_f = shapes[name]
         weight = module.weight.detach()
-        weight = weight.t() if _is_hf_conv1d(module) else weight
+        weight = weight.t() if _is_hf_conv1d(module) else weight.flatten(1)  # a 1x1 kernel: [out, in]
         rows, cols = ops.random_slots(out_f, in_f, counts[name], generator=generator, device=weight.device)
         rows, cols = rows.long(), cols.long()
-        sparse = SparseLinear.from_coo(rows, cols, weight[rows, cols], out_f, in_f,
-                                       bias=module.bias.detach() if module.bias is not None else None)
+        kind = SparseConv2d if _is_pointwise_conv(module) else SparseLinear
+        sparse = kind.from_coo(rows, cols, weight[rows, cols], out_f, in_f,
+                               bias=module.bias.detach() if module.bias is not None else None)
+        if kind is SparseConv2d:
+            sparse.stride = tuple(module.stride)
         for parent, child in places[id(module)]:
             setattr(parent, child, sparse)
             _keep_off_dense_fast_paths(parent)

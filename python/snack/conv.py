@@ -1,0 +1,148 @@
+"""Sparse pointwise (1x1) convolutions: the SparseLinear product over the channels of every pixel."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import integer
+from .layer import SparseLinear
+
+__all__ = ["SparseConv2d"]
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(pair) != 2:
+        raise ValueError(f"SparseConv2d: {name} must be an int or a pair, got {value!r}")
+    return tuple(integer(v, name, "SparseConv2d", minimum=0) for v in pair)
+
+
+def _check_pointwise(kernel_size, padding, groups, dilation=1) -> None:
+    if _pair(kernel_size, "kernel_size") != (1, 1):
+        raise ValueError(f"SparseConv2d: only 1x1 (pointwise) convolutions are sparse, got kernel_size={kernel_size!r}")
+    if _pair(padding, "padding") != (0, 0):
+        raise ValueError(f"SparseConv2d: a 1x1 convolution takes padding=0, got padding={padding!r}")
+    if groups != 1:
+        raise ValueError(f"SparseConv2d: groups must be 1 (a grouped or depthwise convolution stays dense), got {groups}")
+    del dilation  # no effect on a 1x1 kernel
+
+
+class SparseConv2d(SparseLinear):
+    r"""A 1x1 convolution with a sparse weight ``[out_channels, in_channels]``:
+    ``y[n, o, i, j] = act(sum_c W[o, c] x[n, c, s_h i, s_w j] + b[o])``.
+
+    It is a :class:`SparseLinear` over the channels of every pixel (its ``values``, ``pattern``,
+    optimizers, DST and checkpoints are those of a SparseLinear with ``in_features = in_channels``),
+    applied to inputs ``[N, C, H, W]`` (or unbatched ``[C, H, W]``) as ``nn.Conv2d`` takes them. A
+    ``channels_last`` input is read in place, its pixels being rows of channels; a contiguous NCHW
+    input is transposed into that layout first (one copy). The output has the input's memory format.
+
+    Args:
+        in_channels, out_channels: channels of the input and the output.
+        kernel_size: 1 (or (1, 1)); padding: 0; groups: 1. Other convolutions stay dense
+            (``nn.Conv2d``; :func:`snack.sparsify` leaves them alone).
+        stride: int or pair: the pixels read, every ``stride`` in each direction, as ``nn.Conv2d``.
+        bias, density, sparsity, device, dtype, index_dtype, generator, activation: as for
+            :class:`SparseLinear` (``activation`` "relu" or "gelu" fused into the product).
+    """
+
+    stride: tuple[int, int] = (1, 1)
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size=1, stride=1, padding=0, groups: int = 1,
+                 bias: bool = True, *, density: Optional[float] = None, sparsity: Optional[float] = None, device=None,
+                 dtype=None, index_dtype: Optional[torch.dtype] = None, generator: Optional[torch.Generator] = None,
+                 activation: Optional[str] = None) -> None:
+        _check_pointwise(kernel_size, padding, groups)
+        stride = self._checked_stride(stride)
+        super().__init__(in_channels, out_channels, bias, density=density, sparsity=sparsity, device=device,
+                         dtype=dtype, index_dtype=index_dtype, generator=generator, activation=activation)
+        self.stride = stride
+
+    @staticmethod
+    def _checked_stride(stride) -> tuple[int, int]:
+        pair = _pair(stride, "stride")
+        if min(pair) < 1:
+            raise ValueError(f"SparseConv2d: stride must be >= 1, got {stride!r}")
+        return pair
+
+    @property
+    def in_channels(self) -> int:
+        return self.in_features
+
+    @property
+    def out_channels(self) -> int:
+        return self.out_features
+
+    @property
+    def kernel_size(self) -> tuple[int, int]:
+        return (1, 1)
+
+    # ---- construction helpers ----------------------------------------------------------------------
+    @classmethod
+    def from_dense(cls, conv_or_weight: Union[nn.Conv2d, Tensor], density: Optional[float] = None, *,
+                   sparsity: Optional[float] = None, mask: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                   index_dtype: Optional[torch.dtype] = None, stride=None) -> "SparseConv2d":
+        """Builds a layer from a 1x1 ``nn.Conv2d`` or a weight ``[out, in]`` / ``[out, in, 1, 1]``,
+        keeping the entries of largest magnitude (or those of ``mask``) as
+        :meth:`SparseLinear.from_dense` does. The stride comes from the convolution, or ``stride=``."""
+        if isinstance(conv_or_weight, nn.Conv2d):
+            conv = conv_or_weight
+            _check_pointwise(conv.kernel_size, conv.padding, conv.groups)
+            weight = conv.weight
+            bias = conv.bias if bias is None else bias
+            stride = conv.stride if stride is None else stride
+        elif isinstance(conv_or_weight, Tensor):
+            weight = conv_or_weight
+        else:
+            raise TypeError(f"SparseConv2d.from_dense: expected nn.Conv2d or a Tensor, got {type(conv_or_weight)}")
+        if weight.dim() == 4:
+            if tuple(weight.shape[2:]) != (1, 1):
+                raise ValueError(f"SparseConv2d.from_dense: weight must be [out, in, 1, 1], got {tuple(weight.shape)}")
+            weight = weight.flatten(1)
+        if mask is not None and mask.dim() == 4:
+            mask = mask.flatten(1)
+        layer = super().from_dense(weight, density, sparsity=sparsity, mask=mask, bias=bias, index_dtype=index_dtype)
+        layer.stride = cls._checked_stride(1 if stride is None else stride)
+        return layer
+
+    def to_conv2d(self) -> nn.Conv2d:
+        """A dense ``nn.Conv2d`` with the same weight, bias and stride (the fused activation is not part of it)."""
+        conv = nn.Conv2d(self.in_channels, self.out_channels, 1, stride=self.stride, bias=self.bias is not None,
+                         device=self.values.device, dtype=self.values.dtype)
+        with torch.no_grad():
+            conv.weight.copy_(self.to_dense()[:, :, None, None])
+            if self.bias is not None:
+                conv.bias.copy_(self.bias)
+        return conv
+
+    # ---- the layer -------------------------------------------------------------------------------
+    def _pixels(self, x: Tensor) -> Tensor:
+        """x [N, C, H, W] or [C, H, W], strided, with the channels last: [..., H', W', C]."""
+        if not isinstance(x, Tensor) or x.dim() not in (3, 4):
+            raise ValueError(f"SparseConv2d: input must be [N, C, H, W] or [C, H, W], got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        if x.shape[-3] != self.in_channels:
+            raise ValueError(f"SparseConv2d: input has {x.shape[-3]} channels, the layer {self.in_channels}")
+        if self.stride != (1, 1):
+            x = x[..., ::self.stride[0], ::self.stride[1]]
+        return x.movedim(-3, -1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = super().forward(self._pixels(x)).movedim(-1, -3)
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            return y  # already channels_last: [N, H', W', O] in memory
+        return y.contiguous()
+
+    def product_rows(self, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer's input and output gradient of one call as the matrices of its product: one row
+        per output pixel, ``[pixels, in_channels]`` and ``[pixels, out_channels]``."""
+        return (self._pixels(x).reshape(-1, self.in_channels),
+                dy.movedim(-3, -1).reshape(-1, self.out_channels))
+
+    def extra_repr(self) -> str:
+        stride = f", stride={self.stride}" if self.stride != (1, 1) else ""
+        return (super().extra_repr().replace("in_features=", "in_channels=").replace("out_features=", "out_channels=")
+                + stride)

@@ -1,0 +1,197 @@
+"""SparseConv2d: 1x1 convolutions against float64 references of F.conv2d with the layer's dense weight
+(NCHW and channels_last, strides, odd sizes, unbatched input, gradients, autocast), construction
+from nn.Conv2d, sparsify and DST over convolutions."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import snack
+from helpers import assert_close, assert_same_values
+
+
+def conv_ref(layer, x):
+    """F.conv2d with the layer's dense weight in float64 on the CPU, and the same with magnitudes (the scale)."""
+    w = layer.to_dense().detach().double().cpu()[:, :, None, None]
+    b = layer.bias.detach().double().cpu() if layer.bias is not None else None
+    x64 = x.detach().double().cpu()
+    ref = F.conv2d(x64, w, b, stride=layer.stride)
+    scale = F.conv2d(x64.abs(), w.abs(), b.abs() if b is not None else None, stride=layer.stride)
+    if layer.activation == "relu":
+        ref = ref.clamp_min(0)
+    return ref, scale
+
+
+@pytest.mark.parametrize("shape,stride", [((3, 13, 5, 7), 1), ((1, 5, 9, 4), 2), ((2, 8, 1, 1), 1),
+                                          ((4, 13, 6, 5), (2, 1))])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("bias,activation", [(True, None), (False, "relu")])
+def test_forward_matches_conv2d(device, shape, stride, layout, bias, activation):
+    gen = torch.Generator().manual_seed(shape[1] * 7 + shape[2])
+    layer = snack.SparseConv2d(shape[1], 11, stride=stride, bias=bias, density=0.3, generator=gen,
+                               activation=activation).to(device)
+    x = torch.randn(shape, generator=gen).to(device)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    y = layer(x)
+    ref, scale = conv_ref(layer, x)
+    assert_close(y, ref, scale, torch.float32, f"{shape} stride {stride} {layout}")
+    # The output keeps the input's memory format, as nn.Conv2d's does.
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    assert y.is_contiguous(memory_format=fmt)
+
+
+def test_unbatched_input_and_errors():
+    layer = snack.SparseConv2d(6, 4, density=0.5, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(6, 5, 3)
+    ref, scale = conv_ref(layer, x[None])
+    assert_close(layer(x), ref[0], scale[0], torch.float32, "unbatched")
+    with pytest.raises(ValueError, match="5 channels, the layer 6"):
+        layer(torch.randn(2, 5, 3, 3))
+    with pytest.raises(ValueError, match=r"\[N, C, H, W\]"):
+        layer(torch.randn(2, 6))
+    with pytest.raises(ValueError, match="1x1"):
+        snack.SparseConv2d(6, 4, kernel_size=3, density=0.5)
+    with pytest.raises(ValueError, match="padding"):
+        snack.SparseConv2d(6, 4, padding=1, density=0.5)
+    with pytest.raises(ValueError, match="groups"):
+        snack.SparseConv2d(6, 4, groups=2, density=0.5)
+    with pytest.raises(ValueError, match="stride"):
+        snack.SparseConv2d(6, 4, stride=0, density=0.5)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_gradients_match_the_dense_convolution(device, layout):
+    # dX, the values' gradient at the stored positions and the bias gradient, against autograd
+    # through F.conv2d with the dense weight, in float64.
+    gen = torch.Generator().manual_seed(3)
+    layer = snack.SparseConv2d(9, 5, stride=2, density=0.4, dtype=torch.float64, generator=gen).to(device)
+    x = torch.randn(3, 9, 7, 5, dtype=torch.float64, generator=gen).to(device)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    upstream = torch.randn(3, 5, 4, 3, dtype=torch.float64, generator=gen).to(device)
+    (layer(x) * upstream).sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    w_ref = layer.to_dense().detach().clone().requires_grad_()
+    b_ref = layer.bias.detach().clone().requires_grad_()
+    (F.conv2d(x_ref, w_ref[:, :, None, None], b_ref, stride=2) * upstream).sum().backward()
+    rows, cols = layer.row_idx.long(), layer.col_idx.long()
+    assert_same_values(x.grad, x_ref.grad, 1e-12, what="dX")
+    assert_same_values(layer.values.grad, w_ref.grad[rows, cols], 1e-12, what="dW at the stored positions")
+    assert_same_values(layer.bias.grad, b_ref.grad, 1e-12, what="bias gradient")
+
+
+def test_autocast_computes_in_bfloat16(device):
+    layer = snack.SparseConv2d(16, 12, density=0.25, generator=torch.Generator().manual_seed(1)).to(device)
+    x = torch.randn(2, 16, 5, 5, device=device).to(memory_format=torch.channels_last)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    # The reference: the product of the bf16-rounded operands, accumulated exactly.
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        twin.values.copy_(layer.values.bfloat16().float())
+        twin.bias.copy_(layer.bias.bfloat16().float())
+    ref, scale = conv_ref(twin, x.bfloat16().float())
+    assert_close(y, ref, scale, torch.bfloat16, "autocast")
+
+
+def test_from_dense_and_back():
+    conv = nn.Conv2d(10, 6, 1, stride=2)
+    layer = snack.SparseConv2d.from_dense(conv, density=0.5)
+    assert layer.stride == (2, 2) and layer.nnz == snack.nnz_for_density(6, 10, 0.5)
+    w = conv.weight.detach().flatten(1)
+    kept = torch.zeros_like(w, dtype=torch.bool)
+    kept[layer.row_idx.long(), layer.col_idx.long()] = True
+    assert w.abs()[kept].min() >= w.abs()[~kept].max()  # the largest magnitudes are kept
+    dense = layer.to_conv2d()
+    x = torch.randn(2, 10, 6, 6)
+    assert torch.allclose(dense(x), layer(x), atol=1e-6)
+    full = snack.SparseConv2d.from_dense(conv.weight, density=1.0, bias=conv.bias, stride=2)
+    assert torch.allclose(full(x), conv(x), atol=1e-6)
+    with pytest.raises(ValueError, match="1x1"):
+        snack.SparseConv2d.from_dense(nn.Conv2d(10, 6, 3), density=0.5)
+
+
+def test_state_dict_and_copies_keep_the_layer():
+    layer = snack.SparseConv2d(8, 4, stride=2, density=0.5, generator=torch.Generator().manual_seed(2))
+    other = snack.SparseConv2d(8, 4, stride=2, density=0.5, generator=torch.Generator().manual_seed(5))
+    other.load_state_dict(layer.state_dict())
+    x = torch.randn(1, 8, 4, 4)
+    assert torch.equal(other(x), layer(x))
+    clone = copy.deepcopy(layer)
+    assert isinstance(clone, snack.SparseConv2d) and clone.stride == (2, 2) and torch.equal(clone(x), layer(x))
+    assert snack.nn.SparseConv2d is snack.SparseConv2d and snack.nn.SparseLinear is snack.SparseLinear
+
+
+def mobile_block():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.Conv2d(16, 32, 1), nn.ReLU(),
+                         nn.Conv2d(32, 32, 1, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5))
+
+
+def test_sparsify_converts_pointwise_convolutions_only():
+    model = mobile_block()
+    x = torch.randn(2, 3, 8, 8)
+    want = model(x)
+    densities = snack.sparsify(model, 1.0)  # density 1: the same function in sparse form
+    kinds = [type(m).__name__ for m in model]
+    assert kinds[0] == "Conv2d" and kinds[2] == "Conv2d"  # 3x3 and depthwise stay dense
+    assert kinds[3] == "SparseConv2d" and kinds[5] == "SparseConv2d" and kinds[8] == "SparseLinear"
+    assert model[5].stride == (2, 2) and set(densities) == {"3", "5", "8"}
+    assert torch.allclose(model(x), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["set", "rigl"])
+def test_dst_moves_the_connections_of_convolutions(device, algorithm):
+    model = mobile_block().to(device)
+    snack.sparsify(model, 0.3, generator=torch.Generator(device=device).manual_seed(1))
+    convs = [m for m in model if isinstance(m, snack.SparseConv2d)]
+    masks = [c.mask().clone() for c in convs]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = snack.dst.DSTScheduler(model, opt, algorithm=algorithm, update_every=2, drop_fraction=0.3,
+                                   generator=torch.Generator(device=device).manual_seed(2))
+    x = torch.randn(4, 3, 8, 8, device=device).to(memory_format=torch.channels_last)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    assert sched.steps == 2
+    assert all(not torch.equal(c.mask(), m) for c, m in zip(convs, masks))
+    assert all(c.nnz == int(m.sum()) for c, m in zip(convs, masks))
+
+
+def test_rigl_scores_of_a_convolution_are_its_dense_gradient():
+    # RigL grows where |dL/dW| of the dense 1x1 convolution is largest: the sum over output pixels
+    # of dY x^T, with the stride's pixels only.
+    gen = torch.Generator().manual_seed(4)
+    layer = snack.SparseConv2d(7, 6, stride=2, density=0.3, dtype=torch.float64, generator=gen)
+    x = torch.randn(2, 7, 5, 6, dtype=torch.float64, generator=gen)
+    dy = torch.randn(2, 6, 3, 3, dtype=torch.float64, generator=gen)
+    w = layer.to_dense().detach().requires_grad_()
+    (F.conv2d(x, w[:, :, None, None], stride=2) * dy).sum().backward()
+    score = w.grad.abs().flatten()
+    score[layer.row_idx.long() * 7 + layer.col_idx.long()] = -1
+    k = 10
+    ref = torch.sort(torch.sort(score, stable=True, descending=True).indices[:k]).values
+    assert torch.equal(snack.dst.grow_gradient(layer, k, x, dy), ref)
+
+
+def test_compile_fullgraph_forward_backward(device):
+    torch._dynamo.reset()
+    layer = snack.SparseConv2d(12, 8, stride=2, density=0.3, generator=torch.Generator().manual_seed(6)).to(device)
+    model = nn.Sequential(layer, nn.ReLU())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 12, 7, 7, device=device).to(memory_format=torch.channels_last)
+    out, ref = compiled(x), model(x)
+    assert torch.equal(out, ref), "the same kernels run, compiled or not"
+    out.sum().backward()
+    g_compiled = layer.values.grad.clone()
+    layer.values.grad = None
+    ref.sum().backward()
+    assert torch.equal(g_compiled, layer.values.grad)
