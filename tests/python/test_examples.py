@@ -68,3 +68,16 @@ def assert_report(folder, name, impls):
     assert sorted({row.split(",")[0] for row in rows}) == sorted(impls)
     assert (folder / f"{name}_cpu.md").read_text().startswith("# ")
     assert (folder / f"{name}_cpu.png").stat().st_size > 0
+
+
+def test_mobilenet_tiny(capsys, tmp_path):
+    mobilenet = load("mobilenet")
+    assert mobilenet.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert_report(tmp_path, "mobilenet", ("snack", "dense"))
+    _, rows = benchmark.read_csv(tmp_path / "mobilenet_cpu.csv")
+    timed = [r for r in rows if r["latency_us"] == r["latency_us"]]
+    assert len(timed) == 2 * 2 * 2 * 2  # batches x dtypes x layouts x impls
+    assert all(r["weight_mib"] < d["weight_mib"] for r, d in zip(timed[0::2], timed[1::2]))  # snack, then dense
+    trained = [r for r in rows if r["accuracy"] == r["accuracy"]]
+    assert sorted(r["impl"] for r in trained) == ["dense", "snack"] and all(0 <= r["accuracy"] <= 1 for r in trained)
+    assert "Accuracy" in (tmp_path / "mobilenet_cpu.md").read_text()
