@@ -13,7 +13,7 @@ from .kernels import (DENSE_BLOCK_MIN_ROWS, DETERMINISTIC_VARIANTS, FORWARD_ONLY
 from .pattern import Pattern
 from .layer import SparseLinear, nnz_for_density, prepare_ddp, sparse_linear
 from .conv import SparseConv2d
-from . import dst, nn, optim
+from . import attention, dst, nn, optim
 from .sparsify import sparsify
 
 __version__ = "0.1.0"
@@ -25,4 +25,4 @@ cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "
 __all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
            "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
            "spmm_variant", "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
-           "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "dst", "nn", "optim", "sparsify", "prepare_ddp"]
+           "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "attention", "dst", "nn", "optim", "sparsify", "prepare_ddp"]

@@ -1,0 +1,120 @@
+"""Sparse attention against float64 references of dense attention with the pattern as a mask:
+outputs and dQ, dK, dV, causal and not, shared and per-head patterns, empty rows, 16-bit inputs,
+autocast; the pattern generators against their definitions."""
+
+import math
+
+import pytest
+import torch
+
+import snack
+from snack import attention as sa
+from helpers import assert_close
+
+
+def dense_reference(q, k, v, masks, scale, causal):
+    """Masked softmax attention in float64 (a query with no key: zeros), and its gradients."""
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    mask = torch.stack([m.cpu() for m in masks])[None]  # [1, H, Lq, Lk]
+    if causal:
+        mask = mask & torch.ones(mask.shape[-2:], dtype=torch.bool).tril()
+    s = (q64 @ k64.transpose(-1, -2)) * scale
+    p = torch.softmax(s.masked_fill(~mask, -math.inf), -1).nan_to_num(0.0)
+    return q64, k64, v64, p @ v64, p.detach() @ v64.detach().abs()
+
+
+def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False):
+    heads = len(patterns)
+    seq_q, seq_k = patterns[0].out_features, patterns[0].in_features
+    gen = torch.Generator().manual_seed(seq_q * 31 + heads)
+    q, k, v = (torch.randn(batch, heads, n, d, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+               .requires_grad_() for n, d in ((seq_q, dim), (seq_k, dim), (seq_k, dim_v)))
+    out = snack.nn.functional.sparse_attention(q, k, v, patterns if heads > 1 else patterns[0], causal=causal)
+    assert out.dtype == dtype and out.shape == (batch, heads, seq_q, dim_v)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    out.backward(dout)
+    q64, k64, v64, ref, ref_scale = dense_reference(q, k, v, [p.to_mask() for p in patterns], 1 / math.sqrt(dim), causal)
+    ref.backward(dout.double().cpu())
+    # Element-wise: the output relative to the magnitudes of its terms (P |V|), the gradients to their
+    # own magnitude plus 1% of the largest (their terms cancel through the softmax's backward).
+    tol = dtype
+    assert_close(out, ref.detach(), ref_scale, tol, "out")
+    for name, got, want in (("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad)):
+        assert_close(got, want, want.abs() + 1e-2 * want.abs().max(), tol, name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_dense_attention_float64(device, causal):
+    pattern = sa.local_pattern(37, 3, global_tokens=2, random_per_row=2, generator=torch.Generator().manual_seed(0),
+                               device=device)
+    run_case(device, torch.float64, [pattern], causal=causal)
+
+
+def test_per_head_patterns_rectangular_and_empty_rows(device):
+    # Lq != Lk, rows without any key, a pattern with nnz = 0.
+    rows = torch.tensor([0, 0, 3, 5, 5, 5])
+    cols = torch.tensor([1, 8, 0, 2, 3, 10])
+    sparse = snack.Pattern.from_coo(rows, cols, 7, 11)[0].to(device)
+    empty = snack.Pattern.from_coo(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long), 7, 11)[0]
+    full = snack.Pattern.from_mask(torch.ones(7, 11, dtype=torch.bool))[0]
+    run_case(device, torch.float64, [sparse, empty.to(device), full.to(device)], batch=1, dim=3, dim_v=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_low_precision_inputs(device, dtype):
+    pattern = sa.strided_pattern(50, 6, causal=True, device=device)
+    run_case(device, dtype, [pattern], dim=16, dim_v=16, causal=True)
+
+
+def test_autocast_and_module_form(device):
+    pattern = sa.dilated_pattern(40, 2, 3, device=device)
+    layer = snack.nn.SparseAttention(pattern)
+    q, k, v = (torch.randn(1, 2, 40, 8, device=device) for _ in range(3))
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = layer(q, k, v)
+    assert out.dtype == torch.float32  # the products ran in float32, not in the autocast dtype
+    assert torch.equal(out, snack.nn.functional.sparse_attention(q, k, v, pattern))
+    assert "nnz" in repr(layer)
+
+
+def test_pattern_generators_follow_their_definitions():
+    seq = 30
+    local = sa.local_pattern(seq, 2, global_tokens=1, causal=True).to_mask()
+    i, j = torch.meshgrid(torch.arange(seq), torch.arange(seq), indexing="ij")
+    assert torch.equal(local, (((i - j).abs() <= 2) | (i == 0) | (j == 0)) & (j <= i))
+    strided = sa.strided_pattern(seq, 4).to_mask()
+    assert torch.equal(strided, ((i - j).abs() < 4) | ((i - j) % 4 == 0))
+    dilated = sa.dilated_pattern(seq, 2, 3).to_mask()
+    assert torch.equal(dilated, ((i - j).abs() <= 6) & ((i - j) % 3 == 0))
+    drawn = sa.local_pattern(seq, 0, random_per_row=3, generator=torch.Generator().manual_seed(1)).to_mask()
+    assert drawn.diagonal().all() and (drawn.sum(1) <= 4).all() and drawn.sum() > seq
+
+
+def test_errors():
+    pattern = sa.local_pattern(8, 1)
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="pattern is 8 x 8"):
+        snack.nn.functional.sparse_attention(q, torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), pattern)
+    with pytest.raises(ValueError, match="one per head"):
+        snack.nn.functional.sparse_attention(q, q, q, [pattern])
+    with pytest.raises(TypeError, match="dtype"):
+        snack.nn.functional.sparse_attention(q, q.double(), q, pattern)
+    with pytest.raises(ValueError, match="4-D"):
+        snack.nn.functional.sparse_attention(q[0], q, q, pattern)
+
+
+def test_compile_runs_it_eagerly_with_its_gradients(device):
+    torch._dynamo.reset()
+    pattern = sa.local_pattern(32, 2, device=device)
+
+    def loss(q, k, v):
+        return snack.nn.functional.sparse_attention(q, k, v, pattern, causal=True).square().sum()
+
+    inputs = [torch.randn(1, 2, 32, 8, device=device, requires_grad=True) for _ in range(3)]
+    twins = [t.detach().clone().requires_grad_() for t in inputs]
+    compiled = torch.compile(loss, backend="aot_eager")(*inputs)  # a graph break around the attention
+    eager = loss(*twins)
+    assert torch.equal(compiled, eager)
+    compiled.backward()
+    eager.backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(inputs, twins))
