@@ -112,8 +112,8 @@ _ROW, _COL = PATTERN_FIELDS.index("row_idx"), PATTERN_FIELDS.index("col_idx")
 
 
 class _SparseAttention(torch.autograd.Function):
-    # Takes the heads' pattern tensors flattened (PATTERN_FIELDS per head): only tensors cross into
-    # the function, which torch.compile traces, forward and backward.
+    # Takes the heads' pattern tensors flattened (PATTERN_FIELDS per head) and saves them beside q, k,
+    # v: a pattern rewritten in place between the forward and the backward fails autograd's version check.
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, *flat):
         with torch.autocast(q.device.type, enabled=False):  # the products stay in the working precision
@@ -138,7 +138,7 @@ def _split(flat) -> list[list[Tensor]]:
 def _attention_forward(q, k, v, scale, causal, patterns):
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, heads, seq_q, _ = q.shape
-    out, probs = [], []  # per (head, batch); stacked, not written into slices (torch.compile traces it)
+    out, probs = [], []  # per (head, batch)
     for h, pattern in enumerate(patterns):
         rows = pattern[_ROW].long()
         masked = (pattern[_COL].long() > rows) if causal else None
