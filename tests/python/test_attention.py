@@ -118,3 +118,12 @@ def test_compile_runs_it_eagerly_with_its_gradients(device):
     compiled.backward()
     eager.backward()
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(inputs, twins))
+
+
+def test_pattern_rewritten_before_the_backward_is_refused():
+    pattern = sa.local_pattern(16, 2)
+    q = torch.randn(1, 1, 16, 4, requires_grad=True)
+    out = snack.nn.functional.sparse_attention(q, q, q, pattern)
+    pattern.set_slots(pattern.row_idx.clone(), pattern.col_idx.clone())  # a topology update, in place
+    with pytest.raises(RuntimeError, match="inplace"):
+        out.sum().backward()
