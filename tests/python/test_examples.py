@@ -81,3 +81,12 @@ def test_mobilenet_tiny(capsys, tmp_path):
     trained = [r for r in rows if r["accuracy"] == r["accuracy"]]
     assert sorted(r["impl"] for r in trained) == ["dense", "snack"] and all(0 <= r["accuracy"] <= 1 for r in trained)
     assert "Accuracy" in (tmp_path / "mobilenet_cpu.md").read_text()
+
+
+def test_sparse_transformer_tiny(capsys, tmp_path):
+    example = load("sparse_transformer")
+    assert example.main(["--tiny", "--steps", "2", "--device", "cpu", "--impls", "snack,snack_dense_attention,dense",
+                         "--out", str(tmp_path)]) == 0
+    assert_report(tmp_path, "sparse_transformer", ("snack", "snack_dense_attention", "dense"))
+    _, rows = benchmark.read_csv(tmp_path / "sparse_transformer_cpu.csv")
+    assert all(r["heldout_loss"] > 0 and r["step_ms"] > 0 for r in rows)
