@@ -22,7 +22,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from snack.benchmark import RESULTS_DIR, geomean, git_commit, markdown_head, read_csv, write_csv
+from snack.benchmark import RESULTS_DIR, geomean, git_commit, markdown_head, pyplot, read_csv, write_csv
 
 # The measured columns of each result kind; the other columns name the row.
 MEASURES = {"kernel": ("median_us",), "step": ("graph_us", "peak_mib")}
@@ -114,11 +114,8 @@ def markdown(rows, table, info_before, info_after, header, note) -> str:
 
 
 def plot(rows, path: Path, title: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("matplotlib missing: no plot")
         return
     fig, ax = plt.subplots(figsize=(8, 4.5))

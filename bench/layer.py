@@ -609,11 +609,8 @@ def summarize(layer_rows, back_rows, info) -> str:
 
 
 def plot(layer_rows, path, info):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         return
     sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9 and r.get("dtype", "fp32") == "fp32"]
     if not sel:
@@ -637,11 +634,8 @@ def plot(layer_rows, path, info):
 
 def plot_16bit(back_rows, path, info):
     """Speedup of snack's dX and dW over dense cuBLAS in the same dtype, against N, a line per layer."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         return
     b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r["median_us"] for r in back_rows}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -322,11 +322,8 @@ def variant_table(rows, t, keys) -> list[str]:
 
 
 def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         print("matplotlib missing: no plot")
         return
     t = index(rows)

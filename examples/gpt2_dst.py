@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
         raise SystemExit(f"--dtypes: {args.dtypes!r}: use fp32, bf16 or fp32,bf16")
     rows, curves, heldout_curves = [], {}, {}
-    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
+    out = benchmark.results_folder(args.out, device)
     info = benchmark.provenance(device)
     info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, {args.algorithm}, steps per config as listed, "
                    f"update every {args.update_every} steps (runs under {4 * args.update_every} steps: every "
@@ -374,11 +374,8 @@ def _report(stem: Path, rows, curves, heldout_curves, info) -> None:
                      f"{100 * (s['heldout_ppl'] / d['heldout_ppl'] - 1):+.2f}% | {d['step_ms'] / s['step_ms']:.2f}x faster | "
                      f"{d['graph_step_ms'] / s['graph_step_ms']:.2f}x faster |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     first = configs[0]

@@ -135,7 +135,7 @@ def main(argv=None) -> int:
                                  peak_mib=peak))
                 print(f"  width {width} s={sparsity} {impl:<10} {lat:9.1f} us  {peak:9.1f} MiB")
                 del model
-    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
+    out = benchmark.results_folder(args.out, device)
     if out is not None:
         info = benchmark.provenance(device)
         info["graph"] = f"generated stochastic block model, {args.nodes} nodes, 20 communities, {hops} hops"
@@ -162,11 +162,8 @@ def _report(stem: Path, rows, info) -> None:
                      f"{d['peak_mib'] / max(r['peak_mib'], 1e-9):.1f}x less |")
     lines += ["", "Targets at 99%: >= 10x faster than Dense+Mask, >= 3x less memory."]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         return
     widths = sorted({r["M"] for r in rows})
     fig, axes = plt.subplots(1, len(widths), figsize=(5.5 * len(widths), 4), squeeze=False)

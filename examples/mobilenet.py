@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:<7}{r['width']:>6g}{r['batch']:>6}{r['dtype']:>6}{r['layout']:>15}{r['latency_us']:>12.1f}"
               f"{r['weight_mib']:>12.2f}{r['peak_mib']:>10.1f}{r['accuracy']:>9.3f}")
-    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
+    out = benchmark.results_folder(args.out, device)
     if out is not None:
         info = benchmark.provenance(device)
         info["run"] = (f"MobileNetV1, pointwise convolutions and classifier {args.sparsity:g} sparse (ERK), {args.resolution}x"
@@ -241,11 +241,8 @@ def _report(stem: Path, rows, info) -> None:
                   "| impl | width | accuracy |", "|---|---|---|"]
         lines += [f"| {r['impl']} | {r['width']:g} | {r['accuracy']:.3f} |" for r in trained]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         return
     timed = [r for r in rows if r["impl"] == "snack" and r["latency_us"] == r["latency_us"]]
     labels = [f"w{r['width']:g} b{r['batch']}\n{r['dtype']} {r['layout'][:5]}" for r in timed]

@@ -177,7 +177,7 @@ def main(argv=None) -> int:
                 rows.append(dict(impl=impl, seq=seq, batch=max(1, args.tokens // seq), dtype="bf16",
                                  attention_density=args.attention_density, steps=args.steps, step_ms=float("nan"),
                                  peak_mib=float("nan"), heldout_loss=float("nan")))
-    out = args.out if args.out is not None else (benchmark.RESULTS_DIR if device.type == "cuda" else None)
+    out = benchmark.results_folder(args.out, device)
     if out is not None:
         info = benchmark.provenance(device)
         info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, weights {args.sparsity:g} sparse (ERK), attention "
@@ -198,11 +198,8 @@ def _report(stem: Path, rows, info) -> None:
     lines += [f"| {r['seq']} | {r['batch']} | {r['impl']} | {r['step_ms']:.1f} | {r['peak_mib']:.0f} | "
               f"{r['heldout_loss']:.4f} |" for r in rows]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchmark.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for impl in dict.fromkeys(r["impl"] for r in rows):

@@ -240,6 +240,23 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (plots go to files), or None where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def results_folder(out, device):
+    """Where an example writes its result files: ``out`` when given, else bench/results for a run on
+    a GPU, else nowhere (None)."""
+    return out if out is not None else (RESULTS_DIR if torch.device(device).type == "cuda" else None)
+
+
 def progress(iterable, total: int, desc: str):
     try:
         from tqdm import tqdm
