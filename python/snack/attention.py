@@ -135,12 +135,20 @@ def _split(flat) -> list[list[Tensor]]:
     return [list(flat[i:i + _FIELDS]) for i in range(0, len(flat), _FIELDS)]
 
 
+def _slot_rows(patterns) -> list[Tensor]:
+    """Each head's slot rows as int64, converted once per distinct pattern (heads often share one)."""
+    converted = {}
+    for p in patterns:
+        if id(p[_ROW]) not in converted:
+            converted[id(p[_ROW])] = p[_ROW].long()
+    return [converted[id(p[_ROW])] for p in patterns]
+
+
 def _attention_forward(q, k, v, scale, causal, patterns):
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, heads, seq_q, _ = q.shape
     out, probs = [], []  # per (head, batch)
-    for h, pattern in enumerate(patterns):
-        rows = pattern[_ROW].long()
+    for h, (pattern, rows) in enumerate(zip(patterns, _slot_rows(patterns))):
         masked = (pattern[_COL].long() > rows) if causal else None
         for b in range(batch):
             qt, kt, vt = (t[b, h].to(work).t().contiguous() for t in (q, k, v))
@@ -157,8 +165,7 @@ def _attention_backward(q, k, v, dout, scale, patterns, probs):
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, heads, seq_q, _ = q.shape
     dq, dk, dv = [], [], []
-    for h, pattern in enumerate(patterns):
-        rows = pattern[_ROW].long()
+    for h, (pattern, rows) in enumerate(zip(patterns, _slot_rows(patterns))):
         for b in range(batch):
             p = probs[h * batch + b]
             qt, kt, vt = (t[b, h].to(work).t().contiguous() for t in (q, k, v))

@@ -20,14 +20,20 @@ def _pair(value, name: str) -> tuple[int, int]:
     return tuple(integer(v, name, "SparseConv2d", minimum=0) for v in pair)
 
 
-def _check_pointwise(kernel_size, padding, groups, dilation=1) -> None:
+def _check_pointwise(kernel_size, padding, groups) -> None:
     if _pair(kernel_size, "kernel_size") != (1, 1):
         raise ValueError(f"SparseConv2d: only 1x1 (pointwise) convolutions are sparse, got kernel_size={kernel_size!r}")
     if _pair(padding, "padding") != (0, 0):
         raise ValueError(f"SparseConv2d: a 1x1 convolution takes padding=0, got padding={padding!r}")
     if groups != 1:
         raise ValueError(f"SparseConv2d: groups must be 1 (a grouped or depthwise convolution stays dense), got {groups}")
-    del dilation  # no effect on a 1x1 kernel
+
+
+def is_pointwise_conv(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.Conv2d`` that SparseConv2d computes: a product over channels
+    (1x1, no padding, which would add bias-only borders, no groups; dilation does not matter)."""
+    return (isinstance(module, nn.Conv2d) and tuple(module.kernel_size) == (1, 1)
+            and module.padding in ((0, 0), "valid") and module.groups == 1)
 
 
 class SparseConv2d(SparseLinear):
@@ -90,7 +96,9 @@ class SparseConv2d(SparseLinear):
         :meth:`SparseLinear.from_dense` does. The stride comes from the convolution, or ``stride=``."""
         if isinstance(conv_or_weight, nn.Conv2d):
             conv = conv_or_weight
-            _check_pointwise(conv.kernel_size, conv.padding, conv.groups)
+            if not is_pointwise_conv(conv):
+                raise ValueError(f"SparseConv2d.from_dense: only 1x1 convolutions without padding or groups are sparse, "
+                                 f"got kernel_size={conv.kernel_size}, padding={conv.padding}, groups={conv.groups}")
             weight = conv.weight
             bias = conv.bias if bias is None else bias
             stride = conv.stride if stride is None else stride

@@ -46,9 +46,7 @@ class DenseMaskLinear(nn.Module):
     def forward(self, x):
         return nn.functional.linear(x, self.weight * self.mask_, self.bias)
 
-    def product_rows(self, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`SparseLinear.product_rows`."""
-        return x.reshape(-1, self.in_features), dy.reshape(-1, self.out_features)
+    product_rows = SparseLinear.product_rows  # the same product: rows of x against rows of dy
 
     def _active(self) -> torch.Tensor:
         return self.mask_.flatten().nonzero().flatten()  # ascending = the slot order of SparseLinear

@@ -10,7 +10,7 @@ from torch import nn
 
 from ._checks import real_number
 from ._ops import ops
-from .conv import SparseConv2d
+from .conv import SparseConv2d, is_pointwise_conv
 from .layer import SparseLinear
 
 Selector = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
@@ -20,13 +20,6 @@ def _is_hf_conv1d(module: nn.Module) -> bool:
     # Hugging Face GPT-2's Conv1D: y = x @ weight + bias with weight [in, out]. Matched by name so that
     # transformers stays optional.
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(module, "weight", None) is not None
-
-
-def _is_pointwise_conv(module: nn.Module) -> bool:
-    # A 1x1 convolution that is a product over channels: no padding (it would add bias-only borders),
-    # no groups (depthwise and grouped convolutions stay dense).
-    return (isinstance(module, nn.Conv2d) and tuple(module.kernel_size) == (1, 1) and tuple(module.padding) == (0, 0)
-            and module.groups == 1)
 
 
 def _selected(name: str, module: nn.Module, selector: Selector, default: bool) -> bool:
@@ -112,7 +105,7 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
     seen: set[int] = set()
     for name, module in model.named_modules(remove_duplicate=False):
         if not name or isinstance(module, SparseLinear) or not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)
-                                                                or _is_pointwise_conv(module)):
+                                                                or is_pointwise_conv(module)):
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -142,7 +135,7 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
         weight = weight.t() if _is_hf_conv1d(module) else weight.flatten(1)  # a 1x1 kernel: [out, in]
         rows, cols = ops.random_slots(out_f, in_f, counts[name], generator=generator, device=weight.device)
         rows, cols = rows.long(), cols.long()
-        kind = SparseConv2d if _is_pointwise_conv(module) else SparseLinear
+        kind = SparseConv2d if is_pointwise_conv(module) else SparseLinear
         sparse = kind.from_coo(rows, cols, weight[rows, cols], out_f, in_f,
                                bias=module.bias.detach() if module.bias is not None else None)
         if kind is SparseConv2d:
