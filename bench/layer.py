@@ -220,6 +220,7 @@ def large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=None) -> di
                                         fwd[1])}
     return paths | {
         ("dx", "snack_global_xt"): (lambda: snack.ops.spmm_t(dy, values, pattern, "global_xt"), ref_dx),
+        ("dx", "snack_shared_x"): (lambda: snack.ops.spmm_t(dy, values, pattern, "shared_x"), ref_dx),
         ("dx", "snack_dense_blocks"): (lambda: snack.ops.spmm_t(dy, values, pattern, "dense_blocks"), ref_dx),
         ("dw", "snack_vector"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="vector"), ref_dw),
         ("dw", "snack_dense_blocks"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="dense_blocks"), ref_dw),

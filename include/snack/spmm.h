@@ -43,10 +43,13 @@ enum class SpmmVariant : int {
   kDenseBlocks,  ///< large batches: W expanded a block of SpmmPlan::block_rows outputs at a time into a dense
                  ///< workspace (expand_block) that the caller multiplies with its dense GEMM (cuBLAS through
                  ///< the torch front end). Planned only for a problem with `gemm` set.
+  kSharedX,    ///< large batches on CUDA cores (fp32 and 16-bit): a block owns a band of rows and a batch tile of
+               ///< 128 (fp32) or 256 (16-bit) rows; chunks of X, transposed once, are staged in shared memory and
+               ///< read there by every row of the band.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
-/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks").
+/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks", "shared_x").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -69,13 +72,14 @@ enum class SpmmReason : int {
   kTransposeOnce,  ///< X transposed once and read as 16-byte vectors through L1
   kTensorCores,    ///< 16-bit values, many batch rows, a high density: tensor cores
   kDenseBlocks,    ///< a batch large enough that a dense GEMM over expanded blocks of W beats the sparse kernels
+  kSharedInput,    ///< a batch of hundreds of rows: X staged in shared memory, shared by a band of rows
 };
 
 /// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels
 /// read fewer bytes of X per slot than a tensor core wastes); plan.cpp says where above it it pays.
 inline constexpr int64_t kTensorCoreMinBatch = 9;
 /// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
-/// "transpose_once", "tensor_cores", "dense_blocks") and a sentence saying what it means.
+/// "transpose_once", "tensor_cores", "dense_blocks", "shared_input") and a sentence saying what it means.
 const char* spmm_reason_name(SpmmReason r);
 const char* spmm_reason_text(SpmmReason r);
 
@@ -120,7 +124,7 @@ struct SpmmPlan {
   size_t workspace_bytes = 0;  ///< device workspace the caller provides (kGlobalXT with a tile > 1)
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
   int k_splits = 1;            ///< kTensorCore: blocks (one cluster) that split each band's columns
-  int chunk = 0;               ///< kTensorCore: input columns per expanded tile (64 or 256)
+  int chunk = 0;               ///< kTensorCore: input columns per expanded tile (64 or 256); kSharedX: per stage
   int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
 };
 

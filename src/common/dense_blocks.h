@@ -32,6 +32,7 @@ struct DenseBlocksProblem {
   int value_bytes = 4;
   bool tf32 = false;  ///< float32 GEMMs may round to TF32 (ignored for 16-bit values)
   bool tensor_cores = false;  ///< the sparse side of a 16-bit forward runs the tensor-core kernel
+  bool shared_x = false;      ///< the sparse side of an fp32 product runs the shared_x kernel
 };
 
 // Rates measured on the H200 with every path forced (bench/results/spmm_nvidia_h200*_large.md and
@@ -51,6 +52,7 @@ struct DenseBlocksRates {
   double gemm_fp32 = 50.0;
   double sparse_fp32[3] = {4.7, 4.0, 3.0};  // forward, transposed, weight gradient
   double sparse_16bit[3] = {6.5, 5.5, 6.0};
+  double shared_x_fp32[2] = {7.5, 5.0};  // the shared_x forward (8.8 / 6.9 at 90 / 95%) and dX (5.1 at 90%)
   double tensor_core_dense_equivalent = 140.0;  // the tensor-core forward, 2 x M x K x N over its time
   double gemm_bandwidth_gbs = 3000.0;           // what a GEMM streams at best
   double expand_bandwidth_gbs = 1200.0;         // the expansion's writes of the block
@@ -98,7 +100,9 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
   const double useful = 2.0 * double(p.nnz) * double(p.n);
   const double row = double(p.nnz) / double(std::max<int64_t>(1, p.outputs));
   const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
-  const double rate = (p.value_bytes == 2 ? r.sparse_16bit[op] : r.sparse_fp32[op]) * short_rows;
+  const double base = p.value_bytes == 2 ? r.sparse_16bit[op]
+                      : (p.shared_x && op < 2 ? r.shared_x_fp32[op] : r.sparse_fp32[op]);
+  const double rate = base * short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
   if (p.value_bytes == 2 && p.op == DenseBlocksOp::kForward && p.tensor_cores) {
     const double tiles = 2.0 * double(p.outputs) * double(p.inputs) * double(p.n);

@@ -26,7 +26,8 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kWideRows, "wide_rows"},
                                                 {SpmmVariant::kCooAtomic, "coo_atomic"},
                                                 {SpmmVariant::kTensorCore, "tensor_core"},
-                                                {SpmmVariant::kDenseBlocks, "dense_blocks"}};
+                                                {SpmmVariant::kDenseBlocks, "dense_blocks"},
+                                                {SpmmVariant::kSharedX, "shared_x"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
@@ -47,7 +48,10 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
      "cores"},
     {SpmmReason::kDenseBlocks, "dense_blocks",
      "a batch large enough that a dense GEMM beats the sparse kernels: W expanded a block of outputs at a time into "
-     "a workspace no larger than the batch's activations, multiplied by cuBLAS"}};
+     "a workspace no larger than the batch's activations, multiplied by cuBLAS"},
+    {SpmmReason::kSharedInput, "shared_input",
+     "a batch of hundreds of rows: X transposed once and staged in shared memory chunk by chunk, each chunk read by "
+     "a band of output rows (X crosses L2 once per band, not once per entry)"}};
 constexpr Named<SddmmReason> kSddmmReasons[] = {
     {SddmmReason::kForced, "forced", "the variant was named by the caller"},
     {SddmmReason::kSmallBatch, "small_batch", "below a batch of 4: one thread per slot, no transposes"},

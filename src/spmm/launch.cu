@@ -11,6 +11,7 @@
 #include "expand_kernel.cuh"
 #include "reference_kernels.cuh"
 #include "rows_kernel.cuh"
+#include "shared_x_kernel.cuh"
 #include "tensor_core_kernel.cuh"
 #include "snack/spmm.h"
 #include "wide_rows_kernel.cuh"
@@ -183,6 +184,25 @@ Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int6
   }
 }
 
+// The shared_x kernel over the transposed tiles of the input (16-byte vectors of fp32 or 16-bit values).
+template <typename T, typename View>
+Status launch_shared_x(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in_t, int64_t n,
+                       const T* bias, T* out, Activation act, Stream stream) {
+  if constexpr (sizeof(T) == 8) {
+    return InvalidArgument("shared_x runs float32, bfloat16 and float16 values");
+  } else {
+    constexpr int kWarps = detail::shared_x_warps(sizeof(T));
+    auto kernel = detail::spmm_shared_x_kernel<T, View, kWarps, detail::kSharedXRowsPerWarp>;
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+    const dim3 grid{unsigned(plan.grid_x), unsigned(detail::ceil_div(n, plan.batch_tile))};
+    SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, grid, dim3(plan.threads), plan.smem_bytes, stream,
+                                                           view, out_dim, in_dim, in_t, n, bias, out, act,
+                                                           plan.chunk));
+    return check_launch("spmm_shared_x_kernel");
+  }
+}
+
 // Runs one product out[n, o] = sum value * in[n, input] over a view, as the plan says.
 template <typename T, typename View>
 Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in,
@@ -204,12 +224,14 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
       return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
     case SpmmVariant::kTensorCore:
       return launch_tensor_core<T>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case SpmmVariant::kGlobalXT: {
+    case SpmmVariant::kGlobalXT:
+    case SpmmVariant::kSharedX: {
       // A one-row batch tile transposed is the row itself: that is global_x's in-place read.
-      if (plan.batch_tile == 1)
+      if (plan.variant == SpmmVariant::kGlobalXT && plan.batch_tile == 1)
         return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
       const int64_t tiles = detail::ceil_div(n, plan.batch_tile);
-      if (workspace == nullptr) return InvalidArgument("global_xt: the plan's workspace is missing");
+      if (workspace == nullptr)
+        return InvalidArgument(std::string(spmm_variant_name(plan.variant)) + ": the plan's workspace is missing");
       T* in_t = static_cast<T*>(workspace);
       const dim3 tgrid(unsigned(detail::ceil_div(in_dim + 1, 32)), unsigned(detail::ceil_div(plan.batch_tile, 32)),
                        unsigned(tiles));
@@ -217,6 +239,8 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
                                                                          in_t, detail::StepCounts{});
       SNACK_RETURN_IF_ERROR(check_launch("transpose_tile_kernel"));
       rl.after_transpose = true;
+      if (plan.variant == SpmmVariant::kSharedX)
+        return launch_shared_x<T>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
       return launch_rows_tile<T, View, XLayout::kTransposed>(plan, view, out_dim, in_dim, in_t, n, bias, out, act,
                                                              stream, rl);
     }

@@ -3,6 +3,7 @@
 // limits of several GPUs). Each rule says what it was measured on; the measurements are summarised
 // in docs/kernels.md.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "../common/dense_blocks.h"
@@ -226,10 +227,31 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
   return one_tile || two_tiles;
 }
 
-// tensor_cores: the planner's tensor_cores_pay(p), what the sparse side would run.
-detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p, bool tensor_cores) {
+// Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
+// at these batches), a batch of at least 256, rows of 4-35% density, and a grid whose last wave of one
+// block per SM is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform
+// rows, bench/results/spmm_nvidia_h200_large.md): 16384x4096 at N = 1024, 90% / 95%: 1560 / 996 us
+// against 2714 / 1424 us for global_xt; at 99% global_xt stays faster (a chunk of 128 columns holds
+// ~1.3 slots of a row, and its round of ballots and barriers costs more than it saves). Under-filled
+// grids lose: 768x3072, N = 256 (24 bands of 64 rows and batch tiles) 105 against 35 us. The
+// transposed product reads its slots through csc_perm and pays from 8% density only (16384x4096,
+// N = 1024, 90%: 2686 against 3341 us; 95%: 2174 against 1742 us, with 16-warp blocks).
+constexpr int64_t kSharedXMinBatch = 256;
+bool shared_x_pays(const SpmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 4 || p.n < kSharedXMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
+  const double density = density_of(p);
+  if (density < (p.transposed ? 0.08 : 0.04) || density > 0.35) return false;
+  const int64_t blocks = ceil_div(p.out_dim, shared_x_band_rows(4)) * ceil_div(p.n, shared_x_tile(4));
+  const double waves = double(blocks) / double(limits.sms);
+  return waves >= 0.7 && waves / std::ceil(waves) >= 0.7;
+}
+
+// tensor_cores / shared_x: the planner's tensor_cores_pay(p) and shared_x_pays(p), what the sparse
+// side would run.
+detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p, bool tensor_cores, bool shared_x) {
   return {p.transposed ? detail::DenseBlocksOp::kTransposed : detail::DenseBlocksOp::kForward,
-          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32, tensor_cores};
+          p.out_dim, p.in_dim, p.nnz, p.n, p.value_bytes, p.tf32, tensor_cores, shared_x};
 }
 
 // The automatic choice (measured on the H200 over the benchmark grid, bench/results/spmm_*): a few
@@ -240,9 +262,14 @@ SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, doub
                            const DeviceLimits& limits) {
   using namespace cuda::detail;
   const bool tensor_cores = tensor_cores_pay(p);
-  if (p.gemm && detail::dense_blocks_pay(dense_blocks_problem(p, tensor_cores), limits)) {
+  const bool shared_x = shared_x_pays(p, limits);
+  if (p.gemm && detail::dense_blocks_pay(dense_blocks_problem(p, tensor_cores, shared_x), limits)) {
     *reason = SpmmReason::kDenseBlocks;
     return SpmmVariant::kDenseBlocks;
+  }
+  if (shared_x) {
+    *reason = SpmmReason::kSharedInput;
+    return SpmmVariant::kSharedX;
   }
   if (tensor_cores) {
     *reason = SpmmReason::kTensorCores;
@@ -328,6 +355,31 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   return Status::Ok();
 }
 
+// Input columns per stage of the shared_x kernel: two stages of 128 columns (128 KiB in fp32 and in
+// 16 bits, one block of 16 warps per SM), halved where the device's shared memory per block is smaller.
+int shared_x_chunk(const SpmmProblem& p, const DeviceLimits& limits) {
+  int chunk = 128;
+  while (chunk > 32 && cuda::detail::shared_x_smem_bytes(size_t(p.value_bytes), chunk) > limits.smem_per_block)
+    chunk /= 2;
+  return chunk;
+}
+
+// The shared_x kernel's grid: a block per band of shared_x_band_rows outputs and batch tile.
+Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const int64_t tiles = ceil_div(std::max<int64_t>(p.n, 1), plan->batch_tile);
+  if (tiles > kMaxGridY)
+    return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
+                           std::to_string(p.n) + " rows");
+  plan->grid_x = std::max<int64_t>(1, ceil_div(p.out_dim, shared_x_band_rows(size_t(p.value_bytes))));
+  plan->threads = shared_x_warps(size_t(p.value_bytes)) * 32;
+  plan->smem_bytes = shared_x_smem_bytes(size_t(p.value_bytes), plan->chunk);
+  if (plan->smem_bytes > limits.smem_per_block)
+    return InvalidArgument("shared_x: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
+                           "the device's " + std::to_string(limits.smem_per_block));
+  return Status::Ok();
+}
+
 Status check_limits(const DeviceLimits& limits) {
   if (limits.sms <= 0 || limits.max_threads_per_sm <= 0 || limits.smem_per_block == 0 || limits.smem_per_sm == 0)
     return InvalidArgument("plan_spmm: device limits must be positive (query them with cuda::device_limits)");
@@ -385,6 +437,12 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       plan.block_rows = detail::dense_block_rows(p.out_dim, p.n);
       plan.workspace_bytes = size_t(plan.block_rows) * size_t(p.in_dim) * vb;
       break;
+    case SpmmVariant::kSharedX:
+      if (p.value_bytes == 8) return InvalidArgument("shared_x runs float32, bfloat16 and float16 values");
+      plan.batch_tile = cuda::detail::shared_x_tile(vb);
+      plan.chunk = shared_x_chunk(p, limits);
+      plan.workspace_bytes = transposed_bytes(p.in_dim, p.n, plan.batch_tile, vb);
+      break;
     case SpmmVariant::kWideRows:
       if (wide.tile == 0)
         return InvalidArgument("wide_rows: a batch tile of 1 x " + std::to_string(p.in_dim) +
@@ -398,14 +456,14 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       break;
   }
   plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows || v == SpmmVariant::kTensorCore ||
-                               v == SpmmVariant::kDenseBlocks
+                               v == SpmmVariant::kDenseBlocks || v == SpmmVariant::kSharedX
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, p.out_dim,
                                                (p.n + plan.batch_tile - 1) / plan.batch_tile, p.transposed, limits);
   // An estimate (4-byte indices, no csc_perm): the threshold separates latency- from bandwidth-bound.
   const int64_t operand_bytes = p.nnz * int64_t(vb + sizeof(int32_t)) + p.n * p.in_dim * int64_t(vb);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
-                     v != SpmmVariant::kTensorCore && v != SpmmVariant::kDenseBlocks &&
+                     v != SpmmVariant::kTensorCore && v != SpmmVariant::kDenseBlocks && v != SpmmVariant::kSharedX &&
                      operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
@@ -430,6 +488,9 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     }
     case SpmmVariant::kTensorCore:
       SNACK_RETURN_IF_ERROR(tensor_core_grid(p, &plan, limits));
+      break;
+    case SpmmVariant::kSharedX:
+      SNACK_RETURN_IF_ERROR(shared_x_grid(p, &plan, limits));
       break;
     case SpmmVariant::kDenseBlocks:  // the expansion of one block: a warp per output
       plan.threads = cuda::detail::kExpandThreads;
@@ -456,6 +517,10 @@ std::string describe(const SpmmPlan& plan) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
+  } else if (plan.variant == SpmmVariant::kSharedX) {
+    s += ", bands of " + std::to_string(cuda::detail::shared_x_band_rows(size_t(plan.problem.value_bytes))) +
+         " rows, chunks of " +
+         std::to_string(plan.chunk) + " columns";
   } else if (plan.variant == SpmmVariant::kDenseBlocks) {
     s += ", blocks of " + std::to_string(plan.block_rows) + " outputs";
   } else if (plan.variant != SpmmVariant::kWarpRow && plan.variant != SpmmVariant::kCooAtomic) {

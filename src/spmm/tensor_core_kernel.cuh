@@ -21,6 +21,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "../device/cp_async.cuh"
 #include "../device/cuda_utils.cuh"
 #include "shapes.h"
 #include "snack/activation.h"
@@ -47,28 +48,11 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(shared_address(smem)));
 }
-
-// 16 bytes global -> shared, of which the first src_bytes are read and the rest zero-filled.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-// Waits until at most kPending of this thread's newest cp.async groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 // The chunk of the input [n0, n0 + NT) x [k0, k0 + CW) into xs ([NT][tensor_core_stride(CW)]), zeros
 // outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base), copied by

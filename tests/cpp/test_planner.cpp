@@ -72,6 +72,14 @@ TEST(Planner, BenchmarkGridOnTheH200MatchesTheTable) {
 }
 
 // What every plan of the row kernels, wide_rows and the SDDMM respects, on each GPU's limits.
+// shared_x parks its slots' values as float32: float64 products are refused, not rounded.
+TEST(Planner, SharedXRefusesFloat64) {
+  SpmmPlan p;
+  const Status s = plan_spmm({4096, 4096, 1677722, 1024, 8, false, SpmmVariant::kSharedX}, DeviceLimits::h200(), &p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("float32, bfloat16 and float16"), std::string::npos) << s.message();
+}
+
 TEST(Planner, PlansFitTheirDevice) {
   for (const DeviceLimits& limits :
        {DeviceLimits::a100(), DeviceLimits::h100_pcie(), DeviceLimits::h100_sxm(), DeviceLimits::h200(),
@@ -100,6 +108,11 @@ TEST(Planner, PlansFitTheirDevice) {
             EXPECT_EQ(p.grid_x, (out + 63) / 64 * p.k_splits) << describe(p);
             EXPECT_EQ(p.k_splits & (p.k_splits - 1), 0) << describe(p);
             EXPECT_LE(p.k_splits, 8) << describe(p);
+          } else if (p.variant == SpmmVariant::kSharedX) {  // chosen for fp32 only, its grid a band per block
+            EXPECT_EQ(g.value_bytes, 4) << describe(p);
+            EXPECT_GE(g.n, 256) << describe(p);
+            EXPECT_EQ(p.grid_x, (out + 127) / 128) << describe(p);
+            EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
           } else if (p.variant != SpmmVariant::kWarpRow) {
             EXPECT_LE(p.batch_tile, p.variant == SpmmVariant::kGlobalXT ? 128 : 32) << describe(p);
             EXPECT_GE(p.lanes_per_row, 1) << describe(p);
@@ -110,13 +123,32 @@ TEST(Planner, PlansFitTheirDevice) {
             EXPECT_LE(p.grid_x, std::max<int64_t>(1, int64_t(limits.sms) * limits.max_threads_per_sm / p.threads / tiles))
                 << describe(p);
           }
-          if (p.variant == SpmmVariant::kGlobalXT && p.batch_tile > 1) {
+          if ((p.variant == SpmmVariant::kGlobalXT && p.batch_tile > 1) || p.variant == SpmmVariant::kSharedX) {
             const int64_t padded = (g.n + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
             EXPECT_EQ(p.workspace_bytes, size_t((in + 1) * padded * g.value_bytes)) << describe(p);
           } else {
             EXPECT_EQ(p.workspace_bytes, 0u) << describe(p);
           }
         }
+      }
+      for (const bool transposed : {false, true}) {  // shared_x, forced: every 4- and 2-byte product
+        SpmmPlan p;
+        const int64_t out = transposed ? g.k : g.m, in = transposed ? g.m : g.k;
+        const Status s = plan_spmm({out, in, g.nnz, g.n, g.value_bytes, transposed, SpmmVariant::kSharedX}, limits, &p);
+        if (g.value_bytes == 8) {
+          EXPECT_FALSE(s.ok());
+          continue;
+        }
+        ASSERT_TRUE(s.ok()) << s.message();
+        EXPECT_EQ(p.batch_tile, 32 * 16 / g.value_bytes) << describe(p);
+        const int64_t band = g.value_bytes == 4 ? 128 : 64;  // 32 warps of 4 rows in fp32, 16 in 16 bits
+        EXPECT_EQ(p.grid_x, std::max<int64_t>(1, (out + band - 1) / band)) << describe(p);
+        EXPECT_EQ(p.threads, int(band / 4 * 32)) << describe(p);
+        EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
+        EXPECT_EQ(p.chunk % 8, 0) << describe(p);
+        EXPECT_EQ(p.workspace_bytes, size_t((in + 1) * ((g.n + p.batch_tile - 1) / p.batch_tile * p.batch_tile) *
+                                            g.value_bytes))
+            << describe(p);
       }
       for (const SddmmEpilogue e : {SddmmEpilogue::kStore, SddmmEpilogue::kAdamW}) {
         SddmmPlan p;

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import snack
-from helpers import ODD_SHAPES, Weight, assert_close, assert_matmul, matmul_ref, ops, poison_cache, skewed_positions
+from helpers import (ODD_SHAPES, Weight, assert_close, assert_matmul, matmul_ref, ops, poison_cache, random_positions,
+                     skewed_positions)
 from snack.benchmark import capture_graph
 
 pytestmark = pytest.mark.cuda
@@ -24,14 +25,18 @@ def variant_cases(transposed):
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
-# The variants that run 16-bit values only (the planner never picks them for others).
+# The variants that run 16-bit values only (the planner never picks them for others), and those that
+# refuse float64 (shared_x parks its slots' values as float32).
 SIXTEEN_BIT_ONLY = ("tensor_core",)
+NO_FLOAT64 = ("shared_x",)
 
 
 def refusal(variant, n, in_dim, dtype):
     """The error a forced variant gives for a product it cannot run (None: it runs it)."""
     if variant in SIXTEEN_BIT_ONLY and dtype not in (torch.bfloat16, torch.float16):
         return "16-bit"
+    if variant in NO_FLOAT64 and dtype == torch.float64:
+        return "float32, bfloat16 and float16"
     return None if fits(variant, n, in_dim, dtype) else "shared memory"
 
 
@@ -40,6 +45,8 @@ def fits(variant, n, in_dim, dtype):
     otherwise), tensor_core only 16-bit values; the other variants run every product."""
     if variant in SIXTEEN_BIT_ONLY:
         return dtype in (torch.bfloat16, torch.float16)
+    if variant in NO_FLOAT64 and dtype == torch.float64:
+        return False
     if variant != "wide_rows":
         return True
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
@@ -518,6 +525,39 @@ def test_dense_blocks_in_many_blocks(n, dtype):
     dv = ops.sddmm(dy, x, p.tensors, variant="dense_blocks")
     assert_close(dv, *p.slot_ref(dy, x), dtype, "dense_blocks dW")
     assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="dense_blocks"), dv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("n", [1, 300, 600])
+def test_shared_x_bands_tiles_and_chunks(n, dtype):
+    # Bands of 128 rows in fp32 and of 64 in 16 bits (the last partial), K = 1001 (eight chunks of 128,
+    # the last of 105), one to five batch tiles (128 rows in fp32, 256 in 16 bits), empty rows, a row full
+    # across several chunks (windows of 32 slots inside one chunk) and rows of a single slot; the
+    # transposed product over the CSC view, K = 130 outputs. Bitwise-equal repeats.
+    m, k = 130, 1001
+    gen = torch.Generator().manual_seed(n)
+    rows, cols = random_positions(m, k, 9000, gen, empty_rows=7)
+    keep = rows != 3
+    rows = torch.cat([rows[keep], torch.full((k,), 3), torch.tensor([5, 6])])
+    cols = torch.cat([cols[keep], torch.arange(k), torch.tensor([k - 1, 0])])
+    keys = torch.unique(rows * k + cols)
+    p = Weight(m, k, keys.numel(), device="cuda", dtype=dtype, positions=(keys // k, keys % k))
+    x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "shared_x"))
+    assert plan.batch_tile == 32 * (16 // dtype.itemsize)
+    assert plan.workspace_bytes == (k + 1) * -(-n // plan.batch_tile) * plan.batch_tile * dtype.itemsize
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="shared_x")
+    assert_forward(y, x, p, bias, dtype, "shared_x")
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="shared_x"), y), "not bitwise reproducible"
+    y = ops.spmm(x, p.values, p.tensors, bias, activation="gelu", variant="shared_x")
+    z, scale = matmul_ref(x, p.dense64.T)
+    ref = torch.nn.functional.gelu(z + bias.double().cpu())
+    assert_close(y, ref, 1.2 * (scale + bias.double().cpu().abs()), dtype, "shared_x gelu")
+    poison_cache(torch.device("cuda"))
+    dx = ops.spmm_t(dy, p.values, p.tensors, "shared_x")
+    assert_matmul(dx, dy, p.dense64, dtype, what="shared_x dX")
+    assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "shared_x"), dx)
 
 
 def test_the_planner_takes_dense_blocks_at_large_batches():
