@@ -52,7 +52,11 @@ struct DenseBlocksRates {
   double gemm_fp32 = 50.0;
   double sparse_fp32[3] = {4.7, 4.0, 3.0};  // forward, transposed, weight gradient
   double sparse_16bit[3] = {6.5, 5.5, 6.0};
-  double shared_x_fp32[2] = {7.5, 5.0};  // the shared_x forward (8.8 / 6.9 at 90 / 95%) and dX (5.1 at 90%)
+  // The shared_x forward at 20% density (9.5 of the 10.0 measured, so that dense blocks, whose workspace
+  // is smaller, keep the ties; 8.5-9.0 at 10%, 7.0 at 5%: its rate goes with the fourth root of the
+  // density) and its dX (6.7 at 10%, 4.1 at 5%: about three quarters of the forward's).
+  double shared_x_fp32[2] = {9.5, 7.0};
+  double shared_x_density = 0.2;
   double tensor_core_dense_equivalent = 140.0;  // the tensor-core forward, 2 x M x K x N over its time
   double gemm_bandwidth_gbs = 3000.0;           // what a GEMM streams at best
   double expand_bandwidth_gbs = 1200.0;         // the expansion's writes of the block
@@ -100,8 +104,9 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
   const double useful = 2.0 * double(p.nnz) * double(p.n);
   const double row = double(p.nnz) / double(std::max<int64_t>(1, p.outputs));
   const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
-  const double base = p.value_bytes == 2 ? r.sparse_16bit[op]
-                      : (p.shared_x && op < 2 ? r.shared_x_fp32[op] : r.sparse_fp32[op]);
+  const double density = double(p.nnz) / std::max(1.0, double(p.outputs) * double(p.inputs));
+  const double shared_x = r.shared_x_fp32[std::min(op, 1)] * std::pow(std::min(1.0, density / r.shared_x_density), 0.25);
+  const double base = p.value_bytes == 2 ? r.sparse_16bit[op] : (p.shared_x && op < 2 ? shared_x : r.sparse_fp32[op]);
   const double rate = base * short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
   if (p.value_bytes == 2 && p.op == DenseBlocksOp::kForward && p.tensor_cores) {

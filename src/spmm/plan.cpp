@@ -228,20 +228,23 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
 }
 
 // Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
-// at these batches), a batch of at least 256, rows of 4-35% density, and a grid whose last wave of one
-// block per SM is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform
-// rows, bench/results/spmm_nvidia_h200_large.md): 16384x4096 at N = 1024, 90% / 95%: 1560 / 996 us
-// against 2714 / 1424 us for global_xt; at 99% global_xt stays faster (a chunk of 128 columns holds
-// ~1.3 slots of a row, and its round of ballots and barriers costs more than it saves). Under-filled
-// grids lose: 768x3072, N = 256 (24 bands of 64 rows and batch tiles) 105 against 35 us. The
-// transposed product reads its slots through csc_perm and pays from 8% density only (16384x4096,
-// N = 1024, 90%: 2686 against 3341 us; 95%: 2174 against 1742 us, with 16-warp blocks).
+// at these batches), a batch of at least 256, rows of 4-35% density (from 0.5% at a batch of 8192,
+// where global_xt's stream of X from L2 slows down), and a grid whose last wave of one block per SM
+// is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform rows,
+// bench/results/spmm_nvidia_h200_large.md at commit 145b557): 16384x4096, N = 1024, 90% / 95%:
+// 1577 / 1025 us against 2763 / 1438 us for global_xt; at 99% global_xt stays faster up to N = 4096
+// (a chunk of 128 columns holds ~1.3 slots of a row: 561 against 418 us at N = 1024, 2209 against
+// 2181 at N = 4096) but not at N = 16384 (8621 against 19484 us; 4096x4096 2379 against 3676). Under-
+// filled grids lose: 768x3072, N = 256 (6 bands of 128 rows x 2 batch tiles) 154 against 35 us. The
+// transposed product, whose slots come through csc_perm (16384x4096 at N = 1024 / 4096): 90% 2043 /
+// 8125 us against 3379 / 21398 for global_xt, 95% 1716 / 6749 against 1750 / 10880.
 constexpr int64_t kSharedXMinBatch = 256;
+constexpr int64_t kSharedXSparseRowsBatch = 8192;
 bool shared_x_pays(const SpmmProblem& p, const DeviceLimits& limits) {
   using namespace cuda::detail;
   if (p.value_bytes != 4 || p.n < kSharedXMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   const double density = density_of(p);
-  if (density < (p.transposed ? 0.08 : 0.04) || density > 0.35) return false;
+  if (density < (p.n >= kSharedXSparseRowsBatch ? 0.005 : 0.04) || density > 0.35) return false;
   const int64_t blocks = ceil_div(p.out_dim, shared_x_band_rows(4)) * ceil_div(p.n, shared_x_tile(4));
   const double waves = double(blocks) / double(limits.sms);
   return waves >= 0.7 && waves / std::ceil(waves) >= 0.7;
