@@ -98,6 +98,16 @@ def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
     return _spmm_fake(x, values, pattern), values.new_empty((ctx.new_dynamic_size(), ctx.new_dynamic_size()))
 
 
+@_register_fake("sparse_attention_fwd")
+def _sparse_attention_fwd_fake(q, k, v, pattern, scale, causal):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@_register_fake("sparse_attention_bwd")
+def _sparse_attention_bwd_fake(q, k, v, out, lse, dout, pattern, scale, causal):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 @_register_fake("spmm_t")
 def _spmm_t_fake(dy, values, pattern, variant="auto"):
     return values.new_empty((dy.shape[0], _shape(pattern)[1]))

@@ -1,11 +1,18 @@
 """Attention over the stored positions of a sparse seq x seq pattern, in memory O(nnz).
 
 ``sparse_attention(q, k, v, pattern)`` computes, for every batch and head, the scores at the stored
-positions only (SDDMM: ``s[e] = scale * q[row_e] . k[col_e]``), a numerically stable softmax over
-each row's stored scores, and ``out = P V`` (SpMM), with the backward (dQ, dK, dV) through the same
-products. Every product runs in snack's C++ operators (``snack.ops.sddmm``, ``spmm``, ``spmm_t``)
-in float32 (float64 for float64 inputs), whatever the inputs' dtype, and the output comes back in
-it. Heads are taken one after another: this is the unfused form, the reference of a fused kernel.
+positions only (``s[e] = scale * q[row_e] . k[col_e]``), a numerically stable softmax over each
+row's stored scores, and ``out = P V``, with the backward (dQ, dK, dV).
+
+On CUDA, with one pattern for every head, head_dim 32, 64 or 128 (for q, k and v) and float32,
+bfloat16 or float16 inputs, it runs fused (``snack.ops.sparse_attention_fwd`` / ``_bwd``,
+``src/attention/attention.cu``): a warp per query row with an online softmax, every batch and head in
+one launch, float32 arithmetic, only the output and one float32 log-sum-exp per row stored for the
+backward, which recomputes the probabilities (a warp per query for dQ, per key for dK and dV over the
+pattern's CSC view). Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
+unfused: per batch and head the SDDMM, a row softmax and the SpMM through snack's C++ operators
+(``snack.ops.sddmm``, ``spmm``, ``spmm_t``) in float32 (float64 for float64 inputs), the
+probabilities kept for the backward.
 
 Pattern generators build the usual patterns from COO without a dense mask: ``local_pattern``
 (a window, global tokens, random keys per query), ``strided_pattern`` and ``dilated_pattern``.
@@ -131,6 +138,29 @@ class _SparseAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None) + (None,) * len(flat)
 
 
+class _FusedSparseAttention(torch.autograd.Function):
+    # q, k, v as [BH, L, D] contiguous; the pattern's tensors saved beside them (autograd's version
+    # check catches a pattern rewritten in place before the backward).
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, *pattern):
+        out, lse = ops.sparse_attention_fwd(q, k, v, list(pattern), scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse, *pattern)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, *pattern = ctx.saved_tensors
+        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, out, lse, dout.contiguous(), pattern, ctx.scale, ctx.causal)
+        return (dq, dk, dv, None, None) + (None,) * len(pattern)
+
+
+def _fused(q, k, v, patterns) -> bool:
+    """Whether the fused CUDA kernels run this call."""
+    return (q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and
+            q.shape[-1] == v.shape[-1] and q.shape[-1] in (32, 64, 128) and all(p is patterns[0] for p in patterns))
+
+
 def _split(flat) -> list[list[Tensor]]:
     return [list(flat[i:i + _FIELDS]) for i in range(0, len(flat), _FIELDS)]
 
@@ -193,7 +223,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
     v [B, H, Lk, Dv] (PyTorch's layout), ``pattern`` an Lq x Lk :class:`Pattern` shared by the
     heads, or one per head. ``scale`` defaults to 1/sqrt(D); ``causal`` also drops the stored
     positions above the diagonal. A query with no stored (or unmasked) key gets zeros. Memory beyond
-    the inputs and output: the probabilities, nnz per batch and head."""
+    the inputs and output: one float per query row (fused), else the probabilities, nnz per batch and
+    head."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"sparse_attention: {name} must be a 4-D tensor [batch, heads, seq, dim]")
@@ -211,6 +242,11 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
         if p.row_idx.device != q.device:
             raise ValueError(f"sparse_attention: pattern on {p.row_idx.device}, q on {q.device}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if _fused(q, k, v, patterns):
+        b, h, lq, d = q.shape
+        flat = [t.reshape(b * h, t.shape[2], d).contiguous() for t in (q, k, v)]
+        out = _FusedSparseAttention.apply(*flat, scale, bool(causal), *patterns[0].tensors)
+        return out.view(b, h, lq, d)
     return _SparseAttention.apply(q, k, v, scale, bool(causal), *[t for p in patterns for t in p.tensors])
 
 

@@ -43,6 +43,15 @@ TORCH_LIBRARY(snack, m) {
   // The same for a bias from its gradient bias_grad(dy), in place.
   m.def("bias_grad_adamw_(Tensor dy, Tensor(a!) bias, Tensor(b!)[] state, float[] hyper) -> ()");
 
+  // Fused sparse attention (CUDA; include/snack/attention.h): q [BH, Lq, D], k and v [BH, Lk, D],
+  // contiguous, one Lq x Lk pattern for every batch and head, D 32, 64 or 128. softmax(scale q k^T at the
+  // stored positions (with causal, j <= i only)) v -> (out [BH, Lq, D], lse [BH, Lq] float32, the log
+  // of each row's softmax denominator); the backward recomputes the probabilities from lse.
+  m.def("sparse_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor[] pattern, float scale, bool causal) -> "
+        "(Tensor, Tensor)");
+  m.def("sparse_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor[] pattern, "
+        "float scale, bool causal) -> (Tensor, Tensor, Tensor)");
+
   // ---- The layer ----
   // act(x W^T + b), x [..., K] -> [..., M], differentiable in x, values and bias.
   m.def("sparse_linear(Tensor x, Tensor values, Tensor? bias, Tensor[] pattern, str activation=\"none\") -> Tensor");

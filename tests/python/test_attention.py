@@ -77,6 +77,41 @@ def test_autocast_and_module_form(device):
     assert "nnz" in repr(layer)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dim", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fused_kernels_match_dense_attention(dim, dtype, causal):
+    # The fused CUDA path: rows of more than 32 keys (several windows of the online softmax), a global
+    # token (a row and a column of every key), random keys (with causal, some above the diagonal are
+    # dropped inside a window), an odd length.
+    cuda = torch.device("cuda")
+    pattern = sa.local_pattern(75, 20, global_tokens=1, random_per_row=5, generator=torch.Generator().manual_seed(1),
+                               device=cuda)
+    probe = torch.empty(1, 1, 75, dim, device=cuda, dtype=dtype)
+    assert sa._fused(probe, probe, probe, [pattern])
+    run_case(cuda, dtype, [pattern], batch=2, dim=dim, dim_v=dim, causal=causal)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("index_dtype", [torch.uint16, torch.int32], ids=["uint16", "int32"])
+def test_fused_kernels_rectangular_empty_rows_and_no_slots(index_dtype):
+    # Lq != Lk, queries without keys (zeros, no gradient), keys no query stores (zero dK, dV), nnz = 0,
+    # and bitwise-equal repeats.
+    cuda = torch.device("cuda")
+    rows = torch.tensor([0, 0, 3, 5, 5, 5, 6])
+    cols = torch.tensor([1, 8, 0, 2, 3, 10, 10])
+    sparse = snack.Pattern.from_coo(rows, cols, 7, 11, index_dtype=index_dtype)[0].to(cuda)
+    run_case(cuda, torch.float32, [sparse], batch=3, dim=32, dim_v=32)
+    run_case(cuda, torch.float32, [sparse], batch=1, dim=64, dim_v=64, causal=True)
+    empty = snack.Pattern.from_coo(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long), 7, 11,
+                                   index_dtype=index_dtype)[0].to(cuda)
+    run_case(cuda, torch.float32, [empty], batch=1, dim=32, dim_v=32)
+    q, k, v = (torch.randn(2, 3, n, 64, device=cuda) for n in (7, 11, 11))
+    first = snack.nn.functional.sparse_attention(q, k, v, sparse)
+    assert torch.equal(first, snack.nn.functional.sparse_attention(q, k, v, sparse))
+
+
 def test_pattern_generators_follow_their_definitions():
     seq = 30
     local = sa.local_pattern(seq, 2, global_tokens=1, causal=True).to_mask()

@@ -1,0 +1,37 @@
+// Attention over the stored positions of a sparse seq x seq pattern, fused: the scores at the
+// stored positions, a numerically stable (online) softmax over each query's stored keys, and the
+// weighted sum of the values, in one pass per query, so that the probabilities are never stored.
+//
+// Layout (PyTorch's, contiguous): q [BH, Lq, D], k and v [BH, Lk, D] with BH = batch x heads, one
+// pattern (Lq x Lk, its CSR and CSC views) shared by every batch and head. Scores are
+// s = scale * q_i . k_j, softmax over the stored j of row i (with causal, only j <= i); a row with no
+// such j gives zeros and lse -inf. lse [BH, Lq] is log(sum_j exp(s_ij)) of each row, in float32,
+// what the backward recomputes the probabilities from. The 16-bit types compute in float32 and round
+// each output once. D: 32, 64 or 128.
+#pragma once
+
+#include <cstdint>
+
+#include "snack/pattern.h"
+#include "snack/status.h"
+#include "snack/value_types.h"
+
+namespace snack::cuda {
+
+/// Whether the fused kernels run this head dimension.
+inline bool sparse_attention_supports(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+
+/// out [BH, Lq, D] and lse [BH, Lq] from q, k, v over the pattern's CSR view (w.rows = Lq, w.cols = Lk).
+template <typename T, typename Index>
+Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, int64_t bh,
+                                int64_t head_dim, float scale, bool causal, T* out, float* lse, Stream stream);
+
+/// dq, dk, dv from the forward's out and lse and the gradient dout: dq over the CSR view, dk and dv
+/// over the CSC view (a warp per key, its queries in row order). row_dot [BH, Lq] is float32 scratch
+/// (sum_d dout * out of each row).
+template <typename T, typename Index>
+Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const T* out,
+                                 const float* lse, const T* dout, int64_t bh, int64_t head_dim, float scale,
+                                 bool causal, float* row_dot, T* dq, T* dk, T* dv, Stream stream);
+
+}  // namespace snack::cuda
