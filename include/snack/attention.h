@@ -26,12 +26,12 @@ template <typename T, typename Index>
 Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, int64_t bh,
                                 int64_t head_dim, float scale, bool causal, T* out, float* lse, Stream stream);
 
-/// dq, dk, dv from the forward's out and lse and the gradient dout: dq over the CSR view, dk and dv
-/// over the CSC view (a warp per key, its queries in row order). row_dot [BH, Lq] is float32 scratch
-/// (sum_d dout * out of each row).
+/// dq, dk, dv from the forward's lse and the gradient dout (the probabilities recomputed): dq over the
+/// CSR view, dk and dv over the CSC view (a warp per key, its queries in row order). row_dot [BH, Lq] is
+/// float32 scratch (sum_j P_ij dP_ij of each row, dP = dout v^T).
 template <typename T, typename Index>
-Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const T* out,
-                                 const float* lse, const T* dout, int64_t bh, int64_t head_dim, float scale,
-                                 bool causal, float* row_dot, T* dq, T* dk, T* dv, Stream stream);
+Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const float* lse,
+                                 const T* dout, int64_t bh, int64_t head_dim, float scale, bool causal,
+                                 float* row_dot, T* dq, T* dk, T* dv, Stream stream);
 
 }  // namespace snack::cuda

@@ -90,6 +90,11 @@ def _spmm_fake(x, values, pattern, bias=None, activation="none", variant="auto")
     return values.new_empty((x.shape[0], _shape(pattern)[0]))
 
 
+@_register_fake("spmm_channels_first")
+def _spmm_channels_first_fake(x, values, pattern, bias=None, activation="none"):
+    return values.new_empty((x.shape[0], _shape(pattern)[0], x.shape[2]))
+
+
 @_register_fake("spmm_for_step")
 def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
     # X transposed, where the device's plan makes that copy of the whole batch: a shape only the
@@ -104,7 +109,7 @@ def _sparse_attention_fwd_fake(q, k, v, pattern, scale, causal):
 
 
 @_register_fake("sparse_attention_bwd")
-def _sparse_attention_bwd_fake(q, k, v, out, lse, dout, pattern, scale, causal):
+def _sparse_attention_bwd_fake(q, k, v, lse, dout, pattern, scale, causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

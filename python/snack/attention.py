@@ -7,8 +7,8 @@ row's stored scores, and ``out = P V``, with the backward (dQ, dK, dV).
 On CUDA, with one pattern for every head, head_dim 32, 64 or 128 (for q, k and v) and float32,
 bfloat16 or float16 inputs, it runs fused (``snack.ops.sparse_attention_fwd`` / ``_bwd``,
 ``src/attention/attention.cu``): a warp per query row with an online softmax, every batch and head in
-one launch, float32 arithmetic, only the output and one float32 log-sum-exp per row stored for the
-backward, which recomputes the probabilities (a warp per query for dQ, per key for dK and dV over the
+one launch, float32 arithmetic, one float32 log-sum-exp per row stored for the backward, which
+recomputes the probabilities (a warp per query for dQ, per key for dK and dV over the
 pattern's CSC view). Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
 unfused: per batch and head the SDDMM, a row softmax and the SpMM through snack's C++ operators
 (``snack.ops.sddmm``, ``spmm``, ``spmm_t``) in float32 (float64 for float64 inputs), the
@@ -144,14 +144,14 @@ class _FusedSparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, *pattern):
         out, lse = ops.sparse_attention_fwd(q, k, v, list(pattern), scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse, *pattern)
+        ctx.save_for_backward(q, k, v, lse, *pattern)
         ctx.scale, ctx.causal = scale, causal
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, *pattern = ctx.saved_tensors
-        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, out, lse, dout.contiguous(), pattern, ctx.scale, ctx.causal)
+        q, k, v, lse, *pattern = ctx.saved_tensors
+        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, lse, dout.contiguous(), pattern, ctx.scale, ctx.causal)
         return (dq, dk, dv, None, None) + (None,) * len(pattern)
 
 

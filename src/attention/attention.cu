@@ -133,14 +133,16 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   if (lane == 0) lse[bh * lq + i] = total > 0.f ? (m + log2f(total)) * kLn2 : -INFINITY;
 }
 
-// dQ_i = scale * sum_j dS_ij k_j with dS_ij = P_ij (dout_i . v_j - row_dot_i); row_dot_i = dout_i . out_i
-// is written for the dK / dV kernel.
+// dQ_i = scale * sum_j dS_ij k_j with dS_ij = P_ij (dP_ij - row_dot_i), dP_ij = dout_i . v_j and
+// row_dot_i = sum_j P_ij dP_ij, summed in float32 in a first pass over the row (dout_i . out_i from a
+// rounded 16-bit out loses the difference dP - row_dot to cancellation); row_dot is written for the
+// dK / dV kernel.
 template <typename T, typename Index, int D>
 __global__ void __launch_bounds__(kAttentionWarps * 32)
     attention_dq_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx, int64_t lq, int64_t lk,
                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                        const T* __restrict__ out, const float* __restrict__ lse, const T* __restrict__ dout,
-                        float scale, bool causal, float* __restrict__ row_dot, T* __restrict__ dq) {
+                        const float* __restrict__ lse, const T* __restrict__ dout, float scale, bool causal,
+                        float* __restrict__ row_dot, T* __restrict__ dq) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
   const int64_t i = int64_t(blockIdx.x) * kAttentionWarps + (threadIdx.x >> 5);
@@ -149,22 +151,19 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   const T* kb = k + bh * lk * D + lane * E;
   const T* vb = v + bh * lk * D + lane * E;
   const int64_t row = (bh * lq + i) * D + lane * E;
-  float qr[E], dor[E], orow[E];
+  float qr[E], dor[E];
   load_row<T, E>(q + row, qr);
   load_row<T, E>(dout + row, dor);
-  load_row<T, E>(out + row, orow);
-  const float di = warp_sum(dot<E>(dor, orow));
-  if (lane == 0) row_dot[bh * lq + i] = di;
   const float scale_log2 = scale * kLog2e;
 #pragma unroll
   for (int e = 0; e < E; ++e) qr[e] *= scale_log2;
   const float lse_log2 = lse[bh * lq + i] * kLog2e;
-  float acc[E] = {};
-  const int32_t end = row_ptr[i + 1];
-  for (int32_t p = row_ptr[i]; p < end; p += 32) {
-    int32_t j;
-    const unsigned valid = window(col_idx, p, end, i, causal, true, &j);
-    if (valid == 0) continue;
+  const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
+  // The probability and dP of this lane's position in the window at p (0 and 0 where it is none).
+  const auto probabilities = [&](int32_t p, int32_t& j, unsigned& valid, float& prob, float& dp) {
+    valid = window(col_idx, p, end, i, causal, true, &j);
+    prob = dp = 0.f;
+    if (valid == 0) return;
     const int n = end - p < 32 ? int(end - p) : 32;
     float part_s[32], part_dp[32];
 #pragma unroll
@@ -181,7 +180,30 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     }
     transpose_sum(part_s);
     transpose_sum(part_dp);
-    const float ds = j >= 0 ? exp2f(part_s[0] - lse_log2) * (part_dp[0] - di) : 0.f;
+    if (j >= 0) {
+      prob = exp2f(part_s[0] - lse_log2);
+      dp = part_dp[0];
+    }
+  };
+  float partial_dot = 0.f;
+  for (int32_t p = begin; p < end; p += 32) {
+    int32_t j;
+    unsigned valid;
+    float prob, dp;
+    probabilities(p, j, valid, prob, dp);
+    partial_dot = fmaf(prob, dp, partial_dot);
+  }
+  const float di = warp_sum(partial_dot);
+  if (lane == 0) row_dot[bh * lq + i] = di;
+  float acc[E] = {};
+  for (int32_t p = begin; p < end; p += 32) {
+    int32_t j;
+    unsigned valid;
+    float prob, dp;
+    probabilities(p, j, valid, prob, dp);
+    if (valid == 0) continue;
+    const int n = end - p < 32 ? int(end - p) : 32;
+    const float ds = prob * (dp - di);
 #pragma unroll
     for (int t = 0; t < 32; ++t) {
       if (t < n && (valid >> t & 1u)) {
@@ -308,9 +330,9 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
 }
 
 template <typename T, typename Index>
-Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const T* out,
-                                 const float* lse, const T* dout, int64_t bh, int64_t head_dim, float scale,
-                                 bool causal, float* row_dot, T* dq, T* dk, T* dv, Stream stream) {
+Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const float* lse,
+                                 const T* dout, int64_t bh, int64_t head_dim, float scale, bool causal,
+                                 float* row_dot, T* dq, T* dk, T* dv, Stream stream) {
   using namespace detail;
   SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
   SNACK_RETURN_IF_ERROR(check_attention(w.rows, w.cols, bh, head_dim, w.nnz));
@@ -320,7 +342,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
     if (w.rows > 0) {
       const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), unsigned(bh));
       attention_dq_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q, k, v, out, lse, dout, scale, causal, row_dot, dq);
+          w.row_ptr, w.col_idx, w.rows, w.cols, q, k, v, lse, dout, scale, causal, row_dot, dq);
       SNACK_RETURN_IF_ERROR(check_launch("attention_dq_kernel"));
     }
     if (w.cols > 0) {
@@ -342,8 +364,8 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   template Status sparse_attention_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, const T*,      \
                                                      int64_t, int64_t, float, bool, T*, float*, Stream);           \
   template Status sparse_attention_backward<T, Index>(const SlotPattern<Index>&, const T*, const T*, const T*,     \
-                                                      const T*, const float*, const T*, int64_t, int64_t, float,   \
-                                                      bool, float*, T*, T*, T*, Stream);
+                                                      const float*, const T*, int64_t, int64_t, float, bool,       \
+                                                      float*, T*, T*, T*, Stream);
 
 SNACK_INSTANTIATE_ATTENTION(float, uint16_t)
 SNACK_INSTANTIATE_ATTENTION(float, int32_t)

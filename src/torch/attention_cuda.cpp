@@ -72,19 +72,16 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(const at::Tensor& q, con
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Tensor& q, const at::Tensor& k,
-                                                                    const at::Tensor& v, const at::Tensor& out,
-                                                                    const at::Tensor& lse, const at::Tensor& dout,
-                                                                    at::TensorList pattern, double scale, bool causal) {
+                                                                    const at::Tensor& v, const at::Tensor& lse,
+                                                                    const at::Tensor& dout, at::TensorList pattern,
+                                                                    double scale, bool causal) {
   const char* op = "sparse_attention_bwd";
   const AttentionArgs a = attention_args(q, k, v, pattern, op);
-  TORCH_CHECK_VALUE(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && out.is_contiguous() &&
-                        dout.is_contiguous() && out.scalar_type() == q.scalar_type() &&
-                        dout.scalar_type() == q.scalar_type(),
-                    op, ": out and dout must be contiguous and shaped and typed like q");
+  TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && dout.is_contiguous() && dout.scalar_type() == q.scalar_type(), op,
+                    ": dout must be contiguous and shaped and typed like q");
   TORCH_CHECK_VALUE(lse.dim() == 2 && lse.size(0) == a.bh && lse.size(1) == a.p.rows &&
                         lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                     op, ": lse must be the forward's float32 [BH, Lq]");
-  check_same_device(out, a.p.device, "out", op);
   check_same_device(dout, a.p.device, "dout", op);
   check_same_device(lse, a.p.device, "lse", op);
   const c10::cuda::CUDAGuard guard(a.p.device);
@@ -95,8 +92,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Te
     throw_if_error(with_pattern(a.p,
                                 [&](auto w) {
                                   return cuda::sparse_attention_backward(
-                                      w, data_as<T>(q), data_as<T>(k), data_as<T>(v), data_as<T>(out),
-                                      lse.data_ptr<float>(), data_as<T>(dout), a.bh, a.head_dim, float(scale), causal,
+                                      w, data_as<T>(q), data_as<T>(k), data_as<T>(v), lse.data_ptr<float>(),
+                                      data_as<T>(dout), a.bh, a.head_dim, float(scale), causal,
                                       row_dot.data_ptr<float>(), data_as<T>(dq), data_as<T>(dk), data_as<T>(dv),
                                       current_stream());
                                 }),

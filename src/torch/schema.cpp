@@ -28,6 +28,11 @@ TORCH_LIBRARY(snack, m) {
   // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.
   // variant: "auto" or a CUDA kernel: slot, vector, rows (the CPU ignores it).
   m.def("sddmm(Tensor dy, Tensor x, Tensor[] pattern, str variant=\"auto\") -> Tensor");
+  // The forward on channels-first activations, a 1x1 convolution on NCHW images read in place:
+  // x [B, K, P] -> y [B, M, P], y[b, r, p] = act(sum_{s in row r} values[s] x[b, col(s), p] (+ bias[r])).
+  // No autograd (inference; snack.SparseConv2d trains through spmm on pixels as rows).
+  m.def("spmm_channels_first(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, "
+        "str activation=\"none\") -> Tensor");
   // db = dy.sum(0): dy [N, M] -> [M].
   m.def("bias_grad(Tensor dy) -> Tensor");
   // One AdamW step (torch.optim.AdamW's arithmetic) of values from their gradient sddmm(dy, x), fused:
@@ -49,7 +54,7 @@ TORCH_LIBRARY(snack, m) {
   // of each row's softmax denominator); the backward recomputes the probabilities from lse.
   m.def("sparse_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor[] pattern, float scale, bool causal) -> "
         "(Tensor, Tensor)");
-  m.def("sparse_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor[] pattern, "
+  m.def("sparse_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor lse, Tensor dout, Tensor[] pattern, "
         "float scale, bool causal) -> (Tensor, Tensor, Tensor)");
 
   // ---- The layer ----
