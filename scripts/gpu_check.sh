@@ -110,6 +110,10 @@ sanitize() {
     -k "${SNACK_MEMCHECK_K:-$kernels}" tests/python/test_kernels_cuda.py || rc=1
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
     -k "cuda and float32" tests/python/test_ops.py || rc=1
+  # The channels-first product (every pixel width) and the fused attention kernels.
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
+    -k "(spmm_channels_first and cuda and (float32 or bfloat16)) or fused" tests/python/test_conv.py \
+    tests/python/test_attention.py || rc=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
     -k "${SNACK_RACECHECK_K:-wide_rows_closes or long_rows_split or sddmm_skewed or (130x257 and float32) or (tensor_core_paths and bfloat16 and (130x1001 or 100x2051))}" \
     tests/python/test_kernels_cuda.py || rc=1

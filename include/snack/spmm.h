@@ -8,6 +8,8 @@
 //
 //   spmm_forward    Y[n, r]  = act(sum_{s in row r} v[s] * X[n, col(s)] (+ bias[r]))
 //   spmm_transposed dX[n, c] = sum_{s in col c} v[s] * dY[n, row(s)]
+//   spmm_channels_first  Y[b, r, p] = act(sum_{s in row r} v[s] * X[b, col(s), p] (+ bias[r]))
+//                   (X [batch, K, pixels] and Y [batch, M, pixels]: a 1x1 convolution on NCHW images)
 //
 // Every output element is written (no zero-initialisation is needed). Results are deterministic
 // (each output reduced in a fixed order, no atomics) except with the opt-in kCooAtomic variant.
@@ -151,6 +153,13 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx);
 
+/// The forward on channels-first activations, a 1x1 convolution on NCHW images read in place:
+/// x [batch, w.cols, pixels], y [batch, w.rows, pixels],
+/// y[b, r, p] = act(sum_{s in row r} v[s] * x[b, col(s), p] (+ bias[r])).
+template <typename T, typename Index>
+Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
+                           const T* bias, T* y, Activation act = Activation::kNone);
+
 }  // namespace cpu
 
 namespace cuda {
@@ -182,6 +191,13 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
                     Stream stream, Activation act = Activation::kNone);
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx, Stream stream);
+
+/// cpu::spmm_channels_first on the GPU (no plan, no workspace): a warp per output channel and tile of
+/// 32 x V pixels, each slot one coalesced load of V pixels of its input channel (V: the widest vector
+/// of at most 16 bytes that divides `pixels` and the operands' alignment).
+template <typename T, typename Index>
+Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
+                           const T* bias, T* y, Stream stream, Activation act = Activation::kNone);
 
 }  // namespace cuda
 }  // namespace snack

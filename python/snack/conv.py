@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import integer
+from ._ops import ops
 from .layer import SparseLinear
 
 __all__ = ["SparseConv2d"]
@@ -43,8 +44,11 @@ class SparseConv2d(SparseLinear):
     It is a :class:`SparseLinear` over the channels of every pixel (its ``values``, ``pattern``,
     optimizers, DST and checkpoints are those of a SparseLinear with ``in_features = in_channels``),
     applied to inputs ``[N, C, H, W]`` (or unbatched ``[C, H, W]``) as ``nn.Conv2d`` takes them. A
-    ``channels_last`` input is read in place, its pixels being rows of channels; a contiguous NCHW
-    input is transposed into that layout first (one copy). The output has the input's memory format.
+    ``channels_last`` input is read in place, its pixels being rows of channels. An NCHW input is
+    read in place too where nothing needs a gradient (inference: ``snack.ops.spmm_channels_first``,
+    each output channel a sum of whole input channels); under autograd it is transposed into the
+    channels-last layout first (one copy) and trains as a SparseLinear. The output has the input's
+    memory format.
 
     Args:
         in_channels, out_channels: channels of the input and the output.
@@ -139,10 +143,24 @@ class SparseConv2d(SparseLinear):
         return x.movedim(-3, -1)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = super().forward(self._pixels(x)).movedim(-1, -3)
-        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        pixels = self._pixels(x)
+        channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        if not channels_last and not self._needs_grad(x):
+            images = pixels.movedim(-1, -3)  # [..., C, H', W'], x or its strided view
+            images = images if images.dim() == 4 else images.unsqueeze(0)
+            n, c, h, w = images.shape
+            y = ops.spmm_channels_first(images.reshape(n, c, h * w), self.values, self.pattern.tensors, self.bias,
+                                        self.activation)
+            y = y.view(n, self.out_channels, h, w)
+            return y if x.dim() == 4 else y[0]
+        y = super().forward(pixels).movedim(-1, -3)
+        if channels_last:
             return y  # already channels_last: [N, H', W', O] in memory
         return y.contiguous()
+
+    def _needs_grad(self, x: Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or self.values.requires_grad
+                                            or (self.bias is not None and self.bias.requires_grad))
 
     def product_rows(self, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
         """The layer's input and output gradient of one call as the matrices of its product: one row

@@ -21,6 +21,11 @@ struct SpmmInputs {
 SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                        const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op);
 
+// spmm_channels_first: x [B, K, P] (made contiguous), values, pattern, bias [M], the activation.
+SpmmInputs spmm_channels_first_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                                      const std::optional<at::Tensor>& bias, c10::string_view activation,
+                                      const char* op);
+
 // spmm_t: dy [N, M] (contiguous), values, pattern.
 struct SpmmTInputs {
   PatternArg p;

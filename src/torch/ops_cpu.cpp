@@ -114,6 +114,30 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   return y;
 }
 
+at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                               const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  const char* op = "spmm_channels_first";
+  const SpmmInputs in = spmm_channels_first_inputs(x, values, pattern, bias, activation, op);
+  check_contents(in.p, op);
+  const int64_t batch = in.x.size(0), pixels = in.x.size(2);
+  at::Tensor y = at::empty({batch, in.p.rows, pixels}, values.options());
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return parallel_chunks(batch, 1, [&](int64_t b0, int64_t b1) {
+                                    return cpu::spmm_channels_first(w, data_as<T>(values),
+                                                                    data_as<T>(in.x) + b0 * w.cols * pixels, b1 - b0,
+                                                                    pixels, b, data_as<T>(y) + b0 * w.rows * pixels,
+                                                                    in.act);
+                                  });
+                                }),
+                   op);
+  });
+  return y;
+}
+
 std::tuple<at::Tensor, at::Tensor> spmm_for_step(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                                                  const std::optional<at::Tensor>& bias, c10::string_view activation) {
   return {spmm(x, values, pattern, bias, activation, "auto"), at::empty({0, 0}, values.options())};
@@ -278,6 +302,7 @@ TORCH_LIBRARY_IMPL(snack, CPU, m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
   m.impl("spmm_for_step", &spmm_for_step);
+  m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);
   m.impl("sddmm", &sddmm);
   m.impl("bias_grad", &bias_grad);

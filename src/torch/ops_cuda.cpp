@@ -135,6 +135,26 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   return std::get<0>(forward(in, values, spmm_variant_arg(variant, false, op), false, op));
 }
 
+at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
+                               const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  const char* op = "spmm_channels_first";
+  const SpmmInputs in = spmm_channels_first_inputs(x, values, pattern, bias, activation, op);
+  const c10::cuda::CUDAGuard guard(in.p.device);
+  const int64_t batch = in.x.size(0), pixels = in.x.size(2);
+  at::Tensor y = at::empty({batch, in.p.rows, pixels}, values.options());
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
+    throw_if_error(with_pattern(in.p,
+                                [&](auto w) {
+                                  return cuda::spmm_channels_first(w, data_as<T>(values), data_as<T>(in.x), batch,
+                                                                   pixels, b, data_as<T>(y), current_stream(), in.act);
+                                }),
+                   op);
+  });
+  return y;
+}
+
 std::tuple<at::Tensor, at::Tensor> spmm_for_step(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                                                  const std::optional<at::Tensor>& bias, c10::string_view activation) {
   const char* op = "spmm_for_step";
@@ -390,6 +410,7 @@ TORCH_LIBRARY_IMPL(snack, CUDA, m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
   m.impl("spmm_for_step", &spmm_for_step);
+  m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);
   m.impl("sddmm", &sddmm);
   m.impl("bias_grad", &bias_grad);

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import snack
-from helpers import assert_close, assert_same_values
+from helpers import Weight, assert_close, assert_same_values, ops, poison_cache
 
 
 def conv_ref(layer, x):
@@ -42,6 +42,113 @@ def test_forward_matches_conv2d(device, shape, stride, layout, bias, activation)
     # The output keeps the input's memory format, as nn.Conv2d's does.
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     assert y.is_contiguous(memory_format=fmt)
+
+
+# (images, M, K, pixels, nnz, empty rows): pixels odd (one-element lanes), a multiple of 2, 4, 8, and 1;
+# K not a multiple of 4; empty rows; nnz = 0 (bias and activation only); a full weight; no images.
+CHANNELS_FIRST_CASES = [
+    (1, 1, 1, 1, 1, 0),
+    (2, 7, 13, 35, 40, 0),
+    (3, 33, 65, 49, 200, 5),
+    (1, 64, 37, 144, 500, 10),
+    (2, 130, 257, 18, 1700, 30),
+    (2, 9, 11, 20, 0, 0),
+    (5, 6, 5, 300, 30, 0),
+    (0, 4, 4, 9, 5, 0),
+]
+
+
+def channels_first_ref(w, x, bias, activation):
+    """act(W x + b) per image in float64 on the CPU, and its scale (the sum of the terms' magnitudes)."""
+    x64, b64 = x.double().cpu(), bias.double().cpu()[None, :, None]
+    ref = torch.einsum("mk,bkp->bmp", w.dense64, x64) + b64
+    scale = torch.einsum("mk,bkp->bmp", w.dense64.abs(), x64.abs()) + b64.abs()
+    if activation == "relu":
+        ref = ref.clamp_min(0)
+    elif activation == "gelu":
+        ref, scale = F.gelu(ref), 1.13 * scale  # |gelu'| <= 1.13: the input's error, at most that much larger
+    return ref, scale
+
+
+@pytest.mark.parametrize("case", CHANNELS_FIRST_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_spmm_channels_first(device, case, dtype, activation):
+    images, m, k, pixels, nnz, empty = case
+    w = Weight(m, k, nnz, device=device, dtype=dtype, index_dtype=torch.int32 if m > 100 else None, empty_rows=empty,
+               seed=m + pixels)
+    x, bias = w.randn(images, k, pixels, seed=3), w.randn(m, seed=4)
+    if device.type == "cuda":
+        poison_cache(device)
+    y = ops.spmm_channels_first(x, w.values, w.tensors, bias, activation)
+    assert y.shape == (images, m, pixels) and y.dtype == dtype
+    ref, scale = channels_first_ref(w, x, bias, activation)
+    assert_close(y, ref, scale, dtype, f"{case} {activation}")
+    for _ in range(2):
+        assert torch.equal(ops.spmm_channels_first(x, w.values, w.tensors, bias, activation), y), "not reproducible"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_spmm_channels_first_unaligned_and_strided_inputs(device, dtype):
+    # x one element past an aligned address (each lane then reads single elements), and a
+    # non-contiguous x (made contiguous by the op): the same results as the aligned, contiguous input.
+    w = Weight(24, 10, 90, device=device, dtype=dtype, seed=5)
+    flat = w.randn(2 * 10 * 64 + 1, seed=6)
+    x = flat[1:].view(2, 10, 64)
+    ref, scale = channels_first_ref(w, x, torch.zeros(24), "none")
+    assert_close(ops.spmm_channels_first(x, w.values, w.tensors), ref, scale, dtype, "unaligned")
+    wide = w.randn(2, 10, 128, seed=7)
+    ref, scale = channels_first_ref(w, wide[:, :, ::2], torch.zeros(24), "none")
+    assert_close(ops.spmm_channels_first(wide[:, :, ::2], w.values, w.tensors), ref, scale, dtype, "strided")
+
+
+def test_spmm_channels_first_errors(device):
+    w = Weight(5, 6, 12, device=device, seed=8)
+    with pytest.raises(ValueError, match="3-D"):
+        ops.spmm_channels_first(w.randn(6, 4), w.values, w.tensors)
+    with pytest.raises(ValueError, match="7 channels, expected 6"):
+        ops.spmm_channels_first(w.randn(1, 7, 4), w.values, w.tensors)
+    with pytest.raises(TypeError, match="differs from the weight dtype"):
+        ops.spmm_channels_first(w.randn(1, 6, 4).double(), w.values, w.tensors)
+    with pytest.raises(ValueError, match="bias"):
+        ops.spmm_channels_first(w.randn(1, 6, 4), w.values, w.tensors, w.randn(4))
+
+
+@pytest.mark.parametrize("shape,stride", [((3, 13, 5, 7), 1), ((1, 5, 9, 4), 2), ((2, 8, 1, 1), 1),
+                                          ((4, 13, 6, 5), (2, 1))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nchw_inference_reads_the_images_in_place(device, shape, stride, dtype):
+    # Without autograd an NCHW input takes spmm_channels_first; the result is the convolution's, in
+    # the input's (contiguous) format, batched or not, as under autograd.
+    gen = torch.Generator().manual_seed(shape[1] + shape[3])
+    layer = snack.SparseConv2d(shape[1], 11, stride=stride, density=0.3, generator=gen, activation="relu",
+                               dtype=dtype).to(device)
+    x = torch.randn(shape, generator=gen).to(device, dtype)
+    with torch.no_grad():
+        y = layer(x)
+        unbatched = layer(x[0])
+    ref, scale = conv_ref(layer, x)
+    assert_close(y, ref, scale, dtype, f"{shape} stride {stride}")
+    assert y.is_contiguous() and torch.equal(unbatched, y[0])
+    with torch.inference_mode():
+        assert torch.equal(layer(x), y)
+    trained = layer(x)  # under autograd: the channels-last product, the same function
+    assert trained.requires_grad and trained.is_contiguous()
+    assert_close(trained, ref, scale, dtype, f"{shape} stride {stride} under autograd")
+
+
+def test_nchw_inference_under_autocast(device):
+    layer = snack.SparseConv2d(16, 12, density=0.25, generator=torch.Generator().manual_seed(9)).to(device)
+    x = torch.randn(2, 16, 5, 5, device=device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        twin.values.copy_(layer.values.bfloat16().float())
+        twin.bias.copy_(layer.bias.bfloat16().float())
+    ref, scale = conv_ref(twin, x.bfloat16().float())
+    assert_close(y, ref, scale, torch.bfloat16, "autocast inference")
 
 
 def test_unbatched_input_and_errors():
@@ -195,3 +302,6 @@ def test_compile_fullgraph_forward_backward(device):
     layer.values.grad = None
     ref.sum().backward()
     assert torch.equal(g_compiled, layer.values.grad)
+    with torch.no_grad():  # NCHW inference: spmm_channels_first through its fake kernel
+        nchw = x.contiguous()
+        assert torch.equal(compiled(nchw), model(nchw))

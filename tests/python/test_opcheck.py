@@ -21,6 +21,9 @@ def test_opcheck_compute_ops(device, itype):
     torch.library.opcheck(ops.spmm.default, (x, p.values, p.tensors, None))
     torch.library.opcheck(ops.spmm.default, (x, p.values, p.tensors, bias), {"activation": "gelu"})
     torch.library.opcheck(ops.spmm_t.default, (dy, p.values, p.tensors))
+    images = p.randn(2, 13, 9, seed=6)
+    torch.library.opcheck(ops.spmm_channels_first.default, (images, p.values, p.tensors, bias), {"activation": "relu"})
+    torch.library.opcheck(ops.spmm_channels_first.default, (images, p.values, p.tensors, None))
     torch.library.opcheck(ops.sddmm.default, (dy, x, p.tensors))
     torch.library.opcheck(ops.bias_grad.default, (dy,))
     # The forward of a fused step and its update: the copy of X^T it may hand over has a shape only
