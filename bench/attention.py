@@ -101,6 +101,9 @@ def main(argv=None) -> int:
     grid = [(s, d, sp, impl) for s in map(int, args.seqs.split(",")) for d in map(int, args.head_dims.split(","))
             for sp in map(float, args.sparsities.split(",")) for impl in impls]
     timer = benchmark.ColdTimer()
+    info = benchmark.provenance()
+    info["method"] = benchmark.ColdTimer.METHOD + f"; median of {args.reps}; batch 1, {args.heads} heads"
+    stem = args.out / f"attention_{benchmark.gpu_slug()}{'_' + args.tag if args.tag else ''}"
     rows = []
     for seq, head_dim, sparsity, impl in benchmark.progress(grid, len(grid), "attention"):
         row = measure(impl, seq, args.heads, head_dim, sparsity, dtype, timer, args.reps)
@@ -109,16 +112,15 @@ def main(argv=None) -> int:
               f"{row['fwd_bwd_us']:10.1f} us, peak {row['peak_mib']:8.1f} MiB", flush=True)
         if impl == "flex":
             torch.compiler.reset()  # each configuration compiles its own kernels
-    info = benchmark.provenance()
-    info["method"] = benchmark.ColdTimer.METHOD + f"; median of {args.reps}; batch 1, {args.heads} heads"
-    stem = args.out / f"attention_{benchmark.gpu_slug()}{'_' + args.tag if args.tag else ''}"
-    benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+        # The files so far after every row: a sweep stopped part-way keeps what it measured.
+        benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+        _report(stem, rows, info, impls, plot=False)
     _report(stem, rows, info, impls)
     print(f"wrote {stem}.csv, .md, .png")
     return 0
 
 
-def _report(stem: Path, rows, info, impls) -> None:
+def _report(stem: Path, rows, info, impls, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse attention", info)
     lines += ["Times in us; `x flex` / `x sdpa`: snack's speed-up over that impl (> 1: snack faster); peak: MiB "
               "above the inputs during forward + backward.", "",
@@ -133,7 +135,7 @@ def _report(stem: Path, rows, info, impls) -> None:
         lines.append(f"| {r['seq']} | {r['head_dim']} | {r['sparsity']:g} | {r['impl']} | {r['fwd_us']:.1f} | "
                      f"{r['fwd_bwd_us']:.1f} | {r['peak_mib']:.1f} | {ratios[0]} | {ratios[1]} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plt = benchmark.pyplot()
+    plt = benchmark.pyplot() if plot else None
     if plt is None:
         return
     keys = sorted({(r["head_dim"], r["sparsity"]) for r in rows})
