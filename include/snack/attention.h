@@ -7,7 +7,8 @@
 // s = scale * q_i . k_j, softmax over the stored j of row i (with causal, only j <= i); a row with no
 // such j gives zeros and lse -inf. lse [BH, Lq] is log(sum_j exp(s_ij)) of each row, in float32,
 // what the backward recomputes the probabilities from. The 16-bit types compute in float32 and round
-// each output once. D: 32, 64 or 128.
+// each output once. D: 32, 64 or 128. Every array starts at a 16-byte boundary (rows are read as
+// 16-byte vectors).
 #pragma once
 
 #include <cstdint>

@@ -151,7 +151,7 @@ class _FusedSparseAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lse, *pattern = ctx.saved_tensors
-        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, lse, dout.contiguous(), pattern, ctx.scale, ctx.causal)
+        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, lse, _aligned(dout), pattern, ctx.scale, ctx.causal)
         return (dq, dk, dv, None, None) + (None,) * len(pattern)
 
 
@@ -159,6 +159,13 @@ def _fused(q, k, v, patterns) -> bool:
     """Whether the fused CUDA kernels run this call."""
     return (q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and
             q.shape[-1] == v.shape[-1] and q.shape[-1] in (32, 64, 128) and all(p is patterns[0] for p in patterns))
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """t contiguous, starting at a 16-byte boundary (the fused kernels read rows as 16-byte vectors):
+    a copy only where a view starts elsewhere."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _split(flat) -> list[list[Tensor]]:
@@ -244,7 +251,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _fused(q, k, v, patterns):
         b, h, lq, d = q.shape
-        flat = [t.reshape(b * h, t.shape[2], d).contiguous() for t in (q, k, v)]
+        flat = [_aligned(t.reshape(b * h, t.shape[2], d)) for t in (q, k, v)]
         out = _FusedSparseAttention.apply(*flat, scale, bool(causal), *patterns[0].tensors)
         return out.view(b, h, lq, d)
     return _SparseAttention.apply(q, k, v, scale, bool(causal), *[t for p in patterns for t in p.tensors])

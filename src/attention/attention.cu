@@ -1,12 +1,15 @@
 // Fused sparse attention (include/snack/attention.h): a warp per query row (forward, dQ) or per key
-// (dK, dV), its stored positions taken 32 at a time.
+// (dK, dV), its stored positions taken a window at a time.
 //
-// For a window of 32 positions each lane loads, for every position t in turn, its D / 32 elements of
-// the partner row (k_j for a query, q_i and dout_i for a key: coalesced rows) and keeps the partial
-// dot product; a transposing butterfly (31 shuffles for 32 dot products) then leaves lane t with the
-// whole dot product of position t. The softmax runs on those 32 lanes at once, online over the
-// windows (running maximum and sum, the accumulator rescaled), and the weighted rows are summed
-// into each lane's D / 32 elements of the output. Every sum has a fixed order: deterministic.
+// Each lane holds a slice of S consecutive elements of the warp's own rows (q_i, and dout_i for dQ;
+// k_j and v_j for dK/dV) and takes one position of the window: the G = D / S lanes of a group share a
+// position and split its partner rows (k_j and v_j for a query, q_i and dout_i for a key) by slices,
+// so a window holds P = 32 / G positions and each partner row is read as a few coalesced 16-byte
+// loads. A lane's dot products need only log2(G) shuffles to combine the group's slices; the softmax
+// runs online over the windows (the running maximum, warp-uniform, rescales the sums only when it
+// grows), and every lane accumulates its weighted partner rows into its own slice-wide sums, which
+// one transposing reduction across the positions' lanes adds up at the end of the row. Every sum has
+// a fixed order: deterministic.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -20,56 +23,70 @@ namespace snack::cuda {
 namespace detail {
 namespace {
 
-constexpr int kAttentionWarps = 8;  // rows (or keys) per block
+constexpr int kAttentionWarps = 4;  // rows (or keys) per block: a warp's slices take 100-200 registers
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFull = 0xffffffffu;
 
-// part[t] holds this lane's share of the dot product of position t; afterwards part[0] holds the
-// whole dot product of position `lane` (a butterfly that halves the positions each step).
-__device__ __forceinline__ void transpose_sum(float (&part)[32]) {
-  const int lane = threadIdx.x & 31;
+// The lane layout of a warp for head dimension D and slices of S elements.
+template <int D, int S>
+struct Lanes {
+  static_assert(D % S == 0 && 32 % (D / S) == 0, "a row's slices must tile a warp");
+  static constexpr int G = D / S;   // lanes per position: one slice each
+  static constexpr int P = 32 / G;  // positions per window
+  static constexpr int F = D / 32;  // elements of the reduced row each lane stores
+};
+
+// The sum of v over the G lanes of this lane's group (consecutive lanes), in every lane of the group,
+// bitwise alike (each step adds one pair, in either order the same).
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
-  for (int half = 16; half >= 1; half >>= 1) {
-    const bool upper = lane & half;
+  for (int offset = 1; offset < G; offset <<= 1) v += __shfl_xor_sync(kFull, v, offset);
+  return v;
+}
+
+// part[S] of every lane summed over the 32 / G lanes that hold the same slice (lanes g, g + G, ...):
+// a butterfly that halves the elements at each step, after which part[0, F) of lane (slot, g) holds
+// elements slot * F .. slot * F + F of slice g, summed over all positions.
+template <int S, int G, int kOffset = 16>
+__device__ __forceinline__ void reduce_across_positions(float (&part)[S]) {
+  if constexpr (kOffset >= G) {  // one step per lane bit above the group's; compile-time indices throughout
+    constexpr int kHalf = S * kOffset / 32;
+    const bool upper = threadIdx.x & kOffset;
 #pragma unroll
-    for (int t = 0; t < half; ++t) {
-      const float send = upper ? part[t] : part[t + half];
-      const float keep = upper ? part[t + half] : part[t];
-      part[t] = keep + __shfl_xor_sync(0xffffffffu, send, half);
+    for (int t = 0; t < kHalf; ++t) {
+      const float send = upper ? part[t] : part[t + kHalf];
+      const float keep = upper ? part[t + kHalf] : part[t];
+      part[t] = keep + __shfl_xor_sync(kFull, send, kOffset);
     }
+    reduce_across_positions<S, G, kOffset / 2>(part);
   }
 }
 
-template <int E>
-__device__ __forceinline__ float dot(const float (&a)[E], const float (&b)[E]) {
+template <int S>
+__device__ __forceinline__ float dot(const float (&a)[S], const float (&b)[S]) {
   float s = 0.f;
 #pragma unroll
-  for (int e = 0; e < E; ++e) s = fmaf(a[e], b[e], s);
+  for (int e = 0; e < S; ++e) s = fmaf(a[e], b[e], s);
   return s;
 }
 
-template <typename T, int E>
-__device__ __forceinline__ void load_row(const T* p, float (&out)[E]) {
-  load_vec<T, E>(p, out);
-}
-
-template <typename T, int E>
-__device__ __forceinline__ void store_row(T* p, const float (&v)[E], float scale) {
-#pragma unroll
-  for (int e = 0; e < E; ++e) p[e] = from_accum<T>(v[e] * scale);
-}
-
-// One window of a row's positions [p, p + 32) ∩ [p, end): the partner index of each lane's position
-// (-1 past the end or masked out by causality) and the mask of valid lanes.
-template <typename Index>
-__device__ __forceinline__ unsigned window(const Index* idx, int32_t p, int32_t end, int64_t self, bool causal,
-                                           bool partner_is_key, int32_t* partner) {
+// Stores the reduced row of reduce_across_positions, times `scale`: lane (slot, g) writes elements
+// g * S + slot * F .. + F of the row at `row`.
+template <typename T, int D, int S>
+__device__ __forceinline__ void store_reduced(T* row, const float (&part)[S], float scale) {
+  using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
-  const int32_t e = p + lane;
-  int32_t j = e < end ? int32_t(idx[e]) : -1;
-  if (j >= 0 && causal && (partner_is_key ? j > self : j < self)) j = -1;
-  *partner = j;
-  return __ballot_sync(0xffffffffu, j >= 0);
+  T* p = row + (lane % L::G) * S + (lane / L::G) * L::F;
+#pragma unroll
+  for (int t = 0; t < L::F; ++t) p[t] = from_accum<T>(part[t] * scale);
+}
+
+// A position's partner (a key for a query, a query for a key), or -1 where it is none (-1 given) or
+// causality masks it out (a key after its query).
+__device__ __forceinline__ int32_t masked(int32_t partner, int64_t self, bool causal, bool partner_is_key) {
+  return partner >= 0 && causal && (partner_is_key ? partner > self : partner < self) ? -1 : partner;
 }
 
 template <typename T, typename Index, int D>
@@ -77,59 +94,56 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     attention_forward_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx, int64_t lq,
                              int64_t lk, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                              float scale_log2, bool causal, T* __restrict__ out, float* __restrict__ lse) {
-  constexpr int E = D / 32;
+  constexpr int S = 32;
+  using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
+  const int g = lane % L::G, slot = lane / L::G;
   const int64_t i = int64_t(blockIdx.x) * kAttentionWarps + (threadIdx.x >> 5);
   const int64_t bh = blockIdx.y;
   if (i >= lq) return;  // the whole warp
-  const T* kb = k + bh * lk * D + lane * E;
-  const T* vb = v + bh * lk * D + lane * E;
-  float qr[E];
-  load_row<T, E>(q + (bh * lq + i) * D + lane * E, qr);
+  const T* kb = k + bh * lk * D + g * S;
+  const T* vb = v + bh * lk * D + g * S;
+  float qr[S];
+  load_vec<T, S>(q + (bh * lq + i) * D + g * S, qr);
 #pragma unroll
-  for (int e = 0; e < E; ++e) qr[e] *= scale_log2;  // scores in log2 units: exp2 below
-  float m = -INFINITY, l = 0.f, acc[E] = {};
-  const int32_t end = row_ptr[i + 1];
-  for (int32_t p = row_ptr[i]; p < end; p += 32) {
-    int32_t j;
-    const unsigned valid = window(col_idx, p, end, i, causal, true, &j);
-    if (valid == 0) continue;
-    const int n = end - p < 32 ? int(end - p) : 32;
-    float part[32];
-#pragma unroll
-    for (int t = 0; t < 32; ++t) {
-      part[t] = 0.f;
-      if (t < n && (valid >> t & 1u)) {
-        float kr[E];
-        load_row<T, E>(kb + int64_t(__shfl_sync(0xffffffffu, j, t)) * D, kr);
-        part[t] = dot<E>(qr, kr);
-      }
+  for (int e = 0; e < S; ++e) qr[e] *= scale_log2;  // scores in log2 units: exp2 below
+  float m = -INFINITY, l = 0.f, acc[S] = {};
+  const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
+  // The key of this lane's position in the next window, requested a window ahead.
+  const auto key_at = [&](int32_t e) { return e < end ? int32_t(col_idx[e]) : -1; };
+  int32_t next = key_at(begin + slot);
+  for (int32_t p = begin; p < end; p += L::P) {
+    const int32_t j = masked(next, i, causal, true);
+    next = key_at(p + L::P + slot);
+    if (__ballot_sync(kFull, j >= 0) == 0) continue;  // warp-uniform
+    float kr[S], vr[S], part = 0.f;
+    if (j >= 0) {
+      load_vec<T, S>(kb + int64_t(j) * D, kr);
+      load_vec<T, S>(vb + int64_t(j) * D, vr);
+      part = dot<S>(qr, kr);
     }
-    transpose_sum(part);
-    const float s = j >= 0 ? part[0] : -INFINITY;
+    const float group = group_sum<L::G>(part);  // every lane takes part in the shuffles
+    const float s = j >= 0 ? group : -INFINITY;
     float window_max = s;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) window_max = fmaxf(window_max, __shfl_xor_sync(0xffffffffu, window_max, off));
-    const float m_new = fmaxf(m, window_max);
-    const float rescale = exp2f(m - m_new);
-    const float pr = j >= 0 ? exp2f(s - m_new) : 0.f;
-    l = l * rescale + pr;
+    for (int off = 16; off > 0; off >>= 1) window_max = fmaxf(window_max, __shfl_xor_sync(kFull, window_max, off));
+    if (window_max > m) {  // warp-uniform: m and window_max are the same in every lane
+      const float rescale = exp2f(m - window_max);
+      l *= rescale;
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] *= rescale;
-#pragma unroll
-    for (int t = 0; t < 32; ++t) {
-      if (t < n && (valid >> t & 1u)) {
-        const float pt = __shfl_sync(0xffffffffu, pr, t);
-        float vr[E];
-        load_row<T, E>(vb + int64_t(__shfl_sync(0xffffffffu, j, t)) * D, vr);
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(pt, vr[e], acc[e]);
-      }
+      for (int t = 0; t < S; ++t) acc[t] *= rescale;
+      m = window_max;
     }
-    m = m_new;
+    if (j >= 0) {
+      const float pr = exp2f(s - m);
+      if (g == 0) l += pr;  // one lane per position counts it
+#pragma unroll
+      for (int t = 0; t < S; ++t) acc[t] = fmaf(pr, vr[t], acc[t]);
+    }
   }
   const float total = warp_sum(l);
-  store_row<T, E>(out + (bh * lq + i) * D + lane * E, acc, total > 0.f ? 1.f / total : 0.f);
+  reduce_across_positions<S, L::G>(acc);
+  store_reduced<T, D, S>(out + (bh * lq + i) * D, acc, total > 0.f ? 1.f / total : 0.f);
   if (lane == 0) lse[bh * lq + i] = total > 0.f ? (m + log2f(total)) * kLn2 : -INFINITY;
 }
 
@@ -143,83 +157,67 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         const float* __restrict__ lse, const T* __restrict__ dout, float scale, bool causal,
                         float* __restrict__ row_dot, T* __restrict__ dq) {
-  constexpr int E = D / 32;
+  constexpr int S = 32;
+  using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
+  const int g = lane % L::G, slot = lane / L::G;
   const int64_t i = int64_t(blockIdx.x) * kAttentionWarps + (threadIdx.x >> 5);
   const int64_t bh = blockIdx.y;
   if (i >= lq) return;
-  const T* kb = k + bh * lk * D + lane * E;
-  const T* vb = v + bh * lk * D + lane * E;
-  const int64_t row = (bh * lq + i) * D + lane * E;
-  float qr[E], dor[E];
-  load_row<T, E>(q + row, qr);
-  load_row<T, E>(dout + row, dor);
+  const T* kb = k + bh * lk * D + g * S;
+  const T* vb = v + bh * lk * D + g * S;
+  const int64_t row = (bh * lq + i) * D;
+  float qr[S], dor[S];
+  load_vec<T, S>(q + row + g * S, qr);
+  load_vec<T, S>(dout + row + g * S, dor);
   const float scale_log2 = scale * kLog2e;
 #pragma unroll
-  for (int e = 0; e < E; ++e) qr[e] *= scale_log2;
+  for (int e = 0; e < S; ++e) qr[e] *= scale_log2;
   const float lse_log2 = lse[bh * lq + i] * kLog2e;
   const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
-  // The probability and dP of this lane's position in the window at p (0 and 0 where it is none).
-  const auto probabilities = [&](int32_t p, int32_t& j, unsigned& valid, float& prob, float& dp) {
-    valid = window(col_idx, p, end, i, causal, true, &j);
-    prob = dp = 0.f;
-    if (valid == 0) return;
-    const int n = end - p < 32 ? int(end - p) : 32;
-    float part_s[32], part_dp[32];
-#pragma unroll
-    for (int t = 0; t < 32; ++t) {
-      part_s[t] = part_dp[t] = 0.f;
-      if (t < n && (valid >> t & 1u)) {
-        const int64_t jt = __shfl_sync(0xffffffffu, j, t);
-        float kr[E], vr[E];
-        load_row<T, E>(kb + jt * D, kr);
-        load_row<T, E>(vb + jt * D, vr);
-        part_s[t] = dot<E>(qr, kr);
-        part_dp[t] = dot<E>(dor, vr);
-      }
-    }
-    transpose_sum(part_s);
-    transpose_sum(part_dp);
+  // This lane's key j of the window at p (-1: none), its probability, its dP and k_j's slice; false
+  // where the window holds no key (warp-uniform).
+  const auto position = [&](int32_t p, int32_t& j, float& prob, float& dp, float (&kr)[S]) {
+    const int32_t e = p + slot;
+    j = masked(e < end ? int32_t(col_idx[e]) : -1, i, causal, true);
+    if (__ballot_sync(kFull, j >= 0) == 0) return false;
+    float part_s = 0.f, part_dp = 0.f;
     if (j >= 0) {
-      prob = exp2f(part_s[0] - lse_log2);
-      dp = part_dp[0];
+      float vr[S];
+      load_vec<T, S>(kb + int64_t(j) * D, kr);
+      load_vec<T, S>(vb + int64_t(j) * D, vr);
+      part_s = dot<S>(qr, kr);
+      part_dp = dot<S>(dor, vr);
     }
+    const float s = group_sum<L::G>(part_s);
+    dp = group_sum<L::G>(part_dp);
+    prob = j >= 0 ? exp2f(s - lse_log2) : 0.f;
+    return true;
   };
   float partial_dot = 0.f;
-  for (int32_t p = begin; p < end; p += 32) {
+  for (int32_t p = begin; p < end; p += L::P) {
     int32_t j;
-    unsigned valid;
-    float prob, dp;
-    probabilities(p, j, valid, prob, dp);
-    partial_dot = fmaf(prob, dp, partial_dot);
+    float prob, dp, kr[S];
+    if (position(p, j, prob, dp, kr) && g == 0) partial_dot = fmaf(prob, dp, partial_dot);
   }
   const float di = warp_sum(partial_dot);
   if (lane == 0) row_dot[bh * lq + i] = di;
-  float acc[E] = {};
-  for (int32_t p = begin; p < end; p += 32) {
+  float acc[S] = {};
+  for (int32_t p = begin; p < end; p += L::P) {
     int32_t j;
-    unsigned valid;
-    float prob, dp;
-    probabilities(p, j, valid, prob, dp);
-    if (valid == 0) continue;
-    const int n = end - p < 32 ? int(end - p) : 32;
+    float prob, dp, kr[S];
+    if (!position(p, j, prob, dp, kr) || j < 0) continue;
     const float ds = prob * (dp - di);
 #pragma unroll
-    for (int t = 0; t < 32; ++t) {
-      if (t < n && (valid >> t & 1u)) {
-        const float dst = __shfl_sync(0xffffffffu, ds, t);
-        float kr[E];
-        load_row<T, E>(kb + int64_t(__shfl_sync(0xffffffffu, j, t)) * D, kr);
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(dst, kr[e], acc[e]);
-      }
-    }
+    for (int t = 0; t < S; ++t) acc[t] = fmaf(ds, kr[t], acc[t]);
   }
-  store_row<T, E>(dq + row, acc, scale);
+  reduce_across_positions<S, L::G>(acc);
+  store_reduced<T, D, S>(dq + row, acc, scale);
 }
 
 // dV_j = sum_i P_ij dout_i, dK_j = scale * sum_i dS_ij q_i over the queries i that store key j (the
-// CSC view: entries [col_ptr[j], col_ptr[j + 1]), slots csc_perm[e], query row_idx[slot]).
+// CSC view: entries [col_ptr[j], col_ptr[j + 1]), slots csc_perm[e], query row_idx[slot]). Slices of
+// 16: a lane holds four of them (k_j, v_j and their sums) besides the partner rows' slices.
 template <typename T, typename Index, int D>
 __global__ void __launch_bounds__(kAttentionWarps * 32)
     attention_dkdv_kernel(const int32_t* __restrict__ col_ptr, const int32_t* __restrict__ csc_perm,
@@ -227,68 +225,55 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
                           const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ row_dot, const T* __restrict__ dout, float scale, bool causal,
                           T* __restrict__ dk, T* __restrict__ dv) {
-  constexpr int E = D / 32;
+  constexpr int S = 16;
+  using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
+  const int g = lane % L::G, slot = lane / L::G;
   const int64_t j = int64_t(blockIdx.x) * kAttentionWarps + (threadIdx.x >> 5);
   const int64_t bh = blockIdx.y;
   if (j >= lk) return;
-  const T* qb = q + bh * lq * D + lane * E;
-  const T* dob = dout + bh * lq * D + lane * E;
-  const int64_t row = (bh * lk + j) * D + lane * E;
-  float kr[E], vr[E];
-  load_row<T, E>(k + row, kr);
-  load_row<T, E>(v + row, vr);
+  const T* qb = q + bh * lq * D + g * S;
+  const T* dob = dout + bh * lq * D + g * S;
+  const int64_t row = (bh * lk + j) * D;
+  float kr[S], vr[S];
+  load_vec<T, S>(k + row + g * S, kr);
+  load_vec<T, S>(v + row + g * S, vr);
   const float scale_log2 = scale * kLog2e;
 #pragma unroll
-  for (int e = 0; e < E; ++e) kr[e] *= scale_log2;
-  float acc_k[E] = {}, acc_v[E] = {};
-  const int32_t end = col_ptr[j + 1];
-  for (int32_t p = col_ptr[j]; p < end; p += 32) {
-    const int32_t e_lane = p + lane;
-    int32_t i = e_lane < end ? int32_t(row_idx[csc_perm[e_lane]]) : -1;
-    if (i >= 0 && causal && i < j) i = -1;
-    const unsigned valid = __ballot_sync(0xffffffffu, i >= 0);
-    if (valid == 0) continue;
-    const int n = end - p < 32 ? int(end - p) : 32;
-    float part_s[32], part_dp[32];
-#pragma unroll
-    for (int t = 0; t < 32; ++t) {
-      part_s[t] = part_dp[t] = 0.f;
-      if (t < n && (valid >> t & 1u)) {
-        const int64_t it = __shfl_sync(0xffffffffu, i, t);
-        float qr[E], dor[E];
-        load_row<T, E>(qb + it * D, qr);
-        load_row<T, E>(dob + it * D, dor);
-        part_s[t] = dot<E>(kr, qr);
-        part_dp[t] = dot<E>(vr, dor);
-      }
-    }
-    transpose_sum(part_s);
-    transpose_sum(part_dp);
-    float pr = 0.f, ds = 0.f;
+  for (int e = 0; e < S; ++e) kr[e] *= scale_log2;
+  float acc_k[S] = {}, acc_v[S] = {};
+  const int32_t begin = col_ptr[j], end = col_ptr[j + 1];
+  // The query of this lane's position in the next window (two dependent loads), requested a window ahead.
+  const auto query_at = [&](int32_t e) { return e < end ? int32_t(row_idx[csc_perm[e]]) : -1; };
+  int32_t next = query_at(begin + slot);
+  for (int32_t p = begin; p < end; p += L::P) {
+    const int32_t i = masked(next, j, causal, false);
+    next = query_at(p + L::P + slot);
+    if (__ballot_sync(kFull, i >= 0) == 0) continue;
+    float qr[S], dor[S], part_s = 0.f, part_dp = 0.f;
     if (i >= 0) {
-      pr = exp2f(part_s[0] - lse[bh * lq + i] * kLog2e);
-      ds = pr * (part_dp[0] - row_dot[bh * lq + i]);
+      load_vec<T, S>(qb + int64_t(i) * D, qr);
+      load_vec<T, S>(dob + int64_t(i) * D, dor);
+      part_s = dot<S>(kr, qr);
+      part_dp = dot<S>(vr, dor);
     }
+    const float s = group_sum<L::G>(part_s);
+    const float dp = group_sum<L::G>(part_dp);
+    if (i >= 0) {
+      const int64_t qi = bh * lq + i;
+      const float pr = exp2f(s - lse[qi] * kLog2e);
+      const float ds = pr * (dp - row_dot[qi]);
 #pragma unroll
-    for (int t = 0; t < 32; ++t) {
-      if (t < n && (valid >> t & 1u)) {
-        const int64_t it = __shfl_sync(0xffffffffu, i, t);
-        const float pt = __shfl_sync(0xffffffffu, pr, t);
-        const float dst = __shfl_sync(0xffffffffu, ds, t);
-        float qr[E], dor[E];
-        load_row<T, E>(qb + it * D, qr);
-        load_row<T, E>(dob + it * D, dor);
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          acc_v[e] = fmaf(pt, dor[e], acc_v[e]);
-          acc_k[e] = fmaf(dst, qr[e], acc_k[e]);
-        }
+      for (int t = 0; t < S; ++t) {
+        acc_v[t] = fmaf(pr, dor[t], acc_v[t]);
+        acc_k[t] = fmaf(ds, qr[t], acc_k[t]);
       }
     }
   }
-  store_row<T, E>(dk + row, acc_k, scale);
-  store_row<T, E>(dv + row, acc_v, 1.f);
+  reduce_across_positions<S, L::G>(acc_k);
+  reduce_across_positions<S, L::G>(acc_v);
+  store_reduced<T, D, S>(dk + row, acc_k, scale);
+  store_reduced<T, D, S>(dv + row, acc_v, 1.f);
 }
 
 Status check_attention(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim, int64_t nnz) {

@@ -26,6 +26,8 @@ AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at:
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
     TORCH_CHECK_VALUE(t->dim() == 3 && t->is_contiguous(), op, ": ", name, " must be a contiguous [BH, L, D] tensor, got ",
                       t->sizes());
+    TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op, ": ", name,
+                      " must start at a 16-byte boundary (the kernels read rows as 16-byte vectors)");
     TORCH_CHECK_TYPE(t->scalar_type() == q.scalar_type(), op, ": q, k and v must share one dtype");
     check_same_device(*t, a.p.device, name, op);
   }
@@ -77,8 +79,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Te
                                                                     double scale, bool causal) {
   const char* op = "sparse_attention_bwd";
   const AttentionArgs a = attention_args(q, k, v, pattern, op);
-  TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && dout.is_contiguous() && dout.scalar_type() == q.scalar_type(), op,
-                    ": dout must be contiguous and shaped and typed like q");
+  TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && dout.is_contiguous() && dout.scalar_type() == q.scalar_type() &&
+                        reinterpret_cast<uintptr_t>(dout.data_ptr()) % 16 == 0,
+                    op, ": dout must be contiguous, start at a 16-byte boundary and be shaped and typed like q");
   TORCH_CHECK_VALUE(lse.dim() == 2 && lse.size(0) == a.bh && lse.size(1) == a.p.rows &&
                         lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                     op, ": lse must be the forward's float32 [BH, Lq]");

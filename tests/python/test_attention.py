@@ -112,6 +112,34 @@ def test_fused_kernels_rectangular_empty_rows_and_no_slots(index_dtype):
     assert torch.equal(first, snack.nn.functional.sparse_attention(q, k, v, sparse))
 
 
+@pytest.mark.cuda
+def test_fused_kernels_take_views_off_a_16_byte_boundary():
+    # q, k, v and dout that start 4 bytes past an aligned address: sparse_attention copies them to an
+    # aligned start (the same results, bitwise), the op itself refuses them.
+    cuda = torch.device("cuda")
+    pattern = sa.local_pattern(40, 9, generator=torch.Generator().manual_seed(2), device=cuda)
+    shape, numel = (1, 2, 40, 32), 2 * 40 * 32
+    aligned = [torch.randn(shape, device=cuda, generator=torch.Generator(device=cuda).manual_seed(s))
+               for s in range(4)]
+    bases = []
+    for t in aligned:
+        base = torch.empty(numel + 1, device=cuda)
+        base[1:] = t.flatten()
+        bases.append(base.requires_grad_())
+    shifted = [b[1:].view(shape) for b in bases]
+    assert all(t.data_ptr() % 16 == 4 for t in shifted)
+    want = [t.clone().requires_grad_() for t in aligned[:3]]
+    out = snack.nn.functional.sparse_attention(*shifted[:3], pattern)
+    ref = snack.nn.functional.sparse_attention(*want, pattern)
+    assert torch.equal(out, ref)
+    out.backward(shifted[3].detach())
+    ref.backward(aligned[3])
+    assert all(torch.equal(b.grad[1:].view(shape), w.grad) for b, w in zip(bases, want))
+    flat = [t.detach().view(2, 40, 32) for t in shifted[:3]]
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        snack.ops.sparse_attention_fwd(*flat, pattern.tensors, 0.5, False)
+
+
 def test_pattern_generators_follow_their_definitions():
     seq = 30
     local = sa.local_pattern(seq, 2, global_tokens=1, causal=True).to_mask()
