@@ -2,6 +2,8 @@
 
     python bench/attention.py                         # seq 4k and 16k, head_dim 64/128, 90% and 99% sparse, bf16
     python bench/attention.py --seqs 65536 --sparsities 0.999 --impls snack,sdpa   # the 64k-token row
+    python bench/attention.py --impls snack,sdpa --baselines bench/results/attention_nvidia_h200.csv
+                                                      # flex's rows taken from an earlier run of the same grid
 
 For each configuration: forward time and forward + backward time (median of CUDA-event timings, L2
 flushed before each), and the peak memory of the forward + backward above the inputs. The pattern is
@@ -89,6 +91,10 @@ def main(argv=None) -> int:
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--baselines", type=Path, default=None,
+                        help="a result CSV of an earlier run: its rows of the impls not measured now (FlexAttention, "
+                             "whose compilation takes most of a sweep) are reported beside the new ones, and the "
+                             "header says where they come from")
     parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -105,6 +111,9 @@ def main(argv=None) -> int:
     info["method"] = benchmark.ColdTimer.METHOD + f"; median of {args.reps}; batch 1, {args.heads} heads"
     stem = args.out / f"attention_{benchmark.gpu_slug()}{'_' + args.tag if args.tag else ''}"
     rows = []
+    if args.baselines is not None:
+        rows, info["baselines"] = _baseline_rows(args.baselines, grid, set(impls))
+        impls = impls + sorted({r["impl"] for r in rows})
     for seq, head_dim, sparsity, impl in benchmark.progress(grid, len(grid), "attention"):
         row = measure(impl, seq, args.heads, head_dim, sparsity, dtype, timer, args.reps)
         rows.append(row)
@@ -120,6 +129,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def _baseline_rows(path: Path, grid, measured: set) -> tuple[list[dict], str]:
+    """The rows of an earlier result file for this grid's configurations and the impls not measured
+    now, and a line saying where they come from."""
+    old_info, old_rows = benchmark.read_csv(path)
+    configs = {(seq, d, sp) for seq, d, sp, _ in grid}
+    rows = [r for r in old_rows if r["impl"] not in measured and
+            (int(r["seq"]), int(r["head_dim"]), float(r["sparsity"])) in configs]
+    for r in rows:
+        for key in ("seq", "heads", "head_dim", "nnz"):
+            r[key] = int(r[key])
+    impls = ", ".join(sorted({r["impl"] for r in rows})) or "none"
+    return rows, (f"{impls} rows from {path.name}, measured at commit {old_info.get('commit', '?')[:10]} on "
+                  f"{old_info.get('date', '?')} ({old_info.get('gpu', '?')}, torch {old_info.get('torch', '?')})")
+
+
 def _report(stem: Path, rows, info, impls, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse attention", info)
     lines += ["Times in us; `x flex` / `x sdpa`: snack's speed-up over that impl (> 1: snack faster); peak: MiB "
@@ -127,7 +151,8 @@ def _report(stem: Path, rows, info, impls, plot: bool = True) -> None:
               "| seq | head_dim | sparsity | impl | fwd us | fwd+bwd us | peak MiB | fwd+bwd x flex | fwd+bwd x sdpa |",
               "|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["seq"], r["head_dim"], r["sparsity"], r["impl"]): r for r in rows}
-    for r in rows:
+    order = {impl: n for n, impl in enumerate(IMPLS)}
+    for r in sorted(rows, key=lambda r: (r["seq"], r["head_dim"], r["sparsity"], order.get(r["impl"], len(order)))):
         ratios = []
         for base in ("flex", "sdpa"):
             other = by_key.get((r["seq"], r["head_dim"], r["sparsity"], base))

@@ -101,8 +101,8 @@ def inference_peak_mib(model, x, device) -> float:
         return weight_mib(model) + (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def inference_rows(args, device) -> list[dict]:
-    rows = []
+def inference_rows(args, device, rows: list[dict], save) -> None:
+    """Appends the latency rows of every configuration to `rows`, calling save() after each."""
     grid = [(w, b, d, layout) for w in args.widths for b in args.batches for d in args.dtypes
             for layout in ("nchw", "channels_last")]
     for width, batch, dtype_name, layout in benchmark.progress(grid, len(grid), "inference"):
@@ -118,7 +118,7 @@ def inference_rows(args, device) -> list[dict]:
                              latency_us=latency_us(model, x, device, args.reps), weight_mib=weight_mib(model),
                              peak_mib=inference_peak_mib(model, x, device), accuracy=float("nan")))
         del dense, sparse
-    return rows
+        save()
 
 
 def digits(device, resolution: int, limit: int = 0):
@@ -196,7 +196,21 @@ def main(argv=None) -> int:
     if any(d not in ("fp32", "bf16") for d in args.dtypes) or not 0.0 < args.sparsity < 1.0:
         raise SystemExit("--dtypes takes fp32 and/or bf16; --sparsity lies in (0, 1)")
     device = torch.device(args.device)
-    rows = inference_rows(args, device)
+    out = benchmark.results_folder(args.out, device)
+    info = benchmark.provenance(device)
+    info["run"] = (f"MobileNetV1, pointwise convolutions and classifier {args.sparsity:g} sparse (ERK), {args.resolution}x"
+                   f"{args.resolution}, {args.reps} replays; accuracy: width {args.train_width:g}, "
+                   f"{args.train_resolution}x{args.train_resolution} digits, {args.epochs} epochs")
+    stem = out / f"mobilenet_{benchmark.gpu_slug(device)}" if out is not None else None
+    rows: list[dict] = []
+
+    def save(plot: bool = False) -> None:
+        """The result files so far (a run stopped part-way keeps what it measured)."""
+        if stem is not None:
+            benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+            _report(stem, rows, info, plot)
+
+    inference_rows(args, device, rows, save)
     if args.epochs > 0:
         for impl in ("snack", "dense"):
             rows.append(dict(impl=impl, width=args.train_width, batch=args.train_batch, dtype="fp32",
@@ -207,20 +221,13 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:<7}{r['width']:>6g}{r['batch']:>6}{r['dtype']:>6}{r['layout']:>15}{r['latency_us']:>12.1f}"
               f"{r['weight_mib']:>12.2f}{r['peak_mib']:>10.1f}{r['accuracy']:>9.3f}")
-    out = benchmark.results_folder(args.out, device)
-    if out is not None:
-        info = benchmark.provenance(device)
-        info["run"] = (f"MobileNetV1, pointwise convolutions and classifier {args.sparsity:g} sparse (ERK), {args.resolution}x"
-                       f"{args.resolution}, {args.reps} replays; accuracy: width {args.train_width:g}, "
-                       f"{args.train_resolution}x{args.train_resolution} digits, {args.epochs} epochs")
-        stem = out / f"mobilenet_{benchmark.gpu_slug(device)}"
-        benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
-        _report(stem, rows, info)
+    if stem is not None:
+        save(plot=True)
         print(f"wrote {stem}.csv, .md, .png")
     return 0
 
 
-def _report(stem: Path, rows, info) -> None:
+def _report(stem: Path, rows, info, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse MobileNetV1", info)
     lines += ["Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers. "
               "Peak: the weights plus what the forward allocates.", "",
@@ -241,7 +248,7 @@ def _report(stem: Path, rows, info) -> None:
                   "| impl | width | accuracy |", "|---|---|---|"]
         lines += [f"| {r['impl']} | {r['width']:g} | {r['accuracy']:.3f} |" for r in trained]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plt = benchmark.pyplot()
+    plt = benchmark.pyplot() if plot else None
     if plt is None:
         return
     timed = [r for r in rows if r["impl"] == "snack" and r["latency_us"] == r["latency_us"]]

@@ -166,6 +166,12 @@ def main(argv=None) -> int:
         raise SystemExit(f"--impls from {IMPLS}; --attention-density in (0, 1]; --sparsity in (0, 1)")
     device = torch.device(args.device)
     corpus, heldout = gpt2_dst.load_corpus(2_000_000 if not args.tiny else 200_000)
+    out = benchmark.results_folder(args.out, device)
+    info = benchmark.provenance(device)
+    info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, weights {args.sparsity:g} sparse (ERK), attention "
+                   f"pattern {args.attention_density:g} of seq x seq (causal local + random), {args.tokens} "
+                   f"tokens per step, {args.steps} steps, AdamW lr {args.lr}")
+    stem = out / f"sparse_transformer_{benchmark.gpu_slug(device)}" if out is not None else None
     rows = []
     for seq in seqs:
         print(f"== seq {seq}")
@@ -177,20 +183,16 @@ def main(argv=None) -> int:
                 rows.append(dict(impl=impl, seq=seq, batch=max(1, args.tokens // seq), dtype="bf16",
                                  attention_density=args.attention_density, steps=args.steps, step_ms=float("nan"),
                                  peak_mib=float("nan"), heldout_loss=float("nan")))
-    out = benchmark.results_folder(args.out, device)
-    if out is not None:
-        info = benchmark.provenance(device)
-        info["run"] = (f"GPT-2 {'tiny' if args.tiny else 'small'}, weights {args.sparsity:g} sparse (ERK), attention "
-                       f"pattern {args.attention_density:g} of seq x seq (causal local + random), {args.tokens} "
-                       f"tokens per step, {args.steps} steps, AdamW lr {args.lr}")
-        stem = out / f"sparse_transformer_{benchmark.gpu_slug(device)}"
-        benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+            if stem is not None:  # the files so far: a run stopped part-way keeps what it measured
+                benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
+                _report(stem, rows, info, plot=False)
+    if stem is not None:
         _report(stem, rows, info)
         print(f"wrote {stem}.csv, .md, .png")
     return 0
 
 
-def _report(stem: Path, rows, info) -> None:
+def _report(stem: Path, rows, info, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse Transformer", info)
     lines += ["Step ms: median eager training step; peak: training peak above what was allocated before the model; "
               "held-out loss: mean next-byte cross entropy on held-out files after the last step.", "",
@@ -198,7 +200,7 @@ def _report(stem: Path, rows, info) -> None:
     lines += [f"| {r['seq']} | {r['batch']} | {r['impl']} | {r['step_ms']:.1f} | {r['peak_mib']:.0f} | "
               f"{r['heldout_loss']:.4f} |" for r in rows]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plt = benchmark.pyplot()
+    plt = benchmark.pyplot() if plot else None
     if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
