@@ -13,14 +13,26 @@ from helpers import assert_close
 
 
 def dense_reference(q, k, v, masks, scale, causal):
-    """Masked softmax attention in float64 (a query with no key: zeros), and its gradients."""
+    """Masked softmax attention in float64 (a query with no key: zeros), its probabilities and the
+    scale of its output (the sum of its terms' magnitudes, P |V|)."""
     q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
     mask = torch.stack([m.cpu() for m in masks])[None]  # [1, H, Lq, Lk]
     if causal:
         mask = mask & torch.ones(mask.shape[-2:], dtype=torch.bool).tril()
     s = (q64 @ k64.transpose(-1, -2)) * scale
     p = torch.softmax(s.masked_fill(~mask, -math.inf), -1).nan_to_num(0.0)
-    return q64, k64, v64, p @ v64, p.detach() @ v64.detach().abs()
+    return q64, k64, v64, p @ v64, p.detach() @ v64.detach().abs(), p.detach()
+
+
+def gradient_scales(q64, k64, v64, p, dout64, scale):
+    """The sum of the magnitudes of the terms of dQ, dK and dV: with dP = dout v^T, D = rowsum(P dP) and
+    dS = P (dP - D), dQ = scale dS k and dK = scale dS^T q sum terms of magnitude P (|dP| + |D|) |k| (|q|),
+    dV = P^T dout terms P |dout|. Their cancellation is what a kernel's float32 rounding is measured against."""
+    q64, k64, v64 = (t.detach() for t in (q64, k64, v64))
+    dp = dout64 @ v64.transpose(-1, -2)
+    terms = p * (dp.abs() + (p * dp).sum(-1, keepdim=True).abs())
+    return (scale * terms @ k64.abs(), scale * terms.transpose(-1, -2) @ q64.abs(),
+            p.transpose(-1, -2) @ dout64.abs())
 
 
 def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False):
@@ -33,14 +45,18 @@ def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False):
     assert out.dtype == dtype and out.shape == (batch, heads, seq_q, dim_v)
     dout = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
     out.backward(dout)
-    q64, k64, v64, ref, ref_scale = dense_reference(q, k, v, [p.to_mask() for p in patterns], 1 / math.sqrt(dim), causal)
-    ref.backward(dout.double().cpu())
-    # Element-wise: the output relative to the magnitudes of its terms (P |V|), the gradients to their
-    # own magnitude plus 1% of the largest (their terms cancel through the softmax's backward).
+    scale = 1 / math.sqrt(dim)
+    q64, k64, v64, ref, ref_scale, p = dense_reference(q, k, v, [p.to_mask() for p in patterns], scale, causal)
+    dout64 = dout.double().cpu()
+    ref.backward(dout64)
+    # Element-wise, each relative to the magnitudes of its terms; the gradients also to 1% of their
+    # largest element.
     tol = dtype
     assert_close(out, ref.detach(), ref_scale, tol, "out")
-    for name, got, want in (("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad)):
-        assert_close(got, want, want.abs() + 1e-2 * want.abs().max(), tol, name)
+    scales = gradient_scales(q64, k64, v64, p, dout64, scale)
+    for name, got, want, terms in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad),
+                                      scales):
+        assert_close(got, want, terms + 1e-2 * want.abs().max(), tol, name)
 
 
 @pytest.mark.parametrize("causal", [False, True])
