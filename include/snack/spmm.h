@@ -192,6 +192,15 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx, Stream stream);
 
+/// Largest product (slots x pixels x images, i.e. multiply-adds) for which a CUDA 1x1 convolution on
+/// NCHW images runs spmm_channels_first rather than the row-major product over pixels between two
+/// transposes (snack.SparseConv2d). Each slot re-reads its input channel's pixels from L2, so the
+/// kernel's traffic grows with the slots while the transposes cost two launches and two passes over the
+/// activations: measured on the H200 (examples/mobilenet.py, MobileNetV1 at 90%), its layers of 2.4M-26M
+/// multiply-adds ran faster in place (one image, width 1: 307 against 397 us for the model in fp32)
+/// and those of 150M and more slower (64 images: 7992 against 6724 us).
+inline constexpr int64_t kChannelsFirstMaxProduct = int64_t(1) << 25;
+
 /// cpu::spmm_channels_first on the GPU (no plan, no workspace): a warp per output channel and tile of
 /// 32 x V pixels, each slot one coalesced load of V pixels of its input channel (V: the widest vector
 /// of at most 16 bytes that divides `pixels` and the operands' alignment).

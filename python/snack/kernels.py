@@ -20,6 +20,9 @@ DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v not in _nondetermin
 #: The smallest batch for which the planner considers dense_blocks (a dense GEMM over blocks of W
 #: expanded into a workspace of at most max(N, this) rows of W).
 DENSE_BLOCK_MIN_ROWS = ops.dense_block_min_rows()
+#: The largest product (slots x pixels x images) that a CUDA SparseConv2d computes in place on NCHW
+#: images (``snack.ops.spmm_channels_first``); larger ones transpose to pixels-as-rows and back.
+CHANNELS_FIRST_MAX_PRODUCT = ops.channels_first_max_product()
 
 _current_default = "auto"
 

@@ -1,6 +1,6 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
-// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, nnz_for_density,
-// set_default_spmm_variant):
+// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, channels_first_max_product,
+// nnz_for_density, set_default_spmm_variant):
 // they read metadata only, so they run for any device and under tracing.
 #include "plans.h"
 
@@ -177,6 +177,7 @@ std::vector<std::string> pattern_fields() {
 }
 
 int64_t dense_block_min_rows() { return kDenseBlockMinRows; }
+int64_t channels_first_max_product() { return cuda::kChannelsFirstMaxProduct; }
 
 int64_t index_bits(int64_t out_features, int64_t in_features) {
   check_features(out_features, in_features, "index_bits");
@@ -199,6 +200,7 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("pattern_fields", &snack::binding::pattern_fields);
   m.impl("index_bits", &snack::binding::index_bits);
   m.impl("dense_block_min_rows", &snack::binding::dense_block_min_rows);
+  m.impl("channels_first_max_product", &snack::binding::channels_first_max_product);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
 }

@@ -89,6 +89,9 @@ TORCH_LIBRARY(snack, m) {
   // keeps at a density: the rules every constructor shares.
   m.def("index_bits(int out_features, int in_features) -> int");
   m.def("dense_block_min_rows() -> int");
+  // The largest product (slots x pixels x images) a CUDA SparseConv2d runs as spmm_channels_first on
+  // NCHW images; larger ones go through the row-major product over pixels (snack/spmm.h).
+  m.def("channels_first_max_product() -> int");
   m.def("nnz_for_density(int out_features, int in_features, float density) -> int");
 
   // ---- Topology: building patterns (validating, so they synchronise once with the device) ----

@@ -137,6 +137,20 @@ def test_nchw_inference_reads_the_images_in_place(device, shape, stride, dtype):
     assert_close(trained, ref, scale, dtype, f"{shape} stride {stride} under autograd")
 
 
+@pytest.mark.cuda
+def test_nchw_inference_of_large_products_transposes():
+    # Above snack.CHANNELS_FIRST_MAX_PRODUCT multiply-adds a CUDA NCHW input takes the product over
+    # pixels as rows between two transposes: the same function.
+    layer = snack.SparseConv2d(256, 96, density=1.0, generator=torch.Generator().manual_seed(4)).cuda()
+    x = torch.randn(2, 256, 24, 30, device="cuda")
+    assert layer.nnz * 2 * 24 * 30 > snack.CHANNELS_FIRST_MAX_PRODUCT
+    with torch.no_grad():
+        y = layer(x)
+    ref, scale = conv_ref(layer, x)
+    assert_close(y, ref, scale, torch.float32, "large product")
+    assert y.is_contiguous()
+
+
 def test_nchw_inference_under_autocast(device):
     layer = snack.SparseConv2d(16, 12, density=0.25, generator=torch.Generator().manual_seed(9)).to(device)
     x = torch.randn(2, 16, 5, 5, device=device)
