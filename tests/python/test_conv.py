@@ -151,20 +151,6 @@ def test_nchw_inference_of_large_products_transposes():
     assert y.is_contiguous()
 
 
-def test_nchw_inference_under_autocast(device):
-    layer = snack.SparseConv2d(16, 12, density=0.25, generator=torch.Generator().manual_seed(9)).to(device)
-    x = torch.randn(2, 16, 5, 5, device=device)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-        y = layer(x)
-    assert y.dtype == torch.bfloat16
-    twin = copy.deepcopy(layer)
-    with torch.no_grad():
-        twin.values.copy_(layer.values.bfloat16().float())
-        twin.bias.copy_(layer.bias.bfloat16().float())
-    ref, scale = conv_ref(twin, x.bfloat16().float())
-    assert_close(y, ref, scale, torch.bfloat16, "autocast inference")
-
-
 def test_unbatched_input_and_errors():
     layer = snack.SparseConv2d(6, 4, density=0.5, generator=torch.Generator().manual_seed(0))
     x = torch.randn(6, 5, 3)
@@ -206,19 +192,23 @@ def test_gradients_match_the_dense_convolution(device, layout):
     assert_same_values(layer.bias.grad, b_ref.grad, 1e-12, what="bias gradient")
 
 
-def test_autocast_computes_in_bfloat16(device):
+@pytest.mark.parametrize("layout,grad", [("channels_last", True), ("nchw", False)], ids=["channels_last", "nchw_inference"])
+def test_autocast_computes_in_bfloat16(device, layout, grad):
+    # channels_last under autograd, and NCHW at inference (spmm_channels_first's autocast kernel).
     layer = snack.SparseConv2d(16, 12, density=0.25, generator=torch.Generator().manual_seed(1)).to(device)
-    x = torch.randn(2, 16, 5, 5, device=device).to(memory_format=torch.channels_last)
-    with torch.autocast(device.type, dtype=torch.bfloat16):
+    x = torch.randn(2, 16, 5, 5, device=device)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    with torch.set_grad_enabled(grad), torch.autocast(device.type, dtype=torch.bfloat16):
         y = layer(x)
-    assert y.dtype == torch.bfloat16
+    assert y.dtype == torch.bfloat16 and y.requires_grad == grad
     # The reference: the product of the bf16-rounded operands, accumulated exactly.
     twin = copy.deepcopy(layer)
     with torch.no_grad():
         twin.values.copy_(layer.values.bfloat16().float())
         twin.bias.copy_(layer.bias.bfloat16().float())
     ref, scale = conv_ref(twin, x.bfloat16().float())
-    assert_close(y, ref, scale, torch.bfloat16, "autocast")
+    assert_close(y, ref, scale, torch.bfloat16, f"autocast {layout}")
 
 
 def test_from_dense_and_back():
