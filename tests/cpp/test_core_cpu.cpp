@@ -32,6 +32,14 @@ TYPED_TEST(CpuOps, AllOpsMatchDenseReference) {
     ASSERT_TRUE((cpu::spmm_forward<T, Index>(w, values.data(), x.data(), sh.n, nullptr, y.data()).ok()));
     expect_elementwise(y, ref_forward(p.dense, sh.m, sh.k, x64, sh.n, nullptr), tol<T>());
 
+    // Channels first: two images of sh.n pixels each.
+    const auto images64 = random_dense(2 * sh.k * sh.n, seed++);
+    const auto images = cast<T>(images64);
+    std::vector<T> y_cf(2 * sh.m * sh.n, T(NAN));
+    ASSERT_TRUE((cpu::spmm_channels_first<T, Index>(w, values.data(), images.data(), 2, sh.n, bias.data(),
+                                                     y_cf.data()).ok()));
+    expect_elementwise(y_cf, ref_channels_first(p.dense, sh.m, sh.k, images64, 2, sh.n, bias64), tol<T>());
+
     std::vector<T> dx(sh.n * sh.k, T(NAN));
     ASSERT_TRUE((cpu::spmm_transposed<T, Index>(w, values.data(), dy.data(), sh.n, dx.data()).ok()));
     expect_elementwise(dx, ref_transposed(p.dense, sh.m, sh.k, dy64, sh.n), tol<T>());

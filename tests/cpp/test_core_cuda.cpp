@@ -110,6 +110,14 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     expect_elementwise(y.host(), ref_forward(p.dense, sh.m, sh.k, x64, sh.n, &bias64), tol);
 
+    // Channels first: two images of sh.n pixels each (every vector width across the odd sizes).
+    const auto images64 = random_dense(2 * sh.k * sh.n, seed++);
+    DeviceArray<T> images(cast<T>(images64)), y_cf(2 * sh.m * sh.n);
+    ASSERT_TRUE((cuda::spmm_channels_first<T, Index>(d.w, values.ptr, images.ptr, 2, sh.n, bias.ptr, y_cf.ptr,
+                                                      nullptr).ok()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_elementwise(y_cf.host(), ref_channels_first(p.dense, sh.m, sh.k, images64, 2, sh.n, bias64), tol);
+
     DeviceArray<T> dx(sh.n * sh.k);
     ASSERT_TRUE((cuda::spmm_transposed<T, Index>(d.w, values.ptr, dy.ptr, sh.n, dx.ptr, nullptr).ok()));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
