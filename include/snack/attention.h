@@ -4,11 +4,12 @@
 //
 // Layout (PyTorch's, contiguous): q [BH, Lq, D], k and v [BH, Lk, D] with BH = batch x heads, one
 // pattern (Lq x Lk, its CSR and CSC views) shared by every batch and head. Scores are
-// s = scale * q_i . k_j, softmax over the stored j of row i (with causal, only j <= i); a row with no
-// such j gives zeros and lse -inf. lse [BH, Lq] is log(sum_j exp(s_ij)) of each row, in float32,
-// what the backward recomputes the probabilities from. The 16-bit types compute in float32 and round
-// each output once. D: 32, 64 or 128. Every array starts at a 16-byte boundary (rows are read as
-// 16-byte vectors).
+// s = scale * q_i . k_j, softmax over the stored j of row i (with causal, only j <= i, both counted
+// from the first query and key, also when Lq != Lk); a row with no such j gives zeros and lse -inf.
+// lse [BH, Lq] is log(sum_j exp(s_ij)) of each row, in float32, what the backward recomputes the
+// probabilities from. The 16-bit types compute in float32 and round each output once. D: 32, 64 or
+// 128. q, k, v, out and the gradients start at 16-byte boundaries (rows are read as 16-byte vectors):
+// the functions return InvalidArgument otherwise.
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "../device/cuda_utils.cuh"
 #include "../device/vector_load.cuh"
@@ -285,6 +288,20 @@ Status check_attention(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim, int
   return Status::Ok();
 }
 
+// The arrays a launch touches: present, and those read or written as rows of 16-byte vectors (all
+// but the per-row float32 ones) 16-byte aligned.
+Status check_arrays(std::initializer_list<std::pair<const char*, const void*>> rows,
+                    std::initializer_list<std::pair<const char*, const void*>> per_row) {
+  for (const auto& [name, ptr] : per_row)
+    if (ptr == nullptr) return InvalidArgument(std::string("sparse_attention: ") + name + " is null");
+  for (const auto& [name, ptr] : rows) {
+    if (ptr == nullptr) return InvalidArgument(std::string("sparse_attention: ") + name + " is null");
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return InvalidArgument(std::string("sparse_attention: ") + name + " must start at a 16-byte boundary");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -295,6 +312,8 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
   SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
   SNACK_RETURN_IF_ERROR(check_attention(w.rows, w.cols, bh, head_dim, w.nnz));
   if (w.rows == 0 || bh == 0) return Status::Ok();
+  SNACK_RETURN_IF_ERROR(check_arrays({{"q", q}, {"out", out}}, {{"lse", lse}}));
+  if (w.nnz > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}}, {}));
   const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), unsigned(bh));
   const float s = scale * kLog2e;
   switch (head_dim) {
@@ -322,6 +341,9 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
   SNACK_RETURN_IF_ERROR(check_attention(w.rows, w.cols, bh, head_dim, w.nnz));
   if (bh == 0) return Status::Ok();
+  if (w.rows > 0)
+    SNACK_RETURN_IF_ERROR(check_arrays({{"q", q}, {"dout", dout}, {"dq", dq}}, {{"lse", lse}, {"row_dot", row_dot}}));
+  if (w.cols > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}}, {}));
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
     if (w.rows > 0) {

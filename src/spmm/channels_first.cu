@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kChannelsFirstWarps * 32)
     A acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = A(0);
-    // This lane's slot of the chunk at `base` (value 0 past the row: those are never multiplied).
+    // This lane's slot of the chunk at `base` (value 0 past the row, multiplied by an input of 0 below).
     const auto slot = [&](int32_t base, A& value, int32_t& column) {
       const int32_t e = base + lane;
       value = e < end ? to_accum(values[e]) : A(0);
@@ -123,6 +123,7 @@ template <typename T, typename Index, int V>
 Status launch_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
                              const T* bias, T* y, Stream stream, Activation act) {
   const int64_t tiles = ceil_div(pixels, int64_t(32 * V));
+  if (tiles > (int64_t(1) << 31) - 1) return InvalidArgument("spmm_channels_first: too many pixels per image");
   const int64_t row_groups = std::min(ceil_div(w.rows, int64_t(kChannelsFirstWarps)), kMaxGridY);
   // grid.x holds batch x tiles blocks: launched in slices of whole images where that is over 2^31 - 1.
   const int64_t images_per_launch = std::max<int64_t>(1, ((int64_t(1) << 31) - 1) / tiles);

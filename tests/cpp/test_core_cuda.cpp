@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "snack/attention.h"
 #include "test_util.h"
 
 namespace snack::test {
@@ -400,6 +401,26 @@ TEST(CudaTopology, DenseTopkMatchesCpu) {
   Status s = cuda::dense_topk_positions<float>(77, 59, dw.ptr, 900, pos.ptr, cuda::default_device_allocator(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(pos.host(), ref);
+}
+
+// The attention entry points check their arrays before any launch: a missing or misaligned one is an
+// InvalidArgument, not a fault (host pointers suffice: nothing is read).
+TEST(CudaAttention, RefusesMissingOrMisalignedArrays) {
+  const auto p = random_pattern<uint16_t>(6, 5, 12, 3, {});
+  const SlotPattern<uint16_t> w = p.view();
+  alignas(16) float rows[2 * 6 * 32 + 4] = {}, per_row[2 * 6] = {};
+  const float* q = rows;
+  float* out = rows;
+  Status s = cuda::sparse_attention_forward<float, uint16_t>(w, q + 1, q, q, 2, 32, 1.f, false, out, per_row, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("q must start at a 16-byte boundary"), std::string::npos) << s.message();
+  s = cuda::sparse_attention_forward<float, uint16_t>(w, q, nullptr, q, 2, 32, 1.f, false, out, per_row, nullptr);
+  EXPECT_NE(s.message().find("k is null"), std::string::npos) << s.message();
+  s = cuda::sparse_attention_backward<float, uint16_t>(w, q, q, q, per_row, q, 2, 32, 1.f, false, nullptr, out, out,
+                                                       out, nullptr);
+  EXPECT_NE(s.message().find("row_dot is null"), std::string::npos) << s.message();
+  s = cuda::sparse_attention_forward<float, uint16_t>(w, q, q, q, 2, 48, 1.f, false, out, per_row, nullptr);
+  EXPECT_NE(s.message().find("head_dim 32, 64 or 128"), std::string::npos) << s.message();
 }
 
 }  // namespace
