@@ -12,6 +12,7 @@
 // a fixed order: deterministic.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -30,6 +31,7 @@ constexpr int kAttentionWarps = 4;  // rows (or keys) per block: a warp's slices
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
+constexpr int64_t kMaxGridY = 65535;  // batch x heads per launch (grid.y); more run in slices
 
 // The lane layout of a warp for head dimension D and slices of S elements.
 template <int D, int S>
@@ -283,7 +285,6 @@ Status check_attention(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim, int
   if (!sparse_attention_supports(head_dim))
     return InvalidArgument("sparse_attention: the fused kernels run head_dim 32, 64 or 128, got " +
                            std::to_string(head_dim));
-  if (bh > 65535) return InvalidArgument("sparse_attention: batch x heads above 65535");
   if (lq < 0 || lk < 0 || bh < 0 || nnz < 0) return InvalidArgument("sparse_attention: negative sizes");
   return Status::Ok();
 }
@@ -314,23 +315,24 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
   if (w.rows == 0 || bh == 0) return Status::Ok();
   SNACK_RETURN_IF_ERROR(check_arrays({{"q", q}, {"out", out}}, {{"lse", lse}}));
   if (w.nnz > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}}, {}));
-  const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), unsigned(bh));
   const float s = scale * kLog2e;
+  const auto launch = [&](auto dim) -> Status {
+    constexpr int D = decltype(dim)::value;
+    for (int64_t b0 = 0; b0 < bh; b0 += kMaxGridY) {  // offsets of this slice of batch x heads
+      const int64_t qo = b0 * w.rows, ko = b0 * w.cols;
+      const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), unsigned(std::min(kMaxGridY, bh - b0)));
+      attention_forward_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
+          w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, s, causal, out + qo * D,
+          lse + qo);
+      SNACK_RETURN_IF_ERROR(check_launch("attention_forward_kernel"));
+    }
+    return Status::Ok();
+  };
   switch (head_dim) {
-    case 32:
-      attention_forward_kernel<T, Index, 32><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q, k, v, s, causal, out, lse);
-      break;
-    case 64:
-      attention_forward_kernel<T, Index, 64><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q, k, v, s, causal, out, lse);
-      break;
-    default:
-      attention_forward_kernel<T, Index, 128><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q, k, v, s, causal, out, lse);
-      break;
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    default: return launch(std::integral_constant<int, 128>{});
   }
-  return check_launch("attention_forward_kernel");
 }
 
 template <typename T, typename Index>
@@ -346,17 +348,23 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   if (w.cols > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}}, {}));
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
-    if (w.rows > 0) {
-      const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), unsigned(bh));
-      attention_dq_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q, k, v, lse, dout, scale, causal, row_dot, dq);
-      SNACK_RETURN_IF_ERROR(check_launch("attention_dq_kernel"));
-    }
-    if (w.cols > 0) {
-      const dim3 grid(unsigned(ceil_div(w.cols, kAttentionWarps)), unsigned(bh));
-      attention_dkdv_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.col_ptr, w.csc_perm, w.row_idx, w.rows, w.cols, q, k, v, lse, row_dot, dout, scale, causal, dk, dv);
-      SNACK_RETURN_IF_ERROR(check_launch("attention_dkdv_kernel"));
+    for (int64_t b0 = 0; b0 < bh; b0 += kMaxGridY) {  // offsets of this slice of batch x heads
+      const int64_t qo = b0 * w.rows, ko = b0 * w.cols;
+      const unsigned heads = unsigned(std::min(kMaxGridY, bh - b0));
+      if (w.rows > 0) {
+        const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), heads);
+        attention_dq_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
+            w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo, dout + qo * D, scale,
+            causal, row_dot + qo, dq + qo * D);
+        SNACK_RETURN_IF_ERROR(check_launch("attention_dq_kernel"));
+      }
+      if (w.cols > 0) {
+        const dim3 grid(unsigned(ceil_div(w.cols, kAttentionWarps)), heads);
+        attention_dkdv_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
+            w.col_ptr, w.csc_perm, w.row_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo,
+            row_dot + qo, dout + qo * D, scale, causal, dk + ko * D, dv + ko * D);
+        SNACK_RETURN_IF_ERROR(check_launch("attention_dkdv_kernel"));
+      }
     }
     return Status::Ok();
   };
