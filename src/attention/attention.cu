@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "../device/cuda_utils.cuh"
@@ -31,7 +32,6 @@ constexpr int kAttentionWarps = 4;  // rows (or keys) per block: a warp's slices
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int64_t kMaxGridY = 65535;  // batch x heads per launch (grid.y); more run in slices
 
 // The lane layout of a warp for head dimension D and slices of S elements.
 template <int D, int S>
@@ -303,6 +303,16 @@ Status check_arrays(std::initializer_list<std::pair<const char*, const void*>> r
   return Status::Ok();
 }
 
+// fn(std::integral_constant<int, D>) for the head dimension D (32, 64 or 128, checked before).
+template <typename Fn>
+Status with_head_dim(int64_t head_dim, Fn&& fn) {
+  switch (head_dim) {
+    case 32: return fn(std::integral_constant<int, 32>{});
+    case 64: return fn(std::integral_constant<int, 64>{});
+    default: return fn(std::integral_constant<int, 128>{});
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -328,11 +338,7 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
     }
     return Status::Ok();
   };
-  switch (head_dim) {
-    case 32: return launch(std::integral_constant<int, 32>{});
-    case 64: return launch(std::integral_constant<int, 64>{});
-    default: return launch(std::integral_constant<int, 128>{});
-  }
+  return with_head_dim(head_dim, launch);
 }
 
 template <typename T, typename Index>
@@ -368,11 +374,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
     }
     return Status::Ok();
   };
-  switch (head_dim) {
-    case 32: return launch(std::integral_constant<int, 32>{});
-    case 64: return launch(std::integral_constant<int, 64>{});
-    default: return launch(std::integral_constant<int, 128>{});
-  }
+  return with_head_dim(head_dim, launch);
 }
 
 #define SNACK_INSTANTIATE_ATTENTION(T, Index)                                                                      \

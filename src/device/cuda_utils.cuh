@@ -112,6 +112,7 @@ __device__ __forceinline__ A warp_sum(A v) {
 }
 
 using ::snack::detail::ceil_div;
+using ::snack::detail::kMaxGridY;
 using ::snack::detail::grid_for;
 
 }  // namespace snack::cuda::detail

@@ -1,9 +1,10 @@
-// Wide loads of values and indices, widened to the accumulation type, and the fixed-order dot
-// product the kernels share.
+// Wide loads of values and indices, widened to the accumulation type, wide stores of runs of
+// values, and the fixed-order dot product the kernels share.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <type_traits>
 
 #include "cuda_utils.cuh"
@@ -71,6 +72,29 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
         out[j] = to_accum(load_ro(p + j));
       }
     }
+  }
+}
+
+// Stores kN values of T (to global or shared memory; p aligned to 16 bytes or to the whole run) as
+// 16-, 8- or 4-byte vectors where they fill one.
+template <typename T, int kN>
+__device__ __forceinline__ void store_run(T* p, const T (&v)[kN]) {
+  constexpr int kBytes = kN * int(sizeof(T));
+  if constexpr (kBytes % 16 == 0 || kBytes == 8 || kBytes == 4) {
+    constexpr int kWords = kBytes / 4;
+    uint32_t w[kWords];
+    memcpy(w, v, kBytes);  // a register move
+    if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+      for (int q = 0; q < kWords; q += 4) reinterpret_cast<uint4*>(p)[q / 4] = make_uint4(w[q], w[q + 1], w[q + 2], w[q + 3]);
+    } else if constexpr (kBytes == 8) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    } else {
+      *reinterpret_cast<uint32_t*>(p) = w[0];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) p[j] = v[j];
   }
 }
 

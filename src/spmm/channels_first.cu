@@ -24,35 +24,6 @@ namespace {
 
 constexpr int kChannelsFirstWarps = 8;  // output channels per block (a warp each)
 constexpr int kSlotGroup = 8;           // slots whose loads are issued before their multiply-adds
-constexpr int64_t kMaxGridY = 65535;
-
-// Writes V accumulated values as T, in one vector store where V elements make 4, 8 or 16 bytes
-// (the caller guarantees the alignment).
-template <typename T, int V>
-__device__ __forceinline__ void store_vec(T* p, const accum_t<T> (&v)[V]) {
-  if constexpr (std::is_same_v<T, float> && V == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else if constexpr (std::is_same_v<T, float> && V == 2) {
-    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
-  } else if constexpr (std::is_same_v<T, double> && V == 2) {
-    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
-  } else if constexpr (kIsHalfType<T> && V >= 2) {
-    uint32_t words[V / 2];
-#pragma unroll
-    for (int j = 0; j < V / 2; ++j)
-      words[j] = uint32_t(from_accum<T>(v[2 * j]).bits) | uint32_t(from_accum<T>(v[2 * j + 1]).bits) << 16;
-    if constexpr (V == 8) {
-      *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
-    } else if constexpr (V == 4) {
-      *reinterpret_cast<uint2*>(p) = make_uint2(words[0], words[1]);
-    } else {
-      *reinterpret_cast<uint32_t*>(p) = words[0];
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) p[j] = from_accum<T>(v[j]);
-  }
-}
 
 // blockIdx.x: image b = blockIdx.x / tiles and pixel tile blockIdx.x % tiles; the warps of a block
 // take consecutive output channels, and the grid's y strides over them.
@@ -112,9 +83,10 @@ __global__ void __launch_bounds__(kChannelsFirstWarps * 32)
     }
     if (active) {
       const A b_r = bias ? to_accum(bias[r]) : A(0);
+      T out[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] = apply_activation(acc[j] + b_r, act);
-      store_vec<T, V>(y + (b * rows + r) * pixels + p, acc);
+      for (int j = 0; j < V; ++j) out[j] = from_accum<T>(apply_activation(acc[j] + b_r, act));
+      store_run<T, V>(y + (b * rows + r) * pixels + p, out);
     }
   }
 }

@@ -22,11 +22,9 @@ namespace {
 using detail::check_launch;
 using detail::CscView;
 using detail::CsrView;
+using detail::kMaxGridY;  // batch tiles (or batch rows) side by side in grid.y per launch
 using detail::kSpmmWarps;
 using detail::XLayout;
-
-// Batch tiles (or batch rows) run side by side in grid.y, at most this many per launch.
-constexpr int64_t kMaxGridY = 65535;
 
 template <typename T, typename Index, int kTile>
 Status launch_wide_rows_tile(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,

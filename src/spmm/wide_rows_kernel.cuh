@@ -32,29 +32,6 @@ struct WideTile {
   static constexpr int kPieces = kTile / kElems;
 };
 
-// Stores kN values of T to shared memory (p aligned to 16 bytes or to the whole run) as 16-byte
-// vectors where they fill one.
-template <typename T, int kN>
-__device__ __forceinline__ void store_shared_run(T* p, const T (&v)[kN]) {
-  constexpr int kBytes = kN * int(sizeof(T));
-  if constexpr (kBytes % 16 == 0 || kBytes == 8 || kBytes == 4) {
-    constexpr int kWords = kBytes / 4;
-    uint32_t w[kWords];
-    memcpy(w, v, kBytes);  // a register move
-    if constexpr (kBytes % 16 == 0) {
-#pragma unroll
-      for (int q = 0; q < kWords; q += 4) reinterpret_cast<uint4*>(p)[q / 4] = make_uint4(w[q], w[q + 1], w[q + 2], w[q + 3]);
-    } else if constexpr (kBytes == 8) {
-      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-    } else {
-      *reinterpret_cast<uint32_t*>(p) = w[0];
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) p[j] = v[j];
-  }
-}
-
 // One lane's chunk: kWideSlots consecutive slots, values widened, indices as loaded (packed words).
 template <typename T, typename Index>
 struct WideChunk {
@@ -201,7 +178,7 @@ __global__ void __launch_bounds__(wide_rows_threads(kTile), kWideWarpsPerSm * 32
       T column[kTile];
 #pragma unroll
       for (int b = 0; b < kTile; ++b) column[b] = b < tile_rows ? xtile[int64_t(b) * in_dim + c] : T{};
-      store_shared_run<T, kTile>(xs + int64_t(c) * kTile, column);
+      store_run<T, kTile>(xs + int64_t(c) * kTile, column);
     }
   }
   __syncthreads();

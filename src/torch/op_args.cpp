@@ -115,9 +115,15 @@ void check_value_dtype(const at::Tensor& values, const char* op) {
 }
 
 void check_dense(const at::Tensor& t, const at::Tensor& like, int64_t cols, const PatternArg& p, const char* name,
-                 const char* op) {
-  TORCH_CHECK_VALUE(t.dim() == 2, "snack.", op, ": ", name, " must be 2-D [N, ", cols, "], got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.size(1) == cols, "snack.", op, ": ", name, " has ", t.size(1), " columns, expected ", cols);
+                 const char* op, bool channels_first) {
+  if (channels_first) {
+    TORCH_CHECK_VALUE(t.dim() == 3, "snack.", op, ": ", name, " must be 3-D [B, ", cols, ", pixels], got shape ",
+                      t.sizes());
+  } else {
+    TORCH_CHECK_VALUE(t.dim() == 2, "snack.", op, ": ", name, " must be 2-D [N, ", cols, "], got shape ", t.sizes());
+  }
+  TORCH_CHECK_VALUE(t.size(1) == cols, "snack.", op, ": ", name, " has ", t.size(1),
+                    channels_first ? " channels, expected " : " columns, expected ", cols);
   TORCH_CHECK_TYPE(t.scalar_type() == like.scalar_type(), "snack.", op, ": ", name, " dtype ", t.scalar_type(),
                    " differs from the weight dtype ", like.scalar_type());
   check_same_device(t, p.device, name, op);

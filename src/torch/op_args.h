@@ -72,9 +72,10 @@ void set_default_spmm_variant(c10::string_view name);
 void check_1d(const at::Tensor& t, const char* name, const char* op);
 void check_same_device(const at::Tensor& t, const at::Device& device, const char* name, const char* op);
 void check_value_dtype(const at::Tensor& values, const char* op);
-// An activation-shaped operand: 2-D [N, cols], the dtype of `like`, on the pattern's device.
+// An activation-shaped operand: 2-D [N, cols] (channels_first: 3-D [B, cols, pixels]), the dtype of
+// `like`, on the pattern's device.
 void check_dense(const at::Tensor& t, const at::Tensor& like, int64_t cols, const PatternArg& p, const char* name,
-                 const char* op);
+                 const char* op, bool channels_first = false);
 // values: 1-D, one per slot, a value dtype, on the pattern's device.
 void check_values(const at::Tensor& values, const PatternArg& p, const char* op);
 // bias (when given): [M], the dtype of values, on the pattern's device.

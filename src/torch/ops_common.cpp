@@ -11,25 +11,11 @@
 namespace snack::binding {
 
 SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                       const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op) {
+                       const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op,
+                       bool channels_first) {
   SpmmInputs in{pattern_arg(pattern, op), at::Tensor(), bias, activation_arg(activation, op)};
   check_values(values, in.p, op);
-  check_dense(x, values, in.p.cols, in.p, "x", op);
-  check_bias(bias, values, in.p, op);
-  in.x = x.contiguous();
-  return in;
-}
-
-SpmmInputs spmm_channels_first_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                                      const std::optional<at::Tensor>& bias, c10::string_view activation,
-                                      const char* op) {
-  SpmmInputs in{pattern_arg(pattern, op), at::Tensor(), bias, activation_arg(activation, op)};
-  check_values(values, in.p, op);
-  TORCH_CHECK_VALUE(x.dim() == 3, "snack.", op, ": x must be 3-D [B, ", in.p.cols, ", pixels], got shape ", x.sizes());
-  TORCH_CHECK_VALUE(x.size(1) == in.p.cols, "snack.", op, ": x has ", x.size(1), " channels, expected ", in.p.cols);
-  TORCH_CHECK_TYPE(x.scalar_type() == values.scalar_type(), "snack.", op, ": x dtype ", x.scalar_type(),
-                   " differs from the weight dtype ", values.scalar_type());
-  check_same_device(x, in.p.device, "x", op);
+  check_dense(x, values, in.p.cols, in.p, "x", op, channels_first);
   check_bias(bias, values, in.p, op);
   in.x = x.contiguous();
   return in;

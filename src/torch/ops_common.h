@@ -11,7 +11,8 @@
 
 namespace snack::binding {
 
-// spmm / spmm_for_step: x [N, K] (made contiguous), values, pattern, bias [M], the activation.
+// spmm / spmm_for_step: x [N, K] (made contiguous), values, pattern, bias [M], the activation;
+// spmm_channels_first: x [B, K, pixels] (channels_first).
 struct SpmmInputs {
   PatternArg p;
   at::Tensor x;
@@ -19,12 +20,8 @@ struct SpmmInputs {
   Activation act = Activation::kNone;
 };
 SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                       const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op);
-
-// spmm_channels_first: x [B, K, P] (made contiguous), values, pattern, bias [M], the activation.
-SpmmInputs spmm_channels_first_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                                      const std::optional<at::Tensor>& bias, c10::string_view activation,
-                                      const char* op);
+                       const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op,
+                       bool channels_first = false);
 
 // spmm_t: dy [N, M] (contiguous), values, pattern.
 struct SpmmTInputs {

@@ -117,7 +117,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                                const std::optional<at::Tensor>& bias, c10::string_view activation) {
   const char* op = "spmm_channels_first";
-  const SpmmInputs in = spmm_channels_first_inputs(x, values, pattern, bias, activation, op);
+  const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op, true);
   check_contents(in.p, op);
   const int64_t batch = in.x.size(0), pixels = in.x.size(2);
   at::Tensor y = at::empty({batch, in.p.rows, pixels}, values.options());
