@@ -132,13 +132,11 @@ def main(argv=None) -> int:
 def _baseline_rows(path: Path, grid, measured: set) -> tuple[list[dict], str]:
     """The rows of an earlier result file for this grid's configurations and the impls not measured
     now, and a line saying where they come from."""
-    old_info, old_rows = benchmark.read_csv(path)
+    old_info, old_rows = benchmark.read_csv(path, int_columns=("seq", "heads", "head_dim", "nnz"))
     configs = {(seq, d, sp) for seq, d, sp, _ in grid}
-    rows = [r for r in old_rows if r["impl"] not in measured and
-            (int(r["seq"]), int(r["head_dim"]), float(r["sparsity"])) in configs]
-    for r in rows:
-        for key in ("seq", "heads", "head_dim", "nnz"):
-            r[key] = int(r[key])
+    rows = [r for r in old_rows if r["impl"] not in measured and (r["seq"], r["head_dim"], r["sparsity"]) in configs]
+    if "baselines" in old_info:  # that file's rows were themselves taken from an earlier one
+        return rows, old_info["baselines"]
     impls = ", ".join(sorted({r["impl"] for r in rows})) or "none"
     return rows, (f"{impls} rows from {path.name}, measured at commit {old_info.get('commit', '?')[:10]} on "
                   f"{old_info.get('date', '?')} ({old_info.get('gpu', '?')}, torch {old_info.get('torch', '?')})")

@@ -213,9 +213,9 @@ def write_csv(path: Path, header: dict[str, str], columns: list[str], rows: list
             f.write(",".join(_fmt(row.get(c, "")) for c in columns) + "\n")
 
 
-def read_csv(path: Path) -> tuple[dict[str, str], list[dict]]:
-    """A result CSV written by write_csv: its provenance block and its rows (M, K, N as int, the
-    other numbers as float, the rest as text)."""
+def read_csv(path: Path, int_columns=("M", "K", "N")) -> tuple[dict[str, str], list[dict]]:
+    """A result CSV written by write_csv: its provenance block and its rows (the int_columns as int,
+    the other numbers as float, the rest as text)."""
     info, rows, header = {}, [], None
     for line in Path(path).read_text().splitlines():
         if line.startswith("# "):
@@ -227,7 +227,7 @@ def read_csv(path: Path) -> tuple[dict[str, str], list[dict]]:
             row = dict(zip(header, line.split(",")))
             for key, value in row.items():
                 try:
-                    row[key] = int(value) if key in ("M", "K", "N") else float(value)
+                    row[key] = int(value) if key in int_columns else float(value)
                 except ValueError:
                     pass
             rows.append(row)
