@@ -181,25 +181,6 @@ double tol() {
 }
 
 // Dense float64 references.
-// y[b, r, p] = sum_c dense[r, c] x[b, c, p] + bias[r]: x [images, k, pixels], y [images, m, pixels].
-inline Reference ref_channels_first(const std::vector<double>& dense, int64_t m, int64_t k, const std::vector<double>& x,
-                                    int64_t images, int64_t pixels, const std::vector<double>& bias) {
-  Reference y{std::vector<double>(images * m * pixels), std::vector<double>(images * m * pixels)};
-  for (int64_t b = 0; b < images; ++b)
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t p = 0; p < pixels; ++p) {
-        double acc = bias[r], mag = std::abs(bias[r]);
-        for (int64_t c = 0; c < k; ++c) {
-          const double term = dense[r * k + c] * x[(b * k + c) * pixels + p];
-          acc += term;
-          mag += std::abs(term);
-        }
-        y.value[(b * m + r) * pixels + p] = acc;
-        y.scale[(b * m + r) * pixels + p] = mag;
-      }
-  return y;
-}
-
 inline Reference ref_forward(const std::vector<double>& dense, int64_t m, int64_t k, const std::vector<double>& x,
                              int64_t n, const std::vector<double>* bias) {
   Reference y{std::vector<double>(n * m), std::vector<double>(n * m)};
@@ -213,6 +194,25 @@ inline Reference ref_forward(const std::vector<double>& dense, int64_t m, int64_
       y.value[i * m + r] = acc;
       y.scale[i * m + r] = mag;
     }
+  return y;
+}
+
+// y[b, r, p] = sum_c dense[r, c] x[b, c, p] + bias[r]: x [images, k, pixels], y [images, m, pixels];
+// each image is ref_forward of its pixels as rows.
+inline Reference ref_channels_first(const std::vector<double>& dense, int64_t m, int64_t k, const std::vector<double>& x,
+                                    int64_t images, int64_t pixels, const std::vector<double>& bias) {
+  Reference y{std::vector<double>(images * m * pixels), std::vector<double>(images * m * pixels)};
+  std::vector<double> rows(pixels * k);
+  for (int64_t b = 0; b < images; ++b) {
+    for (int64_t c = 0; c < k; ++c)
+      for (int64_t p = 0; p < pixels; ++p) rows[p * k + c] = x[(b * k + c) * pixels + p];
+    const Reference image = ref_forward(dense, m, k, rows, pixels, &bias);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t p = 0; p < pixels; ++p) {
+        y.value[(b * m + r) * pixels + p] = image.value[p * m + r];
+        y.scale[(b * m + r) * pixels + p] = image.scale[p * m + r];
+      }
+  }
   return y;
 }
 
