@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", default=None, help="uniform,powerlaw")
     parser.add_argument("--impls", default=None, help="subset of implementations to time")
     parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32", help="values and activations")
+    parser.add_argument("--tag", default="", help="suffix of the result files (spmm_<gpu>_<dtype>_<tag>.*)")
     parser.add_argument("--render", action="store_true",
                         help="only rebuild the .md and .png from the spmm_<gpu>*.csv result files in --out")
     args = parser.parse_args(argv)
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
         del dense_w, mask, w64
     slug = benchmark.gpu_slug()
     suffix = (("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_large" if args.large else "") +
-              ("_quick" if args.quick else ""))
+              ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else ""))
     csv_path = args.out / f"spmm_{slug}{suffix}.csv"
     benchmark.write_csv(csv_path, info, COLUMNS, rows_out)
     md = summarize(rows_out, info, failures, args.dtype)

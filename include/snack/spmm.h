@@ -48,10 +48,13 @@ enum class SpmmVariant : int {
   kSharedX,    ///< large batches on CUDA cores (fp32 and 16-bit): a block owns a band of rows and a batch tile of
                ///< 128 (fp32) or 256 (16-bit) rows; chunks of X, transposed once, are staged in shared memory and
                ///< read there by every row of the band.
+  kWgmma,      ///< 16-bit values on Hopper (sm_90a build, compute capability 9.0), forced only for now: the slots
+               ///< sorted into per-tile lists (workspace), expanded on chip by a producer warpgroup while the
+               ///< copy engine brings X and two consumer warpgroups multiply with wgmma. in_dim a multiple of 8.
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
-/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks", "shared_x").
+/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks", "shared_x", "wgmma").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -125,7 +128,7 @@ struct SpmmPlan {
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
   size_t workspace_bytes = 0;  ///< device workspace the caller provides (kGlobalXT with a tile > 1)
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
-  int k_splits = 1;            ///< kTensorCore: blocks (one cluster) that split each band's columns
+  int k_splits = 1;            ///< kTensorCore, kWgmma: blocks (one cluster) that split each band's columns
   int chunk = 0;               ///< kTensorCore: input columns per expanded tile (64 or 256); kSharedX: per stage
   int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
 };

@@ -27,7 +27,8 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kCooAtomic, "coo_atomic"},
                                                 {SpmmVariant::kTensorCore, "tensor_core"},
                                                 {SpmmVariant::kDenseBlocks, "dense_blocks"},
-                                                {SpmmVariant::kSharedX, "shared_x"}};
+                                                {SpmmVariant::kSharedX, "shared_x"},
+                                                {SpmmVariant::kWgmma, "wgmma"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},

@@ -14,6 +14,7 @@
 #include "shared_x_kernel.cuh"
 #include "tensor_core_kernel.cuh"
 #include "snack/spmm.h"
+#include "wgmma.h"
 #include "wide_rows_kernel.cuh"
 
 namespace snack::cuda {
@@ -222,6 +223,13 @@ Status run_plan(const SpmmPlan& plan, View view, int64_t nnz, int64_t out_dim, i
       return launch_rows_tile<T, View, XLayout::kRowMajor>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream, rl);
     case SpmmVariant::kTensorCore:
       return launch_tensor_core<T>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case SpmmVariant::kWgmma:
+      if constexpr (kIsHalfType<T>) {
+        return detail::launch_spmm_wgmma<T>(view, nnz, out_dim, in_dim, in, n, bias, out, act, plan.k_splits,
+                                            workspace, stream);
+      } else {
+        return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
+      }
     case SpmmVariant::kGlobalXT:
     case SpmmVariant::kSharedX: {
       // A one-row batch tile transposed is the row itself: that is global_x's in-place read.

@@ -383,6 +383,35 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
   return Status::Ok();
 }
 
+// The wgmma kernel's plan: a block per band of kWgBandRows outputs and batch tile of kWgBatchTile
+// rows (one block per SM), and per band a cluster of k_splits blocks that split its chunks, doubled
+// while the launch leaves SMs idle and each block keeps at least 8 chunks.
+Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
+  if (p.in_dim % 8 != 0)
+    return InvalidArgument("wgmma: the inputs (" + std::to_string(p.in_dim) +
+                           ") must be a multiple of 8 (the copy engine reads 16-byte rows)");
+  if (p.in_dim > 65535) return InvalidArgument("wgmma: at most 65535 inputs, got " + std::to_string(p.in_dim));
+  const int64_t bands = ceil_div(p.out_dim, kWgBandRows);
+  const int64_t tiles = ceil_div(std::max<int64_t>(p.n, 1), kWgBatchTile);
+  if (tiles > kMaxGridY) return InvalidArgument("wgmma: batch too large: " + std::to_string(p.n) + " rows");
+  const int64_t chunks = ceil_div(p.in_dim, kWgChunk);
+  int splits = 1;
+  while (splits < kWgMaxSplits && bands * tiles * splits < int64_t(limits.sms) && chunks >= 16 * splits) splits *= 2;
+  plan->batch_tile = kWgBatchTile;
+  plan->chunk = kWgChunk;
+  plan->k_splits = splits;
+  plan->grid_x = std::max<int64_t>(1, bands) * splits;
+  plan->threads = kWgThreads;
+  plan->smem_bytes = wgmma_smem_bytes();
+  plan->workspace_bytes = wgmma_lists(p.out_dim, p.in_dim, p.nnz).bytes;
+  if (plan->smem_bytes > limits.smem_per_block)
+    return InvalidArgument("wgmma: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
+                           "the device's " + std::to_string(limits.smem_per_block));
+  return Status::Ok();
+}
+
 Status check_limits(const DeviceLimits& limits) {
   if (limits.sms <= 0 || limits.max_threads_per_sm <= 0 || limits.smem_per_block == 0 || limits.smem_per_sm == 0)
     return InvalidArgument("plan_spmm: device limits must be positive (query them with cuda::device_limits)");
@@ -459,7 +488,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       break;
   }
   plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows || v == SpmmVariant::kTensorCore ||
-                               v == SpmmVariant::kDenseBlocks || v == SpmmVariant::kSharedX
+                               v == SpmmVariant::kDenseBlocks || v == SpmmVariant::kSharedX || v == SpmmVariant::kWgmma
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, p.out_dim,
                                                (p.n + plan.batch_tile - 1) / plan.batch_tile, p.transposed, limits);
@@ -467,6 +496,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   const int64_t operand_bytes = p.nnz * int64_t(vb + sizeof(int32_t)) + p.n * p.in_dim * int64_t(vb);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
                      v != SpmmVariant::kTensorCore && v != SpmmVariant::kDenseBlocks && v != SpmmVariant::kSharedX &&
+                     v != SpmmVariant::kWgmma &&
                      operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
@@ -494,6 +524,9 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       break;
     case SpmmVariant::kSharedX:
       SNACK_RETURN_IF_ERROR(shared_x_grid(p, &plan, limits));
+      break;
+    case SpmmVariant::kWgmma:
+      SNACK_RETURN_IF_ERROR(wgmma_plan(p, &plan, limits));
       break;
     case SpmmVariant::kDenseBlocks:  // the expansion of one block: a warp per output
       plan.threads = cuda::detail::kExpandThreads;
@@ -526,6 +559,9 @@ std::string describe(const SpmmPlan& plan) {
          std::to_string(plan.chunk) + " columns";
   } else if (plan.variant == SpmmVariant::kDenseBlocks) {
     s += ", blocks of " + std::to_string(plan.block_rows) + " outputs";
+  } else if (plan.variant == SpmmVariant::kWgmma) {
+    s += ", bands of " + std::to_string(cuda::detail::kWgBandRows) + " rows, chunks of " + std::to_string(plan.chunk) +
+         " columns, " + std::to_string(plan.k_splits) + " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
   } else if (plan.variant != SpmmVariant::kWarpRow && plan.variant != SpmmVariant::kCooAtomic) {
     s += ", " + std::to_string(plan.lanes_per_row) + " lanes per row";
   }

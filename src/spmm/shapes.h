@@ -122,6 +122,45 @@ static_assert(sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_
                   sizeof(float) * kTcWideMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcWideMaxTile, kTcWideChunk),
               "the partial tile fits in the staging buffers");
 
+// ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----
+constexpr int kWgBandRows = 128;     // output rows per block: two consumer warpgroups of 64
+constexpr int kWgBatchTile = 128;    // batch rows per block (the wgmma's N)
+constexpr int kWgChunk = 64;         // input columns per stage: one 128-byte swizzle row of 16-bit values
+constexpr int kWgStages = 4;         // chunks in flight
+constexpr int kWgThreads = 384;      // the producer warpgroup and two consumers
+constexpr int kWgMaxSplits = 8;      // blocks of a cluster that split one band's chunks
+constexpr int kWgTileBytes = kWgBandRows * kWgChunk * 2;  // one expanded W tile; the X tile is as large
+constexpr int kWgStageBytes = 2 * kWgTileBytes;
+constexpr int kWgPartialStride = kWgBandRows + 4;  // floats per batch row of a split block's partial tile
+
+// Dynamic shared memory of one block: the stages, their full and empty barriers, 16 spare bytes, and
+// the slack that aligns the stages to 1024 bytes (the swizzle's period).
+SNACK_HOST_DEVICE constexpr size_t wgmma_smem_bytes() {
+  return size_t(kWgStages) * kWgStageBytes + 2 * kWgStages * sizeof(uint64_t) + 16 + 1024;
+}
+
+// The tile lists of a product (wgmma_kernel.cuh) in its workspace, byte offsets from its start: the
+// packed words (4 bytes a slot), the bands' list offsets, the rows' chunk starts and their slots
+// before them in the band's chunk lists.
+struct WgmmaLists {
+  size_t tile_off = 0, starts = 0, row_before = 0, bytes = 0;
+};
+SNACK_HOST_DEVICE WgmmaLists wgmma_lists(int64_t out_dim, int64_t in_dim, int64_t nnz) {
+  const auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  const size_t chunks = size_t((in_dim + kWgChunk - 1) / kWgChunk);
+  const size_t bands = size_t((out_dim + kWgBandRows - 1) / kWgBandRows);
+  WgmmaLists l;
+  l.tile_off = up16(sizeof(uint32_t) * size_t(nnz));
+  l.starts = l.tile_off + up16(sizeof(int32_t) * bands * (chunks + 1));
+  l.row_before = l.starts + up16(sizeof(uint16_t) * size_t(out_dim) * (chunks + 1));
+  l.bytes = l.row_before + up16(sizeof(uint16_t) * size_t(out_dim) * chunks);
+  return l;
+}
+static_assert(sizeof(float) * kWgBatchTile * kWgPartialStride <= size_t(kWgStages) * kWgStageBytes,
+              "the partial tile fits in the stages");
+static_assert(kWgBandRows == 128 && kWgBatchTile == 128 && kWgChunk == 64 && kWgThreads == 384,
+              "the kernel's roles and wgmma shape assume these");
+
 // ---- dense blocks ----
 constexpr int kExpandThreads = 256;  // a warp per expanded output row
 

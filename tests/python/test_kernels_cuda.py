@@ -27,7 +27,7 @@ def variant_cases(transposed):
 
 # The variants that run 16-bit values only (the planner never picks them for others), and those that
 # refuse float64 (shared_x parks its slots' values as float32).
-SIXTEEN_BIT_ONLY = ("tensor_core",)
+SIXTEEN_BIT_ONLY = ("tensor_core", "wgmma")
 NO_FLOAT64 = ("shared_x",)
 
 
@@ -35,6 +35,8 @@ def refusal(variant, n, in_dim, dtype):
     """The error a forced variant gives for a product it cannot run (None: it runs it)."""
     if variant in SIXTEEN_BIT_ONLY and dtype not in (torch.bfloat16, torch.float16):
         return "16-bit"
+    if variant == "wgmma" and in_dim % 8:
+        return "multiple of 8"
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return "float32, bfloat16 and float16"
     return None if fits(variant, n, in_dim, dtype) else "shared memory"
@@ -42,9 +44,10 @@ def refusal(variant, n, in_dim, dtype):
 
 def fits(variant, n, in_dim, dtype):
     """wide_rows runs only where one row of X fits in shared memory (the planner never picks it
-    otherwise), tensor_core only 16-bit values; the other variants run every product."""
+    otherwise), tensor_core only 16-bit values, wgmma 16-bit values whose rows are a multiple of 8
+    inputs; the other variants run every product."""
     if variant in SIXTEEN_BIT_ONLY:
-        return dtype in (torch.bfloat16, torch.float16)
+        return dtype in (torch.bfloat16, torch.float16) and (variant != "wgmma" or in_dim % 8 == 0)
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return False
     if variant != "wide_rows":
@@ -178,7 +181,7 @@ def test_one_row_of_a_large_layer_runs_wide_rows():
 def test_long_rows_split_over_a_block(variant, n):
     # Rows of 5000 entries next to rows of ~10: the kernels hand the long rows to a whole block.
     if variant in SIXTEEN_BIT_ONLY:
-        pytest.skip("a 16-bit variant: test_tensor_core_paths runs its long rows")
+        pytest.skip("a 16-bit variant: its own tests run long rows (test_tensor_core_paths, test_wgmma_bands_lists_and_splits)")
     m, k = 300, 5000
     rows, cols = skewed_positions(m, k, dense_rows=11, nnz_rest=3000, seed=n)
     p = Weight(m, k, rows.numel(), device="cuda", positions=(rows, cols))
@@ -362,8 +365,9 @@ def test_wide_rows_more_long_rows_than_a_warp_keeps(n):
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_activation_every_variant(variant, activation):
     dtype = torch.bfloat16 if variant in SIXTEEN_BIT_ONLY else torch.float32
-    p = Weight(70, 90, 900, device="cuda", dtype=dtype, empty_rows=4)
-    x, bias = p.randn(6, 90, seed=1), p.randn(70, seed=2)
+    k = 96 if variant == "wgmma" else 90  # wgmma's rows of X are whole 16-byte units
+    p = Weight(70, k, 900, device="cuda", dtype=dtype, empty_rows=4)
+    x, bias = p.randn(6, k, seed=1), p.randn(70, seed=2)
     y = ops.spmm(x, p.values, p.tensors, bias, activation=activation, variant=variant)
     z, scale = matmul_ref(x, p.dense64.T)
     z, scale = z + bias.double().cpu(), scale + bias.double().cpu().abs()
@@ -558,6 +562,57 @@ def test_shared_x_bands_tiles_and_chunks(n, dtype):
     dx = ops.spmm_t(dy, p.values, p.tensors, "shared_x")
     assert_matmul(dx, dy, p.dense64, dtype, what="shared_x dX")
     assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "shared_x"), dx)
+
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("m,k,n,density", [(300, 1000, 130, 0.1), (130, 2048, 257, 0.1), (640, 88, 1, 0.1),
+                                           (128, 200, 128, 0.7)])
+def test_wgmma_bands_lists_and_splits(m, k, n, density, dtype):
+    # Bands of 128 rows (the last partial), chunks of 64 inputs (the last partial where k % 64 != 0),
+    # batch tiles of 128 (partial), clusters that split the chunks (2048 inputs, one tile: 8 blocks
+    # per band), empty rows, a row full across every chunk, rows of one slot, lists longer than the
+    # producer's words in flight (1024 a chunk: 70% of 128 x 64); the transposed product over the CSC
+    # view.
+    # Bitwise-equal repeats; the workspace is the tile lists.
+    gen = torch.Generator().manual_seed(m + k + n)
+    full = torch.arange(k)
+    base_rows, base_cols = random_positions(m, k, int(m * k * density), gen, empty_rows=5)
+    keep = base_rows != 3
+    rows = torch.cat([base_rows[keep], torch.full((k,), 3), torch.tensor([m - 1])])
+    cols = torch.cat([base_cols[keep], full, torch.tensor([0])])
+    keys = torch.unique(rows * k + cols)
+    p = Weight(m, k, keys.numel(), device="cuda", dtype=dtype, positions=(keys // k, keys % k))
+    x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "wgmma"))
+    assert (plan.variant, plan.batch_tile, plan.threads) == ("wgmma", 128, 384)
+    assert plan.workspace_bytes >= 4 * keys.numel()
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="wgmma")
+    assert_forward(y, x, p, bias, dtype, "wgmma")
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="wgmma"), y), "not bitwise reproducible"
+    y = ops.spmm(x, p.values, p.tensors, bias, activation="relu", variant="wgmma")
+    z, scale = matmul_ref(x, p.dense64.T)
+    assert_close(y, torch.relu(z + bias.double().cpu()), 1.2 * (scale + bias.double().cpu().abs()), dtype, "wgmma relu")
+    if m % 8 == 0:
+        poison_cache(torch.device("cuda"))
+        dx = ops.spmm_t(dy, p.values, p.tensors, "wgmma")
+        assert_matmul(dx, dy, p.dense64, dtype, what="wgmma dX")
+        assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "wgmma"), dx)
+    else:
+        with pytest.raises(ValueError, match="multiple of 8"):
+            ops.spmm_t(dy, p.values, p.tensors, "wgmma")
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
+def test_wgmma_without_slots():
+    p = Weight(256, 128, 0, device="cuda", dtype=torch.bfloat16)
+    x = p.randn(200, 128, seed=1)
+    y = ops.spmm(x, p.values, p.tensors, None, variant="wgmma")
+    assert torch.equal(y, torch.zeros_like(y))
 
 
 def test_the_planner_takes_dense_blocks_at_large_batches():

@@ -1,0 +1,143 @@
+// The wgmma SpMM's launcher: the tensor map of the input for the copy engine, the cluster launch.
+// Built for sm_90a only (CMakeLists.txt); without that target the kernel traps and wgmma_built()
+// says false, so the planner never takes it.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+
+#include "../device/cuda_utils.cuh"
+#include "wgmma.h"
+#include "wgmma_kernel.cuh"
+
+namespace snack::cuda::detail {
+namespace {
+
+// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols).
+Status tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* encode) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static cudaError_t looked_up = cudaSuccess;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    looked_up = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
+    if (looked_up == cudaSuccess && found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  });
+  if (fn == nullptr)
+    return Status(StatusCode::kCudaError, "wgmma: the driver has no cuTensorMapEncodeTiled (" +
+                                              std::string(cudaGetErrorString(looked_up)) + ")");
+  *encode = fn;
+  return Status::Ok();
+}
+
+// The map of in [n][in_dim] 16-bit values: boxes of kWgChunk inputs x kWgBatchTile rows, swizzled
+// in 128-byte rows, zeros outside.
+Status input_map(const void* in, int64_t n, int64_t in_dim, CUtensorMap* map) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  SNACK_RETURN_IF_ERROR(tensor_map_encoder(&encode));
+  const cuuint64_t dims[2] = {cuuint64_t(in_dim), cuuint64_t(n)};
+  const cuuint64_t strides[1] = {cuuint64_t(in_dim) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kWgChunk), cuuint32_t(kWgBatchTile)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(in), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status(StatusCode::kCudaError, "wgmma: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool wgmma_built() {
+#if defined(SNACK_WGMMA_BUILT)
+  return true;
+#else
+  return false;
+#endif
+}
+
+size_t wgmma_workspace_bytes(int64_t out_dim, int64_t in_dim, int64_t nnz) {
+  return wgmma_lists(out_dim, in_dim, nnz).bytes;
+}
+
+template <typename T, typename View>
+Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                         const T* bias, T* out, Activation act, int splits, void* workspace, Stream stream) {
+  if (n == 0 || out_dim == 0) return Status::Ok();
+  if (!wgmma_built())
+    return Status(StatusCode::kUnsupported, "wgmma: this build has no sm_90a code (build for CUDA architecture 90)");
+  int device = 0, major = 0, minor = 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0)
+    return Status(StatusCode::kUnsupported, "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
+                                                std::to_string(major) + "." + std::to_string(minor));
+  if (in_dim % 8 != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0)
+    return InvalidArgument("wgmma: the input's rows must be 16-byte aligned (in_dim a multiple of 8)");
+  if (in_dim > 65535) return InvalidArgument("wgmma: more than 65535 inputs (the chunk tables hold 16-bit offsets)");
+  if (splits < 1 || splits > kWgMaxSplits)
+    return InvalidArgument("wgmma: splits must be 1 to " + std::to_string(kWgMaxSplits));
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return InvalidArgument("wgmma: the workspace is missing or not 16-byte aligned");
+  const int64_t bands = ceil_div(out_dim, kWgBandRows), tiles = ceil_div(n, kWgBatchTile);
+  if (bands * splits > INT32_MAX || tiles > 65535) return InvalidArgument("wgmma: the grid is too large for this product");
+  const int chunks = int(ceil_div(in_dim, kWgChunk));
+
+  // The tile lists.
+  const WgmmaLists layout = wgmma_lists(out_dim, in_dim, nnz);
+  unsigned char* ws = static_cast<unsigned char*>(workspace);
+  uint32_t* lists = reinterpret_cast<uint32_t*>(ws);
+  int32_t* tile_off = reinterpret_cast<int32_t*>(ws + layout.tile_off);
+  uint16_t* starts = reinterpret_cast<uint16_t*>(ws + layout.starts);
+  uint16_t* row_before = reinterpret_cast<uint16_t*>(ws + layout.row_before);
+  constexpr int kRowThreads = 256;  // a warp per row
+  const unsigned row_blocks = unsigned(ceil_div(out_dim * 32, kRowThreads));
+  wg_chunk_starts_kernel<<<row_blocks, kRowThreads, 0, stream>>>(view, out_dim, chunks, starts);
+  SNACK_RETURN_IF_ERROR(check_launch("wg_chunk_starts_kernel"));
+  wg_tile_offsets_kernel<<<unsigned(bands), 1024, 0, stream>>>(view, out_dim, chunks, starts, row_before, tile_off);
+  SNACK_RETURN_IF_ERROR(check_launch("wg_tile_offsets_kernel"));
+  wg_pack_kernel<<<row_blocks, kRowThreads, 0, stream>>>(view, out_dim, chunks, starts, row_before, tile_off, lists);
+  SNACK_RETURN_IF_ERROR(check_launch("wg_pack_kernel"));
+
+  CUtensorMap map;
+  SNACK_RETURN_IF_ERROR(input_map(in, n, in_dim, &map));
+  auto kernel = spmm_wgmma_kernel<T>;
+  const size_t smem = wgmma_smem_bytes();
+  SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(bands * splits), unsigned(tiles));
+  config.blockDim = dim3(kWgThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = unsigned(splits);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = splits > 1 ? 1 : 0;
+  SNACK_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, map, static_cast<const uint32_t*>(lists),
+                                                static_cast<const int32_t*>(tile_off), out_dim, in_dim, n, bias, out,
+                                                act, splits));
+  return check_launch("spmm_wgmma_kernel");
+}
+
+#define SNACK_INSTANTIATE_WGMMA(T, Index)                                                                          \
+  template Status launch_spmm_wgmma<T, CsrView<T, Index>>(const CsrView<T, Index>&, int64_t, int64_t, int64_t,  \
+                                                          const T*, int64_t, const T*, T*, Activation, int,      \
+                                                          void*, Stream);                                        \
+  template Status launch_spmm_wgmma<T, CscView<T, Index>>(const CscView<T, Index>&, int64_t, int64_t, int64_t,  \
+                                                          const T*, int64_t, const T*, T*, Activation, int,      \
+                                                          void*, Stream);
+SNACK_INSTANTIATE_WGMMA(bfloat16, uint16_t)
+SNACK_INSTANTIATE_WGMMA(bfloat16, int32_t)
+SNACK_INSTANTIATE_WGMMA(float16, uint16_t)
+SNACK_INSTANTIATE_WGMMA(float16, int32_t)
+
+}  // namespace snack::cuda::detail

@@ -1,0 +1,29 @@
+// The launcher of the wgmma SpMM (wgmma_kernel.cuh), compiled for sm_90a in its own translation unit
+// (wgmma.cu) and called by the SpMM products (launch.cu) when their plan says kWgmma.
+#pragma once
+
+#include <cstdint>
+
+#include "snack/activation.h"
+#include "snack/status.h"
+#include "snack/pattern.h"
+
+namespace snack::cuda::detail {
+
+/// Whether this build holds the wgmma kernel (sm_90a code): the planner offers it only then, and
+/// only on a device of compute capability 9.0.
+bool wgmma_built();
+
+/// Bytes of the workspace launch_spmm_wgmma takes (the tile lists: 4 bytes a slot and small tables).
+size_t wgmma_workspace_bytes(int64_t out_dim, int64_t in_dim, int64_t nnz);
+
+/// out[n, o] = act(sum over the view's slots of value * in[n, input] + bias[o]) on the tensor cores:
+/// `view` a CsrView (forward) or CscView (transposed product) of 16-bit values with `nnz` slots and
+/// out_dim rows; `in` [n][in_dim], in_dim a multiple of 8 and at most 65535, `in` 16-byte aligned
+/// (the copy engine's rows); `out` [n][out_dim]; `splits` blocks of a cluster (1-8) share each
+/// band's input columns; `workspace` wgmma_workspace_bytes() bytes, 16-byte aligned.
+template <typename T, typename View>
+Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                         const T* bias, T* out, Activation act, int splits, void* workspace, Stream stream);
+
+}  // namespace snack::cuda::detail
