@@ -385,7 +385,7 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
 
 // The wgmma kernel's plan: a block per band of kWgBandRows outputs and batch tile of kWgBatchTile
 // rows (one block per SM), and per band a cluster of k_splits blocks that split its chunks, doubled
-// while the launch leaves SMs idle and each block keeps at least 8 chunks.
+// while the grid still fits one wave and each block keeps at least 8 chunks.
 Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
@@ -398,7 +398,8 @@ Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limi
   if (tiles > kMaxGridY) return InvalidArgument("wgmma: batch too large: " + std::to_string(p.n) + " rows");
   const int64_t chunks = ceil_div(p.in_dim, kWgChunk);
   int splits = 1;
-  while (splits < kWgMaxSplits && bands * tiles * splits < int64_t(limits.sms) && chunks >= 16 * splits) splits *= 2;
+  while (splits < kWgMaxSplits && bands * tiles * splits * 2 <= int64_t(limits.sms) && chunks >= 8 * splits * 2)
+    splits *= 2;
   plan->batch_tile = kWgBatchTile;
   plan->chunk = kWgChunk;
   plan->k_splits = splits;

@@ -124,13 +124,14 @@ static_assert(sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_
 
 // ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----
 constexpr int kWgBandRows = 128;     // output rows per block: two consumer warpgroups of 64
-constexpr int kWgBatchTile = 128;    // batch rows per block (the wgmma's N)
+constexpr int kWgBatchTile = 256;    // batch rows per block (the wgmma's N: each expanded tile feeds 256 rows)
 constexpr int kWgChunk = 64;         // input columns per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kWgStages = 4;         // chunks in flight
 constexpr int kWgThreads = 384;      // the producer warpgroup and two consumers
 constexpr int kWgMaxSplits = 8;      // blocks of a cluster that split one band's chunks
-constexpr int kWgTileBytes = kWgBandRows * kWgChunk * 2;  // one expanded W tile; the X tile is as large
-constexpr int kWgStageBytes = 2 * kWgTileBytes;
+constexpr int kWgTileBytes = kWgBandRows * kWgChunk * 2;    // one expanded W tile
+constexpr int kWgXTileBytes = kWgBatchTile * kWgChunk * 2;   // the chunk of X beside it
+constexpr int kWgStageBytes = kWgTileBytes + kWgXTileBytes;
 constexpr int kWgPartialStride = kWgBandRows + 4;  // floats per batch row of a split block's partial tile
 
 // Dynamic shared memory of one block: the stages, their full and empty barriers, 16 spare bytes, and
@@ -158,7 +159,7 @@ SNACK_HOST_DEVICE WgmmaLists wgmma_lists(int64_t out_dim, int64_t in_dim, int64_
 }
 static_assert(sizeof(float) * kWgBatchTile * kWgPartialStride <= size_t(kWgStages) * kWgStageBytes,
               "the partial tile fits in the stages");
-static_assert(kWgBandRows == 128 && kWgBatchTile == 128 && kWgChunk == 64 && kWgThreads == 384,
+static_assert(kWgBandRows == 128 && kWgBatchTile == 256 && kWgChunk == 64 && kWgThreads == 384,
               "the kernel's roles and wgmma shape assume these");
 
 // ---- dense blocks ----

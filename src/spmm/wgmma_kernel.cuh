@@ -5,7 +5,7 @@
 // the inputs in chunks of kWgChunk. Three warpgroups: the producer expands the band's slots of a
 // chunk into a zeroed 128 x 64 tile of shared memory (the 128-byte swizzled layout that wgmma
 // reads) and has the copy engine (TMA) bring the batch tile's chunk of X beside it; two consumers
-// each multiply 64 of the band's rows with the chunk (wgmma m64n128k16, A and B from shared
+// each multiply 64 of the band's rows with the chunk (wgmma m64n256k16, A and B from shared
 // memory) into float accumulators. kWgStages chunks are in flight, handed over by mbarriers.
 //
 // The expansion reads tile lists that three small kernels build from the view (CSR for the
@@ -100,35 +100,28 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
-// acc (64 x 128, the m64n128 accumulator layout) += A (64 x 16) B^T (128 x 16), both K-major in
+// acc (64 x 256, the m64n256 accumulator layout) += A (64 x 16) B^T (256 x 16), both K-major in
 // shared memory.
+#define SNACK_WG_ACC8(i)                                                                                    \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define SNACK_WG_ACC32(i) SNACK_WG_ACC8(i), SNACK_WG_ACC8(i + 8), SNACK_WG_ACC8(i + 16), SNACK_WG_ACC8(i + 24)
+#define SNACK_WG_MMA(types)                                                                                       \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n wgmma.mma_async.sync.aligned.m64n256k16.f32." types \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}"                                              \
+               : SNACK_WG_ACC32(0), SNACK_WG_ACC32(32), SNACK_WG_ACC32(64), SNACK_WG_ACC32(96)                   \
+               : "l"(a), "l"(b), "r"(1))
 template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
-#define SNACK_WG_ACC(i) "+f"(d[i])
-#define SNACK_WG_ACC8(i)                                                                                            \
-  SNACK_WG_ACC(i), SNACK_WG_ACC(i + 1), SNACK_WG_ACC(i + 2), SNACK_WG_ACC(i + 3), SNACK_WG_ACC(i + 4), \
-      SNACK_WG_ACC(i + 5), SNACK_WG_ACC(i + 6), SNACK_WG_ACC(i + 7)
-#define SNACK_WG_REGS                                                                                      \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
-  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "    \
-  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
   if constexpr (std::is_same_v<T, bfloat16>) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SNACK_WG_REGS
-                 ", %64, %65, p, 1, 1, 0, 0;\n}"
-                 : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24), SNACK_WG_ACC8(32),
-                   SNACK_WG_ACC8(40), SNACK_WG_ACC8(48), SNACK_WG_ACC8(56)
-                 : "l"(a), "l"(b), "r"(1));
+    SNACK_WG_MMA("bf16.bf16");
   } else {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " SNACK_WG_REGS
-                 ", %64, %65, p, 1, 1, 0, 0;\n}"
-                 : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24), SNACK_WG_ACC8(32),
-                   SNACK_WG_ACC8(40), SNACK_WG_ACC8(48), SNACK_WG_ACC8(56)
-                 : "l"(a), "l"(b), "r"(1));
+    SNACK_WG_MMA("f16.f16");
   }
-#undef SNACK_WG_REGS
-#undef SNACK_WG_ACC8
-#undef SNACK_WG_ACC
 }
+#undef SNACK_WG_MMA
+#undef SNACK_WG_ACC32
+#undef SNACK_WG_ACC8
 
 // ---- the tile lists ----
 //
@@ -338,7 +331,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       if (i >= kWgStages) mbarrier_wait(&empty[s], ((i / kWgStages) - 1) & 1);
       unsigned char* w_tile = smem + s * kWgStageBytes;
       if (threadIdx.x == 0) {
-        mbarrier_expect_tx(&full[s], kWgTileBytes);
+        mbarrier_expect_tx(&full[s], kWgXTileBytes);
         tma_load_2d(w_tile + kWgTileBytes, &x_map, int32_t(c * kWgChunk), int32_t(n0), &full[s]);
       }
       // Zero the tile (16 KiB: 8 16-byte stores per thread), then the words over it.
@@ -355,9 +348,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
   } else {
     // A consumer: rows 64 (warpgroup - 1) .. + 63 of the band.
-    float acc[64];
+    constexpr int kAcc = kWgBatchTile / 2;  // the m64nN accumulators per thread
+    float acc[kAcc];
 #pragma unroll
-    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+    for (int j = 0; j < kAcc; ++j) acc[j] = 0.f;
     const int half = warpgroup - 1;
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int i = int(c - c_begin), s = i % kWgStages;
@@ -368,7 +362,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kWgChunk / 16; ++k)
-        wgmma_m64n128k16<T>(acc, wg_descriptor(w_tile + k * 32), wg_descriptor(x_tile + k * 32));
+        wgmma_m64n256k16<T>(acc, wg_descriptor(w_tile + k * 32), wg_descriptor(x_tile + k * 32));
       wgmma_commit();
       // One chunk's products stay queued behind this one's: the previous chunk's stage is free.
       wgmma_wait<1>();
@@ -387,7 +381,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       asm volatile("bar.sync 2, 256;" ::: "memory");
       float* partial = reinterpret_cast<float*>(smem);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kWgBatchTile / 8; ++j) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int row = half * 64 + w * 16 + l / 4 + (q / 2) * 8, b = j * 8 + (l % 4) * 2 + (q % 2);
@@ -397,7 +391,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     if (splits == 1) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kWgBatchTile / 8; ++j) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int64_t o = o0 + half * 64 + w * 16 + l / 4 + (q / 2) * 8;

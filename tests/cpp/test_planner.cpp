@@ -266,8 +266,8 @@ TEST(Planner, ForcedVariantsThatCannotRunAreErrors) {
 }
 
 // wgmma (forced only): 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
-// threads per band of 128 rows and batch tile of 128; clusters that split the chunks while the
-// blocks leave SMs idle and each keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,
+// threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
+// still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,
 // the bands' offsets, the rows' chunk starts and counts before them).
 TEST(Planner, WgmmaPlans) {
   SpmmPlan p;
@@ -284,21 +284,21 @@ TEST(Planner, WgmmaPlans) {
   ASSERT_TRUE(plan_spmm({4096, 4096, 1677722, 1024, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.variant, SpmmVariant::kWgmma);
   EXPECT_EQ(p.reason, SpmmReason::kForced);
-  EXPECT_EQ(p.batch_tile, 128);
+  EXPECT_EQ(p.batch_tile, 256);
   EXPECT_EQ(p.threads, 384);
-  EXPECT_EQ(p.k_splits, 1);  // 32 bands x 8 tiles fill the 132 SMs
+  EXPECT_EQ(p.k_splits, 1);  // 32 bands x 4 tiles: one wave of the 132 SMs, two once split
   EXPECT_EQ(p.grid_x, 32);
   const size_t words = 4 * 1677722, offsets = 4 * 32 * 65, starts = 2 * 4096 * 65, before = 2 * 4096 * 64;
   const auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
   EXPECT_EQ(p.workspace_bytes, up16(words) + up16(offsets) + up16(starts) + up16(before));
   EXPECT_LE(p.smem_bytes, DeviceLimits::h200().smem_per_block);
 
-  // 768 x 3072 at N = 512: 6 bands x 4 tiles, split in 4 (24 x 4 < 132 and 48 chunks >= 16 x 4).
+  // 768 x 3072 at N = 512: 6 bands x 2 tiles, split in 4 (12 x 4 x 2 <= 132, but 48 chunks < 8 x 8).
   ASSERT_TRUE(plan_spmm({768, 3072, 235930, 512, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.k_splits, 4);
   EXPECT_EQ(p.grid_x, 6 * 4);
   ASSERT_TRUE(plan_spmm({3072, 768, 235930, 512, 2, true, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p).ok());
-  EXPECT_EQ(p.k_splits, 1);  // 24 bands x 4 tiles leave SMs idle, but 12 chunks are too few to split
+  EXPECT_EQ(p.k_splits, 1);  // 24 bands x 2 tiles leave SMs idle, but 12 chunks are too few to split
 }
 
 TEST(Planner, SddmmRules) {

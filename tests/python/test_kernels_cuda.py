@@ -573,8 +573,7 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
                                            (128, 200, 128, 0.7)])
 def test_wgmma_bands_lists_and_splits(m, k, n, density, dtype):
     # Bands of 128 rows (the last partial), chunks of 64 inputs (the last partial where k % 64 != 0),
-    # batch tiles of 128 (partial), clusters that split the chunks (2048 inputs, one tile: 8 blocks
-    # per band), empty rows, a row full across every chunk, rows of one slot, lists longer than the
+    # batch tiles of 256 (partial), clusters that split the chunks (2048 inputs: 4 blocks per band), empty rows, a row full across every chunk, rows of one slot, lists longer than the
     # producer's words in flight (1024 a chunk: 70% of 128 x 64); the transposed product over the CSC
     # view.
     # Bitwise-equal repeats; the workspace is the tile lists.
@@ -588,7 +587,7 @@ def test_wgmma_bands_lists_and_splits(m, k, n, density, dtype):
     p = Weight(m, k, keys.numel(), device="cuda", dtype=dtype, positions=(keys // k, keys % k))
     x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "wgmma"))
-    assert (plan.variant, plan.batch_tile, plan.threads) == ("wgmma", 128, 384)
+    assert (plan.variant, plan.batch_tile, plan.threads) == ("wgmma", 256, 384)
     assert plan.workspace_bytes >= 4 * keys.numel()
     poison_cache(torch.device("cuda"))
     y = ops.spmm(x, p.values, p.tensors, bias, variant="wgmma")
