@@ -5,7 +5,7 @@
 // bench/spmm.py --variants wgmma gives the cold-L2 figures of the library path. Not part of the build:
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DSNACK_WGMMA_BUILT -Iinclude -Isrc \
 //     -o wgmma_spmm bench/micro/wgmma_spmm.cu src/spmm/wgmma.cu -lcublas
-//   ./wgmma_spmm check | time
+//   ./wgmma_spmm check | time [M K N density]
 #include <cublas_v2.h>
 #include <cstdio>
 #include <cstdlib>
@@ -39,8 +39,8 @@ static float b2f(uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; memcpy(&
 
 int main(int argc, char** argv) {
   struct Case { int64_t M, K, n; double density; int splits; bool time; };
-  if (argc != 2 || (std::string(argv[1]) != "check" && std::string(argv[1]) != "time")) {
-    printf("usage: %s check|time\n", argv[0]);
+  if ((argc != 2 && argc != 6) || (std::string(argv[1]) != "check" && std::string(argv[1]) != "time")) {
+    printf("usage: %s check | time [M K N density]\n", argv[0]);
     return 2;
   }
   std::vector<Case> cases = {{256, 128, 128, 0.5, 1, false}, {1000, 776, 200, 0.1, 1, false}, {1000, 776, 200, 0.3, 2, false},
@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   cublasHandle_t h; cublasCreate(&h);
   std::mt19937 rng(1);
   int fails = 0;
+  if (argc == 6) cases = {{atol(argv[2]), atol(argv[3]), atol(argv[4]), atof(argv[5]), 1, true}};
   const bool quick = std::string(argv[1]) == "check";
   for (auto c : cases) {
     if (quick && c.time) continue;
