@@ -103,6 +103,26 @@ cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Launches `kernel` in thread-block clusters of `cluster_x` blocks along x (sm_90 and later; an
+// ordinary launch where cluster_x is 1). The grid's x must be a multiple of cluster_x.
+template <typename... Params, typename... Args>
+cudaError_t launch_clusters_x(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              unsigned cluster_x, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster_x;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = cluster_x > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // Butterfly sum over the 32 lanes: every lane ends with the total, always in the same order.
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {

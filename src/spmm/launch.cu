@@ -127,20 +127,10 @@ Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim,
   if (smem > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
-  config.blockDim = dim3(detail::kTcThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(plan.k_splits);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = plan.k_splits > 1 ? 1 : 0;
-  SNACK_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, view, out_dim, in_dim, in, n, bias, out, act,
-                                                plan.k_splits, vec));
+  const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), smem, stream,
+                                                       unsigned(plan.k_splits), view, out_dim, in_dim, in, n, bias,
+                                                       out, act, plan.k_splits, vec));
   return check_launch("spmm_tensor_core_kernel");
 }
 

@@ -110,21 +110,11 @@ Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t
   auto kernel = spmm_wgmma_kernel<T>;
   const size_t smem = wgmma_smem_bytes();
   SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(bands * splits), unsigned(tiles));
-  config.blockDim = dim3(kWgThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(splits);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = splits > 1 ? 1 : 0;
-  SNACK_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, map, static_cast<const uint32_t*>(lists),
-                                                static_cast<const int32_t*>(tile_off), out_dim, in_dim, n, bias, out,
-                                                act, splits));
+  SNACK_CUDA_RETURN_IF_ERROR(launch_clusters_x(kernel, dim3(unsigned(bands * splits), unsigned(tiles)),
+                                               dim3(kWgThreads), smem, stream, unsigned(splits), map,
+                                               static_cast<const uint32_t*>(lists),
+                                               static_cast<const int32_t*>(tile_off), out_dim, in_dim, n, bias, out,
+                                               act, splits));
   return check_launch("spmm_wgmma_kernel");
 }
 
