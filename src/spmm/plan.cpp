@@ -389,6 +389,7 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
 Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
+  if (p.in_dim == 0) return InvalidArgument("wgmma: a product without inputs (in_dim 0) has no chunk to copy");
   if (p.in_dim % 8 != 0)
     return InvalidArgument("wgmma: the inputs (" + std::to_string(p.in_dim) +
                            ") must be a multiple of 8 (the copy engine reads 16-byte rows)");

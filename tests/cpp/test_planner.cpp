@@ -280,6 +280,8 @@ TEST(Planner, WgmmaPlans) {
   EXPECT_NE(s.message().find("multiple of 8"), std::string::npos) << s.message();
   s = plan_spmm({64, 65536, 500, 300, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p);
   EXPECT_NE(s.message().find("65535"), std::string::npos) << s.message();
+  s = plan_spmm({64, 0, 0, 300, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
 
   ASSERT_TRUE(plan_spmm({4096, 4096, 1677722, 1024, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.variant, SpmmVariant::kWgmma);
