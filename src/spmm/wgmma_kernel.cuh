@@ -28,100 +28,13 @@
 #include <cstdint>
 
 #include "../device/cuda_utils.cuh"
+#include "../device/hopper.cuh"
 #include "shapes.h"
 #include "snack/activation.h"
 #include "snack/value_types.h"
 #include "views.cuh"
 
 namespace snack::cuda::detail {
-
-// ---- mbarriers and the copy engine ----
-
-__device__ __forceinline__ uint32_t wg_smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(wg_smem_address(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(wg_smem_address(bar)) : "memory");
-}
-// Adds `bytes` to the transactions the current phase waits for (no arrival).
-__device__ __forceinline__ void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(wg_smem_address(bar)), "r"(bytes)
-               : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(wg_smem_address(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// The box of the 2-D tensor map at (inner, outer) into shared memory; completes on `bar` as bytes.
-__device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, int32_t inner, int32_t outer,
-                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          wg_smem_address(smem)),
-      "l"(map), "r"(inner), "r"(outer), "r"(wg_smem_address(bar))
-      : "memory");
-}
-// Orders this thread's ordinary shared-memory stores before the tensor cores' reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// ---- wgmma ----
-
-// The descriptor of a K-major tile whose rows are 128 bytes, 8-row groups 1024 bytes apart, in the
-// 128-byte swizzle (the tile 1024-byte aligned; moving along K moves the start address).
-__device__ __forceinline__ uint64_t wg_descriptor(const void* smem) {
-  const uint64_t address = wg_smem_address(smem);
-  return ((address & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// Byte offset of element (row, col) of a [rows][64] 16-bit tile in that layout.
-__device__ __forceinline__ uint32_t wg_swizzled(uint32_t row, uint32_t col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
-}
-
-// Keeps the compiler from moving accesses of the accumulators across the asynchronous products.
-template <int N>
-__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-
-// acc (64 x 256, the m64n256 accumulator layout) += A (64 x 16) B^T (256 x 16), both K-major in
-// shared memory.
-#define SNACK_WG_ACC8(i)                                                                                    \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
-      "+f"(d[i + 7])
-#define SNACK_WG_ACC32(i) SNACK_WG_ACC8(i), SNACK_WG_ACC8(i + 8), SNACK_WG_ACC8(i + 16), SNACK_WG_ACC8(i + 24)
-#define SNACK_WG_MMA(types)                                                                                       \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n wgmma.mma_async.sync.aligned.m64n256k16.f32." types \
-               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}"                                              \
-               : SNACK_WG_ACC32(0), SNACK_WG_ACC32(32), SNACK_WG_ACC32(64), SNACK_WG_ACC32(96)                   \
-               : "l"(a), "l"(b), "r"(1))
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    SNACK_WG_MMA("bf16.bf16");
-  } else {
-    SNACK_WG_MMA("f16.f16");
-  }
-}
-#undef SNACK_WG_MMA
-#undef SNACK_WG_ACC32
-#undef SNACK_WG_ACC8
 
 // ---- the tile lists ----
 //
@@ -293,10 +206,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Stages: [kWgStages][W tile 16 KiB | X tile 16 KiB], 1024-byte aligned; then the barriers.
-  unsigned char* smem = smem_raw + ((1024 - (wg_smem_address(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgStages * kWgStageBytes);
   uint64_t* empty = full + kWgStages;
-  const uint32_t spare = wg_smem_address(empty + kWgStages);  // 16 bytes that take the stores past a list
+  const uint32_t spare = shared_address(empty + kWgStages);  // 16 bytes that take the stores past a list
 
   const int warpgroup = threadIdx.x / 128;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -335,7 +248,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         tma_load_2d(w_tile + kWgTileBytes, &x_map, int32_t(c * kWgChunk), int32_t(n0), &full[s]);
       }
       // Zero the tile (16 KiB: 8 16-byte stores per thread), then the words over it.
-      const uint32_t tile = wg_smem_address(w_tile);
+      const uint32_t tile = shared_address(w_tile);
 #pragma unroll
       for (int q = 0; q < kWgTileBytes / 16 / 128; ++q) st_shared_zero16(tile + (threadIdx.x + 128 * q) * 16);
       asm volatile("bar.sync 1, 128;" ::: "memory");
