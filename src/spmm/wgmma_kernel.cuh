@@ -13,7 +13,7 @@
 // contiguous run of packed words, so the producer streams them with coalesced loads, three chunks
 // ahead. Earlier designs that walked the view's rows from the producer (a cursor and a 32-slot
 // window per row, or a per-block table of chunk starts) were bound by the latency of those loads:
-// 4.7x and 6.5x slower than these lists (4096 x 4096, 90%, N = 1024, H200).
+// 4.8x and 6.9x slower than these lists (4096 x 4096, 90%, N = 1024, batch tiles of 128, H200).
 //
 // A cluster of `splits` blocks along x may split a band's chunks (when the tiles alone leave SMs
 // idle); their float tiles are summed through distributed shared memory in rank order, so the
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                       const T* __restrict__ bias, T* __restrict__ out, Activation act, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Stages: [kWgStages][W tile 16 KiB | X tile 16 KiB], 1024-byte aligned; then the barriers.
+  // Stages: [kWgStages][W tile 16 KiB | X tile 32 KiB], 1024-byte aligned; then the barriers.
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgStages * kWgStageBytes);
   uint64_t* empty = full + kWgStages;
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {
-    // The producer: the lists of the next kWgListsAhead chunks are in flight while this one is
-    // written (their loads take longer than writing one chunk).
+    // The producer: the next three chunks' lists are in flight while this one is written (their
+    // loads take longer than writing one chunk).
     const int64_t band = o0 / kWgBandRows;
     const int32_t* offsets = tile_off + band * (chunks + 1);
     const auto load = [&](WgWords& w, int64_t c) {
