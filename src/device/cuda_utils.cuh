@@ -78,6 +78,20 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// Launches `kernel` with one launch attribute, or none where `attribute` is null.
+template <typename... Params, typename... Args>
+cudaError_t launch_with_attribute(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  const cudaLaunchAttribute* attribute, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = const_cast<cudaLaunchAttribute*>(attribute);
+  config.numAttrs = attribute != nullptr ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization:
 // it may start before the kernel ahead of it in the stream has finished, and must call
 // wait_for_prior_grid() before it reads that kernel's output. In a build with an architecture
@@ -86,21 +100,15 @@ __device__ __forceinline__ void allow_dependent_launch() {
 template <typename... Params, typename... Args>
 cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
 #if defined(SNACK_NO_PROGRAMMATIC_LAUNCH)
-  config.numAttrs = 0;
+  const cudaLaunchAttribute* used = nullptr;
 #else
-  config.numAttrs = 1;
+  const cudaLaunchAttribute* used = &attribute;
 #endif
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return launch_with_attribute(kernel, grid, block, smem, stream, used, std::forward<Args>(args)...);
 }
 
 // Launches `kernel` in thread-block clusters of `cluster_x` blocks along x (sm_90 and later; an
@@ -108,19 +116,13 @@ cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block
 template <typename... Params, typename... Args>
 cudaError_t launch_clusters_x(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                               unsigned cluster_x, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster_x;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = cluster_x > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster_x;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return launch_with_attribute(kernel, grid, block, smem, stream, cluster_x > 1 ? &attribute : nullptr,
+                               std::forward<Args>(args)...);
 }
 
 // Butterfly sum over the 32 lanes: every lane ends with the total, always in the same order.

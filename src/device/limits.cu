@@ -18,14 +18,16 @@ Status device_limits(int device, DeviceLimits* out) {
   std::lock_guard<std::mutex> lock(mutex);
   DeviceLimits& l = cache[device];
   if (l.sms == 0) {
-    int sms = 0, per_block = 0, per_sm = 0, threads = 0, reserved = 0;
+    int sms = 0, per_block = 0, per_sm = 0, threads = 0, reserved = 0, major = 0, minor = 0;
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     if (sms <= 0) return Status(StatusCode::kCudaError, "device_limits: the device reports no multiprocessors");
-    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm), threads, size_t(reserved)};
+    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm), threads, size_t(reserved), 10 * major + minor};
   }
   *out = l;
   return Status::Ok();

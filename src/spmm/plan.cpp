@@ -389,6 +389,10 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
 Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
+  if (limits.compute_capability != 90)
+    return InvalidArgument("wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
+                           std::to_string(limits.compute_capability / 10) + "." +
+                           std::to_string(limits.compute_capability % 10));
   if (p.in_dim == 0) return InvalidArgument("wgmma: a product without inputs (in_dim 0) has no chunk to copy");
   if (p.in_dim % 8 != 0)
     return InvalidArgument("wgmma: the inputs (" + std::to_string(p.in_dim) +

@@ -9,6 +9,9 @@
 
 namespace snack::cuda::detail {
 
+// `bytes` rounded up to a whole number of 16-byte vectors.
+SNACK_HOST_DEVICE constexpr size_t round_up_16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
 // ---- the row kernels (rows_kernel.cuh) ----
 constexpr int kSpmmWarps = 8;    // warps per block
 constexpr int kRowsBlocksPerSm = 4;  // resident blocks per SM at the kernel's 64-register bound (32 warps)
@@ -43,7 +46,7 @@ SNACK_HOST_DEVICE constexpr int wide_rows_threads(int tile) { return tile == 1 ?
 
 // Bytes of the batch tile of X in shared memory (in_dim x tile values), rounded up to 16.
 SNACK_HOST_DEVICE size_t wide_rows_tile_bytes(size_t value_bytes, int64_t in_dim, int tile) {
-  return (size_t(in_dim) * size_t(tile) * value_bytes + 15) / 16 * 16;
+  return round_up_16(size_t(in_dim) * size_t(tile) * value_bytes);
 }
 
 // The lanes' partial sums of one group: rows_per_warp x tile per lane, an odd stride so that lanes
@@ -147,14 +150,13 @@ struct WgmmaLists {
   size_t tile_off = 0, starts = 0, row_before = 0, bytes = 0;
 };
 SNACK_HOST_DEVICE WgmmaLists wgmma_lists(int64_t out_dim, int64_t in_dim, int64_t nnz) {
-  const auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
   const size_t chunks = size_t((in_dim + kWgChunk - 1) / kWgChunk);
   const size_t bands = size_t((out_dim + kWgBandRows - 1) / kWgBandRows);
   WgmmaLists l;
-  l.tile_off = up16(sizeof(uint32_t) * size_t(nnz));
-  l.starts = l.tile_off + up16(sizeof(int32_t) * bands * (chunks + 1));
-  l.row_before = l.starts + up16(sizeof(uint16_t) * size_t(out_dim) * (chunks + 1));
-  l.bytes = l.row_before + up16(sizeof(uint16_t) * size_t(out_dim) * chunks);
+  l.tile_off = round_up_16(sizeof(uint32_t) * size_t(nnz));
+  l.starts = l.tile_off + round_up_16(sizeof(int32_t) * bands * (chunks + 1));
+  l.row_before = l.starts + round_up_16(sizeof(uint16_t) * size_t(out_dim) * (chunks + 1));
+  l.bytes = l.row_before + round_up_16(sizeof(uint16_t) * size_t(out_dim) * chunks);
   return l;
 }
 static_assert(sizeof(float) * kWgBatchTile * kWgPartialStride <= size_t(kWgStages) * kWgStageBytes,

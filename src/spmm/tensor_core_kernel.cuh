@@ -15,12 +15,12 @@
 // search (32 probes per round) of its first column in every row.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 
+#include "../device/cluster.cuh"
 #include "../device/cp_async.cuh"
 #include "../device/cuda_utils.cuh"
 #include "shapes.h"
@@ -99,35 +99,8 @@ __device__ __forceinline__ void finish_band_tile(const float (&acc)[NT / 8][4], 
     partial[b * kTcPartialStride + row + 8] = acc[j][2];
     partial[(b + 1) * kTcPartialStride + row + 8] = acc[j][3];
   }
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (splits > 1) cluster.sync();
-  else __syncthreads();
-#else
-  if (splits > 1) __trap();  // clusters need sm_90 (the planner's splits assume it)
-  __syncthreads();
-#endif
-  const int row = threadIdx.x % kTcBandRows;
-  for (int b = split + int(threadIdx.x / kTcBandRows) * splits; b < NT; b += (kTcThreads / kTcBandRows) * splits) {
-    float sum = 0.f;
-    for (int q = 0; q < splits; ++q) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-      const float* part = splits > 1 ? cluster.map_shared_rank(partial, q) : partial;
-#else
-      const float* part = partial;
-#endif
-      sum += part[b * kTcPartialStride + row];
-    }
-    const int64_t o = o0 + row, batch = n0 + b;
-    if (o < out_dim && batch < n) {
-      if (bias != nullptr) sum += to_accum(bias[o]);
-      out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
-    }
-  }
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  if (splits > 1) cluster.sync();  // no block leaves while another reads its partial tile
-#endif
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kTcThreads>(partial, o0, out_dim, n0, n, bias, out, act,
+                                                                           split, splits);
 }
 
 // Zeroes a warp's tile (16 rows of CW values at tensor_core_stride(CW): CW / 16 16-byte stores per lane).

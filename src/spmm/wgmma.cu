@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../device/cuda_utils.cuh"
+#include "snack/device_limits.h"
 #include "wgmma.h"
 #include "wgmma_kernel.cuh"
 
@@ -71,13 +72,12 @@ Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t
   if (n == 0 || out_dim == 0) return Status::Ok();
   if (!wgmma_built())
     return Status(StatusCode::kUnsupported, "wgmma: this build has no sm_90a code (build for CUDA architecture 90)");
-  int device = 0, major = 0, minor = 0;
-  SNACK_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0)
+  DeviceLimits limits;  // queried once per device
+  SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
+  if (limits.compute_capability != 90)
     return Status(StatusCode::kUnsupported, "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
-                                                std::to_string(major) + "." + std::to_string(minor));
+                                                std::to_string(limits.compute_capability / 10) + "." +
+                                                std::to_string(limits.compute_capability % 10));
   if (in_dim % 8 != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0)
     return InvalidArgument("wgmma: the input's rows must be 16-byte aligned (in_dim a multiple of 8)");
   if (in_dim > 65535) return InvalidArgument("wgmma: more than 65535 inputs (the chunk tables hold 16-bit offsets)");

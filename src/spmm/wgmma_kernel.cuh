@@ -20,13 +20,13 @@
 // result is deterministic.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 
+#include "../device/cluster.cuh"
 #include "../device/cuda_utils.cuh"
 #include "../device/hopper.cuh"
 #include "shapes.h"
@@ -318,26 +318,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
     }
   }
-  if (splits > 1) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    // Block `split` finishes batch rows split, split + splits, ... of the tile: a thread per row of
-    // the band, summing the blocks' partial tiles in rank order.
-    const float* partial = reinterpret_cast<const float*>(smem);
-    const int row = threadIdx.x % kWgBandRows;
-    for (int b = split + int(threadIdx.x / kWgBandRows) * splits; b < kWgBatchTile;
-         b += (kWgThreads / kWgBandRows) * splits) {
-      float sum = 0.f;
-      for (int q = 0; q < splits; ++q) sum += cluster.map_shared_rank(partial, q)[b * kWgPartialStride + row];
-      const int64_t o = o0 + row, batch = n0 + b;
-      if (o < out_dim && batch < n) {
-        if (bias != nullptr) sum += to_accum(bias[o]);
-        out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
-      }
-    }
-    cluster.sync();  // no block leaves while another reads its partial tile
-  }
+  if (splits > 1)
+    store_split_band_tile<T, kWgBandRows, kWgBatchTile, kWgPartialStride, kWgThreads>(
+        reinterpret_cast<const float*>(smem), o0, out_dim, n0, n, bias, out, act, split, splits);
 #else
   __trap();  // built for sm_90a only; the planner takes this kernel on compute capability 9.0
 #endif

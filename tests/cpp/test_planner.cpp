@@ -265,7 +265,7 @@ TEST(Planner, ForcedVariantsThatCannotRunAreErrors) {
             StatusCode::kInvalidArgument);
 }
 
-// wgmma (forced only): 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
+// wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
 // threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
 // still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,
 // the bands' offsets, the rows' chunk starts and counts before them).
@@ -282,6 +282,11 @@ TEST(Planner, WgmmaPlans) {
   EXPECT_NE(s.message().find("65535"), std::string::npos) << s.message();
   s = plan_spmm({64, 0, 0, 300, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  for (const DeviceLimits& other : {DeviceLimits::a100(), DeviceLimits::l40s()}) {
+    s = plan_spmm({4096, 4096, 1677722, 1024, 2, false, SpmmVariant::kWgmma}, other, &p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("compute capability 9.0"), std::string::npos) << s.message();
+  }
 
   ASSERT_TRUE(plan_spmm({4096, 4096, 1677722, 1024, 2, false, SpmmVariant::kWgmma}, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.variant, SpmmVariant::kWgmma);
