@@ -28,6 +28,7 @@ def variant_cases(transposed):
 # The variants that run 16-bit values only (the planner never picks them for others), and those that
 # refuse float64 (shared_x parks its slots' values as float32).
 SIXTEEN_BIT_ONLY = ("tensor_core", "wgmma")
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)  # wgmma runs there only
 NO_FLOAT64 = ("shared_x",)
 
 
@@ -35,6 +36,8 @@ def refusal(variant, n, in_dim, dtype):
     """The error a forced variant gives for a product it cannot run (None: it runs it)."""
     if variant in SIXTEEN_BIT_ONLY and dtype not in (torch.bfloat16, torch.float16):
         return "16-bit"
+    if variant == "wgmma" and not HOPPER:
+        return "compute capability 9.0"
     if variant == "wgmma" and in_dim % 8:
         return "multiple of 8"
     if variant in NO_FLOAT64 and dtype == torch.float64:
@@ -45,9 +48,10 @@ def refusal(variant, n, in_dim, dtype):
 def fits(variant, n, in_dim, dtype):
     """wide_rows runs only where one row of X fits in shared memory (the planner never picks it
     otherwise), tensor_core only 16-bit values, wgmma 16-bit values whose rows are a multiple of 8
-    inputs; the other variants run every product."""
+    inputs on Hopper; the other variants run every product."""
     if variant in SIXTEEN_BIT_ONLY:
-        return dtype in (torch.bfloat16, torch.float16) and (variant != "wgmma" or in_dim % 8 == 0)
+        return dtype in (torch.bfloat16, torch.float16) and (variant != "wgmma" or (
+            in_dim % 8 == 0 and HOPPER))
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return False
     if variant != "wide_rows":
@@ -364,6 +368,8 @@ def test_wide_rows_more_long_rows_than_a_warp_keeps(n):
 @pytest.mark.parametrize("variant", snack.SPMM_VARIANTS)
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_activation_every_variant(variant, activation):
+    if variant == "wgmma" and not HOPPER:
+        pytest.skip("wgmma needs compute capability 9.0")
     dtype = torch.bfloat16 if variant in SIXTEEN_BIT_ONLY else torch.float32
     k = 96 if variant == "wgmma" else 90  # wgmma's rows of X are whole 16-byte units
     p = Weight(70, k, 900, device="cuda", dtype=dtype, empty_rows=4)
@@ -562,9 +568,6 @@ def test_shared_x_bands_tiles_and_chunks(n, dtype):
     dx = ops.spmm_t(dy, p.values, p.tensors, "shared_x")
     assert_matmul(dx, dy, p.dense64, dtype, what="shared_x dX")
     assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "shared_x"), dx)
-
-
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
