@@ -119,11 +119,11 @@ Status launch_rows_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_
   return InvalidArgument("unsupported batch tile " + std::to_string(plan.batch_tile));
 }
 
-template <typename T, typename View, int NT, int CW>
+template <typename T, typename View, int NT>
 Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in,
                                int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  auto kernel = detail::spmm_tensor_core_kernel<T, View, NT, CW>;
-  const size_t smem = detail::tensor_core_smem_bytes(NT, CW);
+  auto kernel = detail::spmm_tensor_core_kernel<T, View, NT>;
+  const size_t smem = detail::tensor_core_smem_bytes(NT);
   if (smem > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
@@ -134,40 +134,21 @@ Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim,
   return check_launch("spmm_tensor_core_kernel");
 }
 
-// The plan's batch tile for chunks of CW columns: 16-128 rows, up to kMaxTile (the wide chunk's
-// staging fits tiles up to kTcWideMaxTile).
-template <typename T, typename View, int CW, int kMaxTile>
-Status launch_tensor_core_chunk(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in,
-                                int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  switch (plan.batch_tile) {
-    case 16: return launch_tensor_core_tile<T, View, 16, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 32: return launch_tensor_core_tile<T, View, 32, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 64:
-      if constexpr (kMaxTile >= 64)
-        return launch_tensor_core_tile<T, View, 64, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      break;
-    case 128:
-      if constexpr (kMaxTile >= 128)
-        return launch_tensor_core_tile<T, View, 128, CW>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-      break;
-    default: break;
-  }
-  return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile) +
-                         " with chunks of " + std::to_string(CW) + " columns");
-}
-
+// The plan's batch tile: 16-128 rows.
 template <typename T, typename View>
 Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                           const T* bias, T* out, Activation act, Stream stream) {
-  using namespace detail;
   if constexpr (kIsHalfType<T>) {
-    if (plan.chunk == kTcWideChunk)
-      return launch_tensor_core_chunk<T, View, kTcWideChunk, kTcWideMaxTile>(plan, view, out_dim, in_dim, in, n, bias,
-                                                                             out, act, stream);
-    if (plan.chunk == kTcNarrowChunk)
-      return launch_tensor_core_chunk<T, View, kTcNarrowChunk, kTcMaxTile>(plan, view, out_dim, in_dim, in, n, bias,
-                                                                           out, act, stream);
-    return InvalidArgument("tensor_core: unsupported chunk of " + std::to_string(plan.chunk) + " columns");
+    if (plan.chunk != detail::kTcChunk)
+      return InvalidArgument("tensor_core: unsupported chunk of " + std::to_string(plan.chunk) + " columns");
+    switch (plan.batch_tile) {
+      case 16: return launch_tensor_core_tile<T, View, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 32: return launch_tensor_core_tile<T, View, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 64: return launch_tensor_core_tile<T, View, 64>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 128: return launch_tensor_core_tile<T, View, 128>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      default:
+        return InvalidArgument("tensor_core: unsupported batch tile " + std::to_string(plan.batch_tile));
+    }
   } else {
     return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
   }

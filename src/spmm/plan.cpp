@@ -172,35 +172,34 @@ double density_of(const SpmmProblem& p) {
 }
 
 // Where the tensor-core kernel beats the CUDA-core ones in 16 bits. Its cost per chunk is mostly
-// fixed (expanding 64 rows, one barrier, the products of the whole tile), so it pays where the row
-// kernels' cost per slot and batch row grows past it: many batch rows at a high density. Measured
-// on the H200 in bf16 (uniform rows; 768x3072, 3072x768, 4096x4096, 16384x4096 at 50-95%,
-// N = 16-128, bench/results/spmm_nvidia_h200_bf16.md, every variant forced): it wins at N >= 128
-// from 70% density down to 30% on every shape (768x3072, 70%: 29.2 against 48.2 us at commit
-// c011040), on the layers of at least 2^24 weights at N >= 128 from 10% density (4096x4096, 90%:
-// 70.5 against 77.6 us) and at N >= 32 from 30% (16384x4096, 70%, N = 32: 121.7 against 220.2 us);
-// elsewhere the CUDA-core kernels are faster (16384x4096, 90%, N = 16: 55.1 against 50.3 us for
-// global_xt).
+// fixed (zeroing and expanding 64 rows, one barrier, the products of the whole tile), so it pays
+// where the row kernels' cost per slot and batch row grows past it: many batch rows at a high
+// density, on large layers sooner. Measured on the H200 in bf16 (uniform rows; 768x3072, 3072x768,
+// 4096x4096, 16384x4096 at 50-95%, N = 16-128, bench/results/spmm_nvidia_h200_bf16.md, every variant
+// forced), thresholds a little under 5%, 10% and 30% density (the grid's layers keep
+// llround(d * M * K) slots):
+// - from 30% density at N >= 64 on every layer (3072x768, 70%, N = 64: 19.3 against 28.9 us for
+//   global_xt), at N >= 32 on layers of at least 2^24 weights (4096x4096, 70%: 41.3 against 44.0);
+// - from 10% at N >= 64 on layers of at least 2^24 weights (4096x4096, 90%: 37.2 against 48.7), at
+//   N >= 32 from 2^25 (16384x4096: 73.7 against 82.4), at N >= 256 on every layer;
+// - from 5% at N >= 128 on layers of at least 2^25 weights (16384x4096, 95%: 118.9 against 143.7);
+// elsewhere the CUDA-core kernels are faster (16384x4096, 90%, N = 16: 68.0 against 43.7 us for
+// wide_rows; 4096x4096, 95%, N = 128: 58.2 against 45.1 for global_xt).
 //
-// The transposed product (dX) reads each slot through csc_perm, so its expansion waits on two
-// dependent loads per slot: there the kernel pays only from N = 128 at 20% density (bf16,
-// bench/results/backward_nvidia_h200_bf16.md: 16384x4096, N = 128, 80%: 509.8 against 700.2 us for
-// the CUDA-core dX, but 90%: 562.6 against 359.7 us; N = 64, 80%: 443.6 against 358.1 us).
+// The transposed product (dX) reads each slot through csc_perm (a vector of positions, then the
+// slots' rows and values gathered), so its expansion costs more: it pays from 20% density at
+// N >= 64 (16384x4096, 70%, N = 64: 325 against 529 us for the CUDA-core dX) and from 10% at
+// N >= 256 (16384x4096, 90%: 644 against 773 us), not below (90%, N = 128: 344 against 363 us is
+// within the noise; 95%, N = 128: 322 against 193 us).
 bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   const double density = density_of(p);
   const bool large = p.out_dim * p.in_dim >= (int64_t(1) << 24);
   const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
-  if (p.transposed) return p.n >= 128 && density >= 0.19;
-  // Thresholds a little under 10% and 30%: the layers of the benchmark grid keep llround(d * M * K)
-  // slots. At N = 64 and 10% density the kernel wins on 16384x4096 (106.8 against 148.9 us) but not
-  // on 4096x4096 (58.6 against 47.8 us), hence the larger layer there. From N = 256 it wins on every
-  // measured layer from 10% density, the small ones too (spmm_nvidia_h200_bf16_large.md, 768x3072,
-  // N = 256: 31.2 against 61.0 us for global_xt at 80%, 30.5 against 36.7 at 90%; 24.5 against 29.6
-  // for global_xt at 95%).
-  return (p.n >= 128 && density >= 0.29) || (p.n >= 256 && density >= 0.095) ||
-         (large && p.n >= 128 && density >= 0.095) || (huge && p.n >= 64 && density >= 0.095) ||
-         (large && p.n >= 32 && density >= 0.29);
+  if (p.transposed) return (p.n >= 64 && density >= 0.19) || (p.n >= 256 && density >= 0.095);
+  return (p.n >= 64 && density >= 0.29) || (large && p.n >= 32 && density >= 0.29) ||
+         (p.n >= 256 && density >= 0.095) || (large && p.n >= 64 && density >= 0.095) ||
+         (huge && p.n >= 32 && density >= 0.095) || (huge && p.n >= 128 && density >= 0.045);
 }
 
 // Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per
@@ -321,22 +320,11 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
   return Status::Ok();
 }
 
-// The tensor-core kernel's chunk width: the wide chunk where a row's slots in it are expected to fit
-// one round of the expansion (kTcRowWindow, with room for the spread of row lengths) and the batch
-// fits one of its tiles, else the narrow one. A narrow chunk of a sparse row loads a whole window of
-// slots to expand a few of them (at 90% sparsity 6.4 of 32 per 64 columns), and the expansion's cost
-// per chunk is what bounds the kernel there. Measured on the H200 (bf16, 16384x4096, 90%): N = 16
-// 55.1 against 96.9 us, N = 64 106.8 against 120.2 us (narrow chunks at commit c011040); N = 128 in
-// two tiles of 64 176.9 against 152.8 us in one narrow tile of 128, hence the batch limit.
-int tensor_core_chunk(const SpmmProblem& p) {
-  using namespace cuda::detail;
-  const bool fits_window = density_of(p) * kTcWideChunk <= 0.875 * kTcRowWindow;
-  return fits_window && p.n <= kTcWideMaxTile ? kTcWideChunk : kTcNarrowChunk;
-}
-
 // The tensor-core kernel's grid: a block per band of kTcBandRows output rows and batch tile, and
 // per band a cluster of k_splits blocks that split its columns, doubled while the launch stays
-// under two blocks per SM and each block keeps at least 512 columns.
+// under two blocks per SM and each block keeps at least one chunk (3072x768, 70%, N = 64: 19.3 us
+// in clusters of 8, 26.8 us in pairs when a block had to keep 256 columns; aiming at eight blocks
+// per SM instead of two was slower on 16384x4096: 79.3 against 68.0 us at 90%, N = 16).
 Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   const int64_t bands = ceil_div(p.out_dim, kTcBandRows);
@@ -351,7 +339,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
   plan->threads = kTcThreads;
-  plan->smem_bytes = tensor_core_smem_bytes(plan->batch_tile, plan->chunk);
+  plan->smem_bytes = tensor_core_smem_bytes(plan->batch_tile);
   if (plan->smem_bytes > limits.smem_per_block)
     return InvalidArgument("tensor_core: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
                            "the device's " + std::to_string(limits.smem_per_block));
@@ -465,7 +453,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     case SpmmVariant::kTensorCore:
       if (p.value_bytes != 2)
         return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
-      plan.chunk = tensor_core_chunk(p);
+      plan.chunk = cuda::detail::kTcChunk;
       plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTcMaxTile));
       break;
     case SpmmVariant::kDenseBlocks:

@@ -102,12 +102,9 @@ SNACK_HOST_DEVICE constexpr size_t shared_x_smem_bytes(size_t value_bytes, int c
 constexpr int kTcWarps = 4;                   // warps per block, 16 output rows each
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcBandRows = kTcWarps * 16;    // output rows per block
-constexpr int kTcNarrowChunk = 64;            // input columns per expanded tile at moderate densities
-constexpr int kTcWideChunk = 256;             // ... and where a row has few slots in 64 columns
-constexpr int kTcWideMaxTile = 64;            // the largest batch tile of the wide chunk (shared memory)
-constexpr int kTcRowWindow = 32;              // a row's slots loaded per round of the expansion (one per lane)
+constexpr int kTcChunk = 64;                  // input columns per expanded tile
 constexpr int kTcMaxSplits = 8;               // blocks of a cluster that split one band's chunks
-constexpr int kTcSplitMinColumns = 512;      // input columns per block of a split band, at least
+constexpr int kTcSplitMinColumns = 2 * kTcChunk;  // a band splits in two from this many input columns
 constexpr int kTcMinTile = 16;                // batch rows per block: 16, 32, 64 or 128
 constexpr int kTcMaxTile = 128;
 constexpr int kTcPartialStride = kTcBandRows + 4;  // floats per batch row of the partial tile
@@ -118,11 +115,11 @@ SNACK_HOST_DEVICE constexpr int tensor_core_stride(int chunk) { return chunk + 8
 
 // Dynamic shared memory of one block: the warps' expanded tiles and two stages of the chunk of X
 // (the partial tile of the epilogue reuses them).
-SNACK_HOST_DEVICE constexpr size_t tensor_core_smem_bytes(int tile, int chunk) {
-  return sizeof(uint16_t) * size_t(kTcWarps * 16 + 2 * tile) * size_t(tensor_core_stride(chunk));
+SNACK_HOST_DEVICE constexpr size_t tensor_core_smem_bytes(int tile) {
+  return sizeof(uint16_t) * size_t(kTcWarps * 16 + 2 * tile) * size_t(tensor_core_stride(kTcChunk));
 }
-static_assert(sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMaxTile, kTcNarrowChunk) &&
-                  sizeof(float) * kTcWideMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcWideMaxTile, kTcWideChunk),
+static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMinTile) &&
+                  sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMaxTile),
               "the partial tile fits in the staging buffers");
 
 // ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----

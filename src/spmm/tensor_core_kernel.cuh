@@ -1,13 +1,13 @@
 // The tensor-core SpMM for 16-bit values (bf16, fp16; fp32 accumulation): W is loaded as sparse and
-// multiplied as dense. A block owns a band of kTcBandRows output rows and a range of CW-wide column
-// chunks (CW = kTcNarrowChunk or kTcWideChunk, by density); for each chunk every warp expands its 16
-// rows' slots into a dense 16 x CW tile
-// in shared memory (zeros elsewhere), the block stages the chunk of X (NT batch rows) beside it, and
+// multiplied as dense. A block owns a band of kTcBandRows output rows and a range of column chunks of
+// kTcChunk; for each chunk every warp expands its 16 rows' slots into a dense 16 x kTcChunk tile in
+// shared memory (zeros elsewhere), the block stages the chunk of X (NT batch rows) beside it, and
 // mma.sync m16n8k16 multiplies the two.
 //
 // The tile contents come from the CSR view itself (or the CSC view for dX): a band's rows are
-// consecutive slots, sorted by column, so each row keeps a cursor and one 32-lane ballot over its next
-// slots says which of them fall into the chunk. No tiled copy of the pattern is stored or rebuilt.
+// consecutive slots, sorted by column, so each row keeps a cursor, and two lanes per row read its next
+// slots eight at a time until one falls past the chunk. No tiled copy of the pattern is stored or
+// rebuilt.
 //
 // Several blocks of one band split its chunks (a thread-block cluster of 2-8 blocks along x) when
 // the bands alone would leave SMs idle; their partial tiles are summed through distributed shared
@@ -171,51 +171,99 @@ __device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor
   return lane < 16 ? lo : cursor_or_end;
 }
 
+// Eight consecutive entries [e8, e8 + 8) of a view (e8 a multiple of 8): their inputs and value bits.
+// Entries outside [lo, hi) read as input INT_MAX. A whole vector inside the row is read with 16-byte
+// loads where the arrays start on 16 bytes (`aligned`): the CSR view's slots directly, the CSC view's
+// positions in csc_perm (then the slots gathered); a row's last partial vector entry by entry.
+template <typename T, typename View>
+__device__ __forceinline__ void load_entries8(const View& view, int32_t e8, int32_t lo, int32_t hi, bool aligned,
+                                              int32_t (&input)[8], uint16_t (&bits)[8]) {
+  if constexpr (View::kContiguousSlots) {
+    using Index = typename View::IndexType;
+    if (aligned && e8 + 8 <= hi) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(view.values + e8));
+      const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) bits[j] = uint16_t(vw[j / 2] >> (16 * (j % 2)));
+      if constexpr (sizeof(Index) == 2) {
+        const uint4 c = __ldg(reinterpret_cast<const uint4*>(view.idx + e8));
+        const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) input[j] = int32_t((cw[j / 2] >> (16 * (j % 2))) & 0xffffu);
+      } else {
+        const int4 c0 = __ldg(reinterpret_cast<const int4*>(view.idx + e8));
+        const int4 c1 = __ldg(reinterpret_cast<const int4*>(view.idx + e8 + 4));
+        input[0] = c0.x, input[1] = c0.y, input[2] = c0.z, input[3] = c0.w;
+        input[4] = c1.x, input[5] = c1.y, input[6] = c1.z, input[7] = c1.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (e8 + j < lo) input[j] = INT_MAX;
+      return;
+    }
+  } else {
+    // The CSC view's entries are consecutive positions of csc_perm: one vector of it, then the
+    // slots' rows and values gathered.
+    if (aligned && e8 + 8 <= hi) {
+      const int4 p0 = __ldg(reinterpret_cast<const int4*>(view.perm + e8));
+      const int4 p1 = __ldg(reinterpret_cast<const int4*>(view.perm + e8 + 4));
+      const int32_t slot[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const bool valid = e8 + j >= lo;
+        input[j] = valid ? int32_t(view.idx[slot[j]]) : INT_MAX;
+        bits[j] = valid ? view.values[slot[j]].bits : uint16_t(0);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int32_t e = e8 + j;
+    const bool valid = e >= lo && e < hi;
+    input[j] = valid ? view.input(e) : INT_MAX;
+    bits[j] = valid ? view.value(e).bits : uint16_t(0);
+  }
+}
+
 // Expands the slots of the warp's 16 rows with inputs in [k0, k0 + CW) into `tile`
-// ([16][tensor_core_stride(CW)], zeroed), advancing the cursors. The 16 rows' next kTcRowWindow
-// slots are loaded together; a row with more slots in the chunk continues on its own.
+// ([16][tensor_core_stride(CW)], zeroed), advancing the cursors. Lanes r and r + 16 share row r:
+// each walks every other vector of 8 entries from the row's cursor until a vector ends past the
+// chunk (the slots are sorted by input, so the rest of the row is too), then the pair adds up what
+// it took. Every lane stores its own entries: no ballots, no shuffles per slot.
 template <typename T, int CW, typename View>
-__device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor_or_end, int64_t k0) {
-  static_assert(kTcRowWindow == 32, "one slot of the window per lane");
+__device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor, int32_t end,
+                                             int64_t k0, bool aligned) {
   constexpr int kStride = tensor_core_stride(CW);
   const int lane = threadIdx.x % 32;
-  const int64_t k_end = k0 + CW;
-  int32_t input[16];
-  T value[16];
+  const int row = lane % 16;
+  const int32_t k_end = int32_t(k0 + CW);
+  int32_t taken = 0;
+  for (int32_t e8 = (cursor & ~7) + 8 * (lane / 16); e8 < end; e8 += 16) {
+    int32_t input[8];
+    uint16_t bits[8];
+    load_entries8<T>(view, e8, cursor, end, aligned, input, bits);
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const int32_t e = __shfl_sync(0xffffffffu, cursor_or_end, r) + lane;
-    const bool valid = e < __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
-    input[r] = valid ? view.input(e) : INT_MAX;
-    value[r] = valid ? view.value(e) : T{};
-  }
-#pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    bool take = input[r] < k_end;
-    if (take) tile[r * kStride + (input[r] - k0)] = value[r].bits;
-    int32_t taken = __popc(__ballot_sync(0xffffffffu, take));
-    int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, r) + taken;
-    const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + r);
-    while (taken == 32 && cursor < end) {  // warp-uniform: a dense stretch of the row
-      const int32_t e = cursor + lane;
-      const int32_t in_col = e < end ? view.input(e) : INT_MAX;
-      take = in_col < k_end;
-      if (take) tile[r * kStride + (in_col - k0)] = view.value(e).bits;
-      taken = __popc(__ballot_sync(0xffffffffu, take));
-      cursor += taken;
+    for (int j = 0; j < 8; ++j) {
+      if (input[j] < k_end) {
+        tile[row * kStride + (input[j] - int32_t(k0))] = bits[j];
+        ++taken;
+      }
     }
-    if (lane == r) cursor_or_end = cursor;
+    if (e8 + 8 >= end || input[7] >= k_end) break;
   }
+  cursor += taken + __shfl_xor_sync(0xffffffffu, taken, 16);
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits,
 // the batch tile of blockIdx.y; the cluster's blocks split the band's chunks.
-template <typename T, typename View, int NT, int CW>
+template <typename T, typename View, int NT>
 __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view, int64_t out_dim, int64_t in_dim,
                                                                       const T* __restrict__ in, int64_t n,
                                                                       const T* __restrict__ bias, T* __restrict__ out,
                                                                       Activation act, int splits, bool vec) {
   static_assert(NT % 16 == 0 && NT <= 128, "batch tiles of 16 to 128 rows");
+  constexpr int CW = kTcChunk;
   static_assert(CW % 64 == 0, "chunks of whole 16-byte segments per lane");
   constexpr int kStride = tensor_core_stride(CW);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -230,11 +278,19 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
   const int64_t chunks = (in_dim + CW - 1) / CW;
   const int64_t c_begin = chunks * split / splits, c_end = chunks * (split + 1) / splits;
 
-  // Cursors: lane r < 16 the first slot of row o0 + 16 warp + r, lane 16 + r its end.
+  // Cursors: lane r < 16 the first slot of row o0 + 16 warp + r, lane 16 + r its end (for the seek).
   const int64_t my_row = o0 + warp * 16 + (lane % 16);
   int32_t cursor_or_end = 0;
   if (my_row < out_dim) cursor_or_end = view.ptr[my_row + (lane < 16 ? 0 : 1)];
   if (c_begin > 0) cursor_or_end = seek_cursors(view, cursor_or_end, c_begin * CW);
+  // From here lanes r and r + 16 both hold row r's cursor and end.
+  int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, lane % 16);
+  const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + lane % 16);
+  bool aligned;
+  if constexpr (View::kContiguousSlots)
+    aligned = ((reinterpret_cast<uintptr_t>(view.idx) | reinterpret_cast<uintptr_t>(view.values)) & 15) == 0;
+  else
+    aligned = (reinterpret_cast<uintptr_t>(view.perm) & 15) == 0;
 
   float acc[NT / 8][4];
 #pragma unroll
@@ -248,7 +304,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
     __syncwarp();
     zero_warp_tile<CW>(tile);
     __syncwarp();
-    expand_chunk<T, CW>(view, tile, cursor_or_end, c * CW);
+    expand_chunk<T, CW>(view, tile, cursor, end, c * CW, aligned);
     if (vec) cp_async_wait_all();
     __syncthreads();  // the chunk of X is staged; every warp is done with the other buffer
     if (c + 1 < c_end)

@@ -14,6 +14,8 @@ namespace snack::cuda::detail {
 // Rows of W (forward): entries s in [row_ptr[o], row_ptr[o+1]), input column col_idx[s], value values[s].
 template <typename T, typename Index>
 struct CsrView {
+  using IndexType = Index;
+  static constexpr bool kContiguousSlots = true;  // an output row's entries are consecutive slots
   const int32_t* __restrict__ ptr;
   const Index* __restrict__ idx;
   const T* __restrict__ values;
@@ -30,6 +32,8 @@ struct CsrView {
 // whose input is the row of the slot.
 template <typename T, typename Index>
 struct CscView {
+  using IndexType = Index;
+  static constexpr bool kContiguousSlots = false;
   const int32_t* __restrict__ ptr;
   const int32_t* __restrict__ perm;
   const Index* __restrict__ idx;  // row_idx

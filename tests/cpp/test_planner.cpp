@@ -269,6 +269,51 @@ TEST(Planner, ForcedVariantsThatCannotRunAreErrors) {
 // threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
 // still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,
 // the bands' offsets, the rows' chunk starts and counts before them).
+TEST(Planner, TensorCoreRulesAndShape) {
+  const auto tc = [](int64_t out, int64_t in, double density, int64_t n, bool transposed = false) {
+    return plan(out, in, nnz_for_density(out, in, density), n, 2, SpmmVariant::kAuto, transposed).variant ==
+           SpmmVariant::kTensorCore;
+  };
+  // Forward: 30% density from N = 64 on every layer, from N = 32 on 2^24 weights; 10% from N = 64 on
+  // 2^24 weights and from N = 32 on 2^25; 5% from N = 128 on 2^25; never at 1%.
+  EXPECT_TRUE(tc(3072, 768, 0.3, 64));
+  EXPECT_FALSE(tc(3072, 768, 0.3, 32));
+  EXPECT_TRUE(tc(4096, 4096, 0.3, 32));
+  EXPECT_TRUE(tc(4096, 4096, 0.1, 64));
+  EXPECT_FALSE(tc(4096, 4096, 0.1, 32));
+  EXPECT_FALSE(tc(3072, 768, 0.1, 128));
+  EXPECT_TRUE(tc(16384, 4096, 0.1, 32));
+  EXPECT_FALSE(tc(16384, 4096, 0.1, 16));
+  EXPECT_TRUE(tc(16384, 4096, 0.05, 128));
+  EXPECT_FALSE(tc(16384, 4096, 0.05, 64));
+  EXPECT_FALSE(tc(4096, 4096, 0.05, 128));
+  EXPECT_FALSE(tc(16384, 4096, 0.01, 128));
+  EXPECT_FALSE(plan(16384, 4096, nnz_for_density(16384, 4096, 0.1), 64).variant == SpmmVariant::kTensorCore);  // fp32
+  // dX: 20% density from N = 64, 10% from N = 256.
+  EXPECT_TRUE(tc(16384, 4096, 0.3, 64, true));
+  EXPECT_FALSE(tc(16384, 4096, 0.3, 32, true));
+  EXPECT_TRUE(tc(4096, 16384, 0.1, 256, true));
+  EXPECT_FALSE(tc(4096, 16384, 0.1, 128, true));
+
+  // One chunk width; batch tiles of 16-128 rows.
+  for (const auto& [n, tile] : {std::pair<int64_t, int>{9, 16}, {16, 16}, {33, 64}, {64, 64}, {65, 128}, {1000, 128}}) {
+    const SpmmPlan p = plan(4096, 4096, 1677722, n, 2, SpmmVariant::kTensorCore);
+    EXPECT_EQ(p.chunk, 64);
+    EXPECT_EQ(p.batch_tile, tile) << n;
+    EXPECT_EQ(p.smem_bytes, size_t(2) * (64 + 2 * tile) * 72);
+  }
+  // Clusters split a band's columns until the grid holds two blocks per SM, each block keeping at
+  // least one chunk: 48 bands of 3072x768 in clusters of 8 (96 columns each), 256 bands of
+  // 16384x4096 in pairs.
+  SpmmPlan p = plan(3072, 768, 707789, 64, 2, SpmmVariant::kTensorCore);
+  EXPECT_EQ(p.k_splits, 8);
+  EXPECT_EQ(p.grid_x, 48 * 8);
+  p = plan(3072, 100, 92160, 64, 2, SpmmVariant::kTensorCore);
+  EXPECT_EQ(p.k_splits, 1);  // 100 columns: fewer than two chunks
+  p = plan(16384, 4096, 6710886, 16, 2, SpmmVariant::kTensorCore);
+  EXPECT_EQ(p.k_splits, 2);
+}
+
 TEST(Planner, WgmmaPlans) {
   SpmmPlan p;
   for (const int bytes : {4, 8}) {

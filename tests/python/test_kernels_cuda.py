@@ -203,10 +203,10 @@ def test_long_rows_split_over_a_block(variant, n):
         assert torch.equal(ops.spmm_t(dy, q.values, q.tensors, variant), dx)
 
 
-# (M, K, nnz, empty rows): bands of dense stretches (more than 32 slots of a row in one chunk), K not
-# a multiple of 8 (X staged element by element), a few bands over many chunks (a cluster of blocks
-# splits each band's columns, each seeking its first column), a partial last band; the last three
-# below 11% density, where the planner takes the wide chunk (the last with K % 8 != 0).
+# (M, K, nnz, empty rows): bands of dense stretches (every input of a chunk stored: eight vectors of
+# slots per row), K not a multiple of 8 (X staged element by element), a few bands over many chunks
+# (a cluster of blocks splits each band's columns, each seeking its first column), a partial last
+# band, sparse rows (a slot or none per chunk).
 TENSOR_CORE_SHAPES = [(64, 100, 5800, 0), (130, 1001, 20000, 9), (256, 4096, 100000, 3), (70, 9000, 60000, 0),
                       (100, 2051, 18000, 5)]
 
@@ -229,22 +229,29 @@ def test_tensor_core_paths(shape, n, dtype):
     assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "tensor_core"), dx)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.uint16, torch.int32], ids=["uint16", "int32"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset"])
+def test_tensor_core_slot_vectors(index_dtype, aligned):
+    # The forward reads a row's slots eight at a time with 16-byte loads where the slot arrays allow
+    # it: 32-bit indices, values that start off a 16-byte boundary (a view into a larger tensor: read
+    # entry by entry), rows that start and end inside a vector, and dense stretches (a row with all
+    # 100 inputs, several vectors in one chunk).
+    m, k = 130, 1001
+    p = Weight(m, k, 30000, device="cuda", dtype=torch.bfloat16, index_dtype=index_dtype, empty_rows=7, seed=3)
+    values = p.values
+    if not aligned:
+        values = torch.empty(p.values.numel() + 1, dtype=p.values.dtype, device="cuda")[1:]
+        values.copy_(p.values)
+    for n in (16, 64):
+        x = p.randn(n, k, seed=n)
+        y = ops.spmm(x, values, p.tensors, None, variant="tensor_core")
+        assert_matmul(y, x, p.dense64.T, torch.bfloat16, what=f"n={n}")
+
+
 def test_tensor_core_splits_columns_over_a_cluster():
     p = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, 16, "forward", "tensor_core"))
     assert "8 blocks per band" in plan.describe, plan
-
-
-def test_tensor_core_chunk_width_follows_the_density():
-    # A row's slots in one chunk should fill about one 32-slot round of the expansion: 256 columns
-    # below 11% density for batches up to one tile of 64, else 64 columns.
-    sparse = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
-    for n, chunk, tile in ((16, 256, 16), (64, 256, 64), (65, 64, 128), (200, 64, 128)):
-        plan = snack.Plan(*ops.explain(sparse.values, sparse.tensors, n, "forward", "tensor_core"))
-        assert f"chunks of {chunk} columns" in plan.describe and plan.batch_tile == tile, plan
-    denser = Weight(256, 4096, 256 * 4096 // 5, device="cuda", dtype=torch.bfloat16)
-    plan = snack.Plan(*ops.explain(denser.values, denser.tensors, 16, "forward", "tensor_core"))
-    assert "chunks of 64 columns" in plan.describe and plan.batch_tile == 16, plan
 
 
 def test_the_planner_takes_tensor_cores_for_many_rows_at_a_high_density():
