@@ -289,9 +289,11 @@ TEST(Planner, TensorCoreRulesAndShape) {
   EXPECT_FALSE(tc(4096, 4096, 0.05, 128));
   EXPECT_FALSE(tc(16384, 4096, 0.01, 128));
   EXPECT_FALSE(plan(16384, 4096, nnz_for_density(16384, 4096, 0.1), 64).variant == SpmmVariant::kTensorCore);  // fp32
-  // dX: 20% density from N = 64, 10% from N = 256.
+  // dX: 20% density from N = 128, from N = 64 on 2^24 weights; 10% from N = 256.
   EXPECT_TRUE(tc(16384, 4096, 0.3, 64, true));
   EXPECT_FALSE(tc(16384, 4096, 0.3, 32, true));
+  EXPECT_FALSE(tc(3072, 768, 0.2, 64, true));
+  EXPECT_TRUE(tc(3072, 768, 0.2, 128, true));
   EXPECT_TRUE(tc(4096, 16384, 0.1, 256, true));
   EXPECT_FALSE(tc(4096, 16384, 0.1, 128, true));
 
