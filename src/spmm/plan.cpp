@@ -187,12 +187,13 @@ double density_of(const SpmmProblem& p) {
 // wide_rows; 4096x4096, 95%, N = 128: 58.2 against 45.1 for global_xt).
 //
 // The transposed product (dX) reads each slot through csc_perm (a vector of positions, then the
-// slots' rows and values gathered), so its expansion costs more (backward_nvidia_h200_bf16.md): it
-// pays from 20% density at N >= 128 (16384x4096, 80%: 377 against 700 us for the CUDA-core dX;
-// 768x3072: 35.6 against 45.3), at N >= 64 on layers of at least 2^24 weights (16384x4096, 70%: 325
-// against 529 us; 4096x4096, 80%: 94.5 against 100.2; but 768x3072, 80%: 32.7 against 26.8), and
-// from 10% at N >= 256 (16384x4096, 90%: 644 against 773 us); not below (90%, N = 128: 340 against
-// 361 us is within the noise; 95%, N = 128: 319 against 192 us).
+// slots' rows and values gathered), so its expansion costs more (backward_nvidia_h200_bf16.md, its
+// CUDA-core dX times where the planner now takes tensor cores from that file at commit 885758e): it
+// pays from 20% density at N >= 128 (16384x4096, 80%: 377 against 700 us; 768x3072: 35.6 against
+// 45.3), at N >= 64 on layers of at least 2^24 weights (16384x4096, 70%: 325 against 529 us;
+// 4096x4096, 80%: 94.5 against 100.2; but 768x3072, 80%: 32.9 against 27.3), and from 10% at
+// N >= 256 (16384x4096, 90%: 644 against 773 us); not below (90%, N = 128: 340 against 361 us is
+// within the noise; 95%, N = 128: 319 against 192 us).
 bool tensor_cores_pay(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.n < kTensorCoreMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   const double density = density_of(p);
