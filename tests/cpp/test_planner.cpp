@@ -265,37 +265,31 @@ TEST(Planner, ForcedVariantsThatCannotRunAreErrors) {
             StatusCode::kInvalidArgument);
 }
 
-// wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
-// threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
-// still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,
-// the bands' offsets, the rows' chunk starts and counts before them).
 TEST(Planner, TensorCoreRulesAndShape) {
-  const auto tc = [](int64_t out, int64_t in, double density, int64_t n, bool transposed = false) {
-    return plan(out, in, nnz_for_density(out, in, density), n, 2, SpmmVariant::kAuto, transposed).variant ==
-           SpmmVariant::kTensorCore;
-  };
   // Forward: 30% density from N = 64 on every layer, from N = 32 on 2^24 weights; 10% from N = 64 on
-  // 2^24 weights and from N = 32 on 2^25; 5% from N = 128 on 2^25; never at 1%.
-  EXPECT_TRUE(tc(3072, 768, 0.3, 64));
-  EXPECT_FALSE(tc(3072, 768, 0.3, 32));
-  EXPECT_TRUE(tc(4096, 4096, 0.3, 32));
-  EXPECT_TRUE(tc(4096, 4096, 0.1, 64));
-  EXPECT_FALSE(tc(4096, 4096, 0.1, 32));
-  EXPECT_FALSE(tc(3072, 768, 0.1, 128));
-  EXPECT_TRUE(tc(16384, 4096, 0.1, 32));
-  EXPECT_FALSE(tc(16384, 4096, 0.1, 16));
-  EXPECT_TRUE(tc(16384, 4096, 0.05, 128));
-  EXPECT_FALSE(tc(16384, 4096, 0.05, 64));
-  EXPECT_FALSE(tc(4096, 4096, 0.05, 128));
-  EXPECT_FALSE(tc(16384, 4096, 0.01, 128));
-  EXPECT_FALSE(plan(16384, 4096, nnz_for_density(16384, 4096, 0.1), 64).variant == SpmmVariant::kTensorCore);  // fp32
-  // dX: 20% density from N = 128, from N = 64 on 2^24 weights; 10% from N = 256.
-  EXPECT_TRUE(tc(16384, 4096, 0.3, 64, true));
-  EXPECT_FALSE(tc(16384, 4096, 0.3, 32, true));
-  EXPECT_FALSE(tc(3072, 768, 0.2, 64, true));
-  EXPECT_TRUE(tc(3072, 768, 0.2, 128, true));
-  EXPECT_TRUE(tc(4096, 16384, 0.1, 256, true));
-  EXPECT_FALSE(tc(4096, 16384, 0.1, 128, true));
+  // 2^24 weights and from N = 32 on 2^25; 5% from N = 128 on 2^25; never at 1%. dX: 20% density from
+  // N = 128, from N = 64 on 2^24 weights; 10% from N = 256.
+  struct Case {
+    int64_t out, in;
+    double density;
+    int64_t n;
+    bool transposed, tensor_core;
+  };
+  for (const Case& c : {Case{3072, 768, 0.3, 64, false, true}, {3072, 768, 0.3, 32, false, false},
+                        {4096, 4096, 0.3, 32, false, true}, {4096, 4096, 0.1, 64, false, true},
+                        {4096, 4096, 0.1, 32, false, false}, {3072, 768, 0.1, 128, false, false},
+                        {16384, 4096, 0.1, 32, false, true}, {16384, 4096, 0.1, 16, false, false},
+                        {16384, 4096, 0.05, 128, false, true}, {16384, 4096, 0.05, 64, false, false},
+                        {4096, 4096, 0.05, 128, false, false}, {16384, 4096, 0.01, 128, false, false},
+                        {16384, 4096, 0.3, 64, true, true}, {16384, 4096, 0.3, 32, true, false},
+                        {3072, 768, 0.2, 64, true, false}, {3072, 768, 0.2, 128, true, true},
+                        {4096, 16384, 0.1, 256, true, true}, {4096, 16384, 0.1, 128, true, false}}) {
+    const SpmmPlan p = plan(c.out, c.in, nnz_for_density(c.out, c.in, c.density), c.n, 2, SpmmVariant::kAuto,
+                            c.transposed);
+    EXPECT_EQ(p.variant == SpmmVariant::kTensorCore, c.tensor_core)
+        << c.out << "x" << c.in << " density " << c.density << " n " << c.n << (c.transposed ? " dX" : "");
+  }
+  EXPECT_NE(plan(16384, 4096, nnz_for_density(16384, 4096, 0.1), 64).variant, SpmmVariant::kTensorCore);  // fp32
 
   // One chunk width; batch tiles of 16-128 rows.
   for (const auto& [n, tile] : {std::pair<int64_t, int>{9, 16}, {16, 16}, {33, 64}, {64, 64}, {65, 128}, {1000, 128}}) {
@@ -316,6 +310,10 @@ TEST(Planner, TensorCoreRulesAndShape) {
   EXPECT_EQ(p.k_splits, 2);
 }
 
+// wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
+// threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
+// still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,
+// the bands' offsets, the rows' chunk starts and counts before them).
 TEST(Planner, WgmmaPlans) {
   SpmmPlan p;
   for (const int bytes : {4, 8}) {
