@@ -544,6 +544,18 @@ def test_dense_blocks_in_many_blocks(n, dtype):
     assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="dense_blocks"), dv)
 
 
+def weight_with_a_full_row(m, k, nnz, gen, dtype, *, empty_rows, extra):
+    """About nnz random positions with `empty_rows` rows left empty, row 3 holding every input, and the
+    (row, input) positions of `extra` (a row of one slot, say)."""
+    rows, cols = random_positions(m, k, nnz, gen, empty_rows=empty_rows)
+    keep = rows != 3
+    extra_rows, extra_cols = zip(*extra)
+    rows = torch.cat([rows[keep], torch.full((k,), 3), torch.tensor(extra_rows)])
+    cols = torch.cat([cols[keep], torch.arange(k), torch.tensor(extra_cols)])
+    keys = torch.unique(rows * k + cols)
+    return Weight(m, k, keys.numel(), device="cuda", dtype=dtype, positions=(keys // k, keys % k))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("n", [1, 300, 600])
 def test_shared_x_bands_tiles_and_chunks(n, dtype):
@@ -552,13 +564,8 @@ def test_shared_x_bands_tiles_and_chunks(n, dtype):
     # across several chunks (windows of 32 slots inside one chunk) and rows of a single slot; the
     # transposed product over the CSC view, K = 130 outputs. Bitwise-equal repeats.
     m, k = 130, 1001
-    gen = torch.Generator().manual_seed(n)
-    rows, cols = random_positions(m, k, 9000, gen, empty_rows=7)
-    keep = rows != 3
-    rows = torch.cat([rows[keep], torch.full((k,), 3), torch.tensor([5, 6])])
-    cols = torch.cat([cols[keep], torch.arange(k), torch.tensor([k - 1, 0])])
-    keys = torch.unique(rows * k + cols)
-    p = Weight(m, k, keys.numel(), device="cuda", dtype=dtype, positions=(keys // k, keys % k))
+    p = weight_with_a_full_row(m, k, 9000, torch.Generator().manual_seed(n), dtype, empty_rows=7,
+                               extra=((5, k - 1), (6, 0)))
     x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "shared_x"))
     assert plan.batch_tile == 32 * (16 // dtype.itemsize)
@@ -587,18 +594,12 @@ def test_wgmma_bands_lists_and_splits(m, k, n, density, dtype):
     # producer's words in flight (1024 a chunk: 70% of 128 x 64); the transposed product over the CSC
     # view.
     # Bitwise-equal repeats; the workspace is the tile lists.
-    gen = torch.Generator().manual_seed(m + k + n)
-    full = torch.arange(k)
-    base_rows, base_cols = random_positions(m, k, int(m * k * density), gen, empty_rows=5)
-    keep = base_rows != 3
-    rows = torch.cat([base_rows[keep], torch.full((k,), 3), torch.tensor([m - 1])])
-    cols = torch.cat([base_cols[keep], full, torch.tensor([0])])
-    keys = torch.unique(rows * k + cols)
-    p = Weight(m, k, keys.numel(), device="cuda", dtype=dtype, positions=(keys // k, keys % k))
+    p = weight_with_a_full_row(m, k, int(m * k * density), torch.Generator().manual_seed(m + k + n), dtype,
+                               empty_rows=5, extra=((m - 1, 0),))
     x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "wgmma"))
     assert (plan.variant, plan.batch_tile, plan.threads) == ("wgmma", 256, 384)
-    assert plan.workspace_bytes >= 4 * keys.numel()
+    assert plan.workspace_bytes >= 4 * p.nnz
     poison_cache(torch.device("cuda"))
     y = ops.spmm(x, p.values, p.tensors, bias, variant="wgmma")
     assert_forward(y, x, p, bias, dtype, "wgmma")
