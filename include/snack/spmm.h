@@ -129,7 +129,7 @@ struct SpmmPlan {
   size_t workspace_bytes = 0;  ///< device workspace the caller provides (kGlobalXT with a tile > 1)
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
   int k_splits = 1;            ///< kTensorCore, kWgmma: blocks (one cluster) that split each band's columns
-  int chunk = 0;               ///< kTensorCore: input columns per expanded tile (64 or 256); kSharedX: per stage
+  int chunk = 0;               ///< kTensorCore, kWgmma: input columns per expanded tile (64); kSharedX: per stage
   int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
 };
 

@@ -75,6 +75,29 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, accum_t<T> (&o
   }
 }
 
+// kWords consecutive 32-bit words from global memory, read-only, as 16-byte vectors (p 16-byte aligned).
+template <int kWords>
+__device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[kWords]) {
+  static_assert(kWords % 4 == 0, "whole 16-byte vectors");
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < kWords / 4; ++i) {
+    const uint4 v = __ldg(q + i);
+    w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+  }
+}
+
+// Element u of the 16- or 32-bit integers (or raw 16-bit values) packed into words, the lower address
+// in the low half.
+template <typename Elem, int kWords>
+__device__ __forceinline__ uint32_t packed_element(const uint32_t (&w)[kWords], int u) {
+  if constexpr (sizeof(Elem) == 2) {
+    return (w[u / 2] >> (16 * (u & 1))) & 0xffffu;
+  } else {
+    return w[u];
+  }
+}
+
 // Stores kN values of T (to global or shared memory; p aligned to 16 bytes or to the whole run) as
 // 16-, 8- or 4-byte vectors where they fill one.
 template <typename T, int kN>

@@ -171,66 +171,12 @@ __device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor
   return lane < 16 ? lo : cursor_or_end;
 }
 
-// Eight consecutive entries [e8, e8 + 8) of a view (e8 a multiple of 8): their inputs and value bits.
-// Entries outside [lo, hi) read as input INT_MAX. A whole vector inside the row is read with 16-byte
-// loads where the arrays start on 16 bytes (`aligned`): the CSR view's slots directly, the CSC view's
-// positions in csc_perm (then the slots gathered); a row's last partial vector entry by entry.
-template <typename T, typename View>
-__device__ __forceinline__ void load_entries8(const View& view, int32_t e8, int32_t lo, int32_t hi, bool aligned,
-                                              int32_t (&input)[8], uint16_t (&bits)[8]) {
-  if constexpr (View::kContiguousSlots) {
-    using Index = typename View::IndexType;
-    if (aligned && e8 + 8 <= hi) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(view.values + e8));
-      const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) bits[j] = uint16_t(vw[j / 2] >> (16 * (j % 2)));
-      if constexpr (sizeof(Index) == 2) {
-        const uint4 c = __ldg(reinterpret_cast<const uint4*>(view.idx + e8));
-        const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) input[j] = int32_t((cw[j / 2] >> (16 * (j % 2))) & 0xffffu);
-      } else {
-        const int4 c0 = __ldg(reinterpret_cast<const int4*>(view.idx + e8));
-        const int4 c1 = __ldg(reinterpret_cast<const int4*>(view.idx + e8 + 4));
-        input[0] = c0.x, input[1] = c0.y, input[2] = c0.z, input[3] = c0.w;
-        input[4] = c1.x, input[5] = c1.y, input[6] = c1.z, input[7] = c1.w;
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (e8 + j < lo) input[j] = INT_MAX;
-      return;
-    }
-  } else {
-    // The CSC view's entries are consecutive positions of csc_perm: one vector of it, then the
-    // slots' rows and values gathered.
-    if (aligned && e8 + 8 <= hi) {
-      const int4 p0 = __ldg(reinterpret_cast<const int4*>(view.perm + e8));
-      const int4 p1 = __ldg(reinterpret_cast<const int4*>(view.perm + e8 + 4));
-      const int32_t slot[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const bool valid = e8 + j >= lo;
-        input[j] = valid ? int32_t(view.idx[slot[j]]) : INT_MAX;
-        bits[j] = valid ? view.values[slot[j]].bits : uint16_t(0);
-      }
-      return;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int32_t e = e8 + j;
-    const bool valid = e >= lo && e < hi;
-    input[j] = valid ? view.input(e) : INT_MAX;
-    bits[j] = valid ? view.value(e).bits : uint16_t(0);
-  }
-}
-
 // Expands the slots of the warp's 16 rows with inputs in [k0, k0 + CW) into `tile`
 // ([16][tensor_core_stride(CW)], zeroed), advancing the cursors. Lanes r and r + 16 share row r:
 // each walks every other vector of 8 entries from the row's cursor until a vector ends past the
 // chunk (the slots are sorted by input, so the rest of the row is too), then the pair adds up what
-// it took. Every lane stores its own entries: no ballots, no shuffles per slot.
+// it took. Every lane stores its own entries: no ballots, no shuffles per slot. `aligned`: the
+// view's vectors_aligned().
 template <typename T, int CW, typename View>
 __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor, int32_t end,
                                              int64_t k0, bool aligned) {
@@ -242,7 +188,7 @@ __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, i
   for (int32_t e8 = (cursor & ~7) + 8 * (lane / 16); e8 < end; e8 += 16) {
     int32_t input[8];
     uint16_t bits[8];
-    load_entries8<T>(view, e8, cursor, end, aligned, input, bits);
+    view.load8(e8, cursor, end, aligned, input, bits);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       if (input[j] < k_end) {
@@ -286,11 +232,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
   // From here lanes r and r + 16 both hold row r's cursor and end.
   int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, lane % 16);
   const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + lane % 16);
-  bool aligned;
-  if constexpr (View::kContiguousSlots)
-    aligned = ((reinterpret_cast<uintptr_t>(view.idx) | reinterpret_cast<uintptr_t>(view.values)) & 15) == 0;
-  else
-    aligned = (reinterpret_cast<uintptr_t>(view.perm) & 15) == 0;
+  const bool aligned = view.vectors_aligned();
 
   float acc[NT / 8][4];
 #pragma unroll

@@ -39,11 +39,7 @@ struct WideChunk {
   accum_t<T> val[kWideSlots];
   uint32_t idx[kIndexWords];
   __device__ __forceinline__ int32_t column(int u) const {
-    if constexpr (sizeof(Index) == 2) {
-      return int32_t((idx[u / 2] >> (16 * (u & 1))) & 0xffffu);
-    } else {
-      return int32_t(idx[u]);
-    }
+    return int32_t(packed_element<Index>(idx, u));
   }
   // Slots [s, s + kWideSlots): 16-byte vectors where `vec` (both arrays 16-byte aligned) and the chunk
   // lies inside the arrays, else scalars; slots past nnz read as value 0, column 0.
@@ -51,12 +47,7 @@ struct WideChunk {
                                        int32_t nnz, bool vec) {
     if (vec && s + kWideSlots <= nnz) {
       load_vec<T, kWideSlots>(values + s, val);
-      const uint4* p = reinterpret_cast<const uint4*>(col_idx + s);
-#pragma unroll
-      for (int q = 0; q < kIndexWords / 4; ++q) {
-        const uint4 w = __ldg(p + q);
-        idx[4 * q] = w.x; idx[4 * q + 1] = w.y; idx[4 * q + 2] = w.z; idx[4 * q + 3] = w.w;
-      }
+      load_words(col_idx + s, idx);
     } else {
 #pragma unroll
       for (int u = 0; u < kIndexWords; ++u) idx[u] = 0;
