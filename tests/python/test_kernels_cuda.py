@@ -544,6 +544,20 @@ def test_dense_blocks_in_many_blocks(n, dtype):
     assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="dense_blocks"), dv)
 
 
+def check_forward_and_activation(p, x, bias, dtype, variant, activation):
+    """The forward with `variant` forced into a poisoned cache against the float64 reference, bitwise
+    repeatable, and with `activation` ("relu" or "gelu") fused."""
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias, variant=variant)
+    assert_forward(y, x, p, bias, dtype, variant)
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant=variant), y), "not bitwise reproducible"
+    y = ops.spmm(x, p.values, p.tensors, bias, activation=activation, variant=variant)
+    z, scale = matmul_ref(x, p.dense64.T)
+    act = torch.relu if activation == "relu" else torch.nn.functional.gelu
+    assert_close(y, act(z + bias.double().cpu()), 1.2 * (scale + bias.double().cpu().abs()), dtype,
+                 f"{variant} {activation}")
+
+
 def weight_with_a_full_row(m, k, nnz, gen, dtype, *, empty_rows, extra):
     """About nnz random positions with `empty_rows` rows left empty, row 3 holding every input, and the
     (row, input) positions of `extra` (a row of one slot, say)."""
@@ -570,14 +584,7 @@ def test_shared_x_bands_tiles_and_chunks(n, dtype):
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "shared_x"))
     assert plan.batch_tile == 32 * (16 // dtype.itemsize)
     assert plan.workspace_bytes == (k + 1) * -(-n // plan.batch_tile) * plan.batch_tile * dtype.itemsize
-    poison_cache(torch.device("cuda"))
-    y = ops.spmm(x, p.values, p.tensors, bias, variant="shared_x")
-    assert_forward(y, x, p, bias, dtype, "shared_x")
-    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="shared_x"), y), "not bitwise reproducible"
-    y = ops.spmm(x, p.values, p.tensors, bias, activation="gelu", variant="shared_x")
-    z, scale = matmul_ref(x, p.dense64.T)
-    ref = torch.nn.functional.gelu(z + bias.double().cpu())
-    assert_close(y, ref, 1.2 * (scale + bias.double().cpu().abs()), dtype, "shared_x gelu")
+    check_forward_and_activation(p, x, bias, dtype, "shared_x", "gelu")
     poison_cache(torch.device("cuda"))
     dx = ops.spmm_t(dy, p.values, p.tensors, "shared_x")
     assert_matmul(dx, dy, p.dense64, dtype, what="shared_x dX")
@@ -600,13 +607,7 @@ def test_wgmma_bands_lists_and_splits(m, k, n, density, dtype):
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "wgmma"))
     assert (plan.variant, plan.batch_tile, plan.threads) == ("wgmma", 256, 384)
     assert plan.workspace_bytes >= 4 * p.nnz
-    poison_cache(torch.device("cuda"))
-    y = ops.spmm(x, p.values, p.tensors, bias, variant="wgmma")
-    assert_forward(y, x, p, bias, dtype, "wgmma")
-    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="wgmma"), y), "not bitwise reproducible"
-    y = ops.spmm(x, p.values, p.tensors, bias, activation="relu", variant="wgmma")
-    z, scale = matmul_ref(x, p.dense64.T)
-    assert_close(y, torch.relu(z + bias.double().cpu()), 1.2 * (scale + bias.double().cpu().abs()), dtype, "wgmma relu")
+    check_forward_and_activation(p, x, bias, dtype, "wgmma", "relu")
     if m % 8 == 0:
         poison_cache(torch.device("cuda"))
         dx = ops.spmm_t(dy, p.values, p.tensors, "wgmma")
