@@ -281,12 +281,12 @@ def test_the_planner_takes_wide_rows_for_16bit_batches_of_8_to_16_from_4096_inpu
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", [None, torch.int32])
-@pytest.mark.parametrize("n", [1, 2, 5, 8, 11])
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 11, 16])
 def test_wide_rows_closes_every_row_once(n, index_dtype, dtype):
     # Few rows, so one row per warp: rows over many chunks of 256 slots that start and end anywhere
     # in a lane's 8 slots, runs of empty rows between and after them, rows of one slot, and a first
     # row that ends on a chunk boundary. Batch tiles of 1, 2 and 8 rows; 5 and 11 rows leave a
-    # tile's last rows empty.
+    # tile's last rows empty, 16 rows run two tiles.
     k = 5000
     gen = torch.Generator().manual_seed(n)
     lengths = [2048, 0, 0, 2040, 8, 4096, 1, 0, 3, 2048, 4999, 0, 0] + [1] * 40 + [0] * 7
