@@ -98,6 +98,39 @@ __device__ __forceinline__ uint32_t packed_element(const uint32_t (&w)[kWords], 
   }
 }
 
+// kN values of T as a vector load leaves them in registers: 32-bit words, 16-bit values two to a word
+// (the lower address in the low half), an 8-byte value in two. A chunk of slots in flight then holds
+// 16-bit values two to a register, and each is widened where it is used.
+template <typename T, int kN>
+struct PackedValues {
+  static constexpr int kWords = (kN * int(sizeof(T)) + 3) / 4;
+  uint32_t w[kWords];
+  __device__ __forceinline__ accum_t<T> get(int u) const {
+    if constexpr (sizeof(T) == 2) {
+      return to_accum(T{uint16_t(packed_element<T>(w, u))});
+    } else if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[u]);
+    } else {
+      return __hiloint2double(int(w[2 * u + 1]), int(w[2 * u]));
+    }
+  }
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0;
+  }
+  // Value u, into words cleared before.
+  __device__ __forceinline__ void set(int u, T v) {
+    if constexpr (sizeof(T) == 2) {
+      w[u / 2] |= uint32_t(v.bits) << (16 * (u & 1));
+    } else if constexpr (sizeof(T) == 4) {
+      w[u] = __float_as_uint(v);
+    } else {
+      w[2 * u] = uint32_t(__double2loint(v));
+      w[2 * u + 1] = uint32_t(__double2hiint(v));
+    }
+  }
+};
+
 // Stores kN values of T (to global or shared memory; p aligned to 16 bytes or to the whole run) as
 // 16-, 8- or 4-byte vectors where they fill one.
 template <typename T, int kN>

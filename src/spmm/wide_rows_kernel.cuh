@@ -33,24 +33,13 @@ struct WideTile {
 };
 
 // One lane's chunk: kWideSlots consecutive slots, values and indices as loaded (packed words), each
-// value widened where it is used: a chunk in flight then holds 16-bit values two to a register
-// (measured on the H200 against values widened at the load, bf16 at N = 1-8: 16384x4096 at 90%,
-// N = 1 19.6 -> 17.2 us, N = 4 21.2 -> 17.8; fp32 N = 4 23.2 -> 21.7).
+// value widened where it is used (measured on the H200 against values widened at the load, bf16 at
+// N = 1-8: 16384x4096 at 90%, N = 1 19.6 -> 17.2 us, N = 4 21.2 -> 17.8; fp32 N = 4 23.2 -> 21.7).
 template <typename T, typename Index>
 struct WideChunk {
-  static constexpr int kValueWords = kWideSlots * int(sizeof(T)) / 4;
   static constexpr int kIndexWords = kWideSlots * int(sizeof(Index)) / 4;
-  uint32_t val[kValueWords];
+  PackedValues<T, kWideSlots> val;
   uint32_t idx[kIndexWords];
-  __device__ __forceinline__ accum_t<T> value(int u) const {
-    if constexpr (sizeof(T) == 2) {
-      return to_accum(T{uint16_t(packed_element<T>(val, u))});
-    } else if constexpr (sizeof(T) == 4) {
-      return __uint_as_float(val[u]);
-    } else {
-      return __hiloint2double(int(val[2 * u + 1]), int(val[2 * u]));
-    }
-  }
   __device__ __forceinline__ int32_t column(int u) const {
     return int32_t(packed_element<Index>(idx, u));
   }
@@ -59,25 +48,16 @@ struct WideChunk {
   __device__ __forceinline__ void load(const T* __restrict__ values, const Index* __restrict__ col_idx, int32_t s,
                                        int32_t nnz, bool vec) {
     if (vec && s + kWideSlots <= nnz) {
-      load_words(values + s, val);
+      load_words(values + s, val.w);
       load_words(col_idx + s, idx);
     } else {
-#pragma unroll
-      for (int u = 0; u < kValueWords; ++u) val[u] = 0;
+      val.clear();
 #pragma unroll
       for (int u = 0; u < kIndexWords; ++u) idx[u] = 0;
 #pragma unroll
       for (int u = 0; u < kWideSlots; ++u) {
         if (s + u >= nnz) continue;
-        const T v = load_ro(values + s + u);
-        if constexpr (sizeof(T) == 2) {
-          val[u / 2] |= uint32_t(v.bits) << (16 * (u & 1));
-        } else if constexpr (sizeof(T) == 4) {
-          val[u] = __float_as_uint(v);
-        } else {
-          val[2 * u] = uint32_t(__double2loint(v));
-          val[2 * u + 1] = uint32_t(__double2hiint(v));
-        }
+        val.set(u, load_ro(values + s + u));
         const uint32_t c = uint32_t(load_ro(col_idx + s + u));
         if constexpr (sizeof(Index) == 2) {
           idx[u / 2] |= c << (16 * (u & 1));
@@ -226,7 +206,7 @@ __global__ void __launch_bounds__(wide_rows_threads(kTile), kWideWarpsPerSm * 32
             row_end = bounds[warp][k + 1];
           }
         }
-        const A value = cur.value(u);
+        const A value = cur.val.get(u);
         const T* column = xs + cur.column(u) * kTile;  // below 2^31: the tile fits in shared memory
         if constexpr (kTile == 1) {
           acc[0] += value * to_accum(column[0]);
