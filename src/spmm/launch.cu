@@ -58,7 +58,13 @@ Status launch_wide_rows(const SpmmPlan& plan, const SlotPattern<Index>& w, const
       case 1: return launch_wide_rows_tile<T, Index, 1>(plan, w, values, x, n, bias, y, act, stream);
       case 2: return launch_wide_rows_tile<T, Index, 2>(plan, w, values, x, n, bias, y, act, stream);
       case 4: return launch_wide_rows_tile<T, Index, 4>(plan, w, values, x, n, bias, y, act, stream);
-      default: return launch_wide_rows_tile<T, Index, 8>(plan, w, values, x, n, bias, y, act, stream);
+      case 8: return launch_wide_rows_tile<T, Index, 8>(plan, w, values, x, n, bias, y, act, stream);
+      default:
+        if constexpr (detail::wide_max_tile(sizeof(T)) == 16) {
+          return launch_wide_rows_tile<T, Index, 16>(plan, w, values, x, n, bias, y, act, stream);
+        } else {
+          return InvalidArgument("wide_rows: a batch tile of " + std::to_string(plan.batch_tile) + " rows");
+        }
     }
   }
 }

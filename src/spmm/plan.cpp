@@ -127,7 +127,7 @@ size_t wide_rows_dynamic_smem(int64_t in_dim, size_t value_bytes, int tile, int 
 // Blocks of the wide_rows kernel that one SM holds: 32 warps by its register bound, fewer where
 // shared memory runs out first.
 int wide_rows_blocks_per_sm(size_t block_smem, int tile, const DeviceLimits& limits) {
-  const size_t by_registers = cuda::detail::kWideWarpsPerSm * 32 / cuda::detail::wide_rows_threads(tile);
+  const size_t by_registers = cuda::detail::wide_rows_warps_per_sm(tile) * 32 / cuda::detail::wide_rows_threads(tile);
   return int(std::max<size_t>(
       1, std::min<size_t>(by_registers, limits.smem_per_sm / (block_smem + limits.reserved_smem_per_block))));
 }
@@ -141,17 +141,17 @@ struct WideRowsShape {
   int blocks_per_sm = 0;
 };
 
-// The widest batch tile that fits (a power of two, at most the batch and kWideMaxTile; 1 for fp64,
+// The widest batch tile that fits (a power of two, at most the batch and wide_max_tile; 1 for fp64,
 // which only the gradient checks use), with as few rows per warp group as still give every warp of
 // the SMs a group (one wave), at most kWideMaxRows and at most what shared memory holds beside the
 // tile (a longer group would only lengthen the slowest warp).
 WideRowsShape wide_rows_shape(int64_t out_dim, int64_t in_dim, int64_t n, size_t value_bytes,
                               const DeviceLimits& limits) {
   using namespace cuda::detail;
-  const int64_t warps = int64_t(limits.sms) * kWideWarpsPerSm;
-  const int wanted_rows = int(std::clamp<int64_t>(ceil_div(out_dim, warps), 1, kWideMaxRows));
-  const int widest = value_bytes == 8 ? 1 : next_pow2(std::clamp<int64_t>(n, 1, kWideMaxTile));
+  const int widest = next_pow2(std::clamp<int64_t>(n, 1, wide_max_tile(value_bytes)));
   for (int tile = widest; tile >= 1; tile /= 2) {
+    const int64_t warps = int64_t(limits.sms) * wide_rows_warps_per_sm(tile);
+    const int wanted_rows = int(std::clamp<int64_t>(ceil_div(out_dim, warps), 1, kWideMaxRows));
     for (int rows = wanted_rows; rows >= 1; --rows) {
       WideRowsShape shape;
       shape.smem = wide_rows_dynamic_smem(in_dim, value_bytes, tile, rows);
@@ -209,8 +209,11 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 
 // Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per
 // warp group): its tile of 8 rows is one 16-byte gather per slot, and from 4096 inputs the gathers
-// from shared memory beat global_xt's through L1 even with a row per warp group, and in two tiles
-// at 16 rows where rows are dense or the layer large. Measured on the H200 in bf16
+// from shared memory beat global_xt's through L1 even with a row per warp group, and at 9-16 rows
+// (one tile of 16 where it fits, else two of 8) where rows are dense or the layer large. The times
+// below are for two tiles of 8 at N = 16; one tile of 16 (16 warps per SM) then measured 1.10-1.12x
+// faster at 50-70% and level at 90-95% (16384x4096, N = 16: 50% 130.0 -> 114.4 us, 90% 42.4 ->
+// 42.6; 4096x4096, 70%: 31.7 -> 28.8; 11008x4096, 90%: 33.6 -> 35.1). Measured on the H200 in bf16
 // (spmm_nvidia_h200_bf16.md, wide_rows forced beside global_xt): 4096x4096, N = 8: 27.3 / 20.5 /
 // 13.5 / 11.1 us against 35.0 / 24.6 / 16.0 / 12.6 at 50 / 70 / 90 / 95% (and 44.8 / 30.0 / 17.5 /
 // 13.3 for global_x, the choice before, at commit 062c5c5); N = 16: 46.9 against 56.5 us at 50%,
@@ -220,15 +223,12 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 // the fp32 rule's.
 bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool wide_full, double avg) {
   using namespace cuda::detail;
-  if (p.value_bytes != 2 || !wide_full || wide.tile != kWideMaxTile || p.in_dim < kWide16MinInputs ||
-      avg < kWideRowsMinAverage)
-    return false;
+  if (p.value_bytes != 2 || !wide_full || p.in_dim < kWide16MinInputs || avg < kWideRowsMinAverage) return false;
   const double density = density_of(p);
   const bool huge = p.out_dim * p.in_dim >= (int64_t(1) << 25);
-  const bool one_tile = p.n > kWideMaxTile / 2 && p.n <= kWideMaxTile;
-  const bool two_tiles =
-      p.n > kWideMaxTile && p.n <= 2 * kWideMaxTile && (density >= 0.29 || (huge && density >= 0.095));
-  return one_tile || two_tiles;
+  const bool tile_of_8 = p.n > 4 && p.n <= 8 && wide.tile == 8;
+  const bool up_to_16 = p.n > 8 && p.n <= 16 && wide.tile >= 8 && (density >= 0.29 || (huge && density >= 0.095));
+  return tile_of_8 || up_to_16;
 }
 
 // Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
@@ -282,8 +282,8 @@ SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, doub
     *reason = SpmmReason::kTensorCores;
     return SpmmVariant::kTensorCore;
   }
-  const bool wide_full =
-      wide.tile > 0 && wide.blocks_per_sm * wide_rows_threads(wide.tile) == kWideWarpsPerSm * 32;  // 32 warps per SM
+  const bool wide_full = wide.tile > 0 && wide.blocks_per_sm * wide_rows_threads(wide.tile) ==
+                                              wide_rows_warps_per_sm(wide.tile) * 32;  // all the warps it is built for
   if (wide_rows_pay_16bit(p, wide, wide_full, avg)) {
     *reason = SpmmReason::kWideRows;
     return SpmmVariant::kWideRows;

@@ -34,15 +34,23 @@ constexpr int lanes_along_entries(int batch_tile) { return 32 / (batch_tile / (b
 constexpr int kWideSlots = 8;                // consecutive slots per lane per chunk
 constexpr int kWideChunk = 32 * kWideSlots;  // slots per warp per chunk
 constexpr int kWideMaxRows = 16;             // rows per warp group, at most
-constexpr int kWideMaxTile = 8;              // batch rows per pass, at most
 constexpr int kWideXPerThread = 8;           // X values a thread stages per round (tile of 1)
 constexpr int kWideLongPerWarp = 8;          // long rows a warp can hand to its block
-constexpr int kWideWarpsPerSm = 32;          // its 64-register bound: 32 warps per SM
+
+// Batch rows per pass, at most: 16 for 16-bit values (a column's tile is two 16-byte pieces), 8 for
+// fp32 (see kWideMaxGatherBytes in plan.cpp), 1 for fp64.
+SNACK_HOST_DEVICE constexpr int wide_max_tile(size_t value_bytes) {
+  return value_bytes == 2 ? 16 : value_bytes == 4 ? 8 : 1;
+}
+
+// Warps per SM the kernel is built for: 32 (a 64-register bound), 16 for a tile of 16 rows, whose 16
+// running sums per lane spill under 64 registers.
+SNACK_HOST_DEVICE constexpr int wide_rows_warps_per_sm(int tile) { return tile == 16 ? 16 : 32; }
 
 // Threads per block: a tile of one row runs 4 blocks of 256 per SM (each stages its own copy of the
-// row, 4-16 KiB; measured faster than one block of 1024); a wider tile (up to 8 x in_dim values)
-// is staged once per SM by one block of 1024.
-SNACK_HOST_DEVICE constexpr int wide_rows_threads(int tile) { return tile == 1 ? 256 : 1024; }
+// row, 4-16 KiB; measured faster than one block of 1024); a wider tile (up to 16 x in_dim values)
+// is staged once per SM by one block of all the SM's warps.
+SNACK_HOST_DEVICE constexpr int wide_rows_threads(int tile) { return tile == 1 ? 256 : wide_rows_warps_per_sm(tile) * 32; }
 
 // Bytes of the batch tile of X in shared memory (in_dim x tile values), rounded up to 16.
 SNACK_HOST_DEVICE size_t wide_rows_tile_bytes(size_t value_bytes, int64_t in_dim, int tile) {

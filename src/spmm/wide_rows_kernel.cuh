@@ -1,4 +1,4 @@
-// The wide_rows forward SpMM kernel: a batch tile of 1-8 rows, W's slot arrays read with 16-byte loads.
+// The wide_rows forward SpMM kernel: a batch tile of 1-16 rows, W's slot arrays read with 16-byte loads.
 //
 // Why a kernel of its own: the row kernels (rows_kernel.cuh) give each lane one slot of a row at a
 // time, so at small batches their loads of W are 4- and 2-byte scalars whose chain (row pointer ->
@@ -85,7 +85,7 @@ struct WideChunk {
 // Every sum has a fixed order: the result is bitwise reproducible.
 // `vec`: values and col_idx are 16-byte aligned (else every slot is a scalar load).
 template <typename T, typename Index, int kTile>
-__global__ void __launch_bounds__(wide_rows_threads(kTile), kWideWarpsPerSm * 32 / wide_rows_threads(kTile))
+__global__ void __launch_bounds__(wide_rows_threads(kTile), wide_rows_warps_per_sm(kTile) * 32 / wide_rows_threads(kTile))
     spmm_wide_rows_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx,
                           const T* __restrict__ values, int32_t nnz, int64_t out_dim, int64_t in_dim,
                           const T* __restrict__ x, int64_t n, int64_t batch0, const T* __restrict__ bias,

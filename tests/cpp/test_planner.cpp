@@ -94,9 +94,10 @@ TEST(Planner, PlansFitTheirDevice) {
           ASSERT_TRUE(plan_spmm({out, in, g.nnz, g.n, g.value_bytes, transposed, v}, limits, &p).ok());
           EXPECT_EQ(p.batch_tile & (p.batch_tile - 1), 0) << describe(p);
           if (p.variant == SpmmVariant::kWideRows) {
-            EXPECT_LE(p.batch_tile, 8) << describe(p);
+            EXPECT_LE(p.batch_tile, g.value_bytes == 2 ? 16 : 8) << describe(p);
             EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
-            EXPECT_LE(size_t(p.batch_tile) * size_t(g.value_bytes), 16u) << describe(p);  // one 16-byte gather
+            // One 16-byte gather per slot, two for a tile of 16 16-bit rows.
+            EXPECT_LE(size_t(p.batch_tile) * size_t(g.value_bytes), g.value_bytes == 2 ? 32u : 16u) << describe(p);
           } else if (p.variant == SpmmVariant::kTensorCore) {
             EXPECT_EQ(g.value_bytes, 2) << describe(p);
             EXPECT_GE(p.batch_tile, 16) << describe(p);
@@ -240,6 +241,16 @@ TEST(Planner, WideRowsRules) {
   EXPECT_EQ(plan(16384, 4096, 6710886, 8, 4, SpmmVariant::kWideRows).rows_per_warp, 2);
   EXPECT_EQ(plan(16384, 4096, 6710886, 8, 8, SpmmVariant::kWideRows).batch_tile, 1);
   EXPECT_EQ(plan(100, 40000, 100000, 8, 4, SpmmVariant::kWideRows).batch_tile, 1);  // 160 KB a row
+  // 16-bit values: tiles up to 16 rows, run by 16 warps per SM (one block of 512 threads), with two
+  // rows per group beside X's 128 KiB; where the tile of 16 does not fit (11008 inputs), 8.
+  for (const int64_t n : {12, 16, 20}) {
+    p = plan(16384, 4096, 6710886, n, 2, SpmmVariant::kWideRows);
+    EXPECT_EQ(p.batch_tile, 16) << describe(p);
+    EXPECT_EQ(p.threads, 512) << describe(p);
+    EXPECT_EQ(p.rows_per_warp, 2) << describe(p);
+  }
+  EXPECT_EQ(plan(16384, 4096, 6710886, 16, 2).variant, SpmmVariant::kWideRows);
+  EXPECT_EQ(plan(4096, 11008, 4508877, 16, 2, SpmmVariant::kWideRows).batch_tile, 8);
   // A GPU with less shared memory per SM fits fewer wide_rows blocks: not a full SM, not chosen.
   EXPECT_EQ(plan(16384, 16384, 26843546, 1, 4, SpmmVariant::kAuto, false, DeviceLimits::l40s()).variant,
             SpmmVariant::kGlobalX);

@@ -285,8 +285,8 @@ def test_the_planner_takes_wide_rows_for_16bit_batches_of_8_to_16_from_4096_inpu
 def test_wide_rows_closes_every_row_once(n, index_dtype, dtype):
     # Few rows, so one row per warp: rows over many chunks of 256 slots that start and end anywhere
     # in a lane's 8 slots, runs of empty rows between and after them, rows of one slot, and a first
-    # row that ends on a chunk boundary. Batch tiles of 1, 2 and 8 rows; 5 and 11 rows leave a
-    # tile's last rows empty, 16 rows run two tiles.
+    # row that ends on a chunk boundary. Batch tiles of 1, 2, 8 and (16-bit values) 16 rows; 5 and
+    # 11 rows leave a tile's last rows empty.
     k = 5000
     gen = torch.Generator().manual_seed(n)
     lengths = [2048, 0, 0, 2040, 8, 4096, 1, 0, 3, 2048, 4999, 0, 0] + [1] * 40 + [0] * 7
@@ -300,7 +300,7 @@ def test_wide_rows_closes_every_row_once(n, index_dtype, dtype):
     assert_matmul(y, x, p.dense64.T, dtype, bias=bias)
     assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="wide_rows"), y)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "wide_rows"))
-    assert plan.batch_tile == min(8, 1 << (n - 1).bit_length())
+    assert plan.batch_tile == min(16 if dtype.itemsize == 2 else 8, 1 << (n - 1).bit_length())
 
 
 def spread_positions(lengths, k, seed):
