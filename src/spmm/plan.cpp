@@ -124,7 +124,7 @@ size_t wide_rows_dynamic_smem(int64_t in_dim, size_t value_bytes, int tile, int 
   return cuda::detail::wide_rows_smem_bytes(value_bytes, value_bytes == 8 ? 8 : 4, in_dim, tile, rows_per_warp);
 }
 
-// Blocks of the wide_rows kernel that one SM holds: 32 warps by its register bound, fewer where
+// Blocks of the wide_rows kernel that one SM holds: the warps it is built for, fewer where
 // shared memory runs out first.
 int wide_rows_blocks_per_sm(size_t block_smem, int tile, const DeviceLimits& limits) {
   const size_t by_registers = cuda::detail::wide_rows_warps_per_sm(tile) * 32 / cuda::detail::wide_rows_threads(tile);
