@@ -98,6 +98,17 @@ __device__ __forceinline__ uint32_t packed_element(const uint32_t (&w)[kWords], 
   }
 }
 
+// Stores element u (the low 16 or all 32 bits of `bits`) into words packed as packed_element reads
+// them; the words start cleared.
+template <typename Elem, int kWords>
+__device__ __forceinline__ void packed_insert(uint32_t (&w)[kWords], int u, uint32_t bits) {
+  if constexpr (sizeof(Elem) == 2) {
+    w[u / 2] |= bits << (16 * (u & 1));
+  } else {
+    w[u] = bits;
+  }
+}
+
 // kN values of T as a vector load leaves them in registers: 32-bit words, 16-bit values two to a word
 // (the lower address in the low half), an 8-byte value in two. A chunk of slots in flight then holds
 // 16-bit values two to a register, and each is widened where it is used.
@@ -121,9 +132,9 @@ struct PackedValues {
   // Value u, into words cleared before.
   __device__ __forceinline__ void set(int u, T v) {
     if constexpr (sizeof(T) == 2) {
-      w[u / 2] |= uint32_t(v.bits) << (16 * (u & 1));
+      packed_insert<T>(w, u, v.bits);
     } else if constexpr (sizeof(T) == 4) {
-      w[u] = __float_as_uint(v);
+      packed_insert<T>(w, u, __float_as_uint(v));
     } else {
       w[2 * u] = uint32_t(__double2loint(v));
       w[2 * u + 1] = uint32_t(__double2hiint(v));

@@ -207,20 +207,19 @@ bool tensor_cores_pay(const SpmmProblem& p) {
          (huge && p.n >= 32 && density >= 0.095) || (huge && p.n >= 128 && density >= 0.045);
 }
 
-// Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per
-// warp group): its tile of 8 rows is one 16-byte gather per slot, and from 4096 inputs the gathers
-// from shared memory beat global_xt's through L1 even with a row per warp group, and at 9-16 rows
-// (one tile of 16 where it fits, else two of 8) where rows are dense or the layer large. The times
-// below are for two tiles of 8 at N = 16; one tile of 16 (16 warps per SM) then measured 1.10-1.12x
-// faster at 50-70% and level at 90-95% (16384x4096, N = 16: 50% 130.0 -> 114.4 us, 90% 42.4 ->
-// 42.6; 4096x4096, 70%: 31.7 -> 28.8; 11008x4096, 90%: 33.6 -> 35.1). Measured on the H200 in bf16
-// (spmm_nvidia_h200_bf16.md, wide_rows forced beside global_xt): 4096x4096, N = 8: 27.3 / 20.5 /
-// 13.5 / 11.1 us against 35.0 / 24.6 / 16.0 / 12.6 at 50 / 70 / 90 / 95% (and 44.8 / 30.0 / 17.5 /
-// 13.3 for global_x, the choice before, at commit 062c5c5); N = 16: 46.9 against 56.5 us at 50%,
-// 33.9 against 37.6 at 70%, but 21.7 against 19.3 at 90%; 16384x4096, N = 16: 137.2 / 92.5 / 43.7
-// against 193.2 / 124.1 / 50.3 us at 50 / 70 / 90%, 33.5 against 31.8 at 95%. Below 4096 inputs
-// global_x and global_xt stay (3072x768, N = 16, 50%: 18.4 against 15.1 us), and rows as short as
-// the fp32 rule's.
+// Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per warp
+// group): its tile of 8 rows is one 16-byte gather per slot, and from 4096 inputs the gathers from shared
+// memory beat global_xt's through L1 even with a row per warp group, and at 9-16 rows (one tile of 16
+// where it fits, else two of 8) where rows are dense or the layer large. Measured on the H200 in bf16
+// (spmm_nvidia_h200_bf16.md, wide_rows forced beside global_xt): 4096x4096, N = 8: 27.3 / 20.5 / 13.5 /
+// 11.1 us against 35.0 / 24.6 / 16.0 / 12.6 at 50 / 70 / 90 / 95% (and 44.8 / 30.0 / 17.5 / 13.3 for
+// global_x, the choice before, at commit 062c5c5); N = 16: 46.9 against 56.5 us at 50%, 33.9 against 37.6
+// at 70%, but 21.7 against 19.3 at 90%; 16384x4096, N = 16: 137.2 / 92.5 / 43.7 against 193.2 / 124.1 /
+// 50.3 us at 50 / 70 / 90%, 33.5 against 31.8 at 95%. Below 4096 inputs global_x and global_xt stay
+// (3072x768, N = 16, 50%: 18.4 against 15.1 us), and rows as short as the fp32 rule's. Those N = 16 times
+// are two tiles of 8; one tile of 16 (16 warps per SM) was then 1.10-1.12x faster at 50-70% and level at
+// 90-95% (16384x4096, N = 16: 50% 130.0 -> 114.4 us, 90% 42.4 -> 42.6; 4096x4096, 70%: 31.7 -> 28.8;
+// 11008x4096, 90%: 33.6 -> 35.1).
 bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool wide_full, double avg) {
   using namespace cuda::detail;
   if (p.value_bytes != 2 || !wide_full || p.in_dim < kWide16MinInputs || avg < kWideRowsMinAverage) return false;

@@ -177,7 +177,7 @@ __device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor
 // chunk (the slots are sorted by input, so the rest of the row is too), then the pair adds up what
 // it took. Every lane stores its own entries: no ballots, no shuffles per slot. `aligned`: the
 // view's vectors_aligned().
-template <typename T, int CW, typename View>
+template <int CW, typename View>
 __device__ __forceinline__ void expand_chunk(const View& view, uint16_t* tile, int32_t& cursor, int32_t end,
                                              int64_t k0, bool aligned) {
   constexpr int kStride = tensor_core_stride(CW);
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
     __syncwarp();
     zero_warp_tile<CW>(tile);
     __syncwarp();
-    expand_chunk<T, CW>(view, tile, cursor, end, c * CW, aligned);
+    expand_chunk<CW>(view, tile, cursor, end, c * CW, aligned);
     if (vec) cp_async_wait_all();
     __syncthreads();  // the chunk of X is staged; every warp is done with the other buffer
     if (c + 1 < c_end)

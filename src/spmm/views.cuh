@@ -80,14 +80,13 @@ struct CscView {
   __device__ __forceinline__ void load8(int32_t e8, int32_t lo, int32_t hi, bool aligned, int32_t (&input8)[8],
                                         uint16_t (&bits8)[8]) const {
     if (aligned && e8 + 8 <= hi) {
-      const int4 p0 = __ldg(reinterpret_cast<const int4*>(perm + e8));
-      const int4 p1 = __ldg(reinterpret_cast<const int4*>(perm + e8 + 4));
-      const int32_t slot[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+      uint32_t slot[8];
+      load_words(perm + e8, slot);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const bool valid = e8 + j >= lo;
-        input8[j] = valid ? int32_t(idx[slot[j]]) : INT_MAX;
-        bits8[j] = valid ? values[slot[j]].bits : uint16_t(0);
+        input8[j] = valid ? int32_t(idx[int32_t(slot[j])]) : INT_MAX;
+        bits8[j] = valid ? values[int32_t(slot[j])].bits : uint16_t(0);
       }
       return;
     }

@@ -58,12 +58,7 @@ struct WideChunk {
       for (int u = 0; u < kWideSlots; ++u) {
         if (s + u >= nnz) continue;
         val.set(u, load_ro(values + s + u));
-        const uint32_t c = uint32_t(load_ro(col_idx + s + u));
-        if constexpr (sizeof(Index) == 2) {
-          idx[u / 2] |= c << (16 * (u & 1));
-        } else {
-          idx[u] = c;
-        }
+        packed_insert<Index>(idx, u, uint32_t(load_ro(col_idx + s + u)));
       }
     }
   }

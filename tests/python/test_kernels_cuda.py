@@ -272,9 +272,9 @@ def test_the_planner_takes_wide_rows_for_16bit_batches_of_8_to_16_from_4096_inpu
         layer = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", dtype=dtype)
         return snack.explain(layer, n).variant
     assert variant(4096, 4096, 0.9, 8) == "wide_rows"           # one tile of 8, a row per warp group
-    assert variant(4096, 4096, 0.5, 16) == "wide_rows"          # two tiles of 8, dense rows
-    assert variant(4096, 4096, 0.9, 16) != "wide_rows"          # two tiles, sparse rows: global_xt
-    assert variant(16384, 4096, 0.9, 16) == "wide_rows"         # two tiles on a large layer
+    assert variant(4096, 4096, 0.5, 16) == "wide_rows"          # one tile of 16, dense rows
+    assert variant(4096, 4096, 0.9, 16) != "wide_rows"          # sparse rows: global_xt
+    assert variant(16384, 4096, 0.9, 16) == "wide_rows"         # sparse rows of a large layer
     assert variant(3072, 768, 0.5, 8) != "wide_rows"            # fewer than 4096 inputs
     assert variant(4096, 4096, 0.9, 8, torch.float32) != "wide_rows"  # fp32 keeps its own rule
 
