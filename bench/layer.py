@@ -165,7 +165,7 @@ def time_layer(impl, ref, n, opt_name, steps=20, precision="fp32"):
     return statistics.median(gpu), graph_us, wall, peak
 
 
-SDDMM_VARIANTS = ("vector", "rows")  # forced with --sddmm-variants, as impl "snack_<variant>"
+SDDMM_VARIANTS = ("vector", "rows", "staged")  # forced with --sddmm-variants, as impl "snack_<variant>"
 
 
 def backward_operands(ref, n, dtype):
@@ -223,6 +223,7 @@ def large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=None) -> di
         ("dx", "snack_shared_x"): (lambda: snack.ops.spmm_t(dy, values, pattern, "shared_x"), ref_dx),
         ("dx", "snack_dense_blocks"): (lambda: snack.ops.spmm_t(dy, values, pattern, "dense_blocks"), ref_dx),
         ("dw", "snack_vector"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="vector"), ref_dw),
+        ("dw", "snack_staged"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="staged"), ref_dw),
         ("dw", "snack_dense_blocks"): (lambda: snack.ops.sddmm(dy, x, pattern, variant="dense_blocks"), ref_dw),
     }
 

@@ -34,9 +34,11 @@ enum class SddmmVariant : int {
   kDenseBlocks,  ///< large batches: the caller's GEMM computes G = dY[:, rows]^T X for a block of
                  ///< SddmmPlan::block_rows rows at a time, sddmm_from_block reads the slots out of it.
                  ///< Planned only for a problem with `gemm` set.
+  kStaged,       ///< large batches in float32: a block per tile of W (128 rows x chunk_cols columns) streams
+                 ///< dY and X through shared memory, each slot's sum kept in registers (dY, X read in place)
 };
 
-/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks").
+/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
@@ -57,9 +59,10 @@ enum class SddmmReason : int {
   kBeyondRows,     ///< a batch past the rows kernel's 128: both operands transposed
   kAdamWBatchOf4,  ///< AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel
   kDenseBlocks,    ///< a batch large enough that dense GEMMs over blocks of rows beat the sparse kernels
+  kStagedTiles,    ///< a float32 batch past the rows kernel's 128: dY and X staged on chip per tile of W
 };
 /// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4",
-/// "dense_blocks") and
+/// "dense_blocks", "staged_tiles") and
 /// a sentence saying what it means.
 const char* sddmm_reason_name(SddmmReason r);
 const char* sddmm_reason_text(SddmmReason r);
@@ -108,6 +111,12 @@ struct SddmmPlan {
   bool transpose_dy = false;   ///< dY too (kVector)
   size_t workspace_bytes = 0;  ///< device workspace the caller provides
   int64_t block_rows = 0;      ///< kDenseBlocks: rows of W per GEMM block (workspace: block_rows x cols values)
+  int chunk_cols = 0;          ///< kStaged: columns of W per block (a power of two, 16-256)
+  int64_t grid_y = 1;          ///< kStaged: bands of 128 rows of W
+  int batch_splits = 1;        ///< kStaged: blocks that split the batch (grid.z); above 1 each writes
+                               ///< float sums of every slot to the workspace, added in split order
+  int64_t split_samples = 0;   ///< kStaged: batch rows per split (a multiple of the batch tile)
+  size_t smem_bytes = 0;       ///< kStaged: dynamic shared memory per block
 };
 
 /// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a

@@ -33,7 +33,8 @@ constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
                                                   {SddmmVariant::kRows, "rows"},
-                                                  {SddmmVariant::kDenseBlocks, "dense_blocks"}};
+                                                  {SddmmVariant::kDenseBlocks, "dense_blocks"},
+                                                  {SddmmVariant::kStaged, "staged"}};
 constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kForced, "forced", "the variant was named by the caller"},
     {SpmmReason::kWideRows, "wide_rows",
@@ -63,7 +64,10 @@ constexpr Named<SddmmReason> kSddmmReasons[] = {
      "AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel"},
     {SddmmReason::kDenseBlocks, "dense_blocks",
      "a batch large enough that a dense GEMM beats the sparse kernels: dY^T X computed by cuBLAS a block of rows at a "
-     "time (a workspace no larger than X), the stored slots read out of each block"}};
+     "time (a workspace no larger than X), the stored slots read out of each block"},
+    {SddmmReason::kStagedTiles, "staged_tiles",
+     "a float32 batch past the rows kernel's 128: a block per tile of W streams dY and X through shared memory, "
+     "each slot's sum kept in registers (X crosses L2 once per band of rows, dY once per chunk of columns)"}};
 
 template <typename E, size_t N>
 const Named<E>* find(const Named<E> (&table)[N], E v) {

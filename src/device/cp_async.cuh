@@ -17,6 +17,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(gmem),
                "r"(src_bytes));
 }
+// 4 bytes global -> shared (through L1), zero-filled where src_bytes is 0: single elements, so that a
+// kernel can transpose while it stages.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 // Waits until at most kPending of this thread's newest cp.async groups are still in flight.
 template <int kPending>

@@ -11,6 +11,7 @@
 #include "../device/transpose.cuh"
 #include "epilogues.cuh"
 #include "kernels.cuh"
+#include "staged_kernel.cuh"
 #include "snack/sddmm.h"
 
 namespace snack::cuda {
@@ -76,6 +77,24 @@ Status launch_sddmm_vector_for_plan(const SddmmPlan& plan, const SlotPattern<Ind
   }
 }
 
+// The staged kernel, and with the batch split over blocks, the sum of the splits into `out`.
+template <typename Index, typename Out>
+Status launch_sddmm_staged(const SddmmPlan& plan, const SlotPattern<Index>& w, const float* dy, const float* x,
+                           int64_t n, const Out& out, void* workspace, Stream stream) {
+  const auto kernel = sddmm_staged_kernel<Index, Out>;
+  SNACK_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  int log2_chunk_8 = 0;
+  while ((8 << log2_chunk_8) < plan.chunk_cols) ++log2_chunk_8;
+  float* partial = plan.batch_splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  kernel<<<dim3(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.batch_splits)), detail::kStagedThreads,
+           plan.smem_bytes, stream>>>(w, dy, x, n, plan.chunk_cols, log2_chunk_8, plan.split_samples, partial, out);
+  SNACK_RETURN_IF_ERROR(check_launch("sddmm_staged_kernel"));
+  if (partial == nullptr) return Status::Ok();
+  sddmm_sum_splits_kernel<Out><<<grid_for(w.nnz, 256), 256, 0, stream>>>(partial, plan.batch_splits, w.nnz, out);
+  return check_launch("sddmm_sum_splits_kernel");
+}
+
 Status advance_counts(const detail::StepCounts& counts, Stream stream) {
   if (!counts.any()) return Status::Ok();
   advance_counts_kernel<<<1, 1, 0, stream>>>(counts);
@@ -118,6 +137,15 @@ Status run_sddmm(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy
                  const Out& out, const Out* bias_out, void* workspace, Stream stream, TransposedInput<T> given_x_t) {
   const int64_t np = plan.padded_batch;
   const detail::StepCounts counts{out.count(), bias_out ? bias_out->count() : nullptr};
+  if (plan.variant == SddmmVariant::kStaged && w.nnz > 0 && n > 0) {  // dY and X read in place
+    if constexpr (std::is_same_v<T, float>) {
+      SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
+      SNACK_RETURN_IF_ERROR(launch_sddmm_staged(plan, w, dy, x, n, out, workspace, stream));
+      return bias_out ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
+    } else {
+      return InvalidArgument("sddmm: staged runs float32 operands");
+    }
+  }
   if (!plan.transpose_x && !plan.reads_x_t) {  // nothing to multiply, or the slot kernel
     SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
     if (w.nnz > 0) {

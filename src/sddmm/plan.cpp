@@ -87,6 +87,31 @@ int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits
   return lanes;
 }
 
+// Where the staged kernel beats the vector kernel: float32 batches past the rows kernel's (its tiles
+// are copied in 4-byte elements; 16-bit and float64 operands keep the vector kernel), on a device
+// with the shared memory for its smallest chunk, at densities where a tile of W holds enough slots
+// to pay for its copies.
+bool staged_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
+  const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
+  return p.value_bytes == 4 && np > kSddmmRowsMaxBatch && density >= cuda::detail::kStagedMinDensity &&
+         cuda::detail::staged_smem_bytes(cuda::detail::kStagedMinChunk) <= limits.smem_per_block;
+}
+
+// Columns per chunk of the staged kernel: the widest power of two (16-256) whose tiles of W expect at
+// most kStagedExpectedSlots slots at the pattern's average density (the list holds 2048; a uniform
+// pattern's tiles spread by ~sqrt of that, and a fuller tile runs in passes), no wider than needed
+// for the columns, within the device's shared memory.
+int staged_chunk_cols(const SddmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
+  int chunk = kStagedMaxChunk;
+  while (chunk > kStagedMinChunk &&
+         (double(kStagedBand) * chunk * density > kStagedExpectedSlots || staged_smem_bytes(chunk) > limits.smem_per_block ||
+          chunk >= 2 * p.cols))
+    chunk /= 2;
+  return chunk;
+}
+
 // Lanes per slot of the vector kernel: one per 4 batch values, rounded up to a power of two, at most 32.
 int vector_lanes(int64_t np) {
   const int64_t chunks = std::min<int64_t>(32, np / 4);
@@ -115,9 +140,39 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     if (p.gemm && detail::dense_blocks_pay(dense, limits)) {
       plan.variant = SddmmVariant::kDenseBlocks;
       plan.reason = SddmmReason::kDenseBlocks;
+    } else if (p.nnz > 0 && staged_pays(p, np, limits)) {
+      plan.variant = SddmmVariant::kStaged;
+      plan.reason = SddmmReason::kStagedTiles;
     } else {
       plan.variant = choose_variant(p.n, np, p.epilogue == SddmmEpilogue::kAdamW, &plan.reason);
     }
+  }
+  if (plan.variant == SddmmVariant::kStaged) {
+    using namespace cuda::detail;
+    if (p.value_bytes != 4)
+      return InvalidArgument("sddmm: staged runs float32 operands (its tiles are copied as 4-byte elements)");
+    if (staged_smem_bytes(kStagedMinChunk) > limits.smem_per_block)
+      return InvalidArgument("sddmm: staged needs " + std::to_string(staged_smem_bytes(kStagedMinChunk)) +
+                             " bytes of shared memory per block; this device offers " +
+                             std::to_string(limits.smem_per_block));
+    plan.threads = kStagedThreads;
+    plan.chunk_cols = staged_chunk_cols(p, limits);
+    plan.smem_bytes = staged_smem_bytes(plan.chunk_cols);
+    plan.grid_x = std::max<int64_t>(1, ceil_div(p.cols, plan.chunk_cols));
+    plan.grid_y = std::max<int64_t>(1, ceil_div(p.rows, kStagedBand));
+    if (plan.grid_y > detail::kMaxGridY)
+      return InvalidArgument("sddmm: staged runs up to " + std::to_string(detail::kMaxGridY * kStagedBand) + " rows");
+    // The batch split over blocks while the tiles of W alone leave the GPU short of 4 blocks per SM
+    // in turn, each split keeping at least 4 batch tiles.
+    const int64_t tiles = std::max<int64_t>(1, ceil_div(p.n, kStagedBatchTile));
+    const int64_t blocks = plan.grid_x * plan.grid_y;
+    int64_t splits = 1;
+    while (blocks * splits < int64_t(limits.sms) * 4 && tiles >= 8 * splits) splits *= 2;
+    plan.split_samples = ceil_div(tiles, splits) * kStagedBatchTile;
+    plan.batch_splits = int(std::max<int64_t>(1, ceil_div(p.n, plan.split_samples)));
+    plan.workspace_bytes = plan.batch_splits > 1 ? size_t(plan.batch_splits) * size_t(p.nnz) * sizeof(float) : 0;
+    *out = plan;
+    return Status::Ok();
   }
   if (plan.variant == SddmmVariant::kDenseBlocks) {
     if (!p.gemm)
@@ -182,7 +237,12 @@ std::string describe(const SddmmPlan& plan) {
          " chunks, " + std::to_string(plan.lanes_per_row) + " lanes per row";
   if (plan.variant == SddmmVariant::kVector) s += ", " + std::to_string(plan.batch_lanes) + " lanes per slot";
   if (plan.variant == SddmmVariant::kDenseBlocks) s += ", blocks of " + std::to_string(plan.block_rows) + " rows";
-  s += ", " + std::to_string(plan.grid_x) + " blocks";
+  if (plan.variant == SddmmVariant::kStaged)
+    s += ", tiles of " + std::to_string(cuda::detail::kStagedBand) + " rows x " + std::to_string(plan.chunk_cols) +
+         " columns, " + std::to_string(plan.grid_y) + " x " + std::to_string(plan.grid_x) + " tiles x " +
+         std::to_string(plan.batch_splits) + " batch splits";
+  else
+    s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
   return s + "): " + sddmm_reason_text(plan.reason);
 }

@@ -2,6 +2,9 @@
 // (plan.cpp, compiled without CUDA).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 namespace snack::cuda::detail {
 
 constexpr int kSddmmWarpsPerBlock = 8;
@@ -16,6 +19,33 @@ constexpr int kSddmmVectorSlotsPerLane = 4;  // slots a lane group of the vector
 // lanes, 4 slots lost: 185 against 149 us).
 constexpr int rows_slots_per_lane(int GN, int NC, bool updates_state) {
   return NC >= 4 || (updates_state && GN <= 4) ? 4 : 8;
+}
+
+// The staged kernel (sddmm_staged_kernel): a block of kStagedThreads owns a band of kStagedBand rows
+// of W and a chunk of columns, and streams the batch through shared memory in tiles of
+// kStagedBatchTile samples: X[tile, chunk] and dY[tile, band], both transposed on the way in, so that
+// a slot's samples are contiguous. Groups of kStagedGroupLanes lanes each take a run of at most
+// kStagedSlotsPerGroup of the block's slots, whose sums stay in registers for the whole batch; a
+// chunk with more than kStagedCapacity slots runs in passes.
+constexpr int kStagedBand = 128;
+constexpr int kStagedThreads = 1024;
+constexpr int kStagedGroupLanes = 8;
+constexpr int kStagedGroups = kStagedThreads / kStagedGroupLanes;
+constexpr int kStagedSlotsPerGroup = 16;
+constexpr int kStagedCapacity = kStagedGroups * kStagedSlotsPerGroup;
+constexpr int kStagedBatchTile = kStagedGroupLanes * 4 * 2;  // two 16-byte vectors of a slot per lane
+constexpr int kStagedStride = kStagedBatchTile + 4;  // floats per staged row: 16-byte aligned, no store conflicts
+constexpr int kStagedMaxChunk = 256;                 // column offsets within a chunk fit in 8 bits
+constexpr int kStagedMinChunk = 16;                  // a tile's copy is at least one element per thread
+constexpr double kStagedExpectedSlots = 1800.0;      // slots a tile of W is planned to hold on average
+constexpr double kStagedMinDensity = 0.02;           // below it the vector kernel keeps large batches
+
+// Bytes of shared memory of the staged kernel for chunks of `chunk_cols` columns: two stages of X
+// and dY, the slots' (row, column) words, each row's first slot and place in the block's list, and
+// the warps' sums of the scan that places them.
+constexpr size_t staged_smem_bytes(int chunk_cols) {
+  return size_t(2) * size_t(chunk_cols + kStagedBand) * kStagedStride * sizeof(float) +
+         size_t(kStagedCapacity) * sizeof(uint16_t) + size_t(2 * kStagedBand + 1 + kStagedBand / 32) * sizeof(int32_t);
 }
 
 }  // namespace snack::cuda::detail

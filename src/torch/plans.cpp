@@ -145,7 +145,8 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     problem.requested = sddmm_variant_arg(variant, op);
     const SddmmPlan plan = sddmm_plan(gemm_problem(problem), device, op);
     return {sddmm_variant_name(plan.variant), sddmm_reason_name(plan.reason), plan.padded_batch, plan.lanes_per_row,
-            plan.batch_lanes, plan.grid_x, plan.threads, 0, int64_t(plan.workspace_bytes), false,
+            plan.batch_lanes, plan.grid_x * plan.grid_y * plan.batch_splits, plan.threads, int64_t(plan.smem_bytes),
+            int64_t(plan.workspace_bytes), false,
             describe(plan)};
   }
   const bool transposed = which == "input_grad";

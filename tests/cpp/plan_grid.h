@@ -44,7 +44,8 @@ inline std::string plan_line(const GridPoint& g, const SpmmPlan& fwd, const Spmm
   const auto sddmm = [](const SddmmPlan& p) {
     return std::string(sddmm_variant_name(p.variant)) + " " + std::to_string(p.batch_lanes) + " " +
            std::to_string(p.batch_chunks) + " " + std::to_string(p.lanes_per_row) + " " + std::to_string(p.grid_x) +
-           " " + std::to_string(p.workspace_bytes);
+           " " + std::to_string(p.workspace_bytes) + " " + std::to_string(p.chunk_cols) + " " +
+           std::to_string(p.batch_splits);
   };
   return std::to_string(g.m) + "x" + std::to_string(g.k) + " nnz " + std::to_string(g.nnz) + " n " +
          std::to_string(g.n) + " bytes " + std::to_string(g.value_bytes) + " | " + spmm(fwd) + " | " + spmm(dx) +

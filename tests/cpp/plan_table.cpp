@@ -11,7 +11,7 @@ int main() {
   using namespace snack;
   std::printf("# plans of the benchmark grid on the H200's limits (tests/cpp/plan_table.cpp)\n");
   std::printf("# shape nnz n bytes | forward: variant tile lanes rows_per_warp grid smem workspace prefetch"
-              " | dX: the same | dW and dW with AdamW: variant batch_lanes chunks lanes grid workspace\n");
+              " | dX: the same | dW and dW with AdamW: variant batch_lanes chunks lanes grid workspace chunk_cols splits\n");
   for (const test::GridPoint& g : test::benchmark_grid()) {
     Status status;
     const std::string line = test::plan_grid_point(g, DeviceLimits::h200(), &status);

@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <type_traits>
+#include <vector>
 
 #include "snack/attention.h"
 #include "test_util.h"
@@ -129,8 +131,11 @@ TYPED_TEST(CudaOps, AllOpsMatchDenseReference) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     expect_elementwise(dv.host(), ref_sddmm(p, dy64, x64, sh.n), tol);
 
-    // The SDDMM kernels that run every batch here (up to 33), forced, each with its own workspace.
-    for (SddmmVariant v : {SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kRows}) {
+    // The SDDMM kernels that run every batch here (up to 33), forced, each with its own workspace;
+    // the staged kernel runs float32 operands.
+    std::vector<SddmmVariant> forced = {SddmmVariant::kSlot, SddmmVariant::kVector, SddmmVariant::kRows};
+    if constexpr (std::is_same_v<T, float>) forced.push_back(SddmmVariant::kStaged);
+    for (SddmmVariant v : forced) {
       SCOPED_TRACE(sddmm_variant_name(v));
       const SddmmPlan plan = sddmm_plan<T>(d.w, sh.n, v);
       DeviceArray<unsigned char> ws(plan.workspace_bytes);

@@ -154,7 +154,9 @@ TEST(Planner, PlansFitTheirDevice) {
       for (const SddmmEpilogue e : {SddmmEpilogue::kStore, SddmmEpilogue::kAdamW}) {
         SddmmPlan p;
         ASSERT_TRUE(plan_sddmm(sddmm_problem_at(g, e), limits, &p).ok());
-        EXPECT_LE(p.grid_x, p.variant == SddmmVariant::kSlot ? int64_t(1) << 20 : int64_t(limits.sms) * 8) << describe(p);
+        if (p.variant != SddmmVariant::kStaged)
+          EXPECT_LE(p.grid_x, p.variant == SddmmVariant::kSlot ? int64_t(1) << 20 : int64_t(limits.sms) * 8)
+              << describe(p);
         if (p.variant == SddmmVariant::kRows) {
           EXPECT_LE(p.padded_batch, kSddmmRowsMaxBatch) << describe(p);
           EXPECT_LE(p.lanes_per_row, 32 / p.batch_lanes) << describe(p);
@@ -165,6 +167,14 @@ TEST(Planner, PlansFitTheirDevice) {
         if (p.variant == SddmmVariant::kSlot) EXPECT_EQ(p.workspace_bytes, 0u) << describe(p);
         if (p.variant == SddmmVariant::kDenseBlocks)
           EXPECT_EQ(p.workspace_bytes, size_t(p.block_rows * g.k * g.value_bytes)) << describe(p);
+        if (p.variant == SddmmVariant::kStaged) {
+          EXPECT_EQ(g.value_bytes, 4) << describe(p);
+          EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
+          EXPECT_GE(p.grid_x * p.chunk_cols, g.k) << describe(p);
+          EXPECT_GE(p.batch_splits * p.split_samples, g.n) << describe(p);
+          EXPECT_EQ(p.split_samples % 64, 0) << describe(p);
+          EXPECT_EQ(p.workspace_bytes, p.batch_splits > 1 ? size_t(p.batch_splits) * g.nnz * 4 : 0u) << describe(p);
+        }
       }
     }
   }
@@ -387,10 +397,43 @@ TEST(Planner, SddmmRules) {
   bad.x_t_stride = 16;
   SddmmPlan q;
   EXPECT_EQ(plan_sddmm(bad, DeviceLimits::h200(), &q).code(), StatusCode::kInvalidArgument);
-  // Past 128: the vector kernel, both operands transposed.
+  // Past 128 in float32: the staged kernel, dY and X read in place; tiles of 128 rows x 128 columns
+  // at 10% density (1638 slots expected of the list's 2048), 32 x 128 tiles fill the GPU without a
+  // split of the batch.
   p = plan_dw(16384, 4096, 6710886, 200);
+  EXPECT_EQ(p.variant, SddmmVariant::kStaged) << describe(p);
+  EXPECT_EQ(p.reason, SddmmReason::kStagedTiles);
+  EXPECT_EQ(p.chunk_cols, 128);
+  EXPECT_EQ(p.grid_x, 32);
+  EXPECT_EQ(p.grid_y, 128);
+  EXPECT_EQ(p.batch_splits, 1);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
+  // The chunk narrows as the density grows (50%: 16 columns), widens to 256 below ~5.5%, and stops
+  // at the columns there are.
+  EXPECT_EQ(plan_dw(4096, 4096, 8388608, 1024).chunk_cols, 16);
+  EXPECT_EQ(plan_dw(4096, 4096, 838861, 1024).chunk_cols, 256);
+  EXPECT_EQ(plan_dw(4096, 100, 40960, 1024).chunk_cols, 128);
+  // A small layer splits the batch over blocks (each split at least 4 tiles of 64), its sums in a
+  // float workspace per split.
+  p = plan_dw(768, 3072, 235930, 8192);
+  EXPECT_EQ(p.variant, SddmmVariant::kStaged) << describe(p);
+  EXPECT_EQ(p.grid_x * p.grid_y, 24 * 6);
+  EXPECT_EQ(p.batch_splits, 4);
+  EXPECT_EQ(p.split_samples, 2048);
+  EXPECT_EQ(p.workspace_bytes, size_t(4) * 235930 * 4);
+  // 16-bit operands and patterns below 2% density keep the vector kernel, both operands transposed;
+  // a forced staged kernel on 16-bit operands is an error.
+  p = plan_dw(16384, 4096, 6710886, 200, SddmmEpilogue::kStore, SddmmVariant::kAuto, 0, 2);
   EXPECT_EQ(p.variant, SddmmVariant::kVector);
-  EXPECT_EQ(p.workspace_bytes, size_t((4096 + 16384) * 200 * 4));
+  EXPECT_EQ(p.workspace_bytes, size_t((4096 + 16384) * 200 * 2));
+  EXPECT_EQ(plan_dw(16384, 4096, 671088, 200).variant, SddmmVariant::kVector);
+  SddmmProblem half = bad;
+  half.n = 200;
+  half.x_t_stride = 0;
+  half.value_bytes = 2;
+  half.requested = SddmmVariant::kStaged;
+  EXPECT_EQ(plan_sddmm(half, DeviceLimits::h200(), &q).code(), StatusCode::kInvalidArgument);
   // AdamW's epilogue at a padded batch of 4 runs in the vector kernel, and with long rows on many
   // rows the rows kernel gives each row a whole warp.
   EXPECT_EQ(plan_dw(16384, 4096, 6710886, 4, SddmmEpilogue::kAdamW).variant, SddmmVariant::kVector);

@@ -423,8 +423,11 @@ def sddmm_cases():
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
-def sddmm_runs(variant, n):
-    """The rows kernel runs batches of at most 128 (padded to a multiple of 4); the others any."""
+def sddmm_runs(variant, n, dtype):
+    """The rows kernel runs batches of at most 128 (padded to a multiple of 4), the staged kernel
+    float32 operands; the others any."""
+    if variant == "staged":
+        return dtype == torch.float32
     return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
@@ -435,7 +438,7 @@ def test_sddmm_variant(shape, variant, dtype):
     m, k, n, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
     dy, x = p.randn(n, m, seed=3), p.randn(n, k, seed=4)
-    if not sddmm_runs(variant, n):
+    if not sddmm_runs(variant, n, dtype):
         with pytest.raises(ValueError, match="sddmm"):
             ops.sddmm(dy, x, p.tensors, variant=variant)
         return
@@ -444,6 +447,29 @@ def test_sddmm_variant(shape, variant, dtype):
     assert_close(dv, *p.slot_ref(dy, x), dtype, variant)
     for _ in range(2):
         assert torch.equal(ops.sddmm(dy, x, p.tensors, variant=variant), dv), "not bitwise reproducible"
+
+
+# (m, k, density, n, index dtype, full rows): chunks of 16 to 256 columns (the planner's width from the
+# density), layers that end inside a band, a chunk and a batch tile, the batch split over blocks
+# (small layers, large batches) or not, and full rows that put more than the block's list of 2048
+# slots into one tile (passes).
+STAGED_CASES = [(300, 700, 0.1, 200, None, 0), (130, 90, 0.5, 1000, torch.int32, 0), (1000, 2000, 0.03, 129, None, 0),
+                (257, 5000, 0.05, 333, torch.int32, 12), (64, 300, 0.02, 4097, None, 0), (200, 17, 0.9, 65, None, 3)]
+
+
+@pytest.mark.parametrize("m,k,density,n,index_dtype,full_rows", STAGED_CASES)
+def test_sddmm_staged_tiles_passes_and_splits(m, k, density, n, index_dtype, full_rows):
+    nnz = int(density * m * k)
+    positions = skewed_positions(m, k, dense_rows=full_rows, nnz_rest=nnz, seed=n) if full_rows else None
+    p = Weight(m, k, nnz, device="cuda", index_dtype=index_dtype, empty_rows=0 if full_rows else 5,
+               positions=positions)
+    dy, x = p.randn(n, m, seed=7), p.randn(n, k, seed=8)
+    poison_cache(torch.device("cuda"))
+    dv = ops.sddmm(dy, x, p.tensors, variant="staged")
+    assert_close(dv, *p.slot_ref(dy, x), torch.float32, "staged")
+    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="staged"), dv), "not bitwise reproducible"
+    plan = ops.explain(p.values, p.tensors, n, "weight_grad", "staged")
+    assert plan[0] == "staged" and plan[7] > 0, plan
 
 
 @pytest.mark.parametrize("n", [4, 7, 12, 16, 32])

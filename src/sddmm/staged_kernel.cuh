@@ -1,0 +1,228 @@
+// The SDDMM for large batches on CUDA cores, in float32: dY and X staged in shared memory and
+// shared by a band of rows and a chunk of columns.
+//
+// The vector kernel reads both operands' vectors through L1 once per slot; at a batch of hundreds
+// of rows that stream runs from L2, which bounds it at 3-4 useful TFLOP/s on the H200. Here a block
+// owns the slots of W in a band of kStagedBand rows and a chunk of columns (a tile of W) and walks
+// the batch in tiles of kStagedBatchTile samples: X[tile, chunk] and dY[tile, band] are copied into
+// shared memory (cp.async, 4-byte elements transposed on the way, so that a row's or column's samples
+// are contiguous; double-buffered), read there by every slot of the tile that needs them: L2 sees
+// each value of X once per band of rows and each value of dY once per chunk of columns.
+//
+// The tile's slots are listed once per block (row and column offset, 16 bits each slot), rows in
+// order, and cut into 128 runs of at most kStagedSlotsPerGroup consecutive slots, one per group of 8
+// lanes: every group has the same number of slots (+-1) whatever the rows' lengths, and a run
+// mostly stays in one row, whose dY vectors are then read once. Each lane of a group takes 8 of the
+// tile's 64 samples (two 16-byte vectors; the group's lanes read 128 contiguous bytes, conflict
+// free) and keeps its run's sums in registers for the whole batch. A fixed butterfly adds the 8
+// lanes at the end: every slot is summed in one order, whatever the launch (deterministic). With
+// the batch split over blocks (grid.z) to fill the GPU, each split writes its sums to a float
+// workspace and sddmm_sum_splits_kernel adds them in split order before the epilogue.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device/cp_async.cuh"
+#include "../device/cuda_utils.cuh"
+#include "shapes.h"
+#include "snack/pattern.h"
+
+namespace snack::cuda {
+namespace {
+
+using detail::kStagedBand;
+using detail::kStagedBatchTile;
+using detail::kStagedCapacity;
+using detail::kStagedGroupLanes;
+using detail::kStagedSlotsPerGroup;
+using detail::kStagedStride;
+using detail::kStagedThreads;
+constexpr int kStagedBandLog2Of8 = 4;  // kStagedBand / 8 = 2^4
+static_assert(kStagedBand == 8 << kStagedBandLog2Of8, "the band's copy maps 8 columns per warp");
+
+// First slot in [begin, end) of a row whose column is at least `column` (a row's columns ascend).
+template <typename Index>
+__device__ __forceinline__ int32_t first_column_at_least(const Index* __restrict__ col_idx, int32_t begin, int32_t end,
+                                                         int64_t column) {
+  while (begin < end) {
+    const int32_t mid = begin + (end - begin) / 2;
+    if (int64_t(col_idx[mid]) < column) begin = mid + 1;
+    else end = mid;
+  }
+  return begin;
+}
+
+// A copy of kStagedBatchTile rows from row0 and tile_cols columns from col0 of a row-major matrix
+// src (`cols` values per row) into dst[column][row] (kStagedStride floats per column), zero past
+// row_end and past the matrix's columns. Each element is one 4-byte cp.async; a warp covers 8 columns of 4 samples, so its reads
+// are four 32-byte sectors and its shared-memory writes hit 32 banks ((4 column + sample) mod 32).
+// log2_cols_8: log2 of the tile's columns / 8.
+__device__ __forceinline__ void stage_transposed(float* __restrict__ dst, const float* __restrict__ src, int64_t cols,
+                                                 int64_t row0, int64_t row_end, int64_t col0, int tile_cols,
+                                                 int log2_cols_8) {
+  const int elements = tile_cols * kStagedBatchTile;
+  for (int e = int(threadIdx.x); e < elements; e += kStagedThreads) {
+    const int group = e >> 5;
+    const int c = ((group & ((1 << log2_cols_8) - 1)) << 3) | (e & 7);
+    const int s = ((group >> log2_cols_8) << 2) | ((e >> 3) & 3);
+    const int64_t gr = row0 + s, gc = col0 + c;
+    const bool inside = gr < row_end && gc < cols;
+    detail::cp_async_4(dst + c * kStagedStride + s, inside ? src + gr * cols + gc : src, inside ? 4 : 0);
+  }
+}
+
+// dv[s] for the slots of W in the band blockIdx.y x the chunk blockIdx.x (chunk_cols columns, a power
+// of two from 16 to 256), over the samples [blockIdx.z * split, +split) of the batch. With `partial`
+// (the batch split over blocks), the sums go to partial[blockIdx.z * nnz + s] for
+// sddmm_sum_splits_kernel; without it, to the epilogue.
+template <typename Index, typename Out>
+__global__ void __launch_bounds__(kStagedThreads, 1)
+    sddmm_staged_kernel(SlotPattern<Index> w, const float* __restrict__ dy, const float* __restrict__ x, int64_t n,
+                        int chunk_cols, int log2_chunk_8, int64_t split, float* __restrict__ partial, Out out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* const x_stages = reinterpret_cast<float*>(smem);                          // [2][chunk][stride]
+  float* const dy_stages = x_stages + 2 * chunk_cols * kStagedStride;              // [2][band][stride]
+  uint16_t* const slot_words = reinterpret_cast<uint16_t*>(dy_stages + 2 * kStagedBand * kStagedStride);
+  int32_t* const row_lo = reinterpret_cast<int32_t*>(slot_words + kStagedCapacity);  // a row's first slot
+  int32_t* const row_first = row_lo + kStagedBand;  // its place in the block's list; [kStagedBand]: the total
+  int32_t* const warp_totals = row_first + kStagedBand + 1;  // the scan's sum of each warp's rows
+
+  const int tid = int(threadIdx.x);
+  const int64_t col0 = int64_t(blockIdx.x) * chunk_cols;
+  const int64_t row0 = int64_t(blockIdx.y) * kStagedBand;
+  const int64_t sample0 = int64_t(blockIdx.z) * split;
+  const int64_t sample_end = sample0 + split < n ? sample0 + split : n;
+  const int tiles = int((sample_end - sample0 + kStagedBatchTile - 1) / kStagedBatchTile);
+  if (partial == nullptr) out.begin();
+
+  // Each row's slots in the chunk, and their place in the block's list (a scan over the band).
+  int32_t inclusive = 0;
+  if (tid < kStagedBand) {
+    const int64_t r = row0 + tid;
+    int32_t lo = 0, hi = 0;
+    if (r < w.rows) {
+      const int32_t begin = w.row_ptr[r], end = w.row_ptr[r + 1];
+      lo = first_column_at_least(w.col_idx, begin, end, col0);
+      hi = first_column_at_least(w.col_idx, lo, end, col0 + chunk_cols);
+    }
+    row_lo[tid] = lo;
+    inclusive = hi - lo;
+    const int lane = tid & 31;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += up;
+    }
+    if (lane == 31) warp_totals[tid >> 5] = inclusive;
+  }
+  __syncthreads();
+  if (tid < kStagedBand) {
+    for (int warp = 0; warp < (tid >> 5); ++warp) inclusive += warp_totals[warp];
+    row_first[tid + 1] = inclusive;
+    if (tid == 0) row_first[0] = 0;
+  }
+  __syncthreads();
+  const int32_t total = row_first[kStagedBand];
+
+  const int group = tid / kStagedGroupLanes, g = tid % kStagedGroupLanes;
+  for (int32_t base = 0; base < total; base += kStagedCapacity) {
+    const int32_t count = total - base < kStagedCapacity ? total - base : kStagedCapacity;
+    {  // this pass's list: 8 threads per row write the row's slots that fall into it
+      const int row = tid / kStagedGroupLanes;
+      const int32_t first = row_first[row], len = row_first[row + 1] - first, lo = row_lo[row];
+      const int32_t i_begin = base > first ? base - first : 0;
+      const int32_t i_end = base + count - first < len ? base + count - first : len;
+      for (int32_t i = i_begin + g; i < i_end; i += kStagedGroupLanes)
+        slot_words[first + i - base] = uint16_t((row << 8) | int(int64_t(w.col_idx[lo + i]) - col0));
+    }
+    __syncthreads();
+    const int32_t start = int32_t(int64_t(group) * count / detail::kStagedGroups);
+    const int run = int(int64_t(group + 1) * count / detail::kStagedGroups) - start;
+
+    float acc[kStagedSlotsPerGroup];
+#pragma unroll
+    for (int i = 0; i < kStagedSlotsPerGroup; ++i) acc[i] = 0.0f;
+
+    auto stage = [&](int tile, int buffer) {
+      const int64_t s0 = sample0 + int64_t(tile) * kStagedBatchTile;
+      stage_transposed(x_stages + buffer * chunk_cols * kStagedStride, x, w.cols, s0, sample_end, col0, chunk_cols,
+                       log2_chunk_8);
+      stage_transposed(dy_stages + buffer * kStagedBand * kStagedStride, dy, w.rows, s0, sample_end, row0,
+                       kStagedBand, kStagedBandLog2Of8);
+      detail::cp_async_commit();
+    };
+    if (tiles > 0) stage(0, 0);
+    for (int t = 0; t < tiles; ++t) {
+      detail::cp_async_wait_all();
+      __syncthreads();  // tile t is in for every thread, and every thread is done with tile t - 1
+      if (t + 1 < tiles) stage(t + 1, (t + 1) & 1);
+      const float* xs = x_stages + (t & 1) * chunk_cols * kStagedStride + 4 * g;
+      const float* ds = dy_stages + (t & 1) * kStagedBand * kStagedStride + 4 * g;
+      int current = -1;
+      float4 d0 = make_float4(0.f, 0.f, 0.f, 0.f), d1 = d0;
+#pragma unroll
+      for (int i = 0; i < kStagedSlotsPerGroup; ++i) {
+        if (i < run) {
+          const int word = slot_words[start + i];
+          const int row = word >> 8, col = word & 0xff;
+          if (row != current) {
+            d0 = *reinterpret_cast<const float4*>(ds + row * kStagedStride);
+            d1 = *reinterpret_cast<const float4*>(ds + row * kStagedStride + 32);
+            current = row;
+          }
+          const float4 x0 = *reinterpret_cast<const float4*>(xs + col * kStagedStride);
+          const float4 x1 = *reinterpret_cast<const float4*>(xs + col * kStagedStride + 32);
+          float a = acc[i];
+          a = __fmaf_rn(d0.x, x0.x, a);
+          a = __fmaf_rn(d0.y, x0.y, a);
+          a = __fmaf_rn(d0.z, x0.z, a);
+          a = __fmaf_rn(d0.w, x0.w, a);
+          a = __fmaf_rn(d1.x, x1.x, a);
+          a = __fmaf_rn(d1.y, x1.y, a);
+          a = __fmaf_rn(d1.z, x1.z, a);
+          a = __fmaf_rn(d1.w, x1.w, a);
+          acc[i] = a;
+        }
+      }
+    }
+    // The group's 8 lanes added by a butterfly (each lane ends with the same bits), then lane i % 8
+    // hands slot i to the epilogue or the split's workspace.
+#pragma unroll
+    for (int i = 0; i < kStagedSlotsPerGroup; ++i) {
+      float v = acc[i];
+#pragma unroll
+      for (int offset = 1; offset < kStagedGroupLanes; offset <<= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      if (i < run && i % kStagedGroupLanes == g) {
+        const int32_t f = start + i;
+        const int row = slot_words[f] >> 8;
+        const int64_t s = int64_t(row_lo[row]) + (base + f - row_first[row]);
+        if (partial != nullptr) {
+          partial[int64_t(blockIdx.z) * w.nnz + s] = v;
+        } else {
+          const auto fetched = out.fetch(s);
+          out.apply(s, v, fetched);
+        }
+      }
+    }
+    __syncthreads();  // the next pass rewrites the list
+  }
+}
+
+// The staged kernel's split sums added in split order, then handed to the epilogue.
+template <typename Out>
+__global__ void __launch_bounds__(256) sddmm_sum_splits_kernel(const float* __restrict__ partial, int splits,
+                                                               int64_t nnz, Out out) {
+  out.begin();
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < nnz; s += stride) {
+    const auto fetched = out.fetch(s);
+    float v = partial[s];
+    for (int k = 1; k < splits; ++k) v += partial[int64_t(k) * nnz + s];
+    out.apply(s, v, fetched);
+  }
+}
+
+}  // namespace
+}  // namespace snack::cuda
