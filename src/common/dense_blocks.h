@@ -33,6 +33,7 @@ struct DenseBlocksProblem {
   bool tf32 = false;  ///< float32 GEMMs may round to TF32 (ignored for 16-bit values)
   bool tensor_cores = false;  ///< the sparse side of a 16-bit forward or dX runs the tensor-core kernel
   bool shared_x = false;      ///< the sparse side of an fp32 product runs the shared_x kernel
+  bool staged = false;        ///< the sparse side of an fp32 weight gradient runs the staged SDDMM
 };
 
 // Rates measured on the H200 with every path forced (bench/results/spmm_nvidia_h200*_large.md and
@@ -57,6 +58,9 @@ struct DenseBlocksRates {
   // density) and its dX (6.7 at 10%, 4.1 at 5%: about three quarters of the forward's).
   double shared_x_fp32[2] = {9.5, 7.0};
   double shared_x_density = 0.2;
+  // The staged SDDMM at 20% density (5.5-6.0 measured from N = 1024 on 4096x4096 and 16384x4096;
+  // 5.0-5.4 at 10%, 3.9-4.6 at 5%: the same fourth root of the density), in useful TFLOP/s.
+  double staged_fp32 = 5.5;
   // The tensor-core kernel as the dense work it does, 2 x M x K x N over its time: the forward, and
   // dX over the CSC view (16384x4096, 70%, N = 128-256: 401-805 us, ~43 TFLOP/s; without it the
   // planner took dense_blocks there, 3160 us against 401).
@@ -109,7 +113,11 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
   const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
   const double density = double(p.nnz) / std::max(1.0, double(p.outputs) * double(p.inputs));
   const double shared_x = r.shared_x_fp32[std::min(op, 1)] * std::pow(std::min(1.0, density / r.shared_x_density), 0.25);
-  const double base = p.value_bytes == 2 ? r.sparse_16bit[op] : (p.shared_x && op < 2 ? shared_x : r.sparse_fp32[op]);
+  const double density_factor = std::pow(std::min(1.0, density / r.shared_x_density), 0.25);
+  const double fp32 = p.shared_x && op < 2 ? shared_x
+                      : p.staged && op == 2 ? r.staged_fp32 * density_factor
+                                            : r.sparse_fp32[op];
+  const double base = p.value_bytes == 2 ? r.sparse_16bit[op] : fp32;
   const double rate = base * short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
   if (p.value_bytes == 2 && op < 2 && p.tensor_cores) {

@@ -38,14 +38,14 @@ constexpr int kStagedStride = kStagedBatchTile + 4;  // floats per staged row: 1
 constexpr int kStagedMaxChunk = 256;                 // column offsets within a chunk fit in 8 bits
 constexpr int kStagedMinChunk = 16;                  // a tile's copy is at least one element per thread
 constexpr double kStagedExpectedSlots = 1800.0;      // slots a tile of W is planned to hold on average
-constexpr double kStagedMinDensity = 0.02;           // below it the vector kernel keeps large batches
+constexpr double kStagedMinDensity = 0.03;           // below it the vector kernel keeps large batches
 
 // Bytes of shared memory of the staged kernel for chunks of `chunk_cols` columns: two stages of X
 // and dY, the slots' (row, column) words, each row's first slot and place in the block's list, and
 // the warps' sums of the scan that places them.
 constexpr size_t staged_smem_bytes(int chunk_cols) {
   return size_t(2) * size_t(chunk_cols + kStagedBand) * kStagedStride * sizeof(float) +
-         size_t(kStagedCapacity) * sizeof(uint16_t) + size_t(2 * kStagedBand + 1 + kStagedBand / 32) * sizeof(int32_t);
+         size_t(kStagedCapacity + kStagedSlotsPerGroup) * sizeof(uint32_t) + size_t(2 * kStagedBand + 1 + kStagedBand / 32) * sizeof(int32_t);
 }
 
 }  // namespace snack::cuda::detail

@@ -9,7 +9,7 @@
 // are contiguous; double-buffered), read there by every slot of the tile that needs them: L2 sees
 // each value of X once per band of rows and each value of dY once per chunk of columns.
 //
-// The tile's slots are listed once per block (row and column offset, 16 bits each slot), rows in
+// The tile's slots are listed once per block (the places of the slot's row and column in a stage), rows in
 // order, and cut into 128 runs of at most kStagedSlotsPerGroup consecutive slots, one per group of 8
 // lanes: every group has the same number of slots (+-1) whatever the rows' lengths, and a run
 // mostly stays in one row, whose dY vectors are then read once. Each lane of a group takes 8 of the
@@ -56,21 +56,37 @@ __device__ __forceinline__ int32_t first_column_at_least(const Index* __restrict
 
 // A copy of kStagedBatchTile rows from row0 and tile_cols columns from col0 of a row-major matrix
 // src (`cols` values per row) into dst[column][row] (kStagedStride floats per column), zero past
-// row_end and past the matrix's columns. Each element is one 4-byte cp.async; a warp covers 8 columns of 4 samples, so its reads
-// are four 32-byte sectors and its shared-memory writes hit 32 banks ((4 column + sample) mod 32).
-// log2_cols_8: log2 of the tile's columns / 8.
+// row_end and past the matrix's columns, as 4-byte cp.async elements. A warp covers 8 columns of 4
+// rows at a time, so its reads are four 32-byte sectors and its shared-memory writes hit 32 banks
+// ((4 column + row) mod 32); a thread keeps one column and steps down its rows, so that each
+// element costs a copy and a few additions. log2_cols_8: log2 of the tile's columns / 8 (at most 5).
 __device__ __forceinline__ void stage_transposed(float* __restrict__ dst, const float* __restrict__ src, int64_t cols,
                                                  int64_t row0, int64_t row_end, int64_t col0, int tile_cols,
                                                  int log2_cols_8) {
-  const int elements = tile_cols * kStagedBatchTile;
-  for (int e = int(threadIdx.x); e < elements; e += kStagedThreads) {
-    const int group = e >> 5;
-    const int c = ((group & ((1 << log2_cols_8) - 1)) << 3) | (e & 7);
-    const int s = ((group >> log2_cols_8) << 2) | ((e >> 3) & 3);
-    const int64_t gr = row0 + s, gc = col0 + c;
-    const bool inside = gr < row_end && gc < cols;
-    detail::cp_async_4(dst + c * kStagedStride + s, inside ? src + gr * cols + gc : src, inside ? 4 : 0);
-  }
+  const int t = int(threadIdx.x), group = t >> 5;
+  const int c = ((group & ((1 << log2_cols_8) - 1)) << 3) | (t & 7);
+  const int first = ((group >> log2_cols_8) << 2) | ((t >> 3) & 3);
+  const int log2_step = 7 - log2_cols_8;  // rows between a thread's elements: 4 x 32 warps / (columns / 8)
+  const int count = tile_cols * kStagedBatchTile / kStagedThreads;
+  // The thread's elements inside the matrix: a prefix of its `count` (all or none past its columns).
+  const int64_t rows_left = row_end - (row0 + first);
+  int inside = rows_left <= 0 ? 0 : int(((rows_left - 1) >> log2_step) + 1);
+  inside = col0 + c < cols ? (inside < count ? inside : count) : 0;
+  // Past the matrix the copy reads nothing (zero fill): the pointer is passed, never dereferenced.
+  const float* p = src + (row0 + first) * cols + col0 + c;
+  const int64_t jump = cols << log2_step;
+  float* d = dst + c * kStagedStride + first;
+#pragma unroll 4
+  for (int i = 0; i < count; ++i, p += jump, d += 1 << log2_step) detail::cp_async_4(d, p, i < inside ? 4 : 0);
+}
+
+// A slot's word in the block's list: the row's and the column's places in a stage, in 16-byte units
+// (kStagedVectorsPerRow to a staged row), so that the products address shared memory with a shift.
+constexpr int kStagedVectorsPerRow = kStagedStride / 4;
+static_assert(kStagedVectorsPerRow * detail::kStagedMaxChunk < 65536 && kStagedVectorsPerRow * kStagedBand < 65536,
+              "a place fits 16 bits");
+__device__ __forceinline__ uint32_t slot_word(int row, int col) {
+  return (uint32_t(row * kStagedVectorsPerRow) << 16) | uint32_t(col * kStagedVectorsPerRow);
 }
 
 // dv[s] for the slots of W in the band blockIdx.y x the chunk blockIdx.x (chunk_cols columns, a power
@@ -84,8 +100,8 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   float* const x_stages = reinterpret_cast<float*>(smem);                          // [2][chunk][stride]
   float* const dy_stages = x_stages + 2 * chunk_cols * kStagedStride;              // [2][band][stride]
-  uint16_t* const slot_words = reinterpret_cast<uint16_t*>(dy_stages + 2 * kStagedBand * kStagedStride);
-  int32_t* const row_lo = reinterpret_cast<int32_t*>(slot_words + kStagedCapacity);  // a row's first slot
+  uint32_t* const slot_words = reinterpret_cast<uint32_t*>(dy_stages + 2 * kStagedBand * kStagedStride);
+  int32_t* const row_lo = reinterpret_cast<int32_t*>(slot_words + kStagedCapacity + kStagedSlotsPerGroup);  // a row's first slot
   int32_t* const row_first = row_lo + kStagedBand;  // its place in the block's list; [kStagedBand]: the total
   int32_t* const warp_totals = row_first + kStagedBand + 1;  // the scan's sum of each warp's rows
 
@@ -135,11 +151,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       const int32_t i_begin = base > first ? base - first : 0;
       const int32_t i_end = base + count - first < len ? base + count - first : len;
       for (int32_t i = i_begin + g; i < i_end; i += kStagedGroupLanes)
-        slot_words[first + i - base] = uint16_t((row << 8) | int(int64_t(w.col_idx[lo + i]) - col0));
+        slot_words[first + i - base] = slot_word(row, int(int64_t(w.col_idx[lo + i]) - col0));
     }
+    // Words past the list: a warp runs its longest group's count, the others read a valid place.
+    if (tid < kStagedSlotsPerGroup) slot_words[count + tid] = 0;
     __syncthreads();
     const int32_t start = int32_t(int64_t(group) * count / detail::kStagedGroups);
     const int run = int(int64_t(group + 1) * count / detail::kStagedGroups) - start;
+    const int warp_run = __reduce_max_sync(0xffffffffu, unsigned(run));
 
     float acc[kStagedSlotsPerGroup];
 #pragma unroll
@@ -158,22 +177,23 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       detail::cp_async_wait_all();
       __syncthreads();  // tile t is in for every thread, and every thread is done with tile t - 1
       if (t + 1 < tiles) stage(t + 1, (t + 1) & 1);
-      const float* xs = x_stages + (t & 1) * chunk_cols * kStagedStride + 4 * g;
-      const float* ds = dy_stages + (t & 1) * kStagedBand * kStagedStride + 4 * g;
-      int current = -1;
+      const char* xs = reinterpret_cast<const char*>(x_stages + (t & 1) * chunk_cols * kStagedStride + 4 * g);
+      const char* ds = reinterpret_cast<const char*>(dy_stages + (t & 1) * kStagedBand * kStagedStride + 4 * g);
+      uint32_t current = ~0u;
       float4 d0 = make_float4(0.f, 0.f, 0.f, 0.f), d1 = d0;
 #pragma unroll
       for (int i = 0; i < kStagedSlotsPerGroup; ++i) {
-        if (i < run) {
-          const int word = slot_words[start + i];
-          const int row = word >> 8, col = word & 0xff;
-          if (row != current) {
-            d0 = *reinterpret_cast<const float4*>(ds + row * kStagedStride);
-            d1 = *reinterpret_cast<const float4*>(ds + row * kStagedStride + 32);
-            current = row;
+        if (i >= warp_run) break;  // warp-uniform; a group past its run adds into sums it never hands on
+        {
+          const uint32_t word = slot_words[start + i];
+          const uint32_t row_at = (word >> 16) << 4, col_at = (word & 0xffffu) << 4;
+          if (row_at != current) {
+            d0 = *reinterpret_cast<const float4*>(ds + row_at);
+            d1 = *reinterpret_cast<const float4*>(ds + row_at + 128);
+            current = row_at;
           }
-          const float4 x0 = *reinterpret_cast<const float4*>(xs + col * kStagedStride);
-          const float4 x1 = *reinterpret_cast<const float4*>(xs + col * kStagedStride + 32);
+          const float4 x0 = *reinterpret_cast<const float4*>(xs + col_at);
+          const float4 x1 = *reinterpret_cast<const float4*>(xs + col_at + 128);
           float a = acc[i];
           a = __fmaf_rn(d0.x, x0.x, a);
           a = __fmaf_rn(d0.y, x0.y, a);
@@ -196,7 +216,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       for (int offset = 1; offset < kStagedGroupLanes; offset <<= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
       if (i < run && i % kStagedGroupLanes == g) {
         const int32_t f = start + i;
-        const int row = slot_words[f] >> 8;
+        const int row = int(slot_words[f] >> 16) / kStagedVectorsPerRow;
         const int64_t s = int64_t(row_lo[row]) + (base + f - row_first[row]);
         if (partial != nullptr) {
           partial[int64_t(blockIdx.z) * w.nnz + s] = v;

@@ -422,7 +422,7 @@ TEST(Planner, SddmmRules) {
   EXPECT_EQ(p.batch_splits, 4);
   EXPECT_EQ(p.split_samples, 2048);
   EXPECT_EQ(p.workspace_bytes, size_t(4) * 235930 * 4);
-  // 16-bit operands and patterns below 2% density keep the vector kernel, both operands transposed;
+  // 16-bit operands and patterns below 3% density keep the vector kernel, both operands transposed;
   // a forced staged kernel on 16-bit operands is an error.
   p = plan_dw(16384, 4096, 6710886, 200, SddmmEpilogue::kStore, SddmmVariant::kAuto, 0, 2);
   EXPECT_EQ(p.variant, SddmmVariant::kVector);
