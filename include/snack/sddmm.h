@@ -113,9 +113,11 @@ struct SddmmPlan {
   int64_t block_rows = 0;      ///< kDenseBlocks: rows of W per GEMM block (workspace: block_rows x cols values)
   int chunk_cols = 0;          ///< kStaged: columns of W per block (a power of two, 16-256)
   int64_t grid_y = 1;          ///< kStaged: bands of 128 rows of W
-  int batch_splits = 1;        ///< kStaged: blocks that split the batch (grid.z); above 1 each writes
-                               ///< float sums of every slot to the workspace, added in split order
+  int batch_splits = 1;        ///< kStaged: blocks that split the batch (grid.z), their float sums added
+                               ///< in split order
   int64_t split_samples = 0;   ///< kStaged: batch rows per split (a multiple of the batch tile)
+  bool staged_sums_in_workspace = false;  ///< kStaged: the sums go through the workspace to a second kernel
+                                          ///< that hands them to the epilogue (a split batch, or AdamW)
   size_t smem_bytes = 0;       ///< kStaged: dynamic shared memory per block
 };
 

@@ -118,7 +118,8 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
                       : p.staged && op == 2 ? r.staged_fp32 * density_factor
                                             : r.sparse_fp32[op];
   const double base = p.value_bytes == 2 ? r.sparse_16bit[op] : fp32;
-  const double rate = base * short_rows;
+  // The staged SDDMM splits a tile's slots evenly whatever the rows' lengths.
+  const double rate = p.staged && op == 2 && p.value_bytes != 2 ? base : base * short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
   if (p.value_bytes == 2 && op < 2 && p.tensor_cores) {
     const double tiles = 2.0 * double(p.outputs) * double(p.inputs) * double(p.n);

@@ -77,7 +77,8 @@ Status launch_sddmm_vector_for_plan(const SddmmPlan& plan, const SlotPattern<Ind
   }
 }
 
-// The staged kernel, and with the batch split over blocks, the sum of the splits into `out`.
+// The staged kernel, and where its sums go through the workspace, the kernel that adds the splits'
+// sums and hands them to `out`.
 template <typename Index, typename Out>
 Status launch_sddmm_staged(const SddmmPlan& plan, const SlotPattern<Index>& w, const float* dy, const float* x,
                            int64_t n, const Out& out, void* workspace, Stream stream) {
@@ -86,7 +87,7 @@ Status launch_sddmm_staged(const SddmmPlan& plan, const SlotPattern<Index>& w, c
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
   int log2_chunk_8 = 0;
   while ((8 << log2_chunk_8) < plan.chunk_cols) ++log2_chunk_8;
-  float* partial = plan.batch_splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  float* partial = plan.staged_sums_in_workspace ? static_cast<float*>(workspace) : nullptr;
   kernel<<<dim3(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.batch_splits)), detail::kStagedThreads,
            plan.smem_bytes, stream>>>(w, dy, x, n, plan.chunk_cols, log2_chunk_8, plan.split_samples, partial, out);
   SNACK_RETURN_IF_ERROR(check_launch("sddmm_staged_kernel"));

@@ -16,8 +16,8 @@
 // tile's 64 samples (two 16-byte vectors; the group's lanes read 128 contiguous bytes, conflict
 // free) and keeps its run's sums in registers for the whole batch. A fixed butterfly adds the 8
 // lanes at the end: every slot is summed in one order, whatever the launch (deterministic). With
-// the batch split over blocks (grid.z) to fill the GPU, each split writes its sums to a float
-// workspace and sddmm_sum_splits_kernel adds them in split order before the epilogue.
+// the batch split over blocks (grid.z) to fill the GPU, and with AdamW's update, the sums go to a
+// float workspace and sddmm_sum_splits_kernel adds them in split order before the epilogue.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -91,7 +91,7 @@ __device__ __forceinline__ uint32_t slot_word(int row, int col) {
 
 // dv[s] for the slots of W in the band blockIdx.y x the chunk blockIdx.x (chunk_cols columns, a power
 // of two from 16 to 256), over the samples [blockIdx.z * split, +split) of the batch. With `partial`
-// (the batch split over blocks), the sums go to partial[blockIdx.z * nnz + s] for
+// (SddmmPlan::staged_sums_in_workspace), the sums go to partial[blockIdx.z * nnz + s] for
 // sddmm_sum_splits_kernel; without it, to the epilogue.
 template <typename Index, typename Out>
 __global__ void __launch_bounds__(kStagedThreads, 1)

@@ -173,7 +173,9 @@ TEST(Planner, PlansFitTheirDevice) {
           EXPECT_GE(p.grid_x * p.chunk_cols, g.k) << describe(p);
           EXPECT_GE(p.batch_splits * p.split_samples, g.n) << describe(p);
           EXPECT_EQ(p.split_samples % 64, 0) << describe(p);
-          EXPECT_EQ(p.workspace_bytes, p.batch_splits > 1 ? size_t(p.batch_splits) * g.nnz * 4 : 0u) << describe(p);
+          EXPECT_EQ(p.staged_sums_in_workspace, p.batch_splits > 1 || e == SddmmEpilogue::kAdamW) << describe(p);
+          EXPECT_EQ(p.workspace_bytes, p.staged_sums_in_workspace ? size_t(p.batch_splits) * g.nnz * 4 : 0u)
+              << describe(p);
         }
       }
     }
@@ -422,6 +424,12 @@ TEST(Planner, SddmmRules) {
   EXPECT_EQ(p.batch_splits, 4);
   EXPECT_EQ(p.split_samples, 2048);
   EXPECT_EQ(p.workspace_bytes, size_t(4) * 235930 * 4);
+  // AdamW's update runs in the kernel that reads the sums back, even unsplit.
+  p = plan_dw(16384, 4096, 6710886, 200, SddmmEpilogue::kAdamW);
+  EXPECT_EQ(p.variant, SddmmVariant::kStaged) << describe(p);
+  EXPECT_EQ(p.batch_splits, 1);
+  EXPECT_TRUE(p.staged_sums_in_workspace);
+  EXPECT_EQ(p.workspace_bytes, size_t(6710886) * 4);
   // 16-bit operands and patterns below 3% density keep the vector kernel, both operands transposed;
   // a forced staged kernel on 16-bit operands is an error.
   p = plan_dw(16384, 4096, 6710886, 200, SddmmEpilogue::kStore, SddmmVariant::kAuto, 0, 2);
