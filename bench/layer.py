@@ -405,11 +405,17 @@ def main(argv=None) -> int:
                              "(16384x4096, N=16, 90%%): snack with torch's AdamW, and snack_fused_step with the "
                              "in-backward AdamW, kernel by kernel")
     args = parser.parse_args(argv)
-    if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv
+    if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv; every backward-only file
         for layer_csv in sorted(args.out.glob("layer_*.csv")):
             slug = layer_csv.stem[len("layer_"):]
             md = render_from_csv(layer_csv, args.out / f"backward_{slug}.csv")
             (args.out / f"layer_{slug}.md").write_text(md)
+            print(md)
+        for backward_csv in sorted(args.out.glob("backward_*_kernels.csv")):
+            info, back_rows = benchmark.read_csv(backward_csv)
+            md = summarize([], back_rows, info)
+            backward_csv.with_suffix(".md").write_text(md)
+            plot_weight_grad_paths(back_rows, backward_csv.with_suffix(".png"), info)
             print(md)
         return 0
     if not torch.cuda.is_available():
@@ -521,6 +527,7 @@ def write_results(args, info, layer_rows, back_rows) -> str:
     md = summarize(layer_rows, back_rows, info)
     if args.backward_only:
         (args.out / f"backward_{slug}.md").write_text(md)
+        plot_weight_grad_paths(back_rows, args.out / f"backward_{slug}.png", info)
         return md
     benchmark.write_csv(args.out / f"layer_{slug}.csv", info, LAYER_COLUMNS, layer_rows)
     (args.out / f"layer_{slug}.md").write_text(md)
@@ -607,7 +614,53 @@ def summarize(layer_rows, back_rows, info) -> str:
     for variant, values in forced.items():
         lines.append(f"- dW forced `{variant}` kernel, geomean speedup over cuSPARSE on the {len(values)} rows where it "
                      f"runs: {benchmark.geomean(values):.2f}x")
+    lines += weight_grad_paths_table(b)
     return "\n".join(lines) + "\n"
+
+
+# The weight gradient's paths side by side, where a run timed them (--sddmm-variants, or N from
+# snack.DENSE_BLOCK_MIN_ROWS): the planner's choice, each kernel forced, and the baselines.
+DW_PATHS = ("snack", "snack_rows", "snack_vector", "snack_staged", "snack_dense_blocks", "dense", "cusparse_sddmm")
+
+
+def weight_grad_paths_table(b) -> list[str]:
+    keys = sorted({k[1:5] for k in b if k[0] == "dw" and any(b.get(k[:5] + (impl,)) for impl in DW_PATHS[1:5])})
+    if not keys:
+        return []
+    lines = ["", "## Weight gradient (dW = dY^T X at the stored slots): every path (cold L2, median us / useful TFLOP/s)",
+             "", "useful TFLOP/s: 2 x nnz x N over the time, whatever the path; dense: `dY.t() @ x` (cuBLAS), "
+             "cusparse_sddmm: `torch.sparse.sampled_addmm`; `-`: the path does not run the shape.", "",
+             "| M x K | N | sparsity | " + " | ".join(DW_PATHS) + " |", "|---|---|---|" + "---|" * len(DW_PATHS)]
+    for key in keys:
+        cells = []
+        for impl in DW_PATHS:
+            r = b.get(("dw",) + key + (impl,))
+            cells.append(f"{r['median_us']:.0f} / {r['tflops']:.1f}" if r else "-")
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_weight_grad_paths(back_rows, path, info):
+    """Useful TFLOP/s of each dW path per problem (the rows of weight_grad_paths_table)."""
+    plt = benchmark.pyplot()
+    sel = [r for r in back_rows if r["op"] == "dw" and r["impl"] in DW_PATHS]
+    if plt is None or not sel:
+        return
+    labels = sorted({(r["M"], r["K"], r["N"], r["sparsity"]) for r in sel})
+    impls = [impl for impl in DW_PATHS if any(r["impl"] == impl for r in sel)]
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(labels) * len(impls) / 3), 4.5))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        vals = [next((r["tflops"] for r in sel if (r["M"], r["K"], r["N"], r["sparsity"]) == lab and r["impl"] == impl), 0)
+                for lab in labels]
+        ax.bar([j + i * width for j in range(len(labels))], vals, width, label=impl)
+    ax.set_xticks([j + 0.4 for j in range(len(labels))])
+    ax.set_xticklabels([f"{m}x{k}\nN={n}\n{s:g}" for m, k, n, s in labels], fontsize=6)
+    ax.set_ylabel("useful TFLOP/s (2 nnz N / time)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"dW paths, fp32 - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def plot(layer_rows, path, info):
