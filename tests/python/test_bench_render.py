@@ -96,3 +96,21 @@ def test_the_layer_summary_keeps_each_precision_apart(tmp_path):
     with pytest.raises(ValueError):
         with layer.precision_mode("fp64"):
             pass
+
+
+def test_the_weight_gradient_paths_sit_side_by_side(tmp_path):
+    # A backward-only run's dW rows: one line per problem with every path's time and useful TFLOP/s,
+    # "-" where a path did not run; re-rendered from its CSV with a plot.
+    from bench import layer
+    info = {"gpu": "Test GPU", "commit": "0123456789"}
+    rows = [dict(op="dw", M=4096, K=4096, N=1024, sparsity=0.9, pattern="uniform", dtype="fp32", impl=impl,
+                 median_us=us, floor_us=5.0, tflops=tf)
+            for impl, us, tf in (("snack", 700.0, 4.9), ("snack_vector", 900.0, 3.8), ("snack_staged", 690.0, 5.0),
+                                 ("dense", 670.0, 5.1), ("cusparse_sddmm", 2800.0, 1.2))]
+    md = layer.summarize([], rows, info)
+    assert "| 4096x4096 | 1024 | 0.9 | 700 / 4.9 | - | 900 / 3.8 | 690 / 5.0 | - | 670 / 5.1 | 2800 / 1.2 |" in md
+    benchmark.write_csv(tmp_path / "backward_test_gpu_kernels.csv", info, layer.BACKWARD_COLUMNS, rows)
+    assert layer.main(["--render", "--out", str(tmp_path)]) == 0
+    assert "690 / 5.0" in (tmp_path / "backward_test_gpu_kernels.md").read_text()
+    if benchmark.pyplot() is not None:
+        assert (tmp_path / "backward_test_gpu_kernels.png").stat().st_size > 0
