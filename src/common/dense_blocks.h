@@ -40,7 +40,8 @@ struct DenseBlocksProblem {
 // backward_nvidia_h200_large.csv; dX and dW also on 4096x4096 at N = 256-4096). GEMM: cuBLAS through torch.mm on the large shapes, 2 x M x K x N over its time
 // (bf16 760-860, fp32 50 TFLOP/s). Sparse: useful TFLOP/s (2 x nnz x N over the time) of the
 // planner's kernels from N = 256 at 80-95% sparsity (global_xt forward fp32 4.5-4.9, bf16 6.5-6.9;
-// dX 4.0-4.6 / 5.5; dW (vector) 2.9-4.0 / 6.7), lower at 99% where the sparse kernels win anyway;
+// dX 4.0-4.6 / 5.5; dW (vector) 2.9-4.0 / 6.7; the staged dW below), lower at 99% where the sparse
+// kernels win anyway;
 // the tensor-core forward as the dense work it does (136-141 TFLOP/s); rows of ~40 slots (99%) run
 // at about half those rates, and a sparse product pays ~10 us of transposes and launches. Expansion:
 // ~1.2 TB/s of the dense block written; the SDDMM's read of the slots out of its block ~2.5 TB/s.
