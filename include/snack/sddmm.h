@@ -116,6 +116,7 @@ struct SddmmPlan {
   int batch_splits = 1;        ///< kStaged: blocks that split the batch (grid.z), their float sums added
                                ///< in split order
   int64_t split_samples = 0;   ///< kStaged: batch rows per split (a multiple of the batch tile)
+  bool staged_vector_copies = false;  ///< kStaged: X and dY copied in 16-byte vectors, then transposed on chip
   bool staged_sums_in_workspace = false;  ///< kStaged: the sums go through the workspace to a second kernel
                                           ///< that hands them to the epilogue (a split batch, or AdamW)
   size_t smem_bytes = 0;       ///< kStaged: dynamic shared memory per block

@@ -82,14 +82,25 @@ Status launch_sddmm_vector_for_plan(const SddmmPlan& plan, const SlotPattern<Ind
 template <typename Index, typename Out>
 Status launch_sddmm_staged(const SddmmPlan& plan, const SlotPattern<Index>& w, const float* dy, const float* x,
                            int64_t n, const Out& out, void* workspace, Stream stream) {
-  const auto kernel = sddmm_staged_kernel<Index, Out>;
+  // AdamW's update always runs in the second kernel (plan_sddmm): the staged kernel only stores sums.
+  using KernelOut = std::conditional_t<Out::kUpdatesState, StoreGradient<float>, Out>;
+  KernelOut kernel_out{};
+  if constexpr (!Out::kUpdatesState) kernel_out = out;
+  float* partial = plan.staged_sums_in_workspace ? static_cast<float*>(workspace) : nullptr;
+  if (Out::kUpdatesState && partial == nullptr)
+    return InvalidArgument("sddmm: the staged kernel's plan for AdamW must send its sums through the workspace");
+  const auto kernel = sddmm_staged_kernel<Index, KernelOut>;
   SNACK_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
   int log2_chunk_8 = 0;
   while ((8 << log2_chunk_8) < plan.chunk_cols) ++log2_chunk_8;
-  float* partial = plan.staged_sums_in_workspace ? static_cast<float*>(workspace) : nullptr;
+  // The plan's 16-byte copies need both operands on a 16-byte boundary (its shared memory covers
+  // either copy).
+  const bool vector_copies = plan.staged_vector_copies && reinterpret_cast<uintptr_t>(dy) % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(x) % 16 == 0;
   kernel<<<dim3(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.batch_splits)), detail::kStagedThreads,
-           plan.smem_bytes, stream>>>(w, dy, x, n, plan.chunk_cols, log2_chunk_8, plan.split_samples, partial, out);
+           plan.smem_bytes, stream>>>(w, dy, x, n, plan.chunk_cols, log2_chunk_8, plan.split_samples, vector_copies,
+                                      partial, kernel_out);
   SNACK_RETURN_IF_ERROR(check_launch("sddmm_staged_kernel"));
   if (partial == nullptr) return Status::Ok();
   sddmm_sum_splits_kernel<Out><<<grid_for(w.nnz, 256), 256, 0, stream>>>(partial, plan.batch_splits, w.nnz, out);

@@ -97,7 +97,7 @@ int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits
 bool staged_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
   return p.value_bytes == 4 && np > kSddmmRowsMaxBatch && density >= cuda::detail::kStagedMinDensity &&
-         cuda::detail::staged_smem_bytes(cuda::detail::kStagedMinChunk) <= limits.smem_per_block;
+         cuda::detail::staged_smem_bytes(cuda::detail::kStagedMinChunk, false) <= limits.smem_per_block;
 }
 
 // Columns per chunk of the staged kernel: the widest power of two (16-256) whose tiles of W expect at
@@ -109,7 +109,7 @@ int staged_chunk_cols(const SddmmProblem& p, const DeviceLimits& limits) {
   const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
   int chunk = kStagedMaxChunk;
   while (chunk > kStagedMinChunk &&
-         (double(kStagedBand) * chunk * density > kStagedExpectedSlots || staged_smem_bytes(chunk) > limits.smem_per_block ||
+         (double(kStagedBand) * chunk * density > kStagedExpectedSlots || staged_smem_bytes(chunk, false) > limits.smem_per_block ||
           chunk >= 2 * p.cols))
     chunk /= 2;
   return chunk;
@@ -156,13 +156,17 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     using namespace cuda::detail;
     if (p.value_bytes != 4)
       return InvalidArgument("sddmm: staged runs float32 operands (its tiles are copied as 4-byte elements)");
-    if (staged_smem_bytes(kStagedMinChunk) > limits.smem_per_block)
-      return InvalidArgument("sddmm: staged needs " + std::to_string(staged_smem_bytes(kStagedMinChunk)) +
+    if (staged_smem_bytes(kStagedMinChunk, false) > limits.smem_per_block)
+      return InvalidArgument("sddmm: staged needs " + std::to_string(staged_smem_bytes(kStagedMinChunk, false)) +
                              " bytes of shared memory per block; this device offers " +
                              std::to_string(limits.smem_per_block));
     plan.threads = kStagedThreads;
     plan.chunk_cols = staged_chunk_cols(p, limits);
-    plan.smem_bytes = staged_smem_bytes(plan.chunk_cols);
+    // 16-byte copies where rows of X and dY are whole vectors (the launch also checks the pointers)
+    // and the chunk fits their stages.
+    plan.staged_vector_copies = p.cols % 4 == 0 && p.rows % 4 == 0 && plan.chunk_cols <= kStagedMaxVectorChunk &&
+                                staged_smem_bytes(plan.chunk_cols, true) <= limits.smem_per_block;
+    plan.smem_bytes = staged_smem_bytes(plan.chunk_cols, plan.staged_vector_copies);
     plan.grid_x = std::max<int64_t>(1, ceil_div(p.cols, plan.chunk_cols));
     plan.grid_y = std::max<int64_t>(1, ceil_div(p.rows, kStagedBand));
     if (plan.grid_y > detail::kMaxGridY)

@@ -40,12 +40,24 @@ constexpr int kStagedMinChunk = 16;                  // a tile's copy is at leas
 constexpr double kStagedExpectedSlots = 1800.0;      // slots a tile of W is planned to hold on average
 constexpr double kStagedMinDensity = 0.03;           // below it the vector kernel keeps large batches
 
-// Bytes of shared memory of the staged kernel for chunks of `chunk_cols` columns: two stages of X
-// and dY, the slots' (row, column) words, each row's first slot and place in the block's list, and
-// the warps' sums of the scan that places them.
-constexpr size_t staged_smem_bytes(int chunk_cols) {
-  return size_t(2) * size_t(chunk_cols + kStagedBand) * kStagedStride * sizeof(float) +
-         size_t(kStagedCapacity + kStagedSlotsPerGroup) * sizeof(uint32_t) + size_t(2 * kStagedBand + 1 + kStagedBand / 32) * sizeof(int32_t);
+// Floats of the staged kernel's stages for chunks of `chunk_cols` columns: with 4-byte copies two
+// transposed stages of X and dY; with 16-byte copies one, and two stages of untransposed rows.
+constexpr size_t staged_stage_floats(int chunk_cols, bool vector_copies) {
+  return vector_copies ? size_t(chunk_cols + kStagedBand) * kStagedStride +
+                             size_t(2) * kStagedBatchTile * size_t(chunk_cols + 4 + kStagedBand + 4)
+                       : size_t(2) * size_t(chunk_cols + kStagedBand) * kStagedStride;
 }
+
+// Bytes of shared memory of the staged kernel: its stages, the slots' (row, column) words, each
+// row's first slot and place in the block's list, and the warps' sums of the scan that places them.
+constexpr size_t staged_smem_bytes(int chunk_cols, bool vector_copies) {
+  return staged_stage_floats(chunk_cols, vector_copies) * sizeof(float) +
+         size_t(kStagedCapacity + kStagedSlotsPerGroup) * sizeof(uint32_t) +
+         size_t(2 * kStagedBand + 1 + kStagedBand / 32) * sizeof(int32_t);
+}
+
+// 16-byte copies take chunks of at most this many columns (two stages of rows and one transposed
+// stage of 256 columns would not fit).
+constexpr int kStagedMaxVectorChunk = 128;
 
 }  // namespace snack::cuda::detail

@@ -80,6 +80,41 @@ __device__ __forceinline__ void stage_transposed(float* __restrict__ dst, const 
   for (int i = 0; i < count; ++i, p += jump, d += 1 << log2_step) detail::cp_async_4(d, p, i < inside ? 4 : 0);
 }
 
+// 16-byte copies of kStagedBatchTile rows from row0 and tile_cols columns from col0 of a row-major
+// matrix src (`cols` values per row, a multiple of 4, 16-byte aligned) into raw[row][column] (tile_cols
+// + 4 floats per row), zero past row_end and past the matrix's columns: consecutive threads take
+// consecutive vectors of a row. log2_vectors: log2 of tile_cols / 4.
+__device__ __forceinline__ void stage_rows(float* __restrict__ raw, const float* __restrict__ src, int64_t cols,
+                                           int64_t row0, int64_t row_end, int64_t col0, int tile_cols,
+                                           int log2_vectors) {
+  const int elements = kStagedBatchTile << log2_vectors;
+  for (int e = int(threadIdx.x); e < elements; e += kStagedThreads) {
+    const int r = e >> log2_vectors, v = e & ((1 << log2_vectors) - 1);
+    const int64_t gr = row0 + r, gc = col0 + 4 * v;
+    const bool inside = gr < row_end && gc < cols;
+    detail::cp_async_16(raw + r * (tile_cols + 4) + 4 * v, inside ? src + gr * cols + gc : src, inside ? 16 : 0);
+  }
+}
+
+// raw[row][column] (tile_cols + 4 floats per row) transposed into dst[column][row] (kStagedStride
+// floats per column): a warp moves 4 columns of 32 rows, one 16-byte read per lane (rows 4 words
+// apart modulo 32 banks: the 8 lanes of a phase hit 8 different bank quads) and four 4-byte writes
+// of 32 consecutive rows (32 banks).
+__device__ __forceinline__ void transpose_stage(float* __restrict__ dst, const float* __restrict__ raw,
+                                                int tile_cols) {
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int tasks = tile_cols / 4 * (kStagedBatchTile / 32);
+  for (int t = warp; t < tasks; t += kStagedThreads / 32) {
+    const int group = t / (kStagedBatchTile / 32), r = (t % (kStagedBatchTile / 32)) * 32 + lane;
+    const float4 v = *reinterpret_cast<const float4*>(raw + r * (tile_cols + 4) + 4 * group);
+    float* d = dst + 4 * group * kStagedStride + r;
+    d[0] = v.x;
+    d[kStagedStride] = v.y;
+    d[2 * kStagedStride] = v.z;
+    d[3 * kStagedStride] = v.w;
+  }
+}
+
 // A slot's word in the block's list: the row's and the column's places in a stage, in 16-byte units
 // (kStagedVectorsPerRow to a staged row), so that the products address shared memory with a shift.
 constexpr int kStagedVectorsPerRow = kStagedStride / 4;
@@ -96,11 +131,18 @@ __device__ __forceinline__ uint32_t slot_word(int row, int col) {
 template <typename Index, typename Out>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     sddmm_staged_kernel(SlotPattern<Index> w, const float* __restrict__ dy, const float* __restrict__ x, int64_t n,
-                        int chunk_cols, int log2_chunk_8, int64_t split, float* __restrict__ partial, Out out) {
+                        int chunk_cols, int log2_chunk_8, int64_t split, bool vector_copies,
+                        float* __restrict__ partial, Out out) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* const x_stages = reinterpret_cast<float*>(smem);                          // [2][chunk][stride]
-  float* const dy_stages = x_stages + 2 * chunk_cols * kStagedStride;              // [2][band][stride]
-  uint32_t* const slot_words = reinterpret_cast<uint32_t*>(dy_stages + 2 * kStagedBand * kStagedStride);
+  // Stages: with 4-byte copies two of X [chunk][stride] and dY [band][stride], written transposed by
+  // the copies; with 16-byte copies one of each, written by a transposing pass from two stages of
+  // untransposed rows ([tile][chunk + 4] and [tile][band + 4]). detail::staged_stage_floats.
+  float* const x_stages = reinterpret_cast<float*>(smem);
+  float* const dy_stages = x_stages + (vector_copies ? 1 : 2) * chunk_cols * kStagedStride;
+  float* const x_rows = dy_stages + (vector_copies ? 1 : 2) * kStagedBand * kStagedStride;
+  float* const dy_rows = x_rows + 2 * kStagedBatchTile * (chunk_cols + 4);
+  uint32_t* const slot_words =
+      reinterpret_cast<uint32_t*>(x_stages + detail::staged_stage_floats(chunk_cols, vector_copies));
   int32_t* const row_lo = reinterpret_cast<int32_t*>(slot_words + kStagedCapacity + kStagedSlotsPerGroup);  // a row's first slot
   int32_t* const row_first = row_lo + kStagedBand;  // its place in the block's list; [kStagedBand]: the total
   int32_t* const warp_totals = row_first + kStagedBand + 1;  // the scan's sum of each warp's rows
@@ -164,47 +206,75 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
 #pragma unroll
     for (int i = 0; i < kStagedSlotsPerGroup; ++i) acc[i] = 0.0f;
 
-    auto stage = [&](int tile, int buffer) {
-      const int64_t s0 = sample0 + int64_t(tile) * kStagedBatchTile;
-      stage_transposed(x_stages + buffer * chunk_cols * kStagedStride, x, w.cols, s0, sample_end, col0, chunk_cols,
-                       log2_chunk_8);
-      stage_transposed(dy_stages + buffer * kStagedBand * kStagedStride, dy, w.rows, s0, sample_end, row0,
-                       kStagedBand, kStagedBandLog2Of8);
-      detail::cp_async_commit();
-    };
-    if (tiles > 0) stage(0, 0);
-    for (int t = 0; t < tiles; ++t) {
-      detail::cp_async_wait_all();
-      __syncthreads();  // tile t is in for every thread, and every thread is done with tile t - 1
-      if (t + 1 < tiles) stage(t + 1, (t + 1) & 1);
-      const char* xs = reinterpret_cast<const char*>(x_stages + (t & 1) * chunk_cols * kStagedStride + 4 * g);
-      const char* ds = reinterpret_cast<const char*>(dy_stages + (t & 1) * kStagedBand * kStagedStride + 4 * g);
+    // The products of one staged tile: each group's run of slots against its lanes' 8 samples.
+    auto products = [&](const float* x_stage, const float* dy_stage) {
+      const char* xs = reinterpret_cast<const char*>(x_stage + 4 * g);
+      const char* ds = reinterpret_cast<const char*>(dy_stage + 4 * g);
       uint32_t current = ~0u;
       float4 d0 = make_float4(0.f, 0.f, 0.f, 0.f), d1 = d0;
 #pragma unroll
       for (int i = 0; i < kStagedSlotsPerGroup; ++i) {
         if (i >= warp_run) break;  // warp-uniform; a group past its run adds into sums it never hands on
-        {
-          const uint32_t word = slot_words[start + i];
-          const uint32_t row_at = (word >> 16) << 4, col_at = (word & 0xffffu) << 4;
-          if (row_at != current) {
-            d0 = *reinterpret_cast<const float4*>(ds + row_at);
-            d1 = *reinterpret_cast<const float4*>(ds + row_at + 128);
-            current = row_at;
-          }
-          const float4 x0 = *reinterpret_cast<const float4*>(xs + col_at);
-          const float4 x1 = *reinterpret_cast<const float4*>(xs + col_at + 128);
-          float a = acc[i];
-          a = __fmaf_rn(d0.x, x0.x, a);
-          a = __fmaf_rn(d0.y, x0.y, a);
-          a = __fmaf_rn(d0.z, x0.z, a);
-          a = __fmaf_rn(d0.w, x0.w, a);
-          a = __fmaf_rn(d1.x, x1.x, a);
-          a = __fmaf_rn(d1.y, x1.y, a);
-          a = __fmaf_rn(d1.z, x1.z, a);
-          a = __fmaf_rn(d1.w, x1.w, a);
-          acc[i] = a;
+        const uint32_t word = slot_words[start + i];
+        const uint32_t row_at = (word >> 16) << 4, col_at = (word & 0xffffu) << 4;
+        if (row_at != current) {
+          d0 = *reinterpret_cast<const float4*>(ds + row_at);
+          d1 = *reinterpret_cast<const float4*>(ds + row_at + 128);
+          current = row_at;
         }
+        const float4 x0 = *reinterpret_cast<const float4*>(xs + col_at);
+        const float4 x1 = *reinterpret_cast<const float4*>(xs + col_at + 128);
+        float a = acc[i];
+        a = __fmaf_rn(d0.x, x0.x, a);
+        a = __fmaf_rn(d0.y, x0.y, a);
+        a = __fmaf_rn(d0.z, x0.z, a);
+        a = __fmaf_rn(d0.w, x0.w, a);
+        a = __fmaf_rn(d1.x, x1.x, a);
+        a = __fmaf_rn(d1.y, x1.y, a);
+        a = __fmaf_rn(d1.z, x1.z, a);
+        a = __fmaf_rn(d1.w, x1.w, a);
+        acc[i] = a;
+      }
+    };
+    if (vector_copies) {
+      // Untransposed rows two tiles ahead; each tile transposed into the one stage between two barriers.
+      auto stage = [&](int tile) {
+        if (tile < tiles) {
+          const int64_t s0 = sample0 + int64_t(tile) * kStagedBatchTile;
+          stage_rows(x_rows + (tile & 1) * kStagedBatchTile * (chunk_cols + 4), x, w.cols, s0, sample_end, col0,
+                     chunk_cols, log2_chunk_8 + 1);
+          stage_rows(dy_rows + (tile & 1) * kStagedBatchTile * (kStagedBand + 4), dy, w.rows, s0, sample_end, row0,
+                     kStagedBand, kStagedBandLog2Of8 + 1);
+        }
+        detail::cp_async_commit();  // every tile a group, empty past the last: the waits count tiles
+      };
+      stage(0);
+      stage(1);
+      for (int t = 0; t < tiles; ++t) {
+        detail::cp_async_wait<1>();
+        __syncthreads();  // tile t's rows are in, and every thread is done with the stage's tile t - 1
+        transpose_stage(x_stages, x_rows + (t & 1) * kStagedBatchTile * (chunk_cols + 4), chunk_cols);
+        transpose_stage(dy_stages, dy_rows + (t & 1) * kStagedBatchTile * (kStagedBand + 4), kStagedBand);
+        __syncthreads();  // the stage is written, and tile t's rows are free for tile t + 2
+        stage(t + 2);
+        products(x_stages, dy_stages);
+      }
+      detail::cp_async_wait_all();
+    } else {
+      auto stage = [&](int tile, int buffer) {
+        const int64_t s0 = sample0 + int64_t(tile) * kStagedBatchTile;
+        stage_transposed(x_stages + buffer * chunk_cols * kStagedStride, x, w.cols, s0, sample_end, col0, chunk_cols,
+                         log2_chunk_8);
+        stage_transposed(dy_stages + buffer * kStagedBand * kStagedStride, dy, w.rows, s0, sample_end, row0,
+                         kStagedBand, kStagedBandLog2Of8);
+        detail::cp_async_commit();
+      };
+      if (tiles > 0) stage(0, 0);
+      for (int t = 0; t < tiles; ++t) {
+        detail::cp_async_wait_all();
+        __syncthreads();  // tile t is in for every thread, and every thread is done with tile t - 1
+        if (t + 1 < tiles) stage(t + 1, (t + 1) & 1);
+        products(x_stages + (t & 1) * chunk_cols * kStagedStride, dy_stages + (t & 1) * kStagedBand * kStagedStride);
       }
     }
     // The group's 8 lanes added by a butterfly (each lane ends with the same bits), then lane i % 8

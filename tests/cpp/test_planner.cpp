@@ -170,6 +170,7 @@ TEST(Planner, PlansFitTheirDevice) {
         if (p.variant == SddmmVariant::kStaged) {
           EXPECT_EQ(g.value_bytes, 4) << describe(p);
           EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
+          EXPECT_TRUE(!p.staged_vector_copies || (p.chunk_cols <= 128 && g.k % 4 == 0 && g.m % 4 == 0)) << describe(p);
           EXPECT_GE(p.grid_x * p.chunk_cols, g.k) << describe(p);
           EXPECT_GE(p.batch_splits * p.split_samples, g.n) << describe(p);
           EXPECT_EQ(p.split_samples % 64, 0) << describe(p);
@@ -411,6 +412,15 @@ TEST(Planner, SddmmRules) {
   EXPECT_EQ(p.batch_splits, 1);
   EXPECT_EQ(p.workspace_bytes, 0u);
   EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
+  // Rows of whole 16-byte vectors are copied as such and transposed on chip; a chunk of 256 columns
+  // or rows of odd lengths take the 4-byte copies, and less shared memory.
+  EXPECT_TRUE(p.staged_vector_copies);
+  EXPECT_LE(p.smem_bytes, DeviceLimits::h200().smem_per_block);
+  EXPECT_FALSE(plan_dw(4096, 4096, 838861, 1024).staged_vector_copies);
+  const SddmmPlan odd = plan_dw(16384, 4098, 6710886, 200);
+  EXPECT_EQ(odd.variant, SddmmVariant::kStaged);
+  EXPECT_FALSE(odd.staged_vector_copies);
+  EXPECT_LT(odd.smem_bytes, p.smem_bytes);
   // The chunk narrows as the density grows (50%: 16 columns), widens to 256 below ~5.5%, and stops
   // at the columns there are.
   EXPECT_EQ(plan_dw(4096, 4096, 8388608, 1024).chunk_cols, 16);
