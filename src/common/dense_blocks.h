@@ -59,9 +59,11 @@ struct DenseBlocksRates {
   // density) and its dX (6.7 at 10%, 4.1 at 5%: about three quarters of the forward's).
   double shared_x_fp32[2] = {9.5, 7.0};
   double shared_x_density = 0.2;
-  // The staged SDDMM at 20% density (5.5-6.0 measured from N = 1024 on 4096x4096 and 16384x4096;
-  // 5.0-5.4 at 10%, 3.9-4.6 at 5%: the same fourth root of the density), in useful TFLOP/s.
-  double staged_fp32 = 5.5;
+  // The staged SDDMM at 10% density, in useful TFLOP/s: 5.3-5.9 measured from N = 1024 on
+  // 4096x4096 and 16384x4096 with its 16-byte copies (3.7-5.1 on 3072x768); 3.9-4.6 at 5%, where its
+  // chunks take the 4-byte copies. Other densities: the fourth root, as for shared_x.
+  double staged_fp32 = 5.6;
+  double staged_density = 0.1;
   // The tensor-core kernel as the dense work it does, 2 x M x K x N over its time: the forward, and
   // dX over the CSC view (16384x4096, 70%, N = 128-256: 401-805 us, ~43 TFLOP/s; without it the
   // planner took dense_blocks there, 3160 us against 401).
@@ -114,10 +116,8 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
   const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
   const double density = double(p.nnz) / std::max(1.0, double(p.outputs) * double(p.inputs));
   const double shared_x = r.shared_x_fp32[std::min(op, 1)] * std::pow(std::min(1.0, density / r.shared_x_density), 0.25);
-  const double density_factor = std::pow(std::min(1.0, density / r.shared_x_density), 0.25);
-  const double fp32 = p.shared_x && op < 2 ? shared_x
-                      : p.staged && op == 2 ? r.staged_fp32 * density_factor
-                                            : r.sparse_fp32[op];
+  const double staged = r.staged_fp32 * std::pow(std::min(2.0, density / r.staged_density), 0.25);
+  const double fp32 = p.shared_x && op < 2 ? shared_x : p.staged && op == 2 ? staged : r.sparse_fp32[op];
   const double base = p.value_bytes == 2 ? r.sparse_16bit[op] : fp32;
   // The staged SDDMM splits a tile's slots evenly whatever the rows' lengths.
   const double rate = p.staged && op == 2 && p.value_bytes != 2 ? base : base * short_rows;

@@ -5,12 +5,15 @@
 // of rows that stream runs from L2, which bounds it at 3-4 useful TFLOP/s on the H200. Here a block
 // owns the slots of W in a band of kStagedBand rows and a chunk of columns (a tile of W) and walks
 // the batch in tiles of kStagedBatchTile samples: X[tile, chunk] and dY[tile, band] are copied into
-// shared memory (cp.async, 4-byte elements transposed on the way, so that a row's or column's samples
-// are contiguous; double-buffered), read there by every slot of the tile that needs them: L2 sees
-// each value of X once per band of rows and each value of dY once per chunk of columns.
+// shared memory transposed, so that a row's or column's samples are contiguous, and read there by
+// every slot of the tile that needs them: L2 sees each value of X once per band of rows and each
+// value of dY once per chunk of columns. The copies are cp.async of 16-byte vectors of untransposed
+// rows two tiles ahead, transposed on chip between two barriers, where the rows are whole aligned
+// vectors and the chunk at most 128 columns; otherwise 4-byte elements written transposed,
+// double-buffered (~6 L1 wavefronts per 128 bytes copied, measured with Nsight Compute).
 //
-// The tile's slots are listed once per block (the places of the slot's row and column in a stage), rows in
-// order, and cut into 128 runs of at most kStagedSlotsPerGroup consecutive slots, one per group of 8
+// The tile's slots are listed once per block (the places of the slot's row and column in a stage),
+// rows in order, and cut into 128 runs of at most kStagedSlotsPerGroup consecutive slots, one per group of 8
 // lanes: every group has the same number of slots (+-1) whatever the rows' lengths, and a run
 // mostly stays in one row, whose dY vectors are then read once. Each lane of a group takes 8 of the
 // tile's 64 samples (two 16-byte vectors; the group's lanes read 128 contiguous bytes, conflict
