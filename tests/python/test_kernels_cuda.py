@@ -452,9 +452,11 @@ def test_sddmm_variant(shape, variant, dtype):
 # (m, k, density, n, index dtype, full rows): chunks of 16 to 256 columns (the planner's width from the
 # density), layers that end inside a band, a chunk and a batch tile, the batch split over blocks
 # (small layers, large batches) or not, and full rows that put more than the block's list of 2048
-# slots into one tile (passes).
+# slots into one tile (passes); 16-byte copies where both dimensions are multiples of 4 and the chunk
+# at most 128 columns (the first and last cases), else 4-byte ones.
 STAGED_CASES = [(300, 700, 0.1, 200, None, 0), (130, 90, 0.5, 1000, torch.int32, 0), (1000, 2000, 0.03, 129, None, 0),
-                (257, 5000, 0.05, 333, torch.int32, 12), (64, 300, 0.02, 4097, None, 0), (200, 17, 0.9, 65, None, 3)]
+                (257, 5000, 0.05, 333, torch.int32, 12), (64, 300, 0.02, 4097, None, 0), (200, 17, 0.9, 65, None, 3),
+                (512, 1024, 0.02, 1100, None, 60)]
 
 
 @pytest.mark.parametrize("m,k,density,n,index_dtype,full_rows", STAGED_CASES)
