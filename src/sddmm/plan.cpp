@@ -109,8 +109,8 @@ int staged_chunk_cols(const SddmmProblem& p, const DeviceLimits& limits) {
   const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
   int chunk = kStagedMaxChunk;
   while (chunk > kStagedMinChunk &&
-         (double(kStagedBand) * chunk * density > kStagedExpectedSlots || staged_smem_bytes(chunk, false) > limits.smem_per_block ||
-          chunk >= 2 * p.cols))
+         (double(kStagedBand) * chunk * density > kStagedExpectedSlots ||
+          staged_smem_bytes(chunk, false) > limits.smem_per_block || chunk >= 2 * p.cols))
     chunk /= 2;
   return chunk;
 }

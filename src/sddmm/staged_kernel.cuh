@@ -146,8 +146,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   float* const dy_rows = x_rows + 2 * kStagedBatchTile * (chunk_cols + 4);
   uint32_t* const slot_words =
       reinterpret_cast<uint32_t*>(x_stages + detail::staged_stage_floats(chunk_cols, vector_copies));
-  int32_t* const row_lo = reinterpret_cast<int32_t*>(slot_words + kStagedCapacity + kStagedSlotsPerGroup);  // a row's first slot
-  int32_t* const row_first = row_lo + kStagedBand;  // its place in the block's list; [kStagedBand]: the total
+  // Each row's first slot in the chunk, and its place in the block's list ([kStagedBand]: the total).
+  int32_t* const row_lo = reinterpret_cast<int32_t*>(slot_words + kStagedCapacity + kStagedSlotsPerGroup);
+  int32_t* const row_first = row_lo + kStagedBand;
   int32_t* const warp_totals = row_first + kStagedBand + 1;  // the scan's sum of each warp's rows
 
   const int tid = int(threadIdx.x);
