@@ -61,7 +61,8 @@ struct DenseBlocksRates {
   double shared_x_density = 0.2;
   // The staged SDDMM at 10% density, in useful TFLOP/s: 5.3-5.9 measured from N = 1024 on
   // 4096x4096 and 16384x4096 with its 16-byte copies (3.7-5.1 on 3072x768); 3.9-4.6 at 5%, where its
-  // chunks take the 4-byte copies. Other densities: the fourth root, as for shared_x.
+  // chunks take the 4-byte copies. Other densities: the fourth root, as for shared_x, up to twice
+  // this density (its 20% rows were measured with the 4-byte copies only).
   double staged_fp32 = 5.6;
   double staged_density = 0.1;
   // The tensor-core kernel as the dense work it does, 2 x M x K x N over its time: the forward, and

@@ -87,17 +87,18 @@ int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits
   return lanes;
 }
 
-// Where the staged kernel beats the vector kernel: float32 batches past the rows kernel's (its tiles
-// are copied in 4-byte elements; 16-bit and float64 operands keep the vector kernel), on a device
-// with the shared memory for its smallest chunk, from 3% density. Measured on the H200 (every path
-// forced, 4096x4096, 16384x4096, 768x3072, 3072x768, N = 256-8192): at 80-95% staged is 1.1-2.8x
-// faster than vector (N = 8192, 90%: 5.1 against 11.8 ms on 4096x4096), but for the small layers at
-// 95% and N = 1024 (103 against 86 us); at 99% a tile holds too few slots to pay for its copies and
-// vector is 1.2-2.5x faster.
+// Where the staged kernel beats the vector kernel: float32 batches past the rows kernel's (its stages
+// hold float32; 16-bit and float64 operands keep the vector kernel), from 3% density, on a device
+// with the shared memory for its smallest chunk and a grid for its bands. Measured on the H200 (every
+// path forced, 4096x4096, 16384x4096, 3072x768, N = 1024-8192): at 90-95% staged is 1.1-2.8x faster
+// than vector (N = 8192, 90%: 4.7 against 11.7 ms on 4096x4096), but for the small layer at 95% and
+// N = 1024 (97 against 84 us); at 99% a tile holds too few slots to pay for its copies and vector is
+// 1.1-2.4x faster.
 bool staged_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
   return p.value_bytes == 4 && np > kSddmmRowsMaxBatch && density >= cuda::detail::kStagedMinDensity &&
-         cuda::detail::staged_smem_bytes(cuda::detail::kStagedMinChunk, false) <= limits.smem_per_block;
+         cuda::detail::staged_smem_bytes(cuda::detail::kStagedMinChunk, false) <= limits.smem_per_block &&
+         ceil_div(p.rows, cuda::detail::kStagedBand) <= detail::kMaxGridY;
 }
 
 // Columns per chunk of the staged kernel: the widest power of two (16-256) whose tiles of W expect at
@@ -155,7 +156,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
   if (plan.variant == SddmmVariant::kStaged) {
     using namespace cuda::detail;
     if (p.value_bytes != 4)
-      return InvalidArgument("sddmm: staged runs float32 operands (its tiles are copied as 4-byte elements)");
+      return InvalidArgument("sddmm: staged runs float32 operands (its stages hold float32)");
     if (staged_smem_bytes(kStagedMinChunk, false) > limits.smem_per_block)
       return InvalidArgument("sddmm: staged needs " + std::to_string(staged_smem_bytes(kStagedMinChunk, false)) +
                              " bytes of shared memory per block; this device offers " +

@@ -446,6 +446,8 @@ TEST(Planner, SddmmRules) {
   EXPECT_EQ(p.variant, SddmmVariant::kVector);
   EXPECT_EQ(p.workspace_bytes, size_t((4096 + 16384) * 200 * 2));
   EXPECT_EQ(plan_dw(16384, 4096, 671088, 200).variant, SddmmVariant::kVector);
+  // More bands of 128 rows than a grid holds: the vector kernel.
+  EXPECT_EQ(plan_dw(9000000, 64, 57600000, 200).variant, SddmmVariant::kVector);
   SddmmProblem half = bad;
   half.n = 200;
   half.x_t_stride = 0;
