@@ -90,7 +90,7 @@ int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits
 // Where the staged kernel beats the vector kernel: float32 batches past the rows kernel's (its stages
 // hold float32; 16-bit and float64 operands keep the vector kernel), from 3% density, on a device
 // with the shared memory for its smallest chunk and a grid for its bands. Measured on the H200 (every
-// path forced, 4096x4096, 16384x4096, 3072x768, N = 1024-8192): at 90-95% staged is 1.1-2.8x faster
+// path forced, 4096x4096, 16384x4096, 3072x768, N = 1024-8192): at 90-95% staged is 1.05-2.8x faster
 // than vector (N = 8192, 90%: 4.7 against 11.7 ms on 4096x4096), but for the small layer at 95% and
 // N = 1024 (97 against 84 us); at 99% a tile holds too few slots to pay for its copies and vector is
 // 1.1-2.4x faster.
