@@ -116,12 +116,19 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
   const double row = double(p.nnz) / double(std::max<int64_t>(1, p.outputs));
   const double short_rows = std::sqrt(std::min(1.0, row / r.full_row_slots));
   const double density = double(p.nnz) / std::max(1.0, double(p.outputs) * double(p.inputs));
-  const double shared_x = r.shared_x_fp32[std::min(op, 1)] * std::pow(std::min(1.0, density / r.shared_x_density), 0.25);
-  const double staged = r.staged_fp32 * std::pow(std::min(2.0, density / r.staged_density), 0.25);
-  const double fp32 = p.shared_x && op < 2 ? shared_x : p.staged && op == 2 ? staged : r.sparse_fp32[op];
-  const double base = p.value_bytes == 2 ? r.sparse_16bit[op] : fp32;
-  // The staged SDDMM splits a tile's slots evenly whatever the rows' lengths.
-  const double rate = p.staged && op == 2 && p.value_bytes != 2 ? base : base * short_rows;
+  // shared_x and the staged SDDMM: the rate measured at one density, scaled by the fourth root of the
+  // density against it (up to `cap` times it).
+  const auto at_density = [&](double measured, double measured_density, double cap) {
+    return measured * std::pow(std::min(cap, density / measured_density), 0.25);
+  };
+  double rate;
+  if (p.value_bytes == 2)
+    rate = r.sparse_16bit[op] * short_rows;
+  else if (p.staged && p.op == DenseBlocksOp::kWeightGrad)  // its tiles' slots split evenly whatever the rows
+    rate = at_density(r.staged_fp32, r.staged_density, 2.0);
+  else
+    rate = (p.shared_x && op < 2 ? at_density(r.shared_x_fp32[op], r.shared_x_density, 1.0) : r.sparse_fp32[op]) *
+           short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
   if (p.value_bytes == 2 && op < 2 && p.tensor_cores) {
     const double tiles = 2.0 * double(p.outputs) * double(p.inputs) * double(p.n);

@@ -94,11 +94,24 @@ int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits
 // than vector (N = 8192, 90%: 4.7 against 11.7 ms on 4096x4096), but for the small layer at 95% and
 // N = 1024 (97 against 84 us); at 99% a tile holds too few slots to pay for its copies and vector is
 // 1.1-2.4x faster.
+double density(const SddmmProblem& p) { return double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols)); }
+
+// Why the staged kernel cannot run a problem on this device (Ok where it can): forced, the plan
+// reports it; the automatic choice passes over it.
+Status staged_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 4) return InvalidArgument("sddmm: staged runs float32 operands (its stages hold float32)");
+  if (staged_smem_bytes(kStagedMinChunk, false) > limits.smem_per_block)
+    return InvalidArgument("sddmm: staged needs " + std::to_string(staged_smem_bytes(kStagedMinChunk, false)) +
+                           " bytes of shared memory per block; this device offers " +
+                           std::to_string(limits.smem_per_block));
+  if (ceil_div(p.rows, kStagedBand) > detail::kMaxGridY)
+    return InvalidArgument("sddmm: staged runs up to " + std::to_string(detail::kMaxGridY * kStagedBand) + " rows");
+  return Status::Ok();
+}
+
 bool staged_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
-  const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
-  return p.value_bytes == 4 && np > kSddmmRowsMaxBatch && density >= cuda::detail::kStagedMinDensity &&
-         cuda::detail::staged_smem_bytes(cuda::detail::kStagedMinChunk, false) <= limits.smem_per_block &&
-         ceil_div(p.rows, cuda::detail::kStagedBand) <= detail::kMaxGridY;
+  return np > kSddmmRowsMaxBatch && density(p) >= cuda::detail::kStagedMinDensity && staged_refusal(p, limits).ok();
 }
 
 // Columns per chunk of the staged kernel: the widest power of two (16-256) whose tiles of W expect at
@@ -107,10 +120,9 @@ bool staged_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) 
 // for the columns, within the device's shared memory.
 int staged_chunk_cols(const SddmmProblem& p, const DeviceLimits& limits) {
   using namespace cuda::detail;
-  const double density = double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols));
   int chunk = kStagedMaxChunk;
   while (chunk > kStagedMinChunk &&
-         (double(kStagedBand) * chunk * density > kStagedExpectedSlots ||
+         (double(kStagedBand) * chunk * density(p) > kStagedExpectedSlots ||
           staged_smem_bytes(chunk, false) > limits.smem_per_block || chunk >= 2 * p.cols))
     chunk /= 2;
   return chunk;
@@ -155,12 +167,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
   }
   if (plan.variant == SddmmVariant::kStaged) {
     using namespace cuda::detail;
-    if (p.value_bytes != 4)
-      return InvalidArgument("sddmm: staged runs float32 operands (its stages hold float32)");
-    if (staged_smem_bytes(kStagedMinChunk, false) > limits.smem_per_block)
-      return InvalidArgument("sddmm: staged needs " + std::to_string(staged_smem_bytes(kStagedMinChunk, false)) +
-                             " bytes of shared memory per block; this device offers " +
-                             std::to_string(limits.smem_per_block));
+    SNACK_RETURN_IF_ERROR(staged_refusal(p, limits));
     plan.threads = kStagedThreads;
     plan.chunk_cols = staged_chunk_cols(p, limits);
     // 16-byte copies where rows of X and dY are whole vectors (the launch also checks the pointers)
@@ -170,8 +177,6 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.smem_bytes = staged_smem_bytes(plan.chunk_cols, plan.staged_vector_copies);
     plan.grid_x = std::max<int64_t>(1, ceil_div(p.cols, plan.chunk_cols));
     plan.grid_y = std::max<int64_t>(1, ceil_div(p.rows, kStagedBand));
-    if (plan.grid_y > detail::kMaxGridY)
-      return InvalidArgument("sddmm: staged runs up to " + std::to_string(detail::kMaxGridY * kStagedBand) + " rows");
     // The batch split over blocks while the tiles of W alone leave the GPU short of 4 blocks per SM
     // in turn, each split keeping at least 4 batch tiles.
     const int64_t tiles = std::max<int64_t>(1, ceil_div(p.n, kStagedBatchTile));
