@@ -180,7 +180,18 @@ def backward_operands(ref, n, dtype):
             full[ref.row_idx.long(), ref.col_idx.long()])
 
 
-def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
+def csc_read_paths(values, pattern, dy, ref_dx) -> dict:
+    """dX with the planner's kernel over the CSC view read in place (through csc_perm) and over a
+    copy gathered first (snack.csc_read), so the planner's choice between them is checked."""
+    def under(csc):
+        def run():
+            with snack.csc_read(csc):
+                return snack.ops.spmm_t(dy, values, pattern)
+        return run
+    return {("dx", "snack_in_place"): (under("in_place"), ref_dx), ("dx", "snack_copied"): (under("copied"), ref_dx)}
+
+
+def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=(), csc_reads=False):
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
     pattern = ref.pattern.tensors
     values = ref.values.detach()
@@ -205,6 +216,8 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=()):
     cands[("dx", "dense")] = (lambda: dy @ dense_w, ref_dx)
     cands[("dw", "dense")] = (lambda: dy.t() @ x, full)
     cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw))
+    if csc_reads:
+        cands.update(csc_read_paths(values, pattern, dy, ref_dx))
     rows += adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants)
     return rows + timed_rows(cands, ref, n, sparsity, "fp32", {"dx": floor_dx, "dw": floor_dw}, timer)
 
@@ -253,7 +266,7 @@ def timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer) -> list[dict]:
     return rows
 
 
-def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth):
+def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth, csc_reads=False):
     """The backward kernels in 16 bits (values, dY and X in `dtype`, fp32 accumulation): dX as snack's
     planner runs it and with the tensor-core kernel forced, dW (the SDDMM), the forward beside them
     (the issue's dX-against-forward ratio), and dense cuBLAS in the same dtype (dY @ W and dY^T @ X)."""
@@ -277,6 +290,8 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth):
         ("dw", "dense"): (lambda: dy.t() @ x, full),
     }
     cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=(x, ref_fwd)))
+    if csc_reads:
+        cands.update(csc_read_paths(values, pattern, dy, ref_dx))
     return timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer)
 
 
@@ -309,6 +324,7 @@ def summarize_16bit(back_rows, info) -> str:
         lines += ["", f"- dX against dense {dtype}, geomean: {benchmark.geomean(dx_vs_dense):.2f}x; "
                   f"dX / forward, geomean: {benchmark.geomean(dx_vs_fwd):.2f} (target <= 1.3); "
                   f"dW against dense {dtype}, geomean: {benchmark.geomean(dw_vs_dense):.2f}x"]
+    lines += input_grad_paths_table(b)
     return "\n".join(lines) + "\n"
 
 
@@ -397,6 +413,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sddmm-variants", action="store_true",
                         help="also time every SDDMM kernel forced (impl snack_vector, snack_rows; "
                              "with AdamW fused: snack_fused_<variant>)")
+    parser.add_argument("--csc-reads", action="store_true",
+                        help="also time dX with the CSC view read in place and copied first (impl snack_in_place, "
+                             "snack_copied)")
     parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32",
                         help="bf16 / fp16: only the backward kernels, values and activations in that dtype, against "
                              "dense cuBLAS in it (backward_<gpu>_<dtype>.*)")
@@ -457,7 +476,7 @@ def main(argv=None) -> int:
         for (m, k), sparsity in benchmark.progress(configs, len(configs), f"backward {args.dtype}"):
             ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
             for n in ns:
-                back_rows += backward_rows_16bit(ref, n, sparsity, args.dtype, timer, bandwidth)
+                back_rows += backward_rows_16bit(ref, n, sparsity, args.dtype, timer, bandwidth, args.csc_reads)
             del ref
             slug = benchmark.gpu_slug() + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
             benchmark.write_csv(args.out / f"backward_{slug}_{args.dtype}.csv", info, BACKWARD_COLUMNS, back_rows)
@@ -484,7 +503,7 @@ def main(argv=None) -> int:
                 layer_rows.append(dict(M=m, K=k, N=n, sparsity=sparsity, dtype=precision, impl=impl,
                                        optimizer=opt_name, gpu_us=gpu, graph_us=graph_us, wall_us=wall, peak_mib=peak))
             back_rows += backward_rows(ref, n, sparsity, timer, bandwidth,
-                                       SDDMM_VARIANTS if args.sddmm_variants else ())
+                                       SDDMM_VARIANTS if args.sddmm_variants else (), args.csc_reads)
         del ref
         md = write_results(args, info, layer_rows, back_rows)  # after every shape: a cut-off run keeps its rows
     print(md)
@@ -615,7 +634,36 @@ def summarize(layer_rows, back_rows, info) -> str:
         lines.append(f"- dW forced `{variant}` kernel, geomean speedup over cuSPARSE on the {len(values)} rows where it "
                      f"runs: {benchmark.geomean(values):.2f}x")
     lines += weight_grad_paths_table(b)
+    lines += input_grad_paths_table(b)
     return "\n".join(lines) + "\n"
+
+
+def input_grad_paths_table(b) -> list[str]:
+    """dX with the CSC view read in place and over a copy (--csc-reads), beside the planner's choice,
+    the forward on the same problem where it was timed, and dense."""
+    keys = sorted({k[1:5] for k in b if k[0] == "dx" and b.get(k[:5] + ("snack_copied",))})
+    if not keys:
+        return []
+    lines = ["", "## Input gradient (dX = dY W): the CSC view read in place or copied first (cold L2, median us)", "",
+             "in place: the planner's kernel reads each slot through csc_perm; copied: one pass gathers the CSC "
+             "view into a CSR copy of W^T, then the forward's planner and kernels run on it (`snack.csc_read`); "
+             "snack: the planner's choice; fwd: the forward on the same weight and batch.", "",
+             "| M x K | N | sparsity | fwd | in place | copied | snack | dense | copied vs in place | snack / fwd |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    gains = []
+    for key in keys:
+        get = lambda impl, op="dx": b.get((op,) + key + (impl,))  # noqa: E731
+        fwd, inp, cop, auto, dense = get("snack", "fwd"), get("snack_in_place"), get("snack_copied"), get("snack"), get("dense")
+        cell = lambda r: f"{r['median_us']:.1f}" if r else "-"  # noqa: E731
+        gain = inp["median_us"] / cop["median_us"] if inp and cop else None
+        if gain:
+            gains.append(gain)
+        over_fwd = f"{auto['median_us'] / fwd['median_us']:.2f}" if auto and fwd else "-"
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {cell(fwd)} | {cell(inp)} | {cell(cop)} | {cell(auto)} "
+                     f"| {cell(dense)} | {f'{gain:.2f}x' if gain else '-'} | {over_fwd} |")
+    if gains:
+        lines += ["", f"- copied against in place, geomean over {len(gains)} rows: {benchmark.geomean(gains):.2f}x"]
+    return lines
 
 
 # The weight gradient's paths side by side, where a run timed them (--sddmm-variants, or N from

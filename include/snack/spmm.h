@@ -88,6 +88,19 @@ inline constexpr int64_t kTensorCoreMinBatch = 9;
 const char* spmm_reason_name(SpmmReason r);
 const char* spmm_reason_text(SpmmReason r);
 
+/// How the transposed product (dX) reaches W's slots in column order.
+enum class CscRead : int {
+  kAuto = 0,  ///< the planner chooses
+  kInPlace,   ///< the kernel reads each slot through csc_perm: a position, then the slot's row and value gathered
+  kCopied,    ///< one pass first gathers the CSC view into the workspace as the CSR arrays of W^T (each entry's
+              ///< row and value, in column order); the product then runs as a forward over them, planned and
+              ///< launched as the forward of a K x M weight (every forward kernel but coo_atomic)
+};
+/// "auto", "in_place", "copied".
+const char* csc_read_name(CscRead r);
+/// Parses a name; returns false for an unknown name.
+bool parse_csc_read(const std::string& name, CscRead* out);
+
 /// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the
 /// CSC view, is (K, M).
 struct SpmmProblem {
@@ -102,11 +115,20 @@ struct SpmmProblem {
   bool gemm = false;
   /// The caller's float32 GEMMs may round to TF32 (torch.backends.cuda.matmul.allow_tf32).
   bool tf32 = false;
+  /// The transposed product: how its kernels read the CSC view (ignored for the forward).
+  CscRead csc = CscRead::kAuto;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
-           transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32;
+           transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
+           csc == o.csc;
   }
 };
+
+/// Bytes of one row index in the copy of the CSC view (CscRead::kCopied): 2 where both dimensions
+/// fit a uint16 slot index, else 4.
+inline int csc_copy_index_bytes(const SpmmProblem& p) {
+  return p.out_dim <= kMaxDim16 && p.in_dim <= kMaxDim16 ? 2 : 4;
+}
 
 /// kDenseBlocks never holds more of W at once than this many outputs' rows, or the batch's N
 /// where that is more: the workspace stays within the product's own activation operand (X, or dY
@@ -131,6 +153,11 @@ struct SpmmPlan {
   int k_splits = 1;            ///< kTensorCore, kWgmma: blocks (one cluster) that split each band's columns
   int chunk = 0;               ///< kTensorCore, kWgmma: input columns per expanded tile (64); kSharedX: per stage
   int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
+  /// Transposed product: the CSC view is first copied into the workspace (CscRead::kCopied) and the
+  /// variant runs as the forward over the copy, whose row indices (csc_copy_index_bytes each) start
+  /// at byte copy_offset and whose values follow at the next 16-byte boundary.
+  bool csc_copied = false;
+  size_t copy_offset = 0;
 };
 
 /// Plans a product on a GPU with `limits`. A requested variant that cannot run the problem (a

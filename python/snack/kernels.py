@@ -25,6 +25,9 @@ DENSE_BLOCK_MIN_ROWS = ops.dense_block_min_rows()
 CHANNELS_FIRST_MAX_PRODUCT = ops.channels_first_max_product()
 
 _current_default = "auto"
+_current_csc_read = "auto"
+#: How the input-gradient product may read the weight's columns (see :func:`set_csc_read`).
+CSC_READS = ("auto", "in_place", "copied")
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,24 @@ def spmm_variant(variant: str) -> Iterator[None]:
         yield
     finally:
         set_spmm_variant(previous)
+
+
+def set_csc_read(csc: str) -> None:
+    """How every input-gradient product (dX = dY W) of this process reads W's columns: ``"copied"``
+    gathers them first into a CSR copy of W^T in the product's workspace (one pass over the slots;
+    the product then runs the forward's kernels on it), ``"in_place"`` reads each slot through the
+    column permutation inside the kernel, ``"auto"`` (the default) lets the planner choose."""
+    global _current_csc_read
+    ops.set_default_csc_read(csc)
+    _current_csc_read = csc
+
+
+@contextlib.contextmanager
+def csc_read(csc: str) -> Iterator[None]:
+    """Context manager form of :func:`set_csc_read`, restoring the previous choice on exit."""
+    previous = _current_csc_read
+    set_csc_read(csc)
+    try:
+        yield
+    finally:
+        set_csc_read(previous)

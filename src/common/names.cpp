@@ -19,6 +19,8 @@ struct Named {
 
 constexpr Named<Activation> kActivations[] = {
     {Activation::kNone, "none"}, {Activation::kReLU, "relu"}, {Activation::kGELU, "gelu"}};
+constexpr Named<CscRead> kCscReads[] = {
+    {CscRead::kAuto, "auto"}, {CscRead::kInPlace, "in_place"}, {CscRead::kCopied, "copied"}};
 constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kWarpRow, "warp_row"},
                                                 {SpmmVariant::kGlobalXT, "global_xt"},
@@ -118,6 +120,8 @@ const std::vector<SpmmVariant>& spmm_variants() {
   static const std::vector<SpmmVariant> all = all_but_auto(kSpmmVariants);
   return all;
 }
+const char* csc_read_name(CscRead r) { return name_in(kCscReads, r); }
+bool parse_csc_read(const std::string& name, CscRead* out) { return parse_in(kCscReads, name, out); }
 const char* spmm_reason_name(SpmmReason r) { return name_in(kSpmmReasons, r); }
 const char* spmm_reason_text(SpmmReason r) { return text_in(kSpmmReasons, r); }
 

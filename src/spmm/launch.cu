@@ -8,6 +8,7 @@
 #include "../common/checks.h"
 #include "../device/cuda_utils.cuh"
 #include "../device/transpose.cuh"
+#include "csc_copy_kernel.cuh"
 #include "expand_kernel.cuh"
 #include "reference_kernels.cuh"
 #include "rows_kernel.cuh"
@@ -258,6 +259,38 @@ SpmmProblem problem_of(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, 
   return p;
 }
 
+// The transposed product over a copy of the CSC view (plan.csc_copied): the copy is the CSR form of
+// W^T, so the plan's kernel runs as the forward of that K x M weight.
+template <typename T, typename Index, typename CopyIndex>
+Status run_over_csc_copy(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
+                         const SpmmPlan& plan, void* workspace, Stream stream) {
+  if (n == 0 || w.cols == 0) return Status::Ok();
+  if (workspace == nullptr && w.nnz > 0) return InvalidArgument("spmm_transposed: the plan's workspace is missing");
+  char* ws = static_cast<char*>(workspace);
+  CopyIndex* rows = reinterpret_cast<CopyIndex*>(ws + plan.copy_offset);
+  T* copied = reinterpret_cast<T*>(ws + plan.copy_offset + detail::round_up_16(size_t(w.nnz) * sizeof(CopyIndex)));
+  if (w.nnz > 0) {
+    constexpr int64_t kPerBlock = int64_t(detail::kCscCopyThreads) * detail::kCscCopyPerThread;
+    detail::copy_csc_kernel<T, Index, CopyIndex>
+        <<<detail::grid_for(detail::ceil_div(w.nnz, kPerBlock), 1, 65535), detail::kCscCopyThreads, 0, stream>>>(
+            w.csc_perm, w.row_idx, values, w.nnz, rows, copied);
+    SNACK_RETURN_IF_ERROR(check_launch("copy_csc_kernel"));
+  }
+  if (plan.variant == SpmmVariant::kWideRows) {
+    SlotPattern<CopyIndex> wt;
+    wt.rows = w.cols;
+    wt.cols = w.rows;
+    wt.nnz = w.nnz;
+    wt.row_ptr = w.col_ptr;
+    wt.col_idx = rows;
+    return launch_wide_rows<T, CopyIndex>(plan, wt, copied, dy, n, static_cast<const T*>(nullptr), dx,
+                                          Activation::kNone, stream);
+  }
+  const CsrView<T, CopyIndex> view{w.col_ptr, rows, copied};
+  return run_plan<T>(plan, view, w.nnz, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace, stream,
+                     Activation::kNone);
+}
+
 }  // namespace
 
 template <typename T, typename Index>
@@ -296,6 +329,15 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, values, {{"dy", required_if(n * w.rows > 0, dy)}, {"dx", required_if(n * w.cols > 0, dx)}}));
   SNACK_RETURN_IF_ERROR(check_plan_matches(plan, problem_of<T>(w.cols, w.rows, w.nnz, n, true)));
+  if (plan.csc_copied) {
+    if (plan.variant == SpmmVariant::kCooAtomic || plan.variant == SpmmVariant::kDenseBlocks ||
+        plan.variant == SpmmVariant::kWgmma)
+      return InvalidArgument(std::string("spmm_transposed: ") + spmm_variant_name(plan.variant) +
+                             " does not run over a copy of the CSC view");
+    if (csc_copy_index_bytes(plan.problem) == 2)
+      return run_over_csc_copy<T, Index, uint16_t>(w, values, dy, n, dx, plan, workspace, stream);
+    return run_over_csc_copy<T, Index, int32_t>(w, values, dy, n, dx, plan, workspace, stream);
+  }
   CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace,
                      stream, Activation::kNone);

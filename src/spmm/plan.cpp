@@ -416,14 +416,23 @@ Status check_limits(const DeviceLimits& limits) {
   return Status::Ok();
 }
 
-}  // namespace
+// Where the transposed product runs faster over a copy of the CSC view than through csc_perm in
+// place: from a batch of 256 (1024 below 3% density). The copy costs one pass of two random gathers
+// per slot, each its own 32-byte L2 sector (16384x4096, 90%: ~95 us on the H200), which the kernels
+// in place pay once per batch tile: below 256 rows there are few tiles and the copy loses (N = 1:
+// 115.5 against 72.2 us; bf16 N = 16: 147.1 against 126.9), above it the copy is paid once and
+// every tile reads the slots in order (fp32, 90%, N = 1024: 1695 against 2046 us; N = 8192: 12903
+// against 16357; 99%, N = 8192: 5083 against 10823; bf16 4096x4096, 90%, N = 512: 141.6 against
+// 180.4). At 99% and N = 256 the two are level or the copy loses (4096x4096: 43.2 against 41.3).
+constexpr int64_t kCscCopyMinBatch = 256;
+constexpr int64_t kCscCopySparseMinBatch = 1024;
+bool csc_copy_pays(const SpmmProblem& p) {
+  return p.transposed && (p.n >= kCscCopySparseMinBatch || (p.n >= kCscCopyMinBatch && density_of(p) >= 0.03));
+}
 
-Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out) {
-  SNACK_RETURN_IF_ERROR(check_limits(limits));
-  if (p.out_dim < 0 || p.in_dim < 0 || p.nnz < 0 || p.n < 0)
-    return InvalidArgument("plan_spmm: sizes must be non-negative");
-  if (p.value_bytes != 2 && p.value_bytes != 4 && p.value_bytes != 8)
-    return InvalidArgument("plan_spmm: values are 2, 4 or 8 bytes, got " + std::to_string(p.value_bytes));
+// A product whose kernels read W through the view the problem names: the forward's CSR view, or for
+// the transposed product the CSC view in place (through csc_perm).
+Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out) {
   if (p.transposed && spmm_variant_is_forward_only(p.requested))
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
   SpmmPlan plan;
@@ -538,6 +547,57 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   return Status::Ok();
 }
 
+}  // namespace
+
+Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out) {
+  SNACK_RETURN_IF_ERROR(check_limits(limits));
+  if (p.out_dim < 0 || p.in_dim < 0 || p.nnz < 0 || p.n < 0)
+    return InvalidArgument("plan_spmm: sizes must be non-negative");
+  if (p.value_bytes != 2 && p.value_bytes != 4 && p.value_bytes != 8)
+    return InvalidArgument("plan_spmm: values are 2, 4 or 8 bytes, got " + std::to_string(p.value_bytes));
+  if (!p.transposed || p.csc == CscRead::kInPlace) return plan_direct(p, limits, out);
+  // dense_blocks expands W^T from the CSC view itself, wgmma sorts the view's slots into its own
+  // lists, and a forward-only kernel cannot be asked for by name: they read the view in place.
+  const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma &&
+                        !spmm_variant_is_forward_only(p.requested);
+  if (p.csc == CscRead::kCopied && !copyable)
+    return InvalidArgument(std::string(spmm_variant_name(p.requested)) +
+                           " cannot run the transposed product over a copy of the CSC view (csc_read in_place or auto)");
+  if (!copyable || (p.csc == CscRead::kAuto && !csc_copy_pays(p))) return plan_direct(p, limits, out);
+  if (p.csc == CscRead::kAuto && p.gemm && p.requested == SpmmVariant::kAuto) {
+    // Where dense blocks beat the sparse kernels read in place, they stay: the forward's model of
+    // W^T would sometimes take a sparse kernel that loses to them (bf16 768x3072, N = 2048: the
+    // tensor-core kernel over the copy 105 us against 37 us for dense blocks).
+    SNACK_RETURN_IF_ERROR(plan_direct(p, limits, out));
+    if (out->variant == SpmmVariant::kDenseBlocks) return Status::Ok();
+  }
+  // The copy is the CSR form of W^T: plan the forward of that K x M weight.
+  SpmmProblem forward = p;
+  forward.transposed = false;
+  forward.csc = CscRead::kAuto;
+  if (p.csc == CscRead::kCopied) forward.gemm = false;  // asked for a sparse kernel over the copy
+  SpmmPlan plan;
+  SNACK_RETURN_IF_ERROR(plan_direct(forward, limits, &plan));
+  if (plan.variant == SpmmVariant::kDenseBlocks) {
+    // Dense blocks pay on this problem even over the faster sparse kernels: they expand the CSC view
+    // in place, a block at a time (no copy).
+    SpmmProblem blocks = p;
+    blocks.requested = SpmmVariant::kDenseBlocks;
+    SNACK_RETURN_IF_ERROR(plan_direct(blocks, limits, &plan));
+    plan.problem = p;
+    plan.reason = SpmmReason::kDenseBlocks;
+    *out = plan;
+    return Status::Ok();
+  }
+  plan.problem = p;
+  plan.csc_copied = true;
+  plan.copy_offset = cuda::detail::round_up_16(plan.workspace_bytes);
+  plan.workspace_bytes = plan.copy_offset + cuda::detail::round_up_16(size_t(p.nnz) * size_t(csc_copy_index_bytes(p))) +
+                         size_t(p.nnz) * size_t(p.value_bytes);
+  *out = plan;
+  return Status::Ok();
+}
+
 bool plan_transposes_whole_input(const SpmmPlan& plan) {
   const int64_t n = plan.problem.n;
   return plan.variant == SpmmVariant::kGlobalXT && plan.batch_tile > 1 && n >= 1 && n <= plan.batch_tile;
@@ -566,6 +626,7 @@ std::string describe(const SpmmPlan& plan) {
   s += ", " + std::to_string(plan.grid_x) + " blocks of " + std::to_string(plan.threads);
   if (plan.smem_bytes) s += ", " + std::to_string(plan.smem_bytes) + " B shared memory";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
+  if (plan.csc_copied) s += ", over a copy of the CSC view";
   if (plan.prefetch_l2) s += ", L2 prefetch";
   return s + "): " + spmm_reason_text(plan.reason);
 }

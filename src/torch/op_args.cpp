@@ -101,6 +101,19 @@ void set_default_spmm_variant(c10::string_view name) {
   g_default_variant.store(static_cast<int>(v));
 }
 
+namespace {
+std::atomic<int> g_default_csc_read{static_cast<int>(CscRead::kAuto)};
+}  // namespace
+
+CscRead default_csc_read() { return static_cast<CscRead>(g_default_csc_read.load()); }
+
+void set_default_csc_read(c10::string_view name) {
+  CscRead r = CscRead::kAuto;
+  TORCH_CHECK_VALUE(parse_csc_read(std::string(name), &r), "snack.set_default_csc_read: unknown choice '", name,
+                    "' (expected auto, in_place or copied)");
+  g_default_csc_read.store(static_cast<int>(r));
+}
+
 SddmmVariant sddmm_variant_arg(c10::string_view name, const char* op) {
   SddmmVariant variant = SddmmVariant::kAuto;
   TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(name), &variant), "snack.", op, ": unknown variant '", name,

@@ -67,6 +67,9 @@ Activation activation_arg(c10::string_view name, const char* op);
 SpmmVariant spmm_variant_arg(c10::string_view name, bool transposed, const char* op);
 SddmmVariant sddmm_variant_arg(c10::string_view name, const char* op);
 void set_default_spmm_variant(c10::string_view name);
+// How this process's transposed products read the CSC view (set_default_csc_read; auto: the planner).
+CscRead default_csc_read();
+void set_default_csc_read(c10::string_view name);
 
 // ---- dense operands ------------------------------------------------------------------------------
 void check_1d(const at::Tensor& t, const char* name, const char* op);

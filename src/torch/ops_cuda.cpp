@@ -167,8 +167,9 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.dy.size(0);
-  const SpmmProblem problem = gemm_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n, int(values.element_size()),
-                                                       true, spmm_variant_arg(variant, true, op)});
+  SpmmProblem problem = gemm_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n, int(values.element_size()), true,
+                                                 spmm_variant_arg(variant, true, op)});
+  problem.csc = default_csc_read();
   const SpmmPlan plan = spmm_plan(problem, in.p.device.index(), op);
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {

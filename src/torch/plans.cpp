@@ -73,6 +73,7 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
+    mix(uint64_t(p.csc));
   }
   template <typename Mix>
   static void for_each_field(const SddmmProblem& p, Mix&& mix) {
@@ -150,9 +151,9 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
             describe(plan)};
   }
   const bool transposed = which == "input_grad";
-  const SpmmProblem problem = gemm_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
-                                                       p.nnz, n, value_bytes, transposed,
-                                                       spmm_variant_arg(variant, transposed, op)});
+  SpmmProblem problem = gemm_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols, p.nnz,
+                                                 n, value_bytes, transposed, spmm_variant_arg(variant, transposed, op)});
+  if (transposed) problem.csc = default_csc_read();
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
@@ -204,4 +205,5 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("channels_first_max_product", &snack::binding::channels_first_max_product);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
+  m.impl("set_default_csc_read", &snack::binding::set_default_csc_read);
 }

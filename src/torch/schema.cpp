@@ -81,6 +81,9 @@ TORCH_LIBRARY(snack, m) {
         "(str, str, int, int, int, int, int, int, int, bool, str)");
   // Sets the variant that "auto" means for this process (for A/B runs); "auto" restores the planner.
   m.def("set_default_spmm_variant(str variant) -> ()");
+  // How the transposed products of this process read the CSC view: "auto" (the planner),
+  // "in_place" (through csc_perm) or "copied" (gathered first into a CSR copy of W^T).
+  m.def("set_default_csc_read(str csc) -> ()");
   // The kernel variants: (forward, input_grad, weight_grad, nondeterministic), by name.
   m.def("kernel_variants() -> (str[], str[], str[], str[])");
   // The names of the pattern's tensors, in the order the ops take them.

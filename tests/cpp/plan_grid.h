@@ -39,7 +39,7 @@ inline std::string plan_line(const GridPoint& g, const SpmmPlan& fwd, const Spmm
     return std::string(spmm_variant_name(p.variant)) + " " + std::to_string(p.batch_tile) + " " +
            std::to_string(p.lanes_per_row) + " " + std::to_string(p.rows_per_warp) + " " +
            std::to_string(p.grid_x) + " " + std::to_string(p.smem_bytes) + " " + std::to_string(p.workspace_bytes) +
-           " " + (p.prefetch_l2 ? "1" : "0");
+           " " + (p.prefetch_l2 ? "1" : "0") + (p.csc_copied ? " copied" : "");
   };
   const auto sddmm = [](const SddmmPlan& p) {
     return std::string(sddmm_variant_name(p.variant)) + " " + std::to_string(p.batch_lanes) + " " +

@@ -80,6 +80,27 @@ TEST(Planner, SharedXRefusesFloat64) {
   EXPECT_NE(s.message().find("float32, bfloat16 and float16"), std::string::npos) << s.message();
 }
 
+// The workspace of a plan's kernel: all of it, or what precedes the copy of the CSC view.
+size_t variant_workspace(const SpmmPlan& p) { return p.csc_copied ? p.copy_offset : p.workspace_bytes; }
+
+// A copy of the CSC view only for the transposed product, where the rule or the caller takes it,
+// after the kernel's own workspace: rows (16-byte aligned), then values.
+void check_csc_copy(const SpmmPlan& p, bool transposed) {
+  const SpmmProblem& q = p.problem;
+  if (!p.csc_copied) {
+    EXPECT_TRUE(!transposed || q.csc == CscRead::kInPlace || q.n < 256 || p.variant == SpmmVariant::kDenseBlocks ||
+                (q.n < 1024 && double(q.nnz) < 0.03 * double(q.out_dim) * double(q.in_dim)))
+        << describe(p);
+    return;
+  }
+  EXPECT_TRUE(transposed) << describe(p);
+  EXPECT_NE(p.variant, SpmmVariant::kDenseBlocks) << describe(p);
+  EXPECT_EQ(p.copy_offset % 16, 0u) << describe(p);
+  const size_t rows = size_t(q.nnz) * size_t(csc_copy_index_bytes(q));
+  EXPECT_EQ(p.workspace_bytes, p.copy_offset + (rows + 15) / 16 * 16 + size_t(q.nnz) * size_t(q.value_bytes))
+      << describe(p);
+}
+
 TEST(Planner, PlansFitTheirDevice) {
   for (const DeviceLimits& limits :
        {DeviceLimits::a100(), DeviceLimits::h100_pcie(), DeviceLimits::h100_sxm(), DeviceLimits::h200(),
@@ -124,11 +145,12 @@ TEST(Planner, PlansFitTheirDevice) {
             EXPECT_LE(p.grid_x, std::max<int64_t>(1, int64_t(limits.sms) * limits.max_threads_per_sm / p.threads / tiles))
                 << describe(p);
           }
+          check_csc_copy(p, transposed);
           if ((p.variant == SpmmVariant::kGlobalXT && p.batch_tile > 1) || p.variant == SpmmVariant::kSharedX) {
             const int64_t padded = (g.n + p.batch_tile - 1) / p.batch_tile * p.batch_tile;
-            EXPECT_EQ(p.workspace_bytes, size_t((in + 1) * padded * g.value_bytes)) << describe(p);
+            EXPECT_EQ(variant_workspace(p), size_t((in + 1) * padded * g.value_bytes)) << describe(p);
           } else {
-            EXPECT_EQ(p.workspace_bytes, 0u) << describe(p);
+            EXPECT_EQ(variant_workspace(p), 0u) << describe(p);
           }
         }
       }
@@ -147,8 +169,9 @@ TEST(Planner, PlansFitTheirDevice) {
         EXPECT_EQ(p.threads, int(band / 4 * 32)) << describe(p);
         EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
         EXPECT_EQ(p.chunk % 8, 0) << describe(p);
-        EXPECT_EQ(p.workspace_bytes, size_t((in + 1) * ((g.n + p.batch_tile - 1) / p.batch_tile * p.batch_tile) *
-                                            g.value_bytes))
+        check_csc_copy(p, transposed);
+        EXPECT_EQ(variant_workspace(p), size_t((in + 1) * ((g.n + p.batch_tile - 1) / p.batch_tile * p.batch_tile) *
+                                               g.value_bytes))
             << describe(p);
       }
       for (const SddmmEpilogue e : {SddmmEpilogue::kStore, SddmmEpilogue::kAdamW}) {

@@ -90,20 +90,61 @@ def test_forward_variant(shape, variant, dtype):
             assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant=variant), y), "not bitwise reproducible"
 
 
+# The variants that read the CSC view themselves: a copy of it cannot be forced on them.
+IN_PLACE_ONLY = ("dense_blocks", "wgmma")
+
+
+@pytest.mark.parametrize("csc", ["in_place", "copied"])
 @pytest.mark.parametrize("shape,variant,dtype", list(variant_cases(True)))
-def test_transposed_variant(shape, variant, dtype):
+def test_transposed_variant(shape, variant, dtype, csc):
     m, k, n, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty)
     dy = p.randn(n, m, seed=9)
-    if refusal(variant, n, m, dtype):
-        with pytest.raises(ValueError, match=refusal(variant, n, m, dtype)):
-            ops.spmm_t(dy, p.values, p.tensors, variant)
-        return
-    poison_cache(torch.device("cuda"))
-    dx = ops.spmm_t(dy, p.values, p.tensors, variant)
-    assert_matmul(dx, dy, p.dense64, dtype, what=variant)
-    for _ in range(3):
-        assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, variant), dx)
+    with snack.csc_read(csc):
+        expected = "copy of the CSC view" if csc == "copied" and variant in IN_PLACE_ONLY else refusal(variant, n, m, dtype)
+        if expected:
+            with pytest.raises(ValueError, match=expected):
+                ops.spmm_t(dy, p.values, p.tensors, variant)
+            return
+        poison_cache(torch.device("cuda"))
+        dx = ops.spmm_t(dy, p.values, p.tensors, variant)
+        assert_matmul(dx, dy, p.dense64, dtype, what=f"{variant}, CSC {csc}")
+        for _ in range(3):
+            assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, variant), dx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("m,k,n,nnz,empty,index_dtype", [
+    (512, 16384, 1, 2_200_000, 0, None),         # W^T of 16384 rows of ~134 slots: wide_rows over the copy
+    (512, 16384, 8, 2_200_000, 0, torch.int32),  # int32 slots of a small weight: the copy's rows in uint16
+    (300, 7001, 16, 6_000, 40, None),            # empty rows and columns (most of W^T's rows), odd K
+    (70001, 33, 3, 9_000, 0, None),              # W^T's inputs past uint16: int32 rows in the copy
+    (37, 50, 5, 0, 0, None),                     # nnz = 0: dX is zero
+    (64, 128, 300, 4000, 3, None),               # several batch tiles
+])
+def test_transposed_over_csc_copy(m, k, n, nnz, empty, index_dtype, dtype):
+    # dX with the CSC view gathered into a CSR copy of W^T first: the forward's planner and kernels
+    # run on the copy; its plan says so, and the result matches float64 bitwise-reproducibly.
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=index_dtype, empty_rows=empty)
+    dy = p.randn(n, m, seed=11)
+    with snack.csc_read("copied"):
+        plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "input_grad"))
+        assert "copy of the CSC view" in plan.describe, plan.describe
+        rows_bytes = 2 if max(m, k) <= 65536 else 4
+        assert plan.workspace_bytes >= (nnz * rows_bytes + 15) // 16 * 16 + nnz * dtype.itemsize
+        poison_cache(torch.device("cuda"))
+        dx = ops.spmm_t(dy, p.values, p.tensors)
+        assert_matmul(dx, dy, p.dense64, dtype, what=f"{plan.variant} over the copy")
+        for _ in range(2):
+            assert torch.equal(ops.spmm_t(dy, p.values, p.tensors), dx)
+    with snack.csc_read("in_place"):
+        assert "copy of the CSC view" not in snack.Plan(*ops.explain(p.values, p.tensors, n, "input_grad")).describe
+
+
+def test_csc_read_names():
+    with pytest.raises(ValueError, match="in_place or copied"):
+        snack.set_csc_read("transposed")
+    assert snack.CSC_READS == ("auto", "in_place", "copied")
 
 
 @pytest.mark.parametrize("variant", snack.FORWARD_ONLY_VARIANTS)
