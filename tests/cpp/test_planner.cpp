@@ -312,6 +312,61 @@ TEST(Planner, ForcedVariantsThatCannotRunAreErrors) {
             StatusCode::kInvalidArgument);
 }
 
+// The transposed product over a copy of the CSC view (CscRead), on the H200.
+TEST(Planner, CscCopyRules) {
+  const DeviceLimits h200 = DeviceLimits::h200();
+  const auto dx = [&](int64_t out, int64_t in, int64_t nnz, int64_t n, int bytes, CscRead csc,
+                      SpmmVariant v = SpmmVariant::kAuto, bool gemm = true) {
+    SpmmProblem q{out, in, nnz, n, bytes, true, v, gemm};
+    q.csc = csc;
+    SpmmPlan p;
+    const Status s = plan_spmm(q, h200, &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  };
+  // dX of 16384x4096 at 90% (W^T: 4096 x 16384): in place below a batch of 256, copied from it.
+  EXPECT_FALSE(dx(4096, 16384, 6710886, 128, 2, CscRead::kAuto).csc_copied);
+  SpmmPlan p = dx(4096, 16384, 6710886, 8192, 4, CscRead::kAuto);
+  EXPECT_TRUE(p.csc_copied);
+  EXPECT_EQ(p.variant, SpmmVariant::kSharedX);
+  // The copy after the kernel's own workspace (X^T), its rows in uint16, then the values.
+  EXPECT_EQ(p.copy_offset, size_t(16385) * 8192 * 4);
+  EXPECT_EQ(p.workspace_bytes, p.copy_offset + (size_t(6710886) * 2 + 15) / 16 * 16 + size_t(6710886) * 4);
+  EXPECT_NE(describe(p).find("copy of the CSC view"), std::string::npos) << describe(p);
+  // The copy is the forward of W^T: its plan is the forward planner's for that shape.
+  SpmmPlan f;
+  ASSERT_TRUE(plan_spmm({4096, 16384, 6710886, 8192, 4, false, SpmmVariant::kAuto, true}, h200, &f).ok());
+  EXPECT_EQ(p.variant, f.variant);
+  EXPECT_EQ(p.grid_x, f.grid_x);
+  EXPECT_EQ(p.copy_offset, f.workspace_bytes);
+  // Below 3% density the copy waits for a batch of 1024 (99%: 4096x4096, N = 256 level in place).
+  EXPECT_FALSE(dx(4096, 4096, 167772, 256, 4, CscRead::kAuto).csc_copied);
+  EXPECT_TRUE(dx(4096, 4096, 167772, 1024, 4, CscRead::kAuto).csc_copied);
+  // Rows past uint16 get int32 indices in the copy.
+  p = dx(33, 70001, 9000, 512, 4, CscRead::kCopied);
+  EXPECT_EQ(p.workspace_bytes, p.copy_offset + size_t(9000) * 4 + size_t(9000) * 4);
+  // Forced either way; in place never copies, a copy forced at N = 1 plans the forward's wide_rows.
+  EXPECT_FALSE(dx(4096, 16384, 6710886, 8192, 4, CscRead::kInPlace).csc_copied);
+  p = dx(16384, 512, 2200000, 1, 4, CscRead::kCopied);
+  EXPECT_TRUE(p.csc_copied);
+  EXPECT_EQ(p.variant, SpmmVariant::kWideRows);
+  // From a batch of 1024, dense blocks chosen in place stay (they expand the view in place, no copy).
+  p = dx(3072, 768, 471859, 2048, 2, CscRead::kAuto);
+  EXPECT_EQ(p.variant, SpmmVariant::kDenseBlocks);
+  EXPECT_FALSE(p.csc_copied);
+  // Kernels that read the view themselves refuse a forced copy; by name a forward-only kernel stays refused.
+  for (SpmmVariant v : {SpmmVariant::kDenseBlocks, SpmmVariant::kWgmma, SpmmVariant::kWideRows}) {
+    SpmmProblem q{4096, 4096, 1677722, 512, 2, true, v, true};
+    q.csc = CscRead::kCopied;
+    EXPECT_EQ(plan_spmm(q, h200, &p).code(), StatusCode::kInvalidArgument) << spmm_variant_name(v);
+  }
+  // The forward ignores the setting.
+  SpmmProblem fwd{4096, 4096, 1677722, 8192, 4, false};
+  fwd.csc = CscRead::kCopied;
+  ASSERT_TRUE(plan_spmm(fwd, h200, &p).ok());
+  EXPECT_FALSE(p.csc_copied);
+}
+
 TEST(Planner, TensorCoreRulesAndShape) {
   // Forward: 30% density from N = 64 on every layer, from N = 32 on 2^24 weights; 10% from N = 64 on
   // 2^24 weights and from N = 32 on 2^25; 5% from N = 128 on 2^25; never at 1%. dX: 20% density from
