@@ -564,12 +564,15 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) +
                            " cannot run the transposed product over a copy of the CSC view (csc_read in_place or auto)");
   if (!copyable || (p.csc == CscRead::kAuto && !csc_copy_pays(p))) return plan_direct(p, limits, out);
-  if (p.csc == CscRead::kAuto && p.gemm && p.requested == SpmmVariant::kAuto && p.n >= kCscCopySparseMinBatch) {
-    // From a batch of 1024, where dense blocks beat the sparse kernels read in place they stay: the
-    // forward's model of W^T would sometimes take a sparse kernel that loses to them (bf16 768x3072,
-    // N = 2048: the tensor-core kernel over the copy 105 us against 37 us for dense blocks). Below,
-    // the blocks' expansion through csc_perm costs more than the GEMM (bf16 16384x4096, 80%, N = 256:
-    // 1167 us against 548 for the sparse kernel over the copy).
+  if (p.csc == CscRead::kAuto && p.gemm && p.requested == SpmmVariant::kAuto && p.value_bytes == 2 &&
+      p.n >= kCscCopySparseMinBatch) {
+    // In 16 bits from a batch of 1024, where dense blocks beat the sparse kernels read in place they
+    // stay: the forward's model of W^T would sometimes take the tensor-core kernel, which loses to
+    // them (bf16 768x3072, N = 2048: 104 us over the copy against 36 for dense blocks). Below that
+    // batch the blocks' expansion through csc_perm costs more than the GEMM (bf16 16384x4096, 80%,
+    // N = 256: 1167 us against 548 for the tensor-core kernel over the copy), and in fp32 the
+    // forward's model holds (768x3072, 90%, N = 8192: 504 us for shared_x over the copy against 802
+    // for dense blocks).
     SNACK_RETURN_IF_ERROR(plan_direct(p, limits, out));
     if (out->variant == SpmmVariant::kDenseBlocks) return Status::Ok();
   }

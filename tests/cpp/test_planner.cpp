@@ -350,10 +350,14 @@ TEST(Planner, CscCopyRules) {
   p = dx(16384, 512, 2200000, 1, 4, CscRead::kCopied);
   EXPECT_TRUE(p.csc_copied);
   EXPECT_EQ(p.variant, SpmmVariant::kWideRows);
-  // From a batch of 1024, dense blocks chosen in place stay (they expand the view in place, no copy).
+  // In 16 bits from a batch of 1024, dense blocks chosen in place stay (they expand the view in
+  // place, no copy); in fp32 the forward's model of W^T decides (768x3072, 90%, N = 8192).
   p = dx(3072, 768, 471859, 2048, 2, CscRead::kAuto);
   EXPECT_EQ(p.variant, SpmmVariant::kDenseBlocks);
   EXPECT_FALSE(p.csc_copied);
+  p = dx(3072, 768, 235930, 8192, 4, CscRead::kAuto);
+  EXPECT_EQ(p.variant, SpmmVariant::kSharedX);
+  EXPECT_TRUE(p.csc_copied);
   // Kernels that read the view themselves refuse a forced copy; by name a forward-only kernel stays refused.
   for (SpmmVariant v : {SpmmVariant::kDenseBlocks, SpmmVariant::kWgmma, SpmmVariant::kWideRows}) {
     SpmmProblem q{4096, 4096, 1677722, 512, 2, true, v, true};
