@@ -24,8 +24,6 @@ DENSE_BLOCK_MIN_ROWS = ops.dense_block_min_rows()
 #: images (``snack.ops.spmm_channels_first``); larger ones transpose to pixels-as-rows and back.
 CHANNELS_FIRST_MAX_PRODUCT = ops.channels_first_max_product()
 
-_current_default = "auto"
-_current_csc_read = "auto"
 #: How the input-gradient product may read the weight's columns (see :func:`set_csc_read`).
 CSC_READS = ("auto", "in_place", "copied")
 
@@ -67,22 +65,29 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
     return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant))
 
 
-def set_spmm_variant(variant: str) -> None:
-    """Makes every ``auto`` SpMM of this process run ``variant`` (``"auto"`` restores the planner)."""
-    global _current_default
-    ops.set_default_spmm_variant(variant)
-    _current_default = variant
+# The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).
+_current = {"spmm_variant": "auto", "csc_read": "auto"}
 
 
 @contextlib.contextmanager
-def spmm_variant(variant: str) -> Iterator[None]:
-    """Context manager form of :func:`set_spmm_variant`, restoring the previous choice on exit."""
-    previous = _current_default
-    set_spmm_variant(variant)
+def _restoring(name: str, setter, value: str) -> Iterator[None]:
+    previous = _current[name]
+    setter(value)
     try:
         yield
     finally:
-        set_spmm_variant(previous)
+        setter(previous)
+
+
+def set_spmm_variant(variant: str) -> None:
+    """Makes every ``auto`` SpMM of this process run ``variant`` (``"auto"`` restores the planner)."""
+    ops.set_default_spmm_variant(variant)
+    _current["spmm_variant"] = variant
+
+
+def spmm_variant(variant: str) -> contextlib.AbstractContextManager:
+    """Context manager form of :func:`set_spmm_variant`, restoring the previous choice on exit."""
+    return _restoring("spmm_variant", set_spmm_variant, variant)
 
 
 def set_csc_read(csc: str) -> None:
@@ -90,17 +95,10 @@ def set_csc_read(csc: str) -> None:
     gathers them first into a CSR copy of W^T in the product's workspace (one pass over the slots;
     the product then runs the forward's kernels on it), ``"in_place"`` reads each slot through the
     column permutation inside the kernel, ``"auto"`` (the default) lets the planner choose."""
-    global _current_csc_read
     ops.set_default_csc_read(csc)
-    _current_csc_read = csc
+    _current["csc_read"] = csc
 
 
-@contextlib.contextmanager
-def csc_read(csc: str) -> Iterator[None]:
+def csc_read(csc: str) -> contextlib.AbstractContextManager:
     """Context manager form of :func:`set_csc_read`, restoring the previous choice on exit."""
-    previous = _current_csc_read
-    set_csc_read(csc)
-    try:
-        yield
-    finally:
-        set_csc_read(previous)
+    return _restoring("csc_read", set_csc_read, csc)
