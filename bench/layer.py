@@ -225,7 +225,8 @@ def backward_rows(ref, n, sparsity, timer, bandwidth, sddmm_variants=(), csc_rea
 def large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=None) -> dict:
     """From a batch of snack.DENSE_BLOCK_MIN_ROWS: the planner's two paths for dX and dW forced side
     by side (the sparse kernel, and the dense GEMM over expanded blocks), so its choice is checked;
-    fwd=(x, float64 reference): the forward's dense blocks too."""
+    fwd=(x, float64 reference): the forward's dense blocks too. A forced dX kernel reads the CSC view
+    as the planner would (over a copy from N = 256; csc_read_paths forces either way)."""
     if n < snack.DENSE_BLOCK_MIN_ROWS:
         return {}
     paths = {} if fwd is None else {

@@ -37,7 +37,8 @@ enum class SpmmVariant : int {
   kGlobalXT,   ///< X transposed once into a [K + 1, tile] workspace, read as 16-byte vectors through L1
   kGlobalX,    ///< X read in place (row-major) through L1: no transpose launch, no workspace
   kWideRows,   ///< a warp per group of consecutive rows streams their slots with 16-byte loads, a batch
-               ///< tile of X (1, 2, 4 or 8 rows) in shared memory. Forward only.
+               ///< tile of X (1, 2, 4 or 8 rows) in shared memory. Forward only by name (dX runs it as the
+               ///< planner's choice over a copy of the CSC view).
   kCooAtomic,  ///< SNACK-style COO: grid.y maps batch rows, slots split evenly, atomicAdd per row segment.
                ///< Float atomics make it non-deterministic: only when forced. Forward only.
   kTensorCore, ///< 16-bit values only: bands of 64 rows expanded chunk by chunk into dense tiles in shared
@@ -94,7 +95,8 @@ enum class CscRead : int {
   kInPlace,   ///< the kernel reads each slot through csc_perm: a position, then the slot's row and value gathered
   kCopied,    ///< one pass first gathers the CSC view into the workspace as the CSR arrays of W^T (each entry's
               ///< row and value, in column order); the product then runs as a forward over them, planned and
-              ///< launched as the forward of a K x M weight (every forward kernel but coo_atomic)
+              ///< launched as the forward of a K x M weight (wide_rows as the planner's choice only;
+              ///< never dense_blocks, wgmma or coo_atomic)
 };
 /// "auto", "in_place", "copied".
 const char* csc_read_name(CscRead r);
@@ -148,7 +150,8 @@ struct SpmmPlan {
   int64_t grid_x = 1;          ///< blocks along x (grid.y runs the batch tiles)
   int threads = 256;           ///< threads per block
   size_t smem_bytes = 0;       ///< dynamic shared memory per block
-  size_t workspace_bytes = 0;  ///< device workspace the caller provides (kGlobalXT with a tile > 1)
+  size_t workspace_bytes = 0;  ///< device workspace the caller provides (X^T of kGlobalXT with a tile > 1 and
+                               ///< kSharedX, kDenseBlocks' block, kWgmma's lists, a copy of the CSC view)
   bool prefetch_l2 = false;    ///< small product: each block first asks L2 for its share of the operands
   int k_splits = 1;            ///< kTensorCore, kWgmma: blocks (one cluster) that split each band's columns
   int chunk = 0;               ///< kTensorCore, kWgmma: input columns per expanded tile (64); kSharedX: per stage
@@ -161,8 +164,9 @@ struct SpmmPlan {
 };
 
 /// Plans a product on a GPU with `limits`. A requested variant that cannot run the problem (a
-/// forward-only variant for the transposed product, a wide_rows tile of X that does not fit in
-/// shared memory, more batch tiles than a grid holds) is an InvalidArgument; kAuto always plans.
+/// forward-only variant named for the transposed product, a copy of the CSC view forced on
+/// kDenseBlocks or kWgmma, a wide_rows tile of X that does not fit in shared memory, more batch
+/// tiles than a grid holds) is an InvalidArgument; kAuto always plans.
 /// Pure: no device is queried.
 Status plan_spmm(const SpmmProblem& problem, const DeviceLimits& limits, SpmmPlan* plan);
 /// Whether the forward run with this plan leaves all of X transposed in its workspace, as

@@ -186,8 +186,9 @@ double density_of(const SpmmProblem& p) {
 // elsewhere the CUDA-core kernels are faster (16384x4096, 90%, N = 16: 68.0 against 43.7 us for
 // wide_rows; 4096x4096, 95%, N = 128: 58.2 against 45.1 for global_xt).
 //
-// The transposed product (dX) reads each slot through csc_perm (a vector of positions, then the
-// slots' rows and values gathered), so its expansion costs more (backward_nvidia_h200_bf16.md, its
+// The transposed product (dX) read in place reaches each slot through csc_perm (a vector of
+// positions, then the slots' rows and values gathered), so its expansion costs more (over a copy of
+// the CSC view, from a batch of 256, it is planned as the forward of W^T) (backward_nvidia_h200_bf16.md, its
 // CUDA-core dX times where the planner now takes tensor cores from that file at commit 885758e): it
 // pays from 20% density at N >= 128 (16384x4096, 80%: 377 against 700 us; 768x3072: 35.6 against
 // 45.3), at N >= 64 on layers of at least 2^24 weights (16384x4096, 70%: 325 against 529 us;
@@ -419,11 +420,12 @@ Status check_limits(const DeviceLimits& limits) {
 // Where the transposed product runs faster over a copy of the CSC view than through csc_perm in
 // place: from a batch of 256 (1024 below 3% density). The copy costs one pass of two random gathers
 // per slot, each its own 32-byte L2 sector (16384x4096, 90%: ~95 us on the H200), which the kernels
-// in place pay once per batch tile: below 256 rows there are few tiles and the copy loses (N = 1:
-// 115.5 against 72.2 us; bf16 N = 16: 147.1 against 126.9), above it the copy is paid once and
-// every tile reads the slots in order (fp32, 90%, N = 1024: 1695 against 2046 us; N = 8192: 12903
-// against 16357; 99%, N = 8192: 5083 against 10823; bf16 4096x4096, 90%, N = 512: 141.6 against
-// 180.4). At 99% and N = 256 the two are level or the copy loses (4096x4096: 43.2 against 41.3).
+// in place pay once per batch tile: below 256 rows there are few tiles and the copy loses, above it
+// the copy is paid once and every tile reads the slots in order. Measured with both forced
+// (backward_nvidia_h200_csc_kernels.md, fp32; backward_nvidia_h200_csc_bf16.md), 16384x4096:
+// fp32, 90%, N = 1024 1693 against 2044 us, N = 8192 12782 against 16341; 99%, N = 8192 5054
+// against 10777; bf16, 90%, N = 16 146.8 against 124.2; bf16 4096x4096, 90%, N = 256 118.9 against
+// 180.2. At 99% and N = 256 the two are level or the copy loses (fp32 4096x4096: 43.1 against 40.6).
 constexpr int64_t kCscCopyMinBatch = 256;
 constexpr int64_t kCscCopySparseMinBatch = 1024;
 bool csc_copy_pays(const SpmmProblem& p) {
@@ -556,10 +558,12 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   if (p.value_bytes != 2 && p.value_bytes != 4 && p.value_bytes != 8)
     return InvalidArgument("plan_spmm: values are 2, 4 or 8 bytes, got " + std::to_string(p.value_bytes));
   if (!p.transposed || p.csc == CscRead::kInPlace) return plan_direct(p, limits, out);
-  // dense_blocks expands W^T from the CSC view itself, wgmma sorts the view's slots into its own
-  // lists, and a forward-only kernel cannot be asked for by name: they read the view in place.
-  const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma &&
-                        !spmm_variant_is_forward_only(p.requested);
+  // dense_blocks expands W^T from the CSC view itself and wgmma sorts the view's slots into its own
+  // lists: they read the view in place. A forward-only kernel runs dX only as the planner's choice
+  // over a copy, never by name.
+  if (spmm_variant_is_forward_only(p.requested))
+    return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
+  const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma;
   if (p.csc == CscRead::kCopied && !copyable)
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) +
                            " cannot run the transposed product over a copy of the CSC view (csc_read in_place or auto)");
@@ -568,11 +572,10 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       p.n >= kCscCopySparseMinBatch) {
     // In 16 bits from a batch of 1024, where dense blocks beat the sparse kernels read in place they
     // stay: the forward's model of W^T would sometimes take the tensor-core kernel, which loses to
-    // them (bf16 768x3072, N = 2048: 104 us over the copy against 36 for dense blocks). Below that
-    // batch the blocks' expansion through csc_perm costs more than the GEMM (bf16 16384x4096, 80%,
-    // N = 256: 1167 us against 548 for the tensor-core kernel over the copy), and in fp32 the
-    // forward's model holds (768x3072, 90%, N = 8192: 504 us for shared_x over the copy against 802
-    // for dense blocks).
+    // them (bf16 768x3072, 80%, N = 2048: 104.6 us over the copy against 37.0 for dense blocks).
+    // Below that batch the blocks' expansion through csc_perm costs more than the GEMM (bf16
+    // 16384x4096, 80%, N = 256: 1175 us against 552 over the copy), and in fp32 the forward's model
+    // holds (768x3072, 90%, N = 8192: 504 us for shared_x over the copy against 796 for dense blocks).
     SNACK_RETURN_IF_ERROR(plan_direct(p, limits, out));
     if (out->variant == SpmmVariant::kDenseBlocks) return Status::Ok();
   }

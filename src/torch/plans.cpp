@@ -1,6 +1,6 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
 // (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, channels_first_max_product,
-// nnz_for_density, set_default_spmm_variant):
+// nnz_for_density, set_default_spmm_variant, set_default_csc_read):
 // they read metadata only, so they run for any device and under tracing.
 #include "plans.h"
 

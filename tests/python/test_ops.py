@@ -203,3 +203,21 @@ def test_16_bit_values_round_like_torch(device, dtype):
         ref = (every.float() * w.float()).to(dtype)
         same = (y.view(torch.int16) == ref.view(torch.int16)) | ((y == 0) & (ref == 0))
         assert bool(same.all()), f"scale {scale}: {int((~same).sum())} outputs rounded differently"
+
+
+def test_process_wide_choices_restore():
+    # The context managers restore the previous choice on exit, nested or after an error; a bad name
+    # is refused and changes nothing.
+    from snack import kernels
+    with pytest.raises(ValueError, match="in_place or copied"):
+        snack.set_csc_read("transposed")
+    assert snack.CSC_READS == ("auto", "in_place", "copied")
+    with snack.csc_read("copied"):
+        with snack.csc_read("in_place"), snack.spmm_variant("global_xt"):
+            assert kernels._current == {"spmm_variant": "global_xt", "csc_read": "in_place"}
+        assert kernels._current == {"spmm_variant": "auto", "csc_read": "copied"}
+        with pytest.raises(RuntimeError, match="inside"):
+            with snack.csc_read("in_place"):
+                raise RuntimeError("inside")
+        assert kernels._current["csc_read"] == "copied"
+    assert kernels._current == {"spmm_variant": "auto", "csc_read": "auto"}
