@@ -187,11 +187,11 @@ double density_of(const SpmmProblem& p) {
 // wide_rows; 4096x4096, 95%, N = 128: 58.2 against 45.1 for global_xt).
 //
 // The transposed product (dX) read in place reaches each slot through csc_perm (a vector of
-// positions, then the slots' rows and values gathered), so its expansion costs more (over a copy of
-// the CSC view, from a batch of 256, it is planned as the forward of W^T) (backward_nvidia_h200_bf16.md, its
-// CUDA-core dX times where the planner now takes tensor cores from that file at commit 885758e): it
-// pays from 20% density at N >= 128 (16384x4096, 80%: 377 against 700 us; 768x3072: 35.6 against
-// 45.3), at N >= 64 on layers of at least 2^24 weights (16384x4096, 70%: 325 against 529 us;
+// positions, then the slots' rows and values gathered), so its expansion costs more; over a copy of
+// the CSC view (from a batch of 256) it is planned as the forward of W^T. In place (measured in
+// backward_nvidia_h200_bf16.md, its CUDA-core dX times where the planner now takes tensor cores,
+// from that file at commit 885758e) the tensor-core kernel pays from 20% density at N >= 128
+// (16384x4096, 80%: 377 against 700 us; 768x3072: 35.6 against 45.3), at N >= 64 on layers of at least 2^24 weights (16384x4096, 70%: 325 against 529 us;
 // 4096x4096, 80%: 94.5 against 100.2; but 768x3072, 80%: 32.9 against 27.3), and from 10% at
 // N >= 256 (16384x4096, 90%: 644 against 773 us); not below (90%, N = 128: 340 against 361 us is
 // within the noise; 95%, N = 128: 319 against 192 us).
@@ -566,7 +566,8 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma;
   if (p.csc == CscRead::kCopied && !copyable)
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) +
-                           " cannot run the transposed product over a copy of the CSC view (csc_read in_place or auto)");
+                           " cannot run the transposed product over a copy of the CSC view (csc_read in_place or "
+                           "auto)");
   if (!copyable || (p.csc == CscRead::kAuto && !csc_copy_pays(p))) return plan_direct(p, limits, out);
   if (p.csc == CscRead::kAuto && p.gemm && p.requested == SpmmVariant::kAuto && p.value_bytes == 2 &&
       p.n >= kCscCopySparseMinBatch) {

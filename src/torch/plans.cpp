@@ -152,7 +152,8 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   }
   const bool transposed = which == "input_grad";
   SpmmProblem problem = gemm_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols, p.nnz,
-                                                 n, value_bytes, transposed, spmm_variant_arg(variant, transposed, op)});
+                                                 n, value_bytes, transposed,
+                                                 spmm_variant_arg(variant, transposed, op)});
   if (transposed) problem.csc = default_csc_read();
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
