@@ -435,8 +435,6 @@ bool csc_copy_pays(const SpmmProblem& p) {
 // A product whose kernels read W through the view the problem names: the forward's CSR view, or for
 // the transposed product the CSC view in place (through csc_perm).
 Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out) {
-  if (p.transposed && spmm_variant_is_forward_only(p.requested))
-    return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
   SpmmPlan plan;
   plan.problem = p;
   const double avg = p.out_dim > 0 ? double(p.nnz) / double(p.out_dim) : 0.0;
@@ -557,12 +555,12 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     return InvalidArgument("plan_spmm: sizes must be non-negative");
   if (p.value_bytes != 2 && p.value_bytes != 4 && p.value_bytes != 8)
     return InvalidArgument("plan_spmm: values are 2, 4 or 8 bytes, got " + std::to_string(p.value_bytes));
+  // A forward-only kernel runs dX only as the planner's choice over a copy of the CSC view, never by name.
+  if (p.transposed && spmm_variant_is_forward_only(p.requested))
+    return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
   if (!p.transposed || p.csc == CscRead::kInPlace) return plan_direct(p, limits, out);
   // dense_blocks expands W^T from the CSC view itself and wgmma sorts the view's slots into its own
-  // lists: they read the view in place. A forward-only kernel runs dX only as the planner's choice
-  // over a copy, never by name.
-  if (spmm_variant_is_forward_only(p.requested))
-    return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
+  // lists: they read the view in place.
   const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma;
   if (p.csc == CscRead::kCopied && !copyable)
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) +

@@ -42,7 +42,7 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant) {
-  return gemm_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant});
+  return binding_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant});
 }
 
 // kDenseBlocks, the GEMM side (cuBLAS through ATen, on the current stream): out[:, o:o+b] = in
@@ -167,9 +167,9 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.dy.size(0);
-  SpmmProblem problem = gemm_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n, int(values.element_size()), true,
-                                                 spmm_variant_arg(variant, true, op)});
-  problem.csc = default_csc_read();
+  const SpmmProblem problem = binding_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n,
+                                                          int(values.element_size()), true,
+                                                          spmm_variant_arg(variant, true, op)});
   const SpmmPlan plan = spmm_plan(problem, in.p.device.index(), op);
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {
@@ -201,7 +201,7 @@ SddmmProblem sddmm_problem(const SddmmInputs& in, const at::Tensor& like, SddmmE
   problem.epilogue = epilogue;
   problem.requested = variant;
   problem.x_t_stride = x_t_stride;
-  return gemm_problem(problem);
+  return binding_problem(problem);
 }
 
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {

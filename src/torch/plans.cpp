@@ -144,17 +144,16 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     problem.n = n;
     problem.value_bytes = value_bytes;
     problem.requested = sddmm_variant_arg(variant, op);
-    const SddmmPlan plan = sddmm_plan(gemm_problem(problem), device, op);
+    const SddmmPlan plan = sddmm_plan(binding_problem(problem), device, op);
     return {sddmm_variant_name(plan.variant), sddmm_reason_name(plan.reason), plan.padded_batch, plan.lanes_per_row,
             plan.batch_lanes, plan.grid_x * plan.grid_y * plan.batch_splits, plan.threads, int64_t(plan.smem_bytes),
             int64_t(plan.workspace_bytes), false,
             describe(plan)};
   }
   const bool transposed = which == "input_grad";
-  SpmmProblem problem = gemm_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols, p.nnz,
-                                                 n, value_bytes, transposed,
-                                                 spmm_variant_arg(variant, transposed, op)});
-  if (transposed) problem.csc = default_csc_read();
+  const SpmmProblem problem = binding_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
+                                                          p.nnz, n, value_bytes, transposed,
+                                                          spmm_variant_arg(variant, transposed, op)});
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),

@@ -2,9 +2,13 @@
 // cached per (device, problem), so the hot path neither plans nor formats text.
 #pragma once
 
+#include <type_traits>
+
 #include "snack/device_limits.h"
 #include "snack/sddmm.h"
 #include "snack/spmm.h"
+
+#include "op_args.h"
 
 namespace snack::binding {
 
@@ -15,11 +19,15 @@ DeviceLimits cuda_device_limits(int device);
 bool tf32_matmuls();
 
 /// A product (SpmmProblem or SddmmProblem) as the binding runs it: with its GEMM for kDenseBlocks
-/// (cuBLAS through ATen), and float32 GEMMs in TF32 where torch allows them.
+/// (cuBLAS through ATen), float32 GEMMs in TF32 where torch allows them, and a transposed SpMM
+/// reading the CSC view as the process asks (set_default_csc_read).
 template <typename Problem>
-Problem gemm_problem(Problem p) {
+Problem binding_problem(Problem p) {
   p.gemm = true;
   p.tf32 = p.value_bytes == 4 && tf32_matmuls();
+  if constexpr (std::is_same_v<Problem, SpmmProblem>) {
+    if (p.transposed) p.csc = default_csc_read();
+  }
   return p;
 }
 

@@ -149,7 +149,6 @@ def test_transposed_over_csc_copy(m, k, n, nnz, empty, index_dtype, dtype):
         assert "copy of the CSC view" not in snack.Plan(*ops.explain(p.values, p.tensors, n, "input_grad")).describe
 
 
-
 @pytest.mark.parametrize("variant", snack.FORWARD_ONLY_VARIANTS)
 def test_forward_only_variants(variant):
     p = Weight(10, 12, 40, device="cuda")
