@@ -1,4 +1,4 @@
-// A tensor-core SpMM for 9-16 batch rows of 16-bit values, measured and not kept (docs/kernels.md,
+// A tensor-core SpMM for small batches of bf16 values (tiles of 16 rows), measured and not kept (docs/kernels.md,
 // "Measured and not kept"): one block of 16 warps per SM walks a contiguous run of bands of 8 output
 // rows. A band's slots are one contiguous range of the CSR view, so the whole block streams them with
 // 16-byte loads and scatters them into a zeroed 8 x K window in shared memory; each warp keeps its
@@ -25,9 +25,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
-#include "../../src/device/cp_async.cuh"
 #include "../../src/spmm/tensor_core_kernel.cuh"
 
 #define CHECK(call)                                                                               \
@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
     band_spmm_kernel(const int32_t* __restrict__ row_ptr, const uint16_t* __restrict__ col_idx,
                      const uint16_t* __restrict__ values, const T* __restrict__ x, int n, int k, int m,
                      int bands_per_block, T* __restrict__ out) {
+  static_assert(std::is_same_v<T, bfloat16>, "the products are bf16 (mma_16816<T>) and so are the stores");
   extern __shared__ __align__(16) unsigned char smem[];
   const int stride = band_stride(k);
   uint16_t* windows = reinterpret_cast<uint16_t*>(smem);  // [3][8][stride]
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kBandThreads, 1)
   const int count = b_end - b_begin;
   const int64_t n0 = int64_t(blockIdx.y) * kBatchTile;
 
-  // The block's slots, requested into L2 at once (the loads below then wait on L2, not on DRAM).
+  // The block's slots, requested into L2 at once, so that the bands after the first few find them there.
   const int rows_here = count * kBandRows;
   for (int i = tid; i <= rows_here; i += kBandThreads) rps[i] = row_ptr[min(b_begin * kBandRows + i, m)];
   __syncthreads();
@@ -348,7 +349,10 @@ int main(int argc, char** argv) {
                              int(smem)));
 
   cublasHandle_t handle;
-  cublasCreate(&handle);
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    return 1;
+  }
   char* flush;
   const size_t flush_bytes = size_t(256) << 20;
   CHECK(cudaMalloc(&flush, flush_bytes));
@@ -374,7 +378,7 @@ int main(int argc, char** argv) {
 
   std::printf("%dx%d density %.3f nnz %lld, %d blocks of %d bands, %zu bytes of shared memory\n", m, k, density,
               (long long)nnz, blocks, bands_per_block, smem);
-  std::printf("| N | band us | cuBLAS us | vs cuBLAS | floor us | max rel err |\n|---|---|---|---|---|---|\n");
+  std::printf("| N | band us | cuBLAS us | vs cuBLAS | bytes at 4 TB/s, us | max rel err |\n|---|---|---|---|---|---|\n");
   for (int n : ns) {
     const int tiles = (n + kBatchTile - 1) / kBatchTile;
     auto launch = [&] {
@@ -382,7 +386,7 @@ int main(int argc, char** argv) {
           d_rp, d_cols, d_vals, reinterpret_cast<const snack::bfloat16*>(d_x), n, k, m, bands_per_block,
           reinterpret_cast<snack::bfloat16*>(d_out));
     };
-    CHECK(cudaMemset(d_out, 0xff, 2 * size_t(n) * m));  // poisoned: every output must be written
+    CHECK(cudaMemset(d_out, 0xff, 2 * size_t(n) * m));  // poisoned: a sampled output left unwritten shows
     launch();
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
@@ -404,8 +408,12 @@ int main(int argc, char** argv) {
     const float band_us = time_median(launch);
     const float alpha = 1.f, beta = 0.f;
     auto dense_launch = [&] {
-      cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, d_dense, CUDA_R_16BF, k, d_x, CUDA_R_16BF, k,
+      const cublasStatus_t status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, d_dense, CUDA_R_16BF, k, d_x, CUDA_R_16BF, k,
                    &beta, d_dense_out, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (status != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cublasGemmEx failed: %d\n", int(status));
+        std::exit(1);
+      }
     };
     const float dense_us = time_median(dense_launch);
     const double bytes = double(nnz) * 4 + 4.0 * (m + 1) + 2.0 * n * k + 2.0 * n * m;
