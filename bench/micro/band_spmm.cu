@@ -29,15 +29,7 @@
 #include <vector>
 
 #include "../../src/spmm/tensor_core_kernel.cuh"
-
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    cudaError_t err_ = (call);                                                                    \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+#include "cold_l2_timer.cuh"
 
 namespace snack::cuda::detail {
 
@@ -259,14 +251,6 @@ __global__ void __launch_bounds__(kBandThreads, 1)
 
 }  // namespace snack::cuda::detail
 
-// Keeps the GPU busy for `cycles` after the L2 flush, so that the host's launch of the timed kernel is not
-// counted (as bench/spmm.py times).
-__global__ void hold_gpu(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
 using snack::cuda::detail::band_smem_bytes;
 using snack::cuda::detail::band_spmm_kernel;
 using snack::cuda::detail::kBandRows;
@@ -353,28 +337,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cublasCreate failed\n");
     return 1;
   }
-  char* flush;
-  const size_t flush_bytes = size_t(256) << 20;
-  CHECK(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  auto time_median = [&](auto&& launch) {
-    std::vector<float> ts;
-    for (int rep = 0; rep < 25; ++rep) {
-      CHECK(cudaMemsetAsync(flush, rep, flush_bytes));
-      hold_gpu<<<1, 1>>>(200000);
-      cudaEventRecord(t0);
-      launch();
-      cudaEventRecord(t1);
-      CHECK(cudaEventSynchronize(t1));
-      float t;
-      cudaEventElapsedTime(&t, t0, t1);
-      if (rep >= 5) ts.push_back(t * 1000.f);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-  };
+  // As bench/spmm.py times: the GPU held 200000 cycles after each flush; 5 warm-up calls, median of 20.
+  ColdL2Timer timer;
+  auto time_median = [&](auto&& launch) { return timer.median_us(launch, 20, 5, 200000); };
 
   std::printf("%dx%d density %.3f nnz %lld, %d blocks of %d bands, %zu bytes of shared memory\n", m, k, density,
               (long long)nnz, blocks, bands_per_block, smem);

@@ -31,6 +31,7 @@
 #include "../../src/device/scratch.cuh"
 #include "../../src/spmm/shapes.h"
 #include "../../src/spmm/tensor_core_kernel.cuh"
+#include "cold_l2_timer.cuh"
 #include "snack/pattern.h"
 #include "snack/status.h"
 
@@ -234,11 +235,6 @@ struct TiledView {
   int64_t chunks = 0;                    // ceil(cols / kTiledChunk)
 };
 
-// 4 bytes global -> shared, of which the first src_bytes are read and the rest zero-filled.
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(smem)), "l"(gmem), "r"(src_bytes));
-}
-
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
 // the batch tile of blockIdx.y. CAP: slots of a tile the ring holds (a multiple of 32; the rest of a
 // larger tile is read directly). vec: X rows 16-byte aligned.
@@ -389,15 +385,6 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tiled_kernel(TiledView view, 
 using snack::bfloat16;
 namespace d = snack::cuda::detail;
 
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
 static uint16_t to_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -495,27 +482,9 @@ int main(int argc, char** argv) {
   if (!snack::cuda::tiled_view_temp_bytes(m, k, &temp_bytes).ok()) return 1;
   void* temp;
   CHECK(cudaMalloc(&temp, temp_bytes));
-  char* flush;
-  const size_t flush_bytes = size_t(256) << 20;
-  CHECK(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  auto timed = [&](auto&& fn) {
-    std::vector<float> ms;
-    for (int rep = 0; rep < 21; ++rep) {
-      CHECK(cudaMemsetAsync(flush, rep, flush_bytes));
-      cudaEventRecord(t0);
-      fn();
-      cudaEventRecord(t1);
-      CHECK(cudaEventSynchronize(t1));
-      float t;
-      cudaEventElapsedTime(&t, t0, t1);
-      if (rep > 0) ms.push_back(t * 1000.f);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-  };
+  // One warm-up call, median of 20; no hold after the flush.
+  ColdL2Timer timer;
+  auto timed = [&](auto&& fn) { return timer.median_us(fn, 20, 1, 0); };
   const float build_us = timed([&] {
     auto st = snack::cuda::build_tiled_view(w, d_tp, d_pos, d_delta, temp, temp_bytes, nullptr);
     if (!st.ok()) { std::printf("build: %s\n", st.message().c_str()); std::exit(1); }
