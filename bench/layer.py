@@ -288,6 +288,8 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth, csc_read
         ("dx", "snack_tensor_core"): (lambda: snack.ops.spmm_t(dy, values, pattern, "tensor_core"), ref_dx),
         ("dx", "dense"): (lambda: dy @ dense_w, ref_dx),
         ("dw", "snack"): (lambda: snack.ops.sddmm(dy, x, pattern), ref_dw),
+        ("dw", "snack_tensor_core"): (lambda: snack.ops.sddmm(dy, x, pattern, "tensor_core"), ref_dw),
+        ("dw", "snack_rows"): (lambda: snack.ops.sddmm(dy, x, pattern, "rows"), ref_dw),
         ("dw", "dense"): (lambda: dy.t() @ x, full),
     }
     cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=(x, ref_fwd)))
@@ -301,18 +303,20 @@ def summarize_16bit(back_rows, info) -> str:
     dtype = back_rows[0]["dtype"] if back_rows else "bf16"
     lines = benchmark.markdown_head(f"Backward kernels in {dtype}", info)
     b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r for r in back_rows}
-    lines += ["Median us, cold L2. dX: the planner's kernel (snack) and the tensor-core kernel forced; dense: "
-              f"cuBLAS in {dtype} (dY @ W for dX, the whole dY^T @ X for dW). dX / fwd: snack's dX over its "
-              "forward on the same problem.", "",
-              "| M x K | N | sparsity | fwd | dX | dX tensor_core | dense dX | dX vs dense | dX / fwd | dW | dense dW "
-              "| dW vs dense |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["Median us, cold L2. dX and dW: the planner's kernel (snack) and the tensor-core and rows kernels "
+              f"forced (rows runs batches up to 128); dense: cuBLAS in {dtype} (dY @ W for dX, the whole dY^T @ X "
+              "for dW). dX / fwd: snack's dX over its forward on the same problem.", "",
+              "| M x K | N | sparsity | fwd | dX | dX tensor_core | dense dX | dX vs dense | dX / fwd | dW "
+              "| dW tensor_core | dW rows | dense dW | dW vs dense |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cell = lambda r: f"{r['median_us']:.1f}" if r else "-"  # noqa: E731
     ratio = lambda num, den: f"{num['median_us'] / den['median_us']:.2f}x" if num and den else "-"  # noqa: E731
     dx_vs_dense, dx_vs_fwd, dw_vs_dense = [], [], []
     for key in sorted({k[1:5] for k in b}):
         get = lambda op, impl: b.get((op,) + key + (impl,))  # noqa: E731
         fwd, dx, dx_tc, ddx = get("fwd", "snack"), get("dx", "snack"), get("dx", "snack_tensor_core"), get("dx", "dense")
-        dw, ddw = get("dw", "snack"), get("dw", "dense")
+        dw, dw_tc, dw_rows, ddw = get("dw", "snack"), get("dw", "snack_tensor_core"), get("dw", "snack_rows"), \
+            get("dw", "dense")
         if dx and ddx:
             dx_vs_dense.append(ddx["median_us"] / dx["median_us"])
         if dx and fwd:
@@ -320,12 +324,14 @@ def summarize_16bit(back_rows, info) -> str:
         if dw and ddw:
             dw_vs_dense.append(ddw["median_us"] / dw["median_us"])
         lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {cell(fwd)} | {cell(dx)} | {cell(dx_tc)} | {cell(ddx)} "
-                     f"| {ratio(ddx, dx)} | {ratio(dx, fwd)} | {cell(dw)} | {cell(ddw)} | {ratio(ddw, dw)} |")
+                     f"| {ratio(ddx, dx)} | {ratio(dx, fwd)} | {cell(dw)} | {cell(dw_tc)} | {cell(dw_rows)} | {cell(ddw)} "
+                     f"| {ratio(ddw, dw)} |")
     if dx_vs_dense:
         lines += ["", f"- dX against dense {dtype}, geomean: {benchmark.geomean(dx_vs_dense):.2f}x; "
                   f"dX / forward, geomean: {benchmark.geomean(dx_vs_fwd):.2f} (target <= 1.3); "
                   f"dW against dense {dtype}, geomean: {benchmark.geomean(dw_vs_dense):.2f}x"]
     lines += input_grad_paths_table(b)
+    lines += weight_grad_paths_table(b)
     return "\n".join(lines) + "\n"
 
 
@@ -669,11 +675,13 @@ def input_grad_paths_table(b) -> list[str]:
 
 # The weight gradient's paths side by side, where a run timed them (--sddmm-variants, or N from
 # snack.DENSE_BLOCK_MIN_ROWS): the planner's choice, each kernel forced, and the baselines.
-DW_PATHS = ("snack", "snack_rows", "snack_vector", "snack_staged", "snack_dense_blocks", "dense", "cusparse_sddmm")
+DW_PATHS = ("snack", "snack_rows", "snack_vector", "snack_staged", "snack_tensor_core", "snack_dense_blocks", "dense",
+            "cusparse_sddmm")
 
 
 def weight_grad_paths_table(b) -> list[str]:
-    keys = sorted({k[1:5] for k in b if k[0] == "dw" and any(b.get(k[:5] + (impl,)) for impl in DW_PATHS[1:5])})
+    forced = [impl for impl in DW_PATHS if impl.startswith("snack_")]
+    keys = sorted({k[1:5] for k in b if k[0] == "dw" and any(b.get(k[:5] + (impl,)) for impl in forced)})
     if not keys:
         return []
     lines = ["", "## Weight gradient (dW = dY^T X at the stored slots): every path (cold L2, median us / useful TFLOP/s)",
@@ -707,7 +715,7 @@ def plot_weight_grad_paths(back_rows, path, info):
     ax.set_xticklabels([f"{m}x{k}\nN={n}\n{s:g}" for m, k, n, s in labels], fontsize=6)
     ax.set_ylabel("useful TFLOP/s (2 nnz N / time)")
     ax.legend(fontsize=7)
-    ax.set_title(f"dW paths, fp32 - {info['gpu']}, commit {info['commit'][:10]}")
+    ax.set_title(f"dW paths, {sel[0]['dtype']} - {info['gpu']}, commit {info['commit'][:10]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

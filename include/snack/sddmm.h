@@ -36,9 +36,11 @@ enum class SddmmVariant : int {
                  ///< Planned only for a problem with `gemm` set.
   kStaged,       ///< large batches in float32: a block per tile of W (128 rows x chunk_cols columns) streams
                  ///< dY and X through shared memory, each slot's sum kept in registers (dY, X read in place)
+  kTensorCore,   ///< 16-bit operands: dense 128 x 128 tiles of dY^T X on tensor cores (dY, X read in place),
+                 ///< the stored slots read out of each tile
 };
 
-/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged").
+/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
@@ -60,9 +62,10 @@ enum class SddmmReason : int {
   kAdamWBatchOf4,  ///< AdamW's epilogue at a padded batch of 4 runs faster in the vector kernel
   kDenseBlocks,    ///< a batch large enough that dense GEMMs over blocks of rows beat the sparse kernels
   kStagedTiles,    ///< a float32 batch past the rows kernel's 128: dY and X staged on chip per tile of W
+  kTensorCores,    ///< 16-bit operands where dense tiles of dY^T X on tensor cores beat the slots' gathers
 };
 /// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4",
-/// "dense_blocks", "staged_tiles") and
+/// "dense_blocks", "staged_tiles", "tensor_cores") and
 /// a sentence saying what it means.
 const char* sddmm_reason_name(SddmmReason r);
 const char* sddmm_reason_text(SddmmReason r);
@@ -112,14 +115,16 @@ struct SddmmPlan {
   size_t workspace_bytes = 0;  ///< device workspace the caller provides
   int64_t block_rows = 0;      ///< kDenseBlocks: rows of W per GEMM block (workspace: block_rows x cols values)
   int chunk_cols = 0;          ///< kStaged: columns of W per block (a power of two, 16-256)
-  int64_t grid_y = 1;          ///< kStaged: bands of 128 rows of W
+  int64_t grid_y = 1;          ///< kStaged, kTensorCore: bands of 128 rows of W
   int batch_splits = 1;        ///< kStaged: blocks that split the batch (grid.z), their float sums added
                                ///< in split order
   int64_t split_samples = 0;   ///< kStaged: batch rows per split (a multiple of the batch tile)
   bool staged_vector_copies = false;  ///< kStaged: X and dY copied in 16-byte vectors, then transposed on chip
   bool staged_sums_in_workspace = false;  ///< kStaged: the sums go through the workspace to a second kernel
                                           ///< that hands them to the epilogue (a split batch, or AdamW)
-  size_t smem_bytes = 0;       ///< kStaged: dynamic shared memory per block
+  size_t smem_bytes = 0;       ///< kStaged, kTensorCore: dynamic shared memory per block
+  int tiles_per_block = 0;     ///< kTensorCore: tiles of 128 columns per block (grid_x blocks along the
+                               ///< columns, grid_y bands of 128 rows)
 };
 
 /// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a

@@ -36,7 +36,8 @@ constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kVector, "vector"},
                                                   {SddmmVariant::kRows, "rows"},
                                                   {SddmmVariant::kDenseBlocks, "dense_blocks"},
-                                                  {SddmmVariant::kStaged, "staged"}};
+                                                  {SddmmVariant::kStaged, "staged"},
+                                                  {SddmmVariant::kTensorCore, "tensor_core"}};
 constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kForced, "forced", "the variant was named by the caller"},
     {SpmmReason::kWideRows, "wide_rows",
@@ -69,7 +70,10 @@ constexpr Named<SddmmReason> kSddmmReasons[] = {
      "time (a workspace no larger than X), the stored slots read out of each block"},
     {SddmmReason::kStagedTiles, "staged_tiles",
      "a float32 batch past the rows kernel's 128: a block per tile of W streams dY and X through shared memory, "
-     "each slot's sum kept in registers (X crosses L2 once per band of rows, dY once per chunk of columns)"}};
+     "each slot's sum kept in registers (X crosses L2 once per band of rows, dY once per chunk of columns)"},
+    {SddmmReason::kTensorCores, "tensor_cores",
+     "16-bit operands: dense 128 x 128 tiles of dY^T X multiplied on tensor cores from dY and X staged in shared "
+     "memory, the stored slots read out of each tile (no gather of X per slot)"}};
 
 template <typename E, size_t N>
 const Named<E>* find(const Named<E> (&table)[N], E v) {

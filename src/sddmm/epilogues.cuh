@@ -12,8 +12,9 @@ namespace {
 // What the SDDMM kernels do with a slot's gradient g (float accumulation): store it (sddmm), or
 // apply AdamW's step to the slot's value with it at once (sddmm_adamw), so that the gradient never
 // goes to memory. fetch(e) loads what apply(e, g, fetched) needs; the kernels issue it before they
-// compute g, so its loads overlap the products. begin() runs once per thread after the kernel has
-// waited for the grids before it.
+// compute g, so its loads overlap the products; prefetch_l2(begin, end) asks L2 for what fetch()
+// will read of a run of slots, for kernels that know their runs ahead. begin() runs once per thread
+// after the kernel has waited for the grids before it.
 template <typename T>
 struct StoreGradient {
   static constexpr bool kUpdatesState = false;  // apply() writes only the gradient
@@ -22,7 +23,10 @@ struct StoreGradient {
   float* count() const { return nullptr; }  // no step count to advance
   __device__ __forceinline__ void begin() {}
   __device__ __forceinline__ Fetched fetch(int64_t) const { return {}; }
+  __device__ __forceinline__ void prefetch_l2(int64_t, int64_t) const {}  // nothing is read
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
+  // apply() for a gradient already rounded to T.
+  __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched) const { dvalues[e] = g; }
 };
 
 // T: the operands' type, to which the gradient is rounded; P: the parameter's and its moments'
@@ -43,9 +47,19 @@ struct AdamWUpdate {
   float* count() const { return step; }  // advanced by one before the kernel that reads it
   __device__ __forceinline__ void begin() { constants = AdamWStep<A>::make(config, A(*step)); }
   __device__ __forceinline__ Fetched fetch(int64_t e) const { return {values[e], exp_avg[e], exp_avg_sq[e]}; }
+  // What fetch() will read for slots [begin, end), requested into L2 ahead of time.
+  __device__ __forceinline__ void prefetch_l2(int64_t begin, int64_t end) const {
+    detail::prefetch_l2(values, begin * int64_t(sizeof(P)), end * int64_t(sizeof(P)));
+    detail::prefetch_l2(exp_avg, begin * int64_t(sizeof(P)), end * int64_t(sizeof(P)));
+    detail::prefetch_l2(exp_avg_sq, begin * int64_t(sizeof(P)), end * int64_t(sizeof(P)));
+  }
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched f) const {
     // The gradient rounded to T first, as the update from a stored gradient would see it.
-    constants.apply_stored(from_accum<T>(g), f.value, f.m, f.v);
+    apply_rounded(e, from_accum<T>(g), f);
+  }
+  // apply() for a gradient already rounded to T.
+  __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched f) const {
+    constants.apply_stored(g, f.value, f.m, f.v);
     values[e] = f.value;
     exp_avg[e] = f.m;
     exp_avg_sq[e] = f.v;

@@ -12,6 +12,7 @@
 #include "epilogues.cuh"
 #include "kernels.cuh"
 #include "staged_kernel.cuh"
+#include "tensor_core_kernel.cuh"
 #include "snack/sddmm.h"
 
 namespace snack::cuda {
@@ -107,6 +108,21 @@ Status launch_sddmm_staged(const SddmmPlan& plan, const SlotPattern<Index>& w, c
   return check_launch("sddmm_sum_splits_kernel");
 }
 
+// The tensor-core kernel over the plan's bands and runs of tiles.
+template <typename T, typename Index, typename Out>
+Status launch_sddmm_tensor_core(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy, const T* x,
+                                int64_t n, const Out& out, Stream stream) {
+  const auto kernel = sddmm_tensor_core_kernel<T, Index, Out>;
+  SNACK_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  // 16-byte copies of rows whole in vectors and on a 16-byte boundary.
+  const bool vec_dy = w.rows % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
+  const bool vec_x = w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  kernel<<<dim3(unsigned(plan.grid_x), unsigned(plan.grid_y)), detail::kTcDwThreads, plan.smem_bytes, stream>>>(
+      w, dy, x, n, plan.tiles_per_block, vec_dy, vec_x, out);
+  return check_launch("sddmm_tensor_core_kernel");
+}
+
 Status advance_counts(const detail::StepCounts& counts, Stream stream) {
   if (!counts.any()) return Status::Ok();
   advance_counts_kernel<<<1, 1, 0, stream>>>(counts);
@@ -156,6 +172,15 @@ Status run_sddmm(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy
       return bias_out ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
     } else {
       return InvalidArgument("sddmm: staged runs float32 operands");
+    }
+  }
+  if (plan.variant == SddmmVariant::kTensorCore && w.nnz > 0 && n > 0) {  // dY and X read in place
+    if constexpr (kIsHalfType<T>) {
+      SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
+      SNACK_RETURN_IF_ERROR(launch_sddmm_tensor_core(plan, w, dy, x, n, out, stream));
+      return bias_out ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
+    } else {
+      return InvalidArgument("sddmm: tensor_core runs 16-bit operands (bf16, fp16)");
     }
   }
   if (!plan.transpose_x && !plan.reads_x_t) {  // nothing to multiply, or the slot kernel

@@ -128,6 +128,44 @@ int staged_chunk_cols(const SddmmProblem& p, const DeviceLimits& limits) {
   return chunk;
 }
 
+// Why the tensor-core kernel cannot run a problem on this device (Ok where it can).
+Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 2) return InvalidArgument("sddmm: tensor_core runs 16-bit operands (bf16, fp16)");
+  if (tc_dw_smem_bytes() > limits.smem_per_block)
+    return InvalidArgument("sddmm: tensor_core needs " + std::to_string(tc_dw_smem_bytes()) +
+                           " bytes of shared memory per block; this device offers " +
+                           std::to_string(limits.smem_per_block));
+  if (ceil_div(p.rows, kTcDwRows) > detail::kMaxGridY)
+    return InvalidArgument("sddmm: tensor_core runs up to " + std::to_string(detail::kMaxGridY * kTcDwRows) + " rows");
+  return Status::Ok();
+}
+
+// Where the tensor-core kernel beats the CUDA-core SDDMMs for 16-bit operands. Measured on the H200
+// (every path forced, 768x3072 to 16384x4096 at 80-99%, N = 1-1024, bf16; the rows kernel's gathers
+// grow with N, the tensor-core kernel's tile work with the layer's area): storing the gradient, from
+// a batch of 64 at 10% density and up (N = 64: 1.1-2.5x the rows kernel at 80-90% but 3072x768 at
+// 90%, 1.03x; N = 128: 1.2-3.1x; at 95% within 0.8-1.6x, kept on the rows kernel); past the rows
+// kernel's 128 against the vector kernel from 3% density (N = 256: 1.6-9.1x at 80-95%, with AdamW's
+// step 1.3-4.7x; 0.7-1.1x at 99%). With AdamW's step in the epilogue the rows kernel stays ahead up
+// to 128 (0.8-1.05x at 80-90%).
+bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
+  if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
+  if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
+  return p.epilogue == SddmmEpilogue::kStore && np >= 64 && density(p) >= 0.075;
+}
+
+// Tiles per block of the tensor-core kernel: as few as keep the grid within about 4 blocks per SM
+// (2 rounds of its 2 resident blocks), so that a block's start (its cursor seek, the first loads) is
+// paid over several tiles while the rounds still even out.
+int tensor_core_tiles_per_block(const SddmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const int64_t tiles = std::max<int64_t>(1, ceil_div(p.cols, kTcDwCols));
+  const int64_t bands = std::max<int64_t>(1, ceil_div(p.rows, kTcDwRows));
+  const int64_t wanted_blocks = int64_t(limits.sms) * kTcDwBlocksPerSm * 2;
+  return int(std::min<int64_t>(tiles, std::max<int64_t>(1, ceil_div(tiles * bands, wanted_blocks))));
+}
+
 // Lanes per slot of the vector kernel: one per 4 batch values, rounded up to a power of two, at most 32.
 int vector_lanes(int64_t np) {
   const int64_t chunks = std::min<int64_t>(32, np / 4);
@@ -161,6 +199,9 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     } else if (staged) {
       plan.variant = SddmmVariant::kStaged;
       plan.reason = SddmmReason::kStagedTiles;
+    } else if (tensor_core_pays(p, np, limits)) {
+      plan.variant = SddmmVariant::kTensorCore;
+      plan.reason = SddmmReason::kTensorCores;
     } else {
       plan.variant = choose_variant(p.n, np, p.epilogue == SddmmEpilogue::kAdamW, &plan.reason);
     }
@@ -192,6 +233,17 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.staged_sums_in_workspace = plan.batch_splits > 1 || p.epilogue == SddmmEpilogue::kAdamW;
     plan.workspace_bytes =
         plan.staged_sums_in_workspace ? size_t(plan.batch_splits) * size_t(p.nnz) * sizeof(float) : 0;
+    *out = plan;
+    return Status::Ok();
+  }
+  if (plan.variant == SddmmVariant::kTensorCore) {
+    using namespace cuda::detail;
+    SNACK_RETURN_IF_ERROR(tensor_core_refusal(p, limits));
+    plan.threads = kTcDwThreads;
+    plan.smem_bytes = tc_dw_smem_bytes();
+    plan.tiles_per_block = tensor_core_tiles_per_block(p, limits);
+    plan.grid_x = std::max<int64_t>(1, ceil_div(ceil_div(p.cols, kTcDwCols), plan.tiles_per_block));
+    plan.grid_y = std::max<int64_t>(1, ceil_div(p.rows, kTcDwRows));
     *out = plan;
     return Status::Ok();
   }
@@ -262,6 +314,10 @@ std::string describe(const SddmmPlan& plan) {
     s += ", tiles of " + std::to_string(cuda::detail::kStagedBand) + " rows x " + std::to_string(plan.chunk_cols) +
          " columns, " + std::to_string(plan.grid_y) + " x " + std::to_string(plan.grid_x) + " tiles x " +
          std::to_string(plan.batch_splits) + " batch splits";
+  else if (plan.variant == SddmmVariant::kTensorCore)
+    s += ", " + std::to_string(plan.grid_y) + " bands of " + std::to_string(cuda::detail::kTcDwRows) + " rows x " +
+         std::to_string(plan.grid_x) + " runs of " + std::to_string(plan.tiles_per_block) + " tiles of " +
+         std::to_string(cuda::detail::kTcDwCols) + " columns";
   else
     s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";

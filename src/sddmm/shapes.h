@@ -60,4 +60,29 @@ constexpr size_t staged_smem_bytes(int chunk_cols, bool vector_copies) {
 // stage of 256 columns would not fit).
 constexpr int kStagedMaxVectorChunk = 128;
 
+// The tensor-core SDDMM (sddmm_tensor_core_kernel, 16-bit operands): a block of kTcDwThreads owns a
+// band of kTcDwRows rows of W and a run of tiles of kTcDwCols columns. For each tile it streams the
+// batch through shared memory kTcDwBatchChunk samples at a time in kTcDwStages stages (dY's band and
+// X's tile, each row of kTcDwRows or kTcDwCols values padded by kTcDwPad so that ldmatrix reads
+// without bank conflicts), multiplies on mma.sync (warps 4 x 2, each 32 rows x 64 columns), then rounds the tile to the
+// operands' type into shared memory, from which each warp reads the stored slots of its 16 rows.
+constexpr int kTcDwRows = 128;
+constexpr int kTcDwCols = 128;
+constexpr int kTcDwBatchChunk = 32;
+constexpr int kTcDwStages = 3;  // chunks staged ahead: two load while one multiplies
+constexpr int kTcDwPad = 8;
+constexpr int kTcDwWarps = 8;
+constexpr int kTcDwThreads = kTcDwWarps * 32;
+constexpr int kTcDwBlocksPerSm = 2;  // the launch bound: 128 registers per thread
+constexpr int kTcDwOperandStride = kTcDwRows + kTcDwPad;  // 16-bit values per staged row of dY or X
+constexpr int kTcDwTileStride = kTcDwCols + kTcDwPad;     // 16-bit values per row of the staged tile
+static_assert(kTcDwRows == kTcDwCols, "dY's band and X's tile share one staged row length");
+static_assert(kTcDwRows == kTcDwWarps * 16, "each warp reads the slots of 16 rows");
+
+// Dynamic shared memory of the tensor-core SDDMM: the stages of dY's band and X's tile, and the tile.
+constexpr size_t tc_dw_smem_bytes() {
+  return (size_t(kTcDwStages) * 2 * kTcDwBatchChunk * kTcDwOperandStride + size_t(kTcDwRows) * kTcDwTileStride) *
+         sizeof(uint16_t);
+}
+
 }  // namespace snack::cuda::detail

@@ -23,36 +23,14 @@
 #include "../device/cluster.cuh"
 #include "../device/cp_async.cuh"
 #include "../device/cuda_utils.cuh"
+#include "../device/mma.cuh"
+#include "../device/row_cursors.cuh"
 #include "shapes.h"
 #include "snack/activation.h"
 #include "snack/value_types.h"
 #include "views.cuh"
 
 namespace snack::cuda::detail {
-
-// The m16n8k16 product of the 16-bit type T, accumulated in float.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(smem)));
-}
 
 // The chunk of the input [n0, n0 + NT) x [k0, k0 + CW) into xs ([NT][tensor_core_stride(CW)]), zeros
 // outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base), copied by
@@ -133,42 +111,6 @@ __device__ __forceinline__ void multiply_chunk(float (&acc)[NT / 8][4], const ui
       mma_16816<T>(acc[j + 1], a, b[2], b[3]);
     }
   }
-}
-
-// Lanes r < 16 hold the cursor (next slot) of row r of the warp's 16, lanes 16 + r its end.
-// Moves every cursor to the first slot whose input is >= k_begin: rounds of 32 probes per row,
-// the 16 rows' probes issued together.
-template <typename View>
-__device__ __forceinline__ int32_t seek_cursors(const View& view, int32_t cursor_or_end, int64_t k_begin) {
-  const int lane = threadIdx.x % 32;
-  int32_t lo = cursor_or_end;
-  int32_t len = __shfl_down_sync(0xffffffffu, cursor_or_end, 16) - cursor_or_end;  // lanes < 16: the row's length
-  while (__any_sync(0xffffffffu, lane < 16 && len > 0)) {
-    int32_t probe[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int32_t row_lo = __shfl_sync(0xffffffffu, lo, r), row_len = __shfl_sync(0xffffffffu, len, r);
-      const int32_t step = (row_len + 31) / 32;
-      const int32_t at = lane * step;
-      probe[r] = row_len > 0 && at < row_len ? view.input(row_lo + at) : INT_MAX;
-    }
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int32_t row_len = __shfl_sync(0xffffffffu, len, r);
-      const int32_t step = (row_len + 31) / 32;
-      const int32_t below = __popc(__ballot_sync(0xffffffffu, probe[r] < k_begin));
-      if (lane == r && row_len > 0) {
-        if (below == 0) {
-          len = 0;
-        } else {
-          const int32_t skipped = (below - 1) * step + 1;  // the probes below, and the slots before the last
-          lo += skipped;
-          len = min(step - 1, row_len - skipped);
-        }
-      }
-    }
-  }
-  return lane < 16 ? lo : cursor_or_end;
 }
 
 // Expands the slots of the warp's 16 rows with inputs in [k0, k0 + CW) into `tile`

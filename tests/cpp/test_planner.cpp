@@ -522,9 +522,12 @@ TEST(Planner, SddmmRules) {
   EXPECT_EQ(p.batch_splits, 1);
   EXPECT_TRUE(p.staged_sums_in_workspace);
   EXPECT_EQ(p.workspace_bytes, size_t(6710886) * 4);
-  // 16-bit operands and patterns below 3% density keep the vector kernel, both operands transposed;
-  // a forced staged kernel on 16-bit operands is an error.
+  // 16-bit operands take the tensor-core kernel there, and below 3% density the vector kernel, both
+  // operands transposed (so does float32 below 3%); a forced staged kernel on 16-bit operands is an
+  // error.
   p = plan_dw(16384, 4096, 6710886, 200, SddmmEpilogue::kStore, SddmmVariant::kAuto, 0, 2);
+  EXPECT_EQ(p.variant, SddmmVariant::kTensorCore);
+  p = plan_dw(16384, 4096, 1342177, 200, SddmmEpilogue::kStore, SddmmVariant::kAuto, 0, 2);
   EXPECT_EQ(p.variant, SddmmVariant::kVector);
   EXPECT_EQ(p.workspace_bytes, size_t((4096 + 16384) * 200 * 2));
   EXPECT_EQ(plan_dw(16384, 4096, 671088, 200).variant, SddmmVariant::kVector);
@@ -548,6 +551,56 @@ TEST(Planner, SddmmRules) {
   bad.requested = SddmmVariant::kRows;
   EXPECT_EQ(plan_sddmm(bad, DeviceLimits::h200(), &q).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(plan_dw(10, 10, 0, 16).workspace_bytes, 0u);
+}
+
+// The tensor-core SDDMM: 16-bit operands only; bands of 128 rows, each block a run of tiles of 128
+// columns, as few tiles per block as keep the grid within 4 blocks per SM; no workspace.
+TEST(Planner, SddmmTensorCoreGrid) {
+  const auto forced = [](int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue e = SddmmEpilogue::kStore) {
+    return plan_dw(rows, cols, nnz, n, e, SddmmVariant::kTensorCore, 0, 2);
+  };
+  SddmmPlan p = forced(16384, 4096, 6710886, 16);
+  EXPECT_EQ(p.variant, SddmmVariant::kTensorCore) << describe(p);
+  EXPECT_EQ(p.grid_y, 16384 / 128);
+  EXPECT_EQ(p.tiles_per_block, 8);  // 128 bands x 32 tiles over 132 SMs x 4 blocks
+  EXPECT_EQ(p.grid_x, 4);
+  EXPECT_EQ(p.threads, 256);
+  EXPECT_GT(p.smem_bytes, 48u * 1024);  // two stages of 32 batch rows of dY and X, and the tile
+  EXPECT_LE(p.smem_bytes, DeviceLimits::h200().smem_per_block);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
+  p = forced(4096, 4096, 1677722, 128, SddmmEpilogue::kAdamW);
+  EXPECT_EQ(p.tiles_per_block, 2);
+  EXPECT_EQ(p.grid_x * p.grid_y, 16 * 32);
+  // A short last band and tile: 300 rows x 1001 columns, 3 bands x 8 tiles.
+  p = forced(300, 1001, 90000, 7);
+  EXPECT_EQ(p.grid_y, 3);
+  EXPECT_EQ(p.grid_x, 8);
+  // The planner's choice for 16-bit operands: from a batch of 64 at >= 7.5% density when the gradient
+  // is stored (the rows kernel below, and with AdamW's step up to 128), past 128 from 3% density.
+  const auto automatic = [](int64_t nnz, int64_t n, SddmmEpilogue e = SddmmEpilogue::kStore) {
+    return plan_dw(16384, 4096, nnz, n, e, SddmmVariant::kAuto, 0, 2);
+  };
+  EXPECT_EQ(automatic(6710886, 64).variant, SddmmVariant::kTensorCore);
+  EXPECT_EQ(automatic(6710886, 64).reason, SddmmReason::kTensorCores);
+  EXPECT_EQ(automatic(6710886, 128).variant, SddmmVariant::kTensorCore);
+  EXPECT_EQ(automatic(6710886, 32).variant, SddmmVariant::kRows);
+  EXPECT_EQ(automatic(3355443, 128).variant, SddmmVariant::kRows);  // 95%
+  EXPECT_EQ(automatic(6710886, 128, SddmmEpilogue::kAdamW).variant, SddmmVariant::kRows);
+  EXPECT_EQ(automatic(3355443, 256, SddmmEpilogue::kAdamW).variant, SddmmVariant::kTensorCore);
+  EXPECT_EQ(automatic(671088, 256).variant, SddmmVariant::kVector);  // 99%
+  EXPECT_EQ(plan_dw(16384, 4096, 6710886, 256).variant, SddmmVariant::kStaged);  // float32
+  // Other operand types are refused, with the reason.
+  SddmmProblem wide;
+  wide.rows = 4096;
+  wide.cols = 4096;
+  wide.nnz = 1677722;
+  wide.n = 16;
+  wide.requested = SddmmVariant::kTensorCore;
+  SddmmPlan q;
+  const Status refused = plan_sddmm(wide, DeviceLimits::h200(), &q);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("16-bit"), std::string::npos) << refused.message();
 }
 
 // dense_blocks: only for a caller with a GEMM, only at large batches, and with a workspace no larger

@@ -74,9 +74,12 @@ def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
     rows = [dict(op=op, M=4096, K=4096, N=16, sparsity=0.9, pattern="uniform", dtype="bf16", impl=impl,
                  median_us=us, floor_us=5.0)
             for op, impl, us in (("fwd", "snack", 20.0), ("dx", "snack", 25.0), ("dx", "snack_tensor_core", 40.0),
-                                 ("dx", "dense", 50.0), ("dw", "snack", 30.0), ("dw", "dense", 15.0))]
+                                 ("dx", "dense", 50.0), ("dw", "snack", 30.0), ("dw", "snack_tensor_core", 45.0),
+                                 ("dw", "snack_rows", 30.0), ("dw", "dense", 15.0))]
+    for r in rows:
+        r["tflops"] = 1.0
     md = layer.summarize_16bit(rows, info)
-    assert "| 4096x4096 | 16 | 0.9 | 20.0 | 25.0 | 40.0 | 50.0 | 2.00x | 1.25x | 30.0 | 15.0 | 0.50x |" in md
+    assert "| 4096x4096 | 16 | 0.9 | 20.0 | 25.0 | 40.0 | 50.0 | 2.00x | 1.25x | 30.0 | 45.0 | 30.0 | 15.0 | 0.50x |" in md
     assert "dX / forward, geomean: 1.25 (target <= 1.3)" in md
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
     layer.plot_16bit(rows, tmp_path / "b.png", info)
@@ -108,7 +111,7 @@ def test_the_weight_gradient_paths_sit_side_by_side(tmp_path):
             for impl, us, tf in (("snack", 700.0, 4.9), ("snack_vector", 900.0, 3.8), ("snack_staged", 690.0, 5.0),
                                  ("dense", 670.0, 5.1), ("cusparse_sddmm", 2800.0, 1.2))]
     md = layer.summarize([], rows, info)
-    assert "| 4096x4096 | 1024 | 0.9 | 700 / 4.9 | - | 900 / 3.8 | 690 / 5.0 | - | 670 / 5.1 | 2800 / 1.2 |" in md
+    assert "| 4096x4096 | 1024 | 0.9 | 700 / 4.9 | - | 900 / 3.8 | 690 / 5.0 | - | - | 670 / 5.1 | 2800 / 1.2 |" in md
     benchmark.write_csv(tmp_path / "backward_test_gpu_kernels.csv", info, layer.BACKWARD_COLUMNS, rows)
     assert layer.main(["--render", "--out", str(tmp_path)]) == 0
     assert "690 / 5.0" in (tmp_path / "backward_test_gpu_kernels.md").read_text()

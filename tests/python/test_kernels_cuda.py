@@ -468,9 +468,11 @@ def sddmm_cases():
 
 def sddmm_runs(variant, n, dtype):
     """The rows kernel runs batches of at most 128 (padded to a multiple of 4), the staged kernel
-    float32 operands; the others any."""
+    float32 operands, the tensor-core kernel 16-bit ones; the others any."""
     if variant == "staged":
         return dtype == torch.float32
+    if variant == "tensor_core":
+        return dtype in (torch.bfloat16, torch.float16)
     return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
@@ -517,6 +519,41 @@ def test_sddmm_staged_tiles_passes_and_splits(m, k, density, n, index_dtype, ful
     assert plan[0] == "staged" and plan[7] > 0, plan
 
 
+# (m, k, density, n, index dtype, full rows, unaligned operands): runs of several tiles per block where
+# the bands x tiles pass 4 blocks per SM (2048 x 9000 on the H200: 3, the cursors seeked to a later tile),
+# K not a multiple of 8 and unaligned operands (copied element by element), rows with more slots in
+# a tile than a pass of the pair of lanes takes (30% and full rows), batches of one chunk, of several
+# and a partial last one, a band cut short (129, 300 rows), one batch row.
+TENSOR_CORE_SDDMM_CASES = [(2048, 9000, 0.05, 37, None, 0, False), (300, 1001, 0.3, 16, None, 4, False),
+                           (1000, 4096, 0.1, 200, torch.int32, 0, False), (129, 64, 0.5, 1, None, 0, False),
+                           (520, 3000, 0.02, 8, None, 2, True), (256, 640, 0.2, 64, torch.int32, 0, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("m,k,density,n,index_dtype,full_rows,misaligned", TENSOR_CORE_SDDMM_CASES)
+def test_sddmm_tensor_core_tiles(m, k, density, n, index_dtype, full_rows, misaligned, dtype):
+    nnz = int(density * m * k)
+    positions = skewed_positions(m, k, dense_rows=full_rows, nnz_rest=nnz, seed=n) if full_rows else None
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=index_dtype, empty_rows=0 if full_rows else 7,
+               positions=positions, seed=m + n)
+    dy, x = p.randn(n, m, seed=9), p.randn(n, k, seed=10)
+    if misaligned:
+        dy, x = unaligned(dy), unaligned(x)
+    poison_cache(torch.device("cuda"))
+    dv = ops.sddmm(dy, x, p.tensors, variant="tensor_core")
+    assert_close(dv, *p.slot_ref(dy, x), dtype, "tensor_core")
+    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="tensor_core"), dv), "not bitwise reproducible"
+    plan = ops.explain(p.values, p.tensors, n, "weight_grad", "tensor_core")
+    assert plan[0] == "tensor_core" and plan[7] > 0 and plan[8] == 0, plan
+
+
+def test_sddmm_tensor_core_refuses_other_types():
+    p = Weight(64, 80, 900, device="cuda")
+    dy, x = p.randn(16, 64, seed=1), p.randn(16, 80, seed=2)
+    with pytest.raises(ValueError, match="tensor_core runs 16-bit operands"):
+        ops.sddmm(dy, x, p.tensors, variant="tensor_core")
+
+
 @pytest.mark.parametrize("n", [4, 7, 12, 16, 32])
 def test_sddmm_rows_equals_vector_bitwise(n):
     # Up to a batch of 32 the rows kernel's reduce-scatter adds in the vector kernel's butterfly
@@ -527,9 +564,9 @@ def test_sddmm_rows_equals_vector_bitwise(n):
 
 
 def unaligned(t):
-    """A copy of t whose data starts one element past an aligned address (a contiguous view)."""
+    """A copy of t, of its shape, whose data starts one element past an aligned address (a contiguous view)."""
     buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    view = buf[1:]
+    view = buf[1:].view(t.shape)
     view.copy_(t)
     return view
 
