@@ -31,7 +31,7 @@ struct DenseBlocksProblem {
   int64_t n = 0;
   int value_bytes = 4;
   bool tf32 = false;  ///< float32 GEMMs may round to TF32 (ignored for 16-bit values)
-  bool tensor_cores = false;  ///< the sparse side of a 16-bit forward or dX runs the tensor-core kernel
+  bool tensor_cores = false;  ///< the sparse side of a 16-bit product runs a tensor-core kernel
   bool shared_x = false;      ///< the sparse side of an fp32 product runs the shared_x kernel
   bool staged = false;        ///< the sparse side of an fp32 weight gradient runs the staged SDDMM
 };
@@ -65,10 +65,12 @@ struct DenseBlocksRates {
   // this density (its 20% rows were measured with the 4-byte copies only).
   double staged_fp32 = 5.6;
   double staged_density = 0.1;
-  // The tensor-core kernel as the dense work it does, 2 x M x K x N over its time: the forward, and
-  // dX over the CSC view (16384x4096, 70%, N = 128-256: 401-805 us, ~43 TFLOP/s; without it the
-  // planner took dense_blocks there, 3160 us against 401).
-  double tensor_core_dense_equivalent[2] = {140.0, 40.0};
+  // The tensor-core kernels as the dense work they do, 2 x M x K x N over their time: the forward, dX
+  // over the CSC view (16384x4096, 70%, N = 128-256: 401-805 us, ~43 TFLOP/s; without it the planner
+  // took dense_blocks there, 3160 us against 401), and the SDDMM's tiles (135-210 at 80-90%, N =
+  // 512-1024, on 4096x4096 and 16384x4096; 16384x4096, 90%, N = 512: 377 us against 877 for the
+  // dense blocks the planner took without it).
+  double tensor_core_dense_equivalent[3] = {140.0, 40.0, 150.0};
   double gemm_bandwidth_gbs = 3000.0;           // what a GEMM streams at best
   double expand_bandwidth_gbs = 1200.0;         // the expansion's writes of the block
   double gather_bandwidth_gbs = 2500.0;         // the SDDMM's reads of its block
@@ -107,7 +109,7 @@ inline double dense_blocks_us(const DenseBlocksProblem& p, const DeviceLimits& l
 }
 
 /// Estimated microseconds of the product in the sparse kernels the planner would take instead: the
-/// CUDA-core kernels, or for a 16-bit forward or dX the tensor-core kernel where the planner takes it.
+/// CUDA-core kernels, or for 16-bit values the tensor-core kernel where the planner takes it.
 inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits) {
   const DenseBlocksRates& r = kDenseBlocksRates;
   const double scale = double(limits.sms) / r.reference_sms;
@@ -130,7 +132,7 @@ inline double sparse_us(const DenseBlocksProblem& p, const DeviceLimits& limits)
     rate = (p.shared_x && op < 2 ? at_density(r.shared_x_fp32[op], r.shared_x_density, 1.0) : r.sparse_fp32[op]) *
            short_rows;
   double us = r.sparse_fixed_us + useful / (std::max(rate, 1e-3) * scale * 1e6);
-  if (p.value_bytes == 2 && op < 2 && p.tensor_cores) {
+  if (p.value_bytes == 2 && p.tensor_cores) {
     const double tiles = 2.0 * double(p.outputs) * double(p.inputs) * double(p.n);
     us = std::min(us, r.sparse_fixed_us + tiles / (r.tensor_core_dense_equivalent[op] * scale * 1e6));
   }

@@ -193,13 +193,14 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     detail::DenseBlocksProblem dense{detail::DenseBlocksOp::kWeightGrad, p.rows, p.cols, p.nnz, p.n,
                                      p.value_bytes, p.tf32};
     dense.staged = staged;
+    dense.tensor_cores = tensor_core_pays(p, np, limits);
     if (p.gemm && detail::dense_blocks_pay(dense, limits)) {
       plan.variant = SddmmVariant::kDenseBlocks;
       plan.reason = SddmmReason::kDenseBlocks;
     } else if (staged) {
       plan.variant = SddmmVariant::kStaged;
       plan.reason = SddmmReason::kStagedTiles;
-    } else if (tensor_core_pays(p, np, limits)) {
+    } else if (dense.tensor_cores) {
       plan.variant = SddmmVariant::kTensorCore;
       plan.reason = SddmmReason::kTensorCores;
     } else {

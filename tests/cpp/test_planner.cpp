@@ -590,6 +590,13 @@ TEST(Planner, SddmmTensorCoreGrid) {
   EXPECT_EQ(automatic(3355443, 256, SddmmEpilogue::kAdamW).variant, SddmmVariant::kTensorCore);
   EXPECT_EQ(automatic(671088, 256).variant, SddmmVariant::kVector);  // 99%
   EXPECT_EQ(plan_dw(16384, 4096, 6710886, 256).variant, SddmmVariant::kStaged);  // float32
+  // With the caller's GEMM, dense blocks take over only where they beat the tensor-core tiles too
+  // (16384x4096, 90%: N = 512 377 us for the tiles against 877 for dense blocks; N = 1024 648 against 401).
+  const auto with_gemm = [](int64_t n) {
+    return plan_dw(16384, 4096, 6710886, n, SddmmEpilogue::kStore, SddmmVariant::kAuto, 0, 2, true).variant;
+  };
+  EXPECT_EQ(with_gemm(512), SddmmVariant::kTensorCore);
+  EXPECT_EQ(with_gemm(1024), SddmmVariant::kDenseBlocks);
   // Other operand types are refused, with the reason.
   SddmmProblem wide;
   wide.rows = 4096;
