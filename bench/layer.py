@@ -724,9 +724,12 @@ def plot(layer_rows, path, info):
     plt = benchmark.pyplot()
     if plt is None:
         return
-    sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9 and r.get("dtype", "fp32") == "fp32"]
+    # AdamW at 90%, in fp32 where the run has it, else in its first precision.
+    sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9]
     if not sel:
         return
+    precision = "fp32" if any(r.get("dtype", "fp32") == "fp32" for r in sel) else sel[0]["dtype"]
+    sel = [r for r in sel if r.get("dtype", "fp32") == precision]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     labels = sorted({(r["M"], r["K"], r["N"]) for r in sel})
     for ax, field, title in zip(axes, ["gpu_us", "peak_mib"], ["GPU us per step (AdamW, 90%)", "peak MiB (AdamW, 90%)"]):
@@ -739,7 +742,7 @@ def plot(layer_rows, path, info):
         ax.set_yscale("log")
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.suptitle(f"one layer, fwd+bwd+step - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.suptitle(f"one layer, fwd+bwd+step, {precision} - {info['gpu']}, commit {info['commit'][:10]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
