@@ -144,15 +144,15 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 // Where the tensor-core kernel beats the CUDA-core SDDMMs for 16-bit operands. Measured on the H200
 // (every path forced, 768x3072 to 16384x4096 at 80-99%, N = 1-1024, bf16; the rows kernel's gathers
 // grow with N, the tensor-core kernel's tile work with the layer's area): storing the gradient, from
-// a batch of 64 at 10% density and up (N = 64: 1.1-2.5x the rows kernel at 80-90% but 3072x768 at
-// 90%, 1.03x; N = 128: 1.2-3.1x; at 95% within 0.8-1.6x, kept on the rows kernel); past the rows
-// kernel's 128 against the vector kernel from 3% density (N = 256: 1.6-9.1x at 80-95%, with AdamW's
-// step 1.3-4.7x; 0.7-1.1x at 99%). With AdamW's step in the epilogue the rows kernel stays ahead up
-// to 128 (0.8-1.05x at 80-90%).
+// a batch of 64 at 10% density and up (N = 64: 1.04-2.5x the rows kernel at 80-90%; at 95% 0.8-1.4x)
+// and at a batch of 128 from 5% (1.2-3.1x at 80-90%, 1.0-1.6x at 95%); past the rows kernel's 128
+// against the vector kernel from 3% density (N = 256: 1.6-9.1x at 80-95%, with AdamW's step
+// 1.3-4.7x; 0.7-1.1x at 99%). With AdamW's step in the epilogue the rows kernel stays ahead up to 128
+// (0.8-1.05x at 80-90%).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
-  return p.epilogue == SddmmEpilogue::kStore && np >= 64 && density(p) >= 0.075;
+  return p.epilogue == SddmmEpilogue::kStore && np >= 64 && density(p) >= (np >= 128 ? 0.045 : 0.075);
 }
 
 // Tiles per block of the tensor-core kernel: as few as keep the grid within about 4 blocks per SM
