@@ -27,6 +27,15 @@ struct StoreGradient {
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
   // apply() for a gradient already rounded to T.
   __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched) const { dvalues[e] = g; }
+  // Whether apply8_rounded() may store: 16-bit gradients and dvalues on a 16-byte boundary.
+  __device__ __forceinline__ bool stores_vectors() const {
+    return sizeof(T) == 2 && (reinterpret_cast<uintptr_t>(dvalues) & 15) == 0;
+  }
+  // The gradients of slots [e, e + 8) (e a multiple of 8), rounded to 16-bit T and packed in pairs,
+  // as one 16-byte store.
+  __device__ __forceinline__ void apply8_rounded(int64_t e, uint4 packed) const {
+    *reinterpret_cast<uint4*>(dvalues + e) = packed;
+  }
 };
 
 // T: the operands' type, to which the gradient is rounded; P: the parameter's and its moments'
@@ -57,6 +66,8 @@ struct AdamWUpdate {
     // The gradient rounded to T first, as the update from a stored gradient would see it.
     apply_rounded(e, from_accum<T>(g), f);
   }
+  __device__ __forceinline__ bool stores_vectors() const { return false; }  // each slot's state is updated
+  __device__ __forceinline__ void apply8_rounded(int64_t, uint4) const {}
   // apply() for a gradient already rounded to T.
   __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched f) const {
     constants.apply_stored(g, f.value, f.m, f.v);

@@ -159,8 +159,10 @@ __device__ __forceinline__ ColumnVector<Index> load_column_vector(const Index* _
 // read from the staged row `tile_row`; lanes r and r + 16 take every other vector of 8 slots from
 // the row's cursor, then both advance it past what the pair took. `next` holds the lane's first
 // vector (loaded at the end of the previous tile) and, on return, the one of the next tile.
+// vector_stores: a vector of 8 slots all in the tile goes to the epilogue as one 16-byte store
+// (Out::stores_vectors()).
 template <typename T, typename Index, typename Out>
-__device__ __forceinline__ void read_out_row(const Index* __restrict__ col_idx, bool aligned,
+__device__ __forceinline__ void read_out_row(const Index* __restrict__ col_idx, bool aligned, bool vector_stores,
                                              const uint16_t* tile_row, int32_t& cursor, int32_t end, int32_t c0,
                                              ColumnVector<Index>& next, const Out& out) {
   using namespace detail;
@@ -173,16 +175,25 @@ __device__ __forceinline__ void read_out_row(const Index* __restrict__ col_idx, 
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       col[j] = e8 + j >= cursor && e8 + j < end ? int32_t(packed_element<Index>(v.words, j)) : INT_MAX;
-    typename Out::Fetched fetched[8];
+    if (vector_stores && e8 >= cursor && e8 + 8 <= end && col[7] < c_end) {
+      uint32_t pairs[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (col[j] < c_end) fetched[j] = out.fetch(e8 + j);
+      for (int j = 0; j < 4; ++j)
+        pairs[j] = uint32_t(tile_row[col[2 * j] - c0]) | (uint32_t(tile_row[col[2 * j + 1] - c0]) << 16);
+      out.apply8_rounded(e8, make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]));
+      taken += 8;
+    } else {
+      typename Out::Fetched fetched[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (col[j] < c_end) {
-        out.apply_rounded(e8 + j, T{tile_row[col[j] - c0]}, fetched[j]);
-        ++taken;
-      }
+      for (int j = 0; j < 8; ++j)
+        if (col[j] < c_end) fetched[j] = out.fetch(e8 + j);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (col[j] < c_end) {
+          out.apply_rounded(e8 + j, T{tile_row[col[j] - c0]}, fetched[j]);
+          ++taken;
+        }
+    }
     if (e8 + 8 >= end || col[7] >= c_end) break;
     if (e8 + 16 < end) v = load_column_vector(col_idx, e8 + 16, end, aligned);
   }
@@ -244,6 +255,7 @@ __global__ void __launch_bounds__(detail::kTcDwThreads, detail::kTcDwBlocksPerSm
   int32_t cursor = __shfl_sync(0xffffffffu, cursor_or_end, lane % 16);
   const int32_t end = __shfl_sync(0xffffffffu, cursor_or_end, 16 + lane % 16);
   const bool aligned = (reinterpret_cast<uintptr_t>(w.col_idx) & 15) == 0;
+  const bool vector_stores = out.stores_vectors();
   // The run's slots of each row (estimated from its share of the row's remaining tiles), and what
   // the epilogue reads of them, requested into L2 now: the reads of each tile then wait on L2, not DRAM.
   if (lane < 16 && cursor < end) {
@@ -281,8 +293,8 @@ __global__ void __launch_bounds__(detail::kTcDwThreads, detail::kTcDwBlocksPerSm
     // when its reads are done.
     stage_dw_tile<T>(acc, tile, row0, col0);
     __syncthreads();
-    read_out_row<T>(w.col_idx, aligned, tile + (warp * 16 + lane % 16) * kTcDwTileStride, cursor, end,
-                    int32_t(t * kTcDwCols), next, out);
+    read_out_row<T>(w.col_idx, aligned, vector_stores, tile + (warp * 16 + lane % 16) * kTcDwTileStride, cursor,
+                    end, int32_t(t * kTcDwCols), next, out);
   }
   cp_async_wait_all();
 }

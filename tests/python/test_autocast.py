@@ -32,7 +32,9 @@ def act64(z, activation):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("activation,lead,n", [(None, (), 7), ("relu", (2,), 5), ("gelu", (), 1), (None, (3,), 0)])
+# Batches of 96 and 4 x 40 tokens take the tensor-core SDDMM for dW on CUDA (from 64 rows).
+@pytest.mark.parametrize("activation,lead,n", [(None, (), 7), ("relu", (2,), 5), ("gelu", (), 1), (None, (3,), 0),
+                                               ("relu", (), 96), (None, (4,), 40)])
 def test_forward_and_gradients_in_the_autocast_dtype(device, dtype, activation, lead, n):
     layer, x = layer_and_input(device, activation, lead, n)
     with torch.autocast(device.type, dtype=dtype):
@@ -115,10 +117,11 @@ def test_float64_inputs_are_left_as_they_are(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("activation,bias_group", [(None, "same"), ("relu", "own"), ("gelu", "none")])
-def test_fused_adamw_equals_torch_adamw_under_autocast(device, dtype, activation, bias_group):
+@pytest.mark.parametrize("activation,bias_group,tokens", [(None, "same", (2, 5)), ("relu", "own", (2, 5)),
+                                                          ("gelu", "none", (2, 5)), (None, "own", (3, 50))])
+def test_fused_adamw_equals_torch_adamw_under_autocast(device, dtype, activation, bias_group, tokens):
     """The fused step updates the float32 masters from the 16-bit gradient: the trajectory of
-    torch.optim.AdamW on the same autocast layer."""
+    torch.optim.AdamW on the same autocast layer (150 tokens: the tensor-core SDDMM on CUDA)."""
     torch.manual_seed(3)
     fused_layer = snack.SparseLinear(40, 48, density=0.2, device=device, activation=activation)
     torch_layer = copy.deepcopy(fused_layer)
@@ -136,8 +139,8 @@ def test_fused_adamw_equals_torch_adamw_under_autocast(device, dtype, activation
     reference = torch.optim.AdamW(groups(torch_layer), **hyper)
     gen = torch.Generator().manual_seed(4)
     for _ in range(6):
-        x = torch.randn(2, 5, 40, generator=gen).to(device)
-        target = torch.randn(2, 5, 48, generator=gen).to(device)
+        x = torch.randn(*tokens, 40, generator=gen).to(device)
+        target = torch.randn(*tokens, 48, generator=gen).to(device)
         for layer, opt in ((fused_layer, fused), (torch_layer, reference)):
             opt.zero_grad()
             with torch.autocast(device.type, dtype=dtype):
