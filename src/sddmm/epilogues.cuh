@@ -27,7 +27,7 @@ struct StoreGradient {
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
   // apply() for a gradient already rounded to T.
   __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched) const { dvalues[e] = g; }
-  // Whether apply8_rounded() may store: 16-bit gradients and dvalues on a 16-byte boundary.
+  // Whether apply8_rounded() may run: 16-bit gradients and dvalues on a 16-byte boundary.
   __device__ __forceinline__ bool stores_vectors() const {
     return sizeof(T) == 2 && (reinterpret_cast<uintptr_t>(dvalues) & 15) == 0;
   }
@@ -66,8 +66,39 @@ struct AdamWUpdate {
     // The gradient rounded to T first, as the update from a stored gradient would see it.
     apply_rounded(e, from_accum<T>(g), f);
   }
-  __device__ __forceinline__ bool stores_vectors() const { return false; }  // each slot's state is updated
-  __device__ __forceinline__ void apply8_rounded(int64_t, uint4) const {}
+  // Whether apply8_rounded() may run: 16-bit gradients, each state array on a 16-byte boundary.
+  __device__ __forceinline__ bool stores_vectors() const {
+    return sizeof(T) == 2 && ((reinterpret_cast<uintptr_t>(values) | reinterpret_cast<uintptr_t>(exp_avg) |
+                               reinterpret_cast<uintptr_t>(exp_avg_sq)) & 15) == 0;
+  }
+  // AdamW's step of slots [e, e + 8) (e a multiple of 8) from their gradients rounded to 16-bit T and
+  // packed in pairs: each slot's arithmetic as apply_rounded(), the values and moments moved in
+  // 16-byte vectors.
+  __device__ __forceinline__ void apply8_rounded(int64_t e, uint4 packed) const {
+    constexpr int kVectors = int(8 * sizeof(P) / 16);
+    union Run {
+      uint4 vectors[kVectors];
+      P elements[8];
+    };
+    Run v, m, s;
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      v.vectors[i] = reinterpret_cast<const uint4*>(values + e)[i];
+      m.vectors[i] = reinterpret_cast<const uint4*>(exp_avg + e)[i];
+      s.vectors[i] = reinterpret_cast<const uint4*>(exp_avg_sq + e)[i];
+    }
+    const uint32_t pairs[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      constants.apply_stored(T{uint16_t(pairs[j / 2] >> (16 * (j % 2)))}, v.elements[j], m.elements[j],
+                             s.elements[j]);
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      reinterpret_cast<uint4*>(values + e)[i] = v.vectors[i];
+      reinterpret_cast<uint4*>(exp_avg + e)[i] = m.vectors[i];
+      reinterpret_cast<uint4*>(exp_avg_sq + e)[i] = s.vectors[i];
+    }
+  }
   // apply() for a gradient already rounded to T.
   __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched f) const {
     constants.apply_stored(g, f.value, f.m, f.v);

@@ -147,12 +147,14 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 // a batch of 64 at 10% density and up (N = 64: 1.04-2.5x the rows kernel at 80-90%; at 95% 0.8-1.4x)
 // and at a batch of 128 from 5% (1.2-3.1x at 80-90%, 1.0-1.6x at 95%); past the rows kernel's 128
 // against the vector kernel from 3% density (N = 256: 1.6-9.1x at 80-95%, with AdamW's step
-// 1.3-4.7x; 0.7-1.1x at 99%). With AdamW's step in the epilogue the rows kernel stays ahead up to 128
-// (0.8-1.05x at 80-90%).
+// 1.3-6.4x; 0.7-1.1x at 99%). With AdamW's step in the epilogue, at a batch of 128 from 15% density
+// (80%: 16384x4096 462 against 707 us, 4096x4096 135 against 198, 3072x768 level); below, the rows
+// kernel stays ahead (N = 64: 0.6-0.9x; N = 128 at 90%: 0.8-1.05x).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
-  return p.epilogue == SddmmEpilogue::kStore && np >= 64 && density(p) >= (np >= 128 ? 0.045 : 0.075);
+  if (p.epilogue == SddmmEpilogue::kAdamW) return np >= 128 && density(p) >= 0.15;
+  return np >= 64 && density(p) >= (np >= 128 ? 0.045 : 0.075);
 }
 
 // Tiles per block of the tensor-core kernel: as few as keep the grid within about 4 blocks per SM
