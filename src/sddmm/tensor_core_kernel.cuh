@@ -43,28 +43,13 @@ struct ColumnsOfRows {
 };
 
 // Rows [first, first + kTcDwBatchChunk) of a [n, dim] operand, columns [c0, c0 + kTcDwRows), into
-// `stage` ([kTcDwBatchChunk][kTcDwOperandStride]), zeros outside the operand. vec: 16-byte rows
-// (dim % 8 == 0, aligned base), copied by cp.async (the caller commits); else element by element.
+// `stage` ([kTcDwBatchChunk][kTcDwOperandStride]), zeros outside the operand (stage_16bit_block;
+// vec: 16-byte rows, and the caller commits the group).
 template <typename T>
 __device__ __forceinline__ void stage_operand_chunk(uint16_t* stage, const T* __restrict__ op, int64_t n,
                                                     int64_t dim, int64_t first, int64_t c0, bool vec) {
   using namespace detail;
-  constexpr int kSegmentsPerRow = kTcDwRows / 8;
-  if (vec) {
-    for (int s = threadIdx.x; s < kTcDwBatchChunk * kSegmentsPerRow; s += kTcDwThreads) {
-      const int row = s / kSegmentsPerRow, seg = s % kSegmentsPerRow;
-      const int64_t b = first + row, c = c0 + seg * 8;
-      const bool inside = b < n && c < dim;
-      cp_async_16(stage + row * kTcDwOperandStride + seg * 8, inside ? op + b * dim + c : op, inside ? 16 : 0);
-    }
-  } else {
-    const uint16_t* raw = reinterpret_cast<const uint16_t*>(op);
-    for (int e = threadIdx.x; e < kTcDwBatchChunk * kTcDwRows; e += kTcDwThreads) {
-      const int row = e / kTcDwRows, col = e % kTcDwRows;
-      const int64_t b = first + row, c = c0 + col;
-      stage[row * kTcDwOperandStride + col] = b < n && c < dim ? raw[b * dim + c] : uint16_t(0);
-    }
-  }
+  stage_16bit_block<kTcDwBatchChunk, kTcDwRows, kTcDwOperandStride, kTcDwThreads>(stage, op, n, dim, first, c0, vec);
 }
 
 // acc (the warp's 32 rows x 64 columns: 2 x 8 m16n8 tiles) += dY's chunk^T x X's chunk, both staged
