@@ -3,9 +3,9 @@
 //
 // Where it pays: a row-wise SDDMM gathers X's column for every slot (nnz * N values through L1),
 // while a dense tile of 128 x 128 gradients costs 128 x 128 x N / 4096 tensor-core instructions
-// from operands staged once per tile; for batches of tens of samples and densities of a few percent
-// and up the tile is cheaper than its slots' gathers, and what remains is the slots' own traffic
-// (their columns read, their gradients written).
+// from operands staged once per tile; from a batch of about 64 at densities from 5-10% (past 128
+// from 3%) the tile is cheaper than its slots' gathers, and what remains is the tile's fixed work
+// and the slots' own traffic (their columns read, their gradients written): plan.cpp has the rule.
 //
 // A block owns a band of kTcDwRows rows of W and a run of tiles of kTcDwCols columns (shapes.h).
 // For each tile it streams the batch through shared memory in chunks (cp.async, three stages: the
@@ -13,8 +13,10 @@
 // tile to T into shared memory and reads the slots out of it: lanes r and r + 16 of warp w share row
 // 16 w + r, keep a cursor into its slots (sorted by column) and walk them eight at a time until one
 // falls past the tile; each lane loads the first vector of its next tile as it finishes one, and
-// the block asks L2 for its rows' slots when it starts. The epilogue rounds every gradient to T
-// anyway (StoreGradient stores T, AdamWUpdate rounds to T first), so the staged tile loses nothing.
+// the block asks L2 for its rows' slots when it starts; a vector of 8 slots that lies whole in the
+// tile goes to the epilogue at once (one 16-byte store of its gradients, or AdamW's step of the 8
+// with 16-byte moves of their values and moments). The epilogue rounds every gradient to T anyway
+// (StoreGradient stores T, AdamWUpdate rounds to T first), so the staged tile loses nothing.
 // Every gradient is one fixed chain of mma.sync products: deterministic.
 #pragma once
 
@@ -144,8 +146,8 @@ __device__ __forceinline__ ColumnVector<Index> load_column_vector(const Index* _
 // read from the staged row `tile_row`; lanes r and r + 16 take every other vector of 8 slots from
 // the row's cursor, then both advance it past what the pair took. `next` holds the lane's first
 // vector (loaded at the end of the previous tile) and, on return, the one of the next tile.
-// vector_stores: a vector of 8 slots all in the tile goes to the epilogue as one 16-byte store
-// (Out::stores_vectors()).
+// vector_stores (Out::stores_vectors()): a vector of 8 slots all in the tile goes to the epilogue
+// at once (Out::apply8_rounded).
 template <typename T, typename Index, typename Out>
 __device__ __forceinline__ void read_out_row(const Index* __restrict__ col_idx, bool aligned, bool vector_stores,
                                              const uint16_t* tile_row, int32_t& cursor, int32_t end, int32_t c0,
@@ -188,8 +190,9 @@ __device__ __forceinline__ void read_out_row(const Index* __restrict__ col_idx, 
 }
 
 // dv[s] = sum_n dY[n, row(s)] X[n, col(s)] for the slots of band blockIdx.y (kTcDwRows rows of W)
-// in tiles [blockIdx.x * tiles_per_block, ...) of kTcDwCols columns, handed to `out`.
-// vec_dy / vec_x: the operand's rows are 16-byte vectors (stage_operand_chunk).
+// in tiles [blockIdx.x * tiles_per_block, ...) of kTcDwCols columns, handed to `out`. n > 0 (an
+// empty batch's zero gradients come from the slot kernel). vec_dy / vec_x: the operand's rows are
+// 16-byte vectors (stage_operand_chunk).
 template <typename T, typename Index, typename Out>
 __global__ void __launch_bounds__(detail::kTcDwThreads, detail::kTcDwBlocksPerSm)
     sddmm_tensor_core_kernel(SlotPattern<Index> w, const T* __restrict__ dy, const T* __restrict__ x, int64_t n,
