@@ -67,9 +67,9 @@ struct DenseBlocksRates {
   double staged_density = 0.1;
   // The tensor-core kernels as the dense work they do, 2 x M x K x N over their time: the forward, dX
   // over the CSC view (16384x4096, 70%, N = 128-256: 401-805 us, ~43 TFLOP/s; without it the planner
-  // took dense_blocks there, 3160 us against 401), and the SDDMM's tiles (135-210 at 80-90%, N =
-  // 512-1024, on 4096x4096 and 16384x4096; 16384x4096, 90%, N = 512: 377 us against 877 for the
-  // dense blocks the planner took without it).
+  // took dense_blocks there, 3160 us against 401), and the SDDMM's tiles (153-190 at 80-95%, N = 512,
+  // on 4096x4096 and 16384x4096 in backward_nvidia_h200_bf16.md; 16384x4096, 90%: 375 against 521 us
+  // for dense blocks, which the planner took there before the estimate knew the tiles).
   double tensor_core_dense_equivalent[3] = {140.0, 40.0, 150.0};
   double gemm_bandwidth_gbs = 3000.0;           // what a GEMM streams at best
   double expand_bandwidth_gbs = 1200.0;         // the expansion's writes of the block

@@ -141,15 +141,17 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
   return Status::Ok();
 }
 
-// Where the tensor-core kernel beats the CUDA-core SDDMMs for 16-bit operands. Measured on the H200
-// (every path forced, 768x3072 to 16384x4096 at 80-99%, N = 1-1024, bf16; the rows kernel's gathers
-// grow with N, the tensor-core kernel's tile work with the layer's area): storing the gradient, from
-// a batch of 64 at 10% density and up (N = 64: 1.04-2.5x the rows kernel at 80-90%; at 95% 0.8-1.4x)
-// and at a batch of 128 from 5% (1.2-3.1x at 80-90%, 1.0-1.6x at 95%); past the rows kernel's 128
-// against the vector kernel from 3% density (N = 256: 1.6-9.1x at 80-95%, with AdamW's step
-// 1.3-6.4x; 0.7-1.1x at 99%). With AdamW's step in the epilogue, at a batch of 128 from 15% density
-// (80%: 16384x4096 462 against 707 us, 4096x4096 135 against 198, 3072x768 level); below, the rows
-// kernel stays ahead (N = 64: 0.6-0.9x; N = 128 at 90%: 0.8-1.05x).
+// Where the tensor-core kernel beats the CUDA-core SDDMMs for 16-bit operands (the rows kernel's
+// gathers grow with N, the tensor-core kernel's tile work with the layer's area). Storing the
+// gradient (bench/results/backward_nvidia_h200_bf16.md, every path forced, 80-95%): from a batch of
+// 64 at 10% density and up (N = 64: 1.1-3.0x the rows kernel at 80-90%; at 95% 0.8-1.4x) and at a
+// batch of 128 from 4.5% (1.2-3.6x at 80-90%, 1.0-1.6x at 95%); past the rows kernel's 128 against
+// the vector kernel from 3% density (N = 256: 1.7-10.8x at 80-95%). With AdamW's step in the
+// epilogue, from a forced-path run over the same shapes that no committed file holds: at a batch of
+// 128 from 15% density (80%: 16384x4096 462 against 707 us, 4096x4096 135 against 198, 3072x768
+// level); below, the rows kernel stays ahead (N = 64: 0.6-0.9x; N = 128 at 90%: 0.8-1.05x); past
+// 128 against the vector kernel 1.3-6.4x at 80-95%, and at 99% (from the first form of the kernel)
+// 0.7-1.1x, which the 3% floor leaves to the vector kernel.
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
