@@ -166,6 +166,7 @@ def time_layer(impl, ref, n, opt_name, steps=20, precision="fp32"):
 
 
 SDDMM_VARIANTS = ("vector", "rows", "staged")  # forced with --sddmm-variants, as impl "snack_<variant>"
+ADAMW_16BIT_VARIANTS = ("rows", "vector", "tensor_core")  # forced beside the planner's fused dW in 16 bits
 
 
 def backward_operands(ref, n, dtype):
@@ -295,7 +296,10 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth, csc_read
     cands.update(large_batch_paths(n, values, pattern, dy, x, ref_dx, ref_dw, fwd=(x, ref_fwd)))
     if csc_reads:
         cands.update(csc_read_paths(values, pattern, dy, ref_dx))
-    return timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer)
+    # dW with AdamW's step, as snack.optim.AdamW runs it under autocast: the 16-bit operands, float32
+    # values and moments; the planner's kernel and each that runs 16-bit batches of any size forced.
+    return timed_rows(cands, ref, n, sparsity, dtype_name, floor, timer) + adamw_step_rows(
+        ref, pattern, dy, x, n, sparsity, timer, bandwidth, ADAMW_16BIT_VARIANTS, dtype_name)
 
 
 def summarize_16bit(back_rows, info) -> str:
@@ -332,18 +336,41 @@ def summarize_16bit(back_rows, info) -> str:
                   f"dW against dense {dtype}, geomean: {benchmark.geomean(dw_vs_dense):.2f}x"]
     lines += input_grad_paths_table(b)
     lines += weight_grad_paths_table(b)
+    lines += adamw_paths_table(b)
     return "\n".join(lines) + "\n"
+
+
+def adamw_paths_table(b) -> list[str]:
+    """dW with AdamW's step: the planner's fused kernel, each forced one, and the unfused pair."""
+    keys = sorted({k[1:5] for k in b if k[0] == "dw_adamw"})
+    if not keys:
+        return []
+    impls = ["snack_fused"] + [f"snack_fused_{v}" for v in ADAMW_16BIT_VARIANTS] + ["snack_unfused"]
+    lines = ["", "## Weight gradient with AdamW's step (cold L2, median us)", "",
+             "snack_fused: `sddmm_adamw_` with the planner's kernel (what snack.optim.AdamW runs; float32 values "
+             "and moments); snack_fused_<kernel>: that kernel forced (`-`: it does not run the shape); "
+             "snack_unfused: `snack.ops.sddmm`, then torch's fused AdamW on the gradient.", "",
+             "| M x K | N | sparsity | " + " | ".join(impls) + " |", "|---|---|---|" + "---|" * len(impls)]
+    for key in keys:
+        cells = [b.get(("dw_adamw",) + key + (impl,)) for impl in impls]
+        lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | "
+                     + " | ".join(f"{r['median_us']:.1f}" if r else "-" for r in cells) + " |")
+    return lines
 
 
 ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8)
 
 
-def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants=()):
+def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_variants=(), dtype_name="fp32"):
     """op dw_adamw: the weight gradient and AdamW's step of the values. snack_fused: one kernel
     (sddmm_adamw_, the automatic choice); snack_fused_<variant>: the same with an SDDMM kernel forced;
     snack_unfused: snack's SDDMM, then torch's fused AdamW kernel on the gradient. All start from
-    the same state; each fused one is checked against the unfused one first."""
+    the same state; each fused one is checked against the unfused one first. dtype_name: the type of
+    dy and x; the values and moments stay float32 (mixed precision: the gradient is rounded to the
+    16-bit type, whose rounding another kernel may take to the other neighbour, so the check is the
+    type's tolerance)."""
     m, k, nnz = ref.out_features, ref.in_features, ref.nnz
+    tolerance = 1e-5 if dtype_name == "fp32" else benchmark.TOLERANCE[dtype_name]
 
     def fresh(step):  # values, exp_avg, exp_avg_sq, step
         return [ref.values.detach().clone(), torch.full_like(ref.values, 1e-3), torch.full_like(ref.values, 1e-6),
@@ -353,7 +380,7 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
     unfused_state = fresh(1)  # torch's optimizer advances the count before its kernel
 
     def unfused():
-        grad = snack.ops.sddmm(dy, x, pattern)
+        grad = snack.ops.sddmm(dy, x, pattern).float()
         torch._fused_adamw_([unfused_state[0]], [grad], [unfused_state[1]], [unfused_state[2]], [], [unfused_state[3]],
                             amsgrad=False, maximize=False, **h)
 
@@ -370,7 +397,7 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
     candidates += [(f"snack_fused_{v}", *fused_step(v)) for v in sddmm_variants]
     unfused()
     # Indices, then values and both moments read and written once, dy and x read once.
-    floor = (nnz * (2 * ref.row_idx.element_size() + 24) + 4 * n * (m + k)) / (bandwidth * 1e3)
+    floor = (nnz * (2 * ref.row_idx.element_size() + 24) + dy.element_size() * n * (m + k)) / (bandwidth * 1e3)
     rows = []
     for impl, fn, state in candidates + [("snack_unfused", unfused, unfused_state)]:
         if fn is not unfused:
@@ -380,10 +407,10 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
                 print(f"  dw_adamw/{impl} {m}x{k} N={n}: {e}")
                 continue
             err = max(benchmark.rel_error(a, b) for a, b in zip(state[:3], unfused_state[:3]))
-            if not err < 1e-5:
+            if not err < tolerance:
                 print(f"  dw_adamw/{impl} {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
                 continue
-        rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype="fp32", impl=impl,
+        rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=dtype_name, impl=impl,
                          median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor,
                          tflops=benchmark.useful_tflops(nnz, n, us)))
     return rows

@@ -76,10 +76,16 @@ def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
             for op, impl, us in (("fwd", "snack", 20.0), ("dx", "snack", 25.0), ("dx", "snack_tensor_core", 40.0),
                                  ("dx", "dense", 50.0), ("dw", "snack", 30.0), ("dw", "snack_tensor_core", 45.0),
                                  ("dw", "snack_rows", 30.0), ("dw", "dense", 15.0))]
+    rows += [dict(op="dw_adamw", M=4096, K=4096, N=16, sparsity=0.9, pattern="uniform", dtype="bf16", impl=impl,
+                  median_us=us, floor_us=5.0)
+             for impl, us in (("snack_fused", 60.0), ("snack_fused_rows", 60.0), ("snack_fused_tensor_core", 90.0),
+                              ("snack_unfused", 80.0))]
     for r in rows:
         r["tflops"] = 1.0
     md = layer.summarize_16bit(rows, info)
     assert "| 4096x4096 | 16 | 0.9 | 20.0 | 25.0 | 40.0 | 50.0 | 2.00x | 1.25x | 30.0 | 45.0 | 30.0 | 15.0 | 0.50x |" in md
+    # dW with AdamW's step: the planner's fused kernel, each forced one ("-" where it did not run), unfused.
+    assert "| 4096x4096 | 16 | 0.9 | 60.0 | 60.0 | - | 90.0 | 80.0 |" in md
     assert "dX / forward, geomean: 1.25 (target <= 1.3)" in md
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
     layer.plot_16bit(rows, tmp_path / "b.png", info)
