@@ -410,8 +410,8 @@ def adamw_step_rows(ref, pattern, dy, x, n, sparsity, timer, bandwidth, sddmm_va
             if not err < tolerance:
                 print(f"  dw_adamw/{impl} {m}x{k} N={n}: fused and unfused differ by {err:.2e}, not timed")
                 continue
-        rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=dtype_name, impl=impl,
-                         median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor,
+        rows.append(dict(op="dw_adamw", M=m, K=k, N=n, sparsity=sparsity, pattern="uniform", dtype=dtype_name,
+                         impl=impl, median_us=(us := timer.median_us(fn, reps=20)), floor_us=floor,
                          tflops=benchmark.useful_tflops(nnz, n, us)))
     return rows
 
