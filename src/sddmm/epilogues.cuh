@@ -13,7 +13,9 @@ namespace {
 // apply AdamW's step to the slot's value with it at once (sddmm_adamw), so that the gradient never
 // goes to memory. fetch(e) loads what apply(e, g, fetched) needs; the kernels issue it before they
 // compute g, so its loads overlap the products; prefetch_l2(begin, end) asks L2 for what fetch()
-// will read of a run of slots, for kernels that know their runs ahead. begin() runs once per thread
+// will read of a run of slots, for kernels that know their runs ahead. apply_rounded() takes a
+// gradient already rounded to T, and apply8_rounded() eight consecutive ones at once where
+// stores_vectors() allows (the tensor-core kernel, whose tile holds T). begin() runs once per thread
 // after the kernel has waited for the grids before it.
 template <typename T>
 struct StoreGradient {
