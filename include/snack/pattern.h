@@ -51,6 +51,31 @@ constexpr int64_t max_dim_for_index() {
   return std::is_same_v<Index, uint16_t> ? kMaxDim16 : int64_t{std::numeric_limits<int32_t>::max()};
 }
 
+/// The tile view (for the 16-bit tensor-core forward, SpmmVariant::kTileView): W cut into tiles of
+/// kTileViewRows rows x kTileViewCols columns. Band b (rows [64 b, 64 b + 64)) holds slots
+/// [row_ptr[64 b], row_ptr[64 b + 64]); its tiles list them again, tile by tile in column order and
+/// row-major inside a tile: tile (b, c) is entries [tile_ptr[b * chunks + c], tile_ptr[b * chunks + c + 1])
+/// with chunks = ceil(cols / kTileViewCols), and each entry is
+///   (slot - row_ptr[64 b]) << kTileViewSlotShift | (row - 64 b) * kTileViewCols + (col - 64 c),
+/// so a tile's slots are read contiguously and their values gathered from the slots' own values.
+/// Built for cols <= kTileViewMaxCols (a band then holds at most 2^20 slots); otherwise absent.
+inline constexpr int64_t kTileViewRows = 64;
+inline constexpr int64_t kTileViewCols = 64;
+inline constexpr int kTileViewSlotShift = 12;
+inline constexpr int64_t kTileViewMaxCols = int64_t(1) << (32 - kTileViewSlotShift) >> 6;
+static_assert(kTileViewRows * kTileViewCols == int64_t(1) << kTileViewSlotShift, "a position addresses a whole tile");
+
+/// Lengths of the tile view's arrays for a `rows x cols` pattern of nnz slots: tile_ptr
+/// (bands * chunks + 1) and tile_entries (nnz rounded up to a multiple of 4, so that a tile can be
+/// read as 16-byte vectors); both 0 where the view is not built (cols > kTileViewMaxCols or an empty matrix).
+inline int64_t tile_view_ptr_length(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0 || cols > kTileViewMaxCols) return 0;
+  return ((rows + kTileViewRows - 1) / kTileViewRows) * ((cols + kTileViewCols - 1) / kTileViewCols) + 1;
+}
+inline int64_t tile_view_entries_length(int64_t rows, int64_t cols, int64_t nnz) {
+  return tile_view_ptr_length(rows, cols) == 0 ? 0 : (nnz + 3) / 4 * 4;
+}
+
 /// Read-only view of a slot pattern: which positions of a `rows x cols` matrix are stored.
 ///
 /// The slots are kept sorted row-major (by row, then column), so slot s of row r lies in
@@ -69,6 +94,10 @@ struct SlotPattern {
   const int32_t* row_ptr = nullptr;  ///< [rows + 1] CSR offsets into the slots
   const int32_t* col_ptr = nullptr;  ///< [cols + 1] CSC offsets into csc_perm
   const int32_t* csc_perm = nullptr; ///< [nnz] slot of each entry in column-major order
+  /// The tile view (see kTileViewRows), or null where absent: [tile_view_ptr_length] and
+  /// [tile_view_entries_length] (the entries are unsigned 32-bit words).
+  const int32_t* tile_ptr = nullptr;
+  const uint32_t* tile_entries = nullptr;
 };
 
 /// Checks the sizes and pointers of a pattern (not its contents): non-negative sizes, dimensions

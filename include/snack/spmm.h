@@ -52,10 +52,14 @@ enum class SpmmVariant : int {
   kWgmma,      ///< 16-bit values on Hopper (sm_90a build, compute capability 9.0), forced only for now: the slots
                ///< sorted into per-tile lists (workspace), expanded on chip by a producer warpgroup while the
                ///< copy engine brings X and two consumer warpgroups multiply with wgmma. in_dim a multiple of 8.
+  kTileView,   ///< 16-bit values, the forward: the pattern's tile view (SlotPattern::tile_ptr) read tile by tile,
+               ///< each 64 x 64 tile's slots scattered by the whole block into shared memory (values gathered
+               ///< in slot order), multiplied with mma.sync; a cluster splits a band's columns. Batch tiles of
+               ///< 16-64 rows. Needs a pattern with the tile view (at most 16384 inputs).
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
-/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks", "shared_x", "wgmma").
+/// "wide_rows", "coo_atomic", "tensor_core", "dense_blocks", "shared_x", "wgmma", "tile_view").
 const char* spmm_variant_name(SpmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
@@ -63,7 +67,7 @@ bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
 const std::vector<SpmmVariant>& spmm_variants();
 /// Whether a variant computes only the forward product, not dX = dY W.
 inline bool spmm_variant_is_forward_only(SpmmVariant v) {
-  return v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows;
+  return v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows || v == SpmmVariant::kTileView;
 }
 /// Whether repeated runs give bitwise equal results.
 inline bool spmm_variant_is_deterministic(SpmmVariant v) { return v != SpmmVariant::kCooAtomic; }
@@ -79,13 +83,15 @@ enum class SpmmReason : int {
   kTensorCores,    ///< 16-bit values, many batch rows, a high density: tensor cores
   kDenseBlocks,    ///< a batch large enough that a dense GEMM over expanded blocks of W beats the sparse kernels
   kSharedInput,    ///< a batch of hundreds of rows: X staged in shared memory, shared by a band of rows
+  kTileView,       ///< 16-bit values, 17-64 batch rows of a large layer at most 20% dense: the tile view on tensor cores
 };
 
 /// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels
 /// read fewer bytes of X per slot than a tensor core wastes); plan.cpp says where above it it pays.
 inline constexpr int64_t kTensorCoreMinBatch = 9;
 /// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
-/// "transpose_once", "tensor_cores", "dense_blocks", "shared_input") and a sentence saying what it means.
+/// "transpose_once", "tensor_cores", "dense_blocks", "shared_input", "tile_view") and a sentence saying what
+/// it means.
 const char* spmm_reason_name(SpmmReason r);
 const char* spmm_reason_text(SpmmReason r);
 
@@ -119,10 +125,12 @@ struct SpmmProblem {
   bool tf32 = false;
   /// The transposed product: how its kernels read the CSC view (ignored for the forward).
   CscRead csc = CscRead::kAuto;
+  /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run the forward.
+  bool tile_view = false;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
-           csc == o.csc;
+           csc == o.csc && tile_view == o.tile_view;
   }
 };
 

@@ -59,6 +59,15 @@ template <typename Index>
 Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                    int32_t* row_ptr, int32_t* col_ptr, int32_t* csc_perm);
 
+/// Derives the tile view (see kTileViewRows in snack/pattern.h) of a row-major sorted pattern:
+///   row_idx, col_idx: [nnz], checked first (check_slots); row_ptr: [m + 1], from build_views.
+///   tile_ptr: [tile_view_ptr_length(m, k)], tile_entries: [tile_view_entries_length(m, k, nnz)]
+///   outputs (the entries past nnz are zeros). Nothing is written where the view is not built
+///   (both lengths 0).
+template <typename Index>
+Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                       const int32_t* row_ptr, int32_t* tile_ptr, uint32_t* tile_entries);
+
 /// Positions of the `count` entries of largest magnitude in a dense row-major `m x k` matrix,
 /// written ascending to positions[count]. Ties go to the smaller position, so the result is
 /// deterministic. Non-finite entries are rejected (kInvalidArgument).
@@ -82,6 +91,11 @@ template <typename Index>
 Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                    int32_t* row_ptr, int32_t* col_ptr, int32_t* csc_perm, DeviceAllocator& alloc,
                    Stream stream);
+
+/// As cpu::build_tile_view, without checking the slots (as build_views); never synchronises.
+template <typename Index>
+Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                       const int32_t* row_ptr, int32_t* tile_ptr, uint32_t* tile_entries, Stream stream);
 
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,

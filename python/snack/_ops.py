@@ -38,6 +38,8 @@ ops = torch.ops.snack
 
 #: The names of a pattern's tensors, in the order every op takes them (from the C++ library).
 PATTERN_FIELDS = tuple(ops.pattern_fields())
+#: The tile view's tiles (rows, columns) and the widest layer that has the view (snack/pattern.h).
+_TILE_ROWS, _TILE_COLS, _TILE_MAX_INPUTS = ops.tile_view_geometry()
 
 
 def default_index_dtype(out_features: int, in_features: int) -> torch.dtype:
@@ -174,9 +176,14 @@ def _slots_from_mask_fake(mask, index_dtype=None):
 
 @_register_fake("build_views")
 def _build_views_fake(row_idx, col_idx, out_features, in_features):
+    nnz = row_idx.shape[0]
+    tiles = out_features > 0 and 0 < in_features <= _TILE_MAX_INPUTS
+    tile_ptr = -(-out_features // _TILE_ROWS) * -(-in_features // _TILE_COLS) + 1 if tiles else 0
     return (row_idx.new_empty((out_features + 1,), dtype=torch.int32),
             row_idx.new_empty((in_features + 1,), dtype=torch.int32),
-            row_idx.new_empty((row_idx.shape[0],), dtype=torch.int32))
+            row_idx.new_empty((nnz,), dtype=torch.int32),
+            row_idx.new_empty((tile_ptr,), dtype=torch.int32),
+            row_idx.new_empty(((nnz + 3) // 4 * 4 if tiles else 0,), dtype=torch.int32))
 
 
 @_register_fake("prune_slots")

@@ -11,6 +11,8 @@ from ._checks import checkpoint_tensor, integer, unexpected_keys as unexpected_k
 from ._ops import PATTERN_FIELDS, ops
 
 _SLOTS = ("row_idx", "col_idx")
+#: The views a pattern derives from its slots (every field of PATTERN_FIELDS after the slots).
+_VIEWS = PATTERN_FIELDS[len(_SLOTS):]
 #: A parent's verdict on a checkpoint: load nothing (see Pattern._parent_verdict).
 REFUSE = object()
 
@@ -20,9 +22,10 @@ class Pattern(nn.Module):
 
     The slots are kept sorted row-major in two buffers, ``row_idx`` and ``col_idx`` (uint16 when both
     dimensions are at most 65536, else int32), which ``state_dict`` holds. From them the pattern
-    derives, on the slots' device, the views the kernels read: CSR row pointers (``row_ptr``) and a
-    CSC view (``col_ptr``, ``csc_perm``, a permutation into the same slots), left out of
-    ``state_dict``. ``tensors`` is the list every snack operator takes, in the C++ library's order.
+    derives, on the slots' device, the views the kernels read: CSR row pointers (``row_ptr``), a
+    CSC view (``col_ptr``, ``csc_perm``, a permutation into the same slots) and the tile view of the
+    16-bit tensor-core forward (``tile_ptr``, ``tile_entries``: each 64 x 64 tile's slots listed
+    contiguously, 4 bytes per slot; empty for more than 16384 inputs), left out of ``state_dict``. ``tensors`` is the list every snack operator takes, in the C++ library's order.
 
     A pattern changes only through :meth:`set_slots`, which keeps ``nnz``, copies the new slots in
     place and rebuilds every view in place: a CUDA graph captured with the pattern keeps reading
@@ -56,7 +59,7 @@ class Pattern(nn.Module):
         self._parent_verdict = None
         self.register_buffer("row_idx", row_idx)
         self.register_buffer("col_idx", col_idx)
-        for name, view in zip(("row_ptr", "col_ptr", "csc_perm"), self._views(row_idx, col_idx)):
+        for name, view in zip(_VIEWS, self._views(row_idx, col_idx), strict=True):
             self.register_buffer(name, view, persistent=False)
 
     # ---- constructors ------------------------------------------------------------------------------
@@ -119,7 +122,7 @@ class Pattern(nn.Module):
 
     def _copy_views(self, views) -> None:
         with torch.no_grad():
-            for name, view in zip(("row_ptr", "col_ptr", "csc_perm"), views):
+            for name, view in zip(_VIEWS, views, strict=True):
                 getattr(self, name).copy_(view)
 
     # ---- what it is --------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kTensorCore, "tensor_core"},
                                                 {SpmmVariant::kDenseBlocks, "dense_blocks"},
                                                 {SpmmVariant::kSharedX, "shared_x"},
-                                                {SpmmVariant::kWgmma, "wgmma"}};
+                                                {SpmmVariant::kWgmma, "wgmma"},
+                                                {SpmmVariant::kTileView, "tile_view"}};
 constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kSlot, "slot"},
                                                   {SddmmVariant::kVector, "vector"},
@@ -54,6 +55,9 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kDenseBlocks, "dense_blocks",
      "a batch large enough that a dense GEMM beats the sparse kernels: W expanded a block of outputs at a time into "
      "a workspace no larger than the batch's activations, multiplied by cuBLAS"},
+    {SpmmReason::kTileView, "tile_view",
+     "16-bit values, 17-64 batch rows of a large layer at most 20% dense: each 64 x 64 tile's slots read contiguously "
+     "from the pattern's tile view, expanded in shared memory and multiplied on tensor cores"},
     {SpmmReason::kSharedInput, "shared_input",
      "a batch of hundreds of rows: X transposed once and staged in shared memory chunk by chunk, each chunk read by "
      "a band of output rows (X crosses L2 once per band, not once per entry)"}};

@@ -106,6 +106,16 @@ Status check_pattern(const SlotPattern<Index>& w) {
       previous = s;
     }
   }
+  // The tile view, where given, is the one build_tile_view derives.
+  if (w.tile_ptr != nullptr) {
+    std::vector<int32_t> tile_ptr(size_t(tile_view_ptr_length(w.rows, w.cols)));
+    std::vector<uint32_t> entries(size_t(tile_view_entries_length(w.rows, w.cols, w.nnz)));
+    SNACK_RETURN_IF_ERROR(
+        build_tile_view(w.rows, w.cols, w.nnz, w.row_idx, w.col_idx, w.row_ptr, tile_ptr.data(), entries.data()));
+    if (!std::equal(tile_ptr.begin(), tile_ptr.end(), w.tile_ptr)) return view_error("tile_ptr differs");
+    if (!entries.empty() && (w.tile_entries == nullptr || !std::equal(entries.begin(), entries.end(), w.tile_entries)))
+      return view_error("tile_entries differ");
+  }
   return Status::Ok();
 }
 
@@ -126,6 +136,38 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
   std::copy(col_count.begin(), col_count.end(), col_ptr);
   // Slots are row-major, so visiting them in order fills each column with ascending rows.
   for (int64_t s = 0; s < nnz; ++s) csc_perm[col_count[col_idx[s]]++] = static_cast<int32_t>(s);
+  return Status::Ok();
+}
+
+template <typename Index>
+Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                       const int32_t* row_ptr, int32_t* tile_ptr, uint32_t* tile_entries) {
+  if (tile_view_ptr_length(m, k) == 0) return Status::Ok();
+  if (!row_ptr || !tile_ptr) return InvalidArgument("build_tile_view: row_ptr and tile_ptr must not be null");
+  if (nnz > 0 && !tile_entries) return InvalidArgument("build_tile_view: null array");
+  SNACK_RETURN_IF_ERROR(check_slots(m, k, nnz, row_idx, col_idx));
+  const int64_t bands = (m + kTileViewRows - 1) / kTileViewRows, chunks = (k + kTileViewCols - 1) / kTileViewCols;
+  std::vector<int32_t> next(chunks);
+  for (int64_t b = 0; b < bands; ++b) {
+    const int64_t r0 = b * kTileViewRows, r1 = std::min(m, r0 + kTileViewRows);
+    const int32_t first = row_ptr[r0], last = row_ptr[r1];
+    std::fill(next.begin(), next.end(), 0);
+    for (int32_t s = first; s < last; ++s) ++next[int64_t(col_idx[s]) / kTileViewCols];
+    int32_t at = first;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int32_t size = next[c];
+      tile_ptr[b * chunks + c] = next[c] = at;
+      at += size;
+    }
+    // Rows in order, each row's slots by column: every tile fills row-major.
+    for (int32_t s = first; s < last; ++s) {
+      const int64_t r = int64_t(row_idx[s]) - r0, col = int64_t(col_idx[s]), c = col / kTileViewCols;
+      tile_entries[next[c]++] =
+          uint32_t(s - first) << kTileViewSlotShift | uint32_t(r * kTileViewCols + (col - c * kTileViewCols));
+    }
+  }
+  tile_ptr[bands * chunks] = int32_t(nnz);
+  std::fill(tile_entries + nnz, tile_entries + tile_view_entries_length(m, k, nnz), 0u);
   return Status::Ok();
 }
 
@@ -162,6 +204,10 @@ template Status build_views<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*
                                       int32_t*, int32_t*);
 template Status build_views<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*, int32_t*,
                                      int32_t*, int32_t*);
+template Status build_tile_view<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, const int32_t*,
+                                          int32_t*, uint32_t*);
+template Status build_tile_view<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*, const int32_t*,
+                                         int32_t*, uint32_t*);
 template Status dense_topk_positions<float>(int64_t, int64_t, const float*, int64_t, int64_t*);
 template Status dense_topk_positions<double>(int64_t, int64_t, const double*, int64_t, int64_t*);
 

@@ -14,6 +14,7 @@
 #include "rows_kernel.cuh"
 #include "shared_x_kernel.cuh"
 #include "tensor_core_kernel.cuh"
+#include "tile_view_kernel.cuh"
 #include "snack/spmm.h"
 #include "wgmma.h"
 #include "wide_rows_kernel.cuh"
@@ -158,6 +159,43 @@ Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int6
     }
   } else {
     return InvalidArgument("tensor_core runs 16-bit values (bfloat16, float16) only");
+  }
+}
+
+template <typename T, int NT>
+Status launch_tile_view_tile(const SpmmPlan& plan, const detail::TileView& view, const T* values, int64_t out_dim,
+                             int64_t in_dim, const T* in, int64_t n, const T* bias, T* out, Activation act,
+                             Stream stream) {
+  auto kernel = detail::spmm_tile_view_kernel<T, NT>;
+  if (plan.smem_bytes > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
+                                                       unsigned(plan.k_splits), view, values, out_dim, in_dim, in, n,
+                                                       bias, out, act, plan.k_splits, vec));
+  return check_launch("spmm_tile_view_kernel");
+}
+
+// The forward over the pattern's tile view: batch tiles of 16-64 rows.
+template <typename T, typename Index>
+Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
+                        const T* bias, T* y, Activation act, Stream stream) {
+  if constexpr (kIsHalfType<T>) {
+    if (w.tile_ptr == nullptr || (w.nnz > 0 && w.tile_entries == nullptr))
+      return InvalidArgument("tile_view: the pattern holds no tile view");
+    if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
+      return InvalidArgument("tile_view: tile_entries must start on a 16-byte boundary");
+    const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, detail::ceil_div(w.cols, detail::kTcChunk)};
+    switch (plan.batch_tile) {
+      case 16: return launch_tile_view_tile<T, 16>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
+      case 32: return launch_tile_view_tile<T, 32>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
+      case 64: return launch_tile_view_tile<T, 64>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
+      default: return InvalidArgument("tile_view: unsupported batch tile " + std::to_string(plan.batch_tile));
+    }
+  } else {
+    return InvalidArgument("tile_view runs 16-bit values (bfloat16, float16) only");
   }
 }
 
@@ -318,6 +356,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return Status::Ok();
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
+  if (plan.variant == SpmmVariant::kTileView) return launch_tile_view<T, Index>(plan, w, values, x, n, bias, y, act, stream);
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }

@@ -208,6 +208,19 @@ bool tensor_cores_pay(const SpmmProblem& p) {
          (huge && p.n >= 32 && density >= 0.095) || (huge && p.n >= 128 && density >= 0.045);
 }
 
+// Where the tile view's kernel pays (the forward, 16 bits, a pattern that holds the view): on layers of
+// at least 2^24 weights at most 20% dense, from 17 to 64 batch rows (one batch tile of 32 or 64). There
+// its tiles, read contiguously, cost less than tensor_core's walk of the rows (bf16, 16384x4096, 90%,
+// N = 32: 53.9 against 73.2 us; N = 64: 69.9 against 93.6; 4096x4096, 90%, N = 64: 32.5 against
+// 37.0), while at N = 16 wide_rows and the row kernels are faster, past 64 a second batch tile reads
+// the view again, and from 30% density tensor_core's expansion is cheaper (16384x4096, 70%, N = 32:
+// 111 against 109 us). Measured with bench/micro kernels before the view was in the library; the
+// planner's rows of spmm_nvidia_h200_bf16*.md show it in place.
+bool tile_view_pays(const SpmmProblem& p) {
+  if (p.value_bytes != 2 || p.transposed || !p.tile_view || p.n < 17 || p.n > 64) return false;
+  return p.out_dim * p.in_dim >= (int64_t(1) << 24) && density_of(p) <= 0.2;
+}
+
 // Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per warp
 // group): its tile of 8 rows is one 16-byte gather per slot, and from 4096 inputs the gathers from shared
 // memory beat global_xt's through L1 even with a row per warp group, and at 9-16 rows (one tile of 16
@@ -278,6 +291,10 @@ SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, doub
     *reason = SpmmReason::kSharedInput;
     return SpmmVariant::kSharedX;
   }
+  if (tile_view_pays(p)) {
+    *reason = SpmmReason::kTileView;
+    return SpmmVariant::kTileView;
+  }
   if (tensor_cores) {
     *reason = SpmmReason::kTensorCores;
     return SpmmVariant::kTensorCore;
@@ -344,10 +361,14 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
   plan->threads = kTcThreads;
-  plan->smem_bytes = tensor_core_smem_bytes(plan->batch_tile);
+  // tile_view also holds its steps' tile pointers: at most ceil(chunks / splits) + 1.
+  plan->smem_bytes = plan->variant == SpmmVariant::kTileView
+                         ? tile_view_smem_bytes(plan->batch_tile, ceil_div(ceil_div(p.in_dim, kTcChunk), splits))
+                         : tensor_core_smem_bytes(plan->batch_tile);
   if (plan->smem_bytes > limits.smem_per_block)
-    return InvalidArgument("tensor_core: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
-                           "the device's " + std::to_string(limits.smem_per_block));
+    return InvalidArgument(std::string(spmm_variant_name(plan->variant)) + ": " + std::to_string(plan->smem_bytes) +
+                           " B of shared memory per block exceed the device's " +
+                           std::to_string(limits.smem_per_block));
   return Status::Ok();
 }
 
@@ -469,6 +490,14 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       plan.chunk = cuda::detail::kTcChunk;
       plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTcMaxTile));
       break;
+    case SpmmVariant::kTileView:
+      if (p.value_bytes != 2) return InvalidArgument("tile_view runs 16-bit values (bfloat16, float16) only");
+      if (!p.tile_view)
+        return InvalidArgument("tile_view: the pattern holds no tile view (it is built for layers of at most " +
+                               std::to_string(kTileViewMaxCols) + " inputs)");
+      plan.chunk = cuda::detail::kTcChunk;
+      plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTileViewMaxTile));
+      break;
     case SpmmVariant::kDenseBlocks:
       if (!p.gemm)
         return InvalidArgument("dense_blocks runs through the caller's GEMM: plan it with SpmmProblem::gemm set (the "
@@ -495,7 +524,8 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       break;
   }
   plan.lanes_per_row = v == SpmmVariant::kWarpRow || v == SpmmVariant::kWideRows || v == SpmmVariant::kTensorCore ||
-                               v == SpmmVariant::kDenseBlocks || v == SpmmVariant::kSharedX || v == SpmmVariant::kWgmma
+                               v == SpmmVariant::kDenseBlocks || v == SpmmVariant::kSharedX ||
+                               v == SpmmVariant::kWgmma || v == SpmmVariant::kTileView
                            ? 32
                            : lanes_per_row_for(v, plan.batch_tile, avg, p.out_dim,
                                                (p.n + plan.batch_tile - 1) / plan.batch_tile, p.transposed, limits);
@@ -503,7 +533,7 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
   const int64_t operand_bytes = p.nnz * int64_t(vb + sizeof(int32_t)) + p.n * p.in_dim * int64_t(vb);
   plan.prefetch_l2 = v != SpmmVariant::kWarpRow && v != SpmmVariant::kCooAtomic && v != SpmmVariant::kWideRows &&
                      v != SpmmVariant::kTensorCore && v != SpmmVariant::kDenseBlocks && v != SpmmVariant::kSharedX &&
-                     v != SpmmVariant::kWgmma &&
+                     v != SpmmVariant::kWgmma && v != SpmmVariant::kTileView &&
                      operand_bytes <= kPrefetchMaxBytes;
   // A row this long is summed by a whole block rather than one warp (skewed row lengths).
   plan.long_row_threshold = int32_t(std::min<double>(1 << 30, std::max(1024.0, 4.0 * avg)));
@@ -527,6 +557,7 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       break;
     }
     case SpmmVariant::kTensorCore:
+    case SpmmVariant::kTileView:
       SNACK_RETURN_IF_ERROR(tensor_core_grid(p, &plan, limits));
       break;
     case SpmmVariant::kSharedX:
@@ -614,7 +645,7 @@ std::string describe(const SpmmPlan& plan) {
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile);
   if (plan.variant == SpmmVariant::kWideRows) {
     s += ", " + std::to_string(plan.rows_per_warp) + " rows per warp";
-  } else if (plan.variant == SpmmVariant::kTensorCore) {
+  } else if (plan.variant == SpmmVariant::kTensorCore || plan.variant == SpmmVariant::kTileView) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";

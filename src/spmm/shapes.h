@@ -115,6 +115,7 @@ constexpr int kTcMaxSplits = 8;               // blocks of a cluster that split 
 constexpr int kTcSplitMinColumns = 2 * kTcChunk;  // a band splits in two from this many input columns
 constexpr int kTcMinTile = 16;                // batch rows per block: 16, 32, 64 or 128
 constexpr int kTcMaxTile = 128;
+constexpr int kTileViewMaxTile = 64;          // tile_view_kernel.cuh: batch rows per block, 16 to 64
 constexpr int kTcPartialStride = kTcBandRows + 4;  // floats per batch row of the partial tile
 
 // Values per row of a staged tile of `chunk` columns: 16-byte rows whose stride is an odd number of
@@ -125,6 +126,12 @@ SNACK_HOST_DEVICE constexpr int tensor_core_stride(int chunk) { return chunk + 8
 // (the partial tile of the epilogue reuses them).
 SNACK_HOST_DEVICE constexpr size_t tensor_core_smem_bytes(int tile) {
   return sizeof(uint16_t) * size_t(kTcWarps * 16 + 2 * tile) * size_t(tensor_core_stride(kTcChunk));
+}
+// The tile_view kernel's: three tiles, two stages of X's chunk, and the tile pointers of its `steps`
+// chunks (steps + 1).
+SNACK_HOST_DEVICE constexpr size_t tile_view_smem_bytes(int tile, int64_t steps) {
+  return sizeof(uint16_t) * size_t(3 * kTcBandRows + 2 * tile) * size_t(tensor_core_stride(kTcChunk)) +
+         sizeof(int32_t) * size_t(steps + 1);
 }
 static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMinTile) &&
                   sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMaxTile),

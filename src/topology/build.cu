@@ -1,4 +1,5 @@
-// CUDA construction of slot patterns: validation, row-major sort (CUB radix sort), CSR/CSC views.
+// CUDA construction of slot patterns: validation, row-major sort (CUB radix sort), CSR/CSC views, the
+// tile view.
 #include <cuda_runtime.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -218,6 +219,96 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
   return check_launch("offsets_kernel(cols)");
 }
 
+namespace {
+
+constexpr int kTileViewThreads = 256;
+
+// The tile view of band blockIdx.x (kTileViewRows rows; see snack/pattern.h). Shared memory holds,
+// per (row of the band, chunk), first the row's slot count in that chunk, then (a scan down each
+// chunk) how many of the tile's entries come before the row's, and finally the offset that takes
+// a slot of that run to its entry: entry = base + run + (slot - band's first slot). The order inside
+// a tile is row-major and every entry has one writer: deterministic, no atomics on global memory.
+template <typename Index>
+__global__ void __launch_bounds__(kTileViewThreads)
+    tile_view_kernel(int64_t m, int64_t chunks, int64_t nnz, const Index* __restrict__ row_idx,
+                     const Index* __restrict__ col_idx, const int32_t* __restrict__ row_ptr,
+                     int32_t* __restrict__ tile_ptr, uint32_t* __restrict__ tile_entries) {
+  extern __shared__ int32_t run[];  // [kTileViewRows][chunks], then the tiles' starts [chunks]
+  int32_t* tile_start = run + kTileViewRows * chunks;
+  const int64_t band = blockIdx.x, r0 = band * kTileViewRows;
+  const int64_t r1 = r0 + kTileViewRows < m ? r0 + kTileViewRows : m;
+  const int32_t first = row_ptr[r0], last = row_ptr[r1];
+  for (int64_t i = threadIdx.x; i < kTileViewRows * chunks; i += blockDim.x) run[i] = 0;
+  __syncthreads();
+  // Slots are trusted, not checked (as build_views): one outside the band or the columns is skipped,
+  // so that nothing is written out of bounds whatever the slots hold.
+  const auto cell_of = [&](int32_t s) -> int64_t {
+    const int64_t r = int64_t(row_idx[s]) - r0, c = int64_t(col_idx[s]) / kTileViewCols;
+    return r >= 0 && r < kTileViewRows && c >= 0 && c < chunks ? r * chunks + c : -1;
+  };
+  for (int32_t s = first + int32_t(threadIdx.x); s < last; s += int32_t(blockDim.x)) {
+    const int64_t cell = cell_of(s);
+    if (cell >= 0) atomicAdd(&run[cell], 1);
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    int32_t before = 0;
+    for (int64_t r = 0; r < kTileViewRows; ++r) {
+      const int32_t count = run[r * chunks + c];
+      run[r * chunks + c] = before;
+      before += count;
+    }
+    tile_start[c] = before;  // the tile's size, until the scan below
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t at = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int32_t size = tile_start[c];
+      tile_start[c] = at;
+      at += size;
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) tile_ptr[band * chunks + c] = first + tile_start[c];
+  if (band == gridDim.x - 1 && threadIdx.x == 0) tile_ptr[int64_t(gridDim.x) * chunks] = int32_t(nnz);
+  // The first slot of each run (row, chunk) turns its cell into the run's offset.
+  for (int32_t s = first + int32_t(threadIdx.x); s < last; s += int32_t(blockDim.x)) {
+    const int64_t cell = cell_of(s);
+    if (cell < 0) continue;
+    if (s == first || cell_of(s - 1) != cell) run[cell] = tile_start[cell % chunks] + run[cell] - (s - first);
+  }
+  __syncthreads();
+  for (int32_t s = first + int32_t(threadIdx.x); s < last; s += int32_t(blockDim.x)) {
+    const int64_t cell = cell_of(s);
+    const int64_t entry = cell < 0 ? -1 : int64_t(first) + run[cell] + (s - first);
+    if (entry < 0 || entry >= nnz) continue;
+    const int64_t col = int64_t(col_idx[s]) % kTileViewCols;
+    tile_entries[entry] = uint32_t(s - first) << kTileViewSlotShift | uint32_t((cell / chunks) * kTileViewCols + col);
+  }
+  const int64_t padded = (nnz + 3) / 4 * 4;
+  if (band == gridDim.x - 1)
+    for (int64_t e = nnz + threadIdx.x; e < padded; e += blockDim.x) tile_entries[e] = 0;
+}
+
+}  // namespace
+
+template <typename Index>
+Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
+                       const int32_t* row_ptr, int32_t* tile_ptr, uint32_t* tile_entries, Stream stream) {
+  SNACK_RETURN_IF_ERROR(snack::detail::check_dims_fit<Index>(m, k, nnz));
+  if (tile_view_ptr_length(m, k) == 0) return Status::Ok();
+  if (!row_ptr || !tile_ptr) return InvalidArgument("build_tile_view: row_ptr and tile_ptr must not be null");
+  if (nnz > 0 && (!row_idx || !col_idx || !tile_entries)) return InvalidArgument("build_tile_view: null array");
+  const int64_t bands = (m + kTileViewRows - 1) / kTileViewRows, chunks = (k + kTileViewCols - 1) / kTileViewCols;
+  const size_t smem = sizeof(int32_t) * size_t(kTileViewRows + 1) * size_t(chunks);
+  auto kernel = tile_view_kernel<Index>;
+  SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<unsigned(bands), kTileViewThreads, smem, stream>>>(m, chunks, nnz, row_idx, col_idx, row_ptr, tile_ptr,
+                                                             tile_entries);
+  return check_launch("tile_view_kernel");
+}
+
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,
                             DeviceAllocator& alloc, Stream stream) {
@@ -269,6 +360,10 @@ template Status build_views<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*
                                       int32_t*, int32_t*, DeviceAllocator&, Stream);
 template Status build_views<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*, int32_t*, int32_t*,
                                      int32_t*, DeviceAllocator&, Stream);
+template Status build_tile_view<uint16_t>(int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, const int32_t*,
+                                          int32_t*, uint32_t*, Stream);
+template Status build_tile_view<int32_t>(int64_t, int64_t, int64_t, const int32_t*, const int32_t*, const int32_t*,
+                                         int32_t*, uint32_t*, Stream);
 template Status dense_topk_positions<float>(int64_t, int64_t, const float*, int64_t, int64_t*, DeviceAllocator&,
                                             Stream);
 template Status dense_topk_positions<double>(int64_t, int64_t, const double*, int64_t, int64_t*, DeviceAllocator&,

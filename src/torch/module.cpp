@@ -27,10 +27,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& 
   return op.call(rows, cols, out_features, in_features, std::nullopt);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
-                                                           int64_t out_features, int64_t in_features) {
+using Views = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+Views build_views(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::build_views", "").typed<
-      std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
+      Views(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
   return op.call(row_idx, col_idx, out_features, in_features);
 }
 
@@ -71,12 +71,14 @@ PatternImpl::PatternImpl(int64_t out_features_, int64_t in_features_, torch::Ten
 }
 
 void PatternImpl::reset() {
-  auto [rp, cp, perm] = build_views(row_idx, col_idx, out_features, in_features);
+  auto [rp, cp, perm, tp, te] = build_views(row_idx, col_idx, out_features, in_features);
   row_idx = register_buffer("row_idx", row_idx);
   col_idx = register_buffer("col_idx", col_idx);
   row_ptr = register_buffer("row_ptr", rp);
   col_ptr = register_buffer("col_ptr", cp);
   csc_perm = register_buffer("csc_perm", perm);
+  tile_ptr = register_buffer("tile_ptr", tp);
+  tile_entries = register_buffer("tile_entries", te);
 }
 
 std::vector<torch::Tensor> PatternImpl::tensors() const {
@@ -86,6 +88,8 @@ std::vector<torch::Tensor> PatternImpl::tensors() const {
   out[binding::kRowPtr] = row_ptr;
   out[binding::kColPtr] = col_ptr;
   out[binding::kCscPerm] = csc_perm;
+  out[binding::kTilePtr] = tile_ptr;
+  out[binding::kTileEntries] = tile_entries;
   return out;
 }
 
@@ -93,13 +97,15 @@ void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tenso
   TORCH_CHECK_VALUE(new_row_idx.sizes() == row_idx.sizes() && new_col_idx.sizes() == col_idx.sizes(),
                     "snack::Pattern::set_slots: the slot count never changes (", nnz(), ")");
   if (validate) validate_slots(new_row_idx, new_col_idx, out_features, in_features);
-  auto [rp, cp, perm] = build_views(new_row_idx, new_col_idx, out_features, in_features);  // before any copy
+  auto [rp, cp, perm, tp, te] = build_views(new_row_idx, new_col_idx, out_features, in_features);  // before any copy
   torch::NoGradGuard no_grad;
   row_idx.copy_(new_row_idx);
   col_idx.copy_(new_col_idx);
   row_ptr.copy_(rp);
   col_ptr.copy_(cp);
   csc_perm.copy_(perm);
+  tile_ptr.copy_(tp);
+  tile_entries.copy_(te);
 }
 
 void PatternImpl::load(torch::serialize::InputArchive& archive) {

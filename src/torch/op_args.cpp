@@ -18,7 +18,8 @@ void throw_if_error(const Status& status, const char* op) {
 }
 
 const char* pattern_field_name(int field) {
-  static const char* const kNames[kPatternFields] = {"row_idx", "col_idx", "row_ptr", "col_ptr", "csc_perm"};
+  static const char* const kNames[kPatternFields] = {"row_idx", "col_idx",  "row_ptr",     "col_ptr",
+                                                           "csc_perm", "tile_ptr", "tile_entries"};
   return field >= 0 && field < kPatternFields ? kNames[field] : "unknown";
 }
 
@@ -35,7 +36,7 @@ void check_same_device(const at::Tensor& t, const at::Device& device, const char
 
 PatternArg pattern_arg(at::TensorList pattern, const char* op) {
   TORCH_CHECK_VALUE(pattern.size() == size_t(kPatternFields), "snack.", op, ": pattern must hold ", int(kPatternFields),
-                    " tensors (row_idx, col_idx, row_ptr, col_ptr, csc_perm), got ", pattern.size());
+                    " tensors (row_idx, col_idx, row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries), got ", pattern.size());
   for (int f = 0; f < kPatternFields; ++f) check_1d(pattern[f], pattern_field_name(f), op);
   PatternArg p;
   p.row_idx = pattern[kRowIdx];
@@ -43,6 +44,8 @@ PatternArg pattern_arg(at::TensorList pattern, const char* op) {
   p.row_ptr = pattern[kRowPtr];
   p.col_ptr = pattern[kColPtr];
   p.csc_perm = pattern[kCscPerm];
+  p.tile_ptr = pattern[kTilePtr];
+  p.tile_entries = pattern[kTileEntries];
   p.index_type = p.row_idx.scalar_type();
   p.device = p.row_idx.device();
   TORCH_CHECK_TYPE(p.index_type == at::kUInt16 || p.index_type == at::kInt, "snack.", op,
@@ -60,6 +63,16 @@ PatternArg pattern_arg(at::TensorList pattern, const char* op) {
   TORCH_CHECK_VALUE(p.col_idx.size(0) == p.nnz && p.csc_perm.size(0) == p.nnz, "snack.", op,
                     ": row_idx, col_idx and csc_perm must have the same length (", p.nnz, ", ", p.col_idx.size(0),
                     ", ", p.csc_perm.size(0), ")");
+  TORCH_CHECK_TYPE(p.tile_ptr.scalar_type() == at::kInt && p.tile_entries.scalar_type() == at::kInt, "snack.", op,
+                   ": tile_ptr and tile_entries must be int32");
+  // The tile view is whole or absent (both empty: the layer is wider than the view allows, or a
+  // pattern list made without it).
+  const bool no_tiles = p.tile_ptr.numel() == 0 && p.tile_entries.numel() == 0;
+  TORCH_CHECK_VALUE(no_tiles || (p.tile_ptr.numel() == tile_view_ptr_length(p.rows, p.cols) &&
+                                 p.tile_entries.numel() == tile_view_entries_length(p.rows, p.cols, p.nnz)),
+                    "snack.", op, ": tile_ptr and tile_entries must hold ", tile_view_ptr_length(p.rows, p.cols),
+                    " and ", tile_view_entries_length(p.rows, p.cols, p.nnz), " elements (or none), got ",
+                    p.tile_ptr.numel(), " and ", p.tile_entries.numel());
   for (int f = 1; f < kPatternFields; ++f) check_same_device(pattern[f], p.device, pattern_field_name(f), op);
   return p;
 }

@@ -24,7 +24,7 @@ void throw_if_error(const Status& status, const char* op);
 // ---- the pattern ---------------------------------------------------------------------------------
 // The fields of a pattern's tensor list, in the order every op takes them. The one statement of
 // that order: the Python package and the libtorch module read it through the op snack::pattern_fields.
-enum PatternField : int { kRowIdx = 0, kColIdx, kRowPtr, kColPtr, kCscPerm, kPatternFields };
+enum PatternField : int { kRowIdx = 0, kColIdx, kRowPtr, kColPtr, kCscPerm, kTilePtr, kTileEntries, kPatternFields };
 const char* pattern_field_name(int field);
 
 // A pattern's tensors as an op receives them (Tensor[] pattern), with their shape and index type.
@@ -32,6 +32,7 @@ const char* pattern_field_name(int field);
 struct PatternArg {
   at::Tensor row_idx, col_idx;             // [nnz] uint16 or int32, the slots sorted row-major
   at::Tensor row_ptr, col_ptr, csc_perm;   // [M + 1], [K + 1], [nnz] int32: the CSR and CSC views
+  at::Tensor tile_ptr, tile_entries;       // int32, the tile view (snack/pattern.h), or both empty: absent
   int64_t rows = 0, cols = 0, nnz = 0;     // M and K are read from row_ptr and col_ptr
   at::ScalarType index_type = at::kInt;
   at::Device device = at::kCPU;
@@ -47,6 +48,10 @@ struct PatternArg {
     w.row_ptr = row_ptr.data_ptr<int32_t>();
     w.col_ptr = col_ptr.data_ptr<int32_t>();
     w.csc_perm = csc_perm.data_ptr<int32_t>();
+    if (tile_ptr.numel() > 0) {
+      w.tile_ptr = tile_ptr.data_ptr<int32_t>();
+      w.tile_entries = reinterpret_cast<const uint32_t*>(tile_entries.data_ptr<int32_t>());
+    }
     return w;
   }
 };

@@ -127,7 +127,9 @@ CooOutputs empty_coo_outputs(const at::Tensor& rows, const CooInputs& in) {
 
 ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features) {
   const auto opts = row_idx.options().dtype(at::kInt);
-  return {at::empty({out_features + 1}, opts), at::empty({in_features + 1}, opts), at::empty({row_idx.size(0)}, opts)};
+  return {at::empty({out_features + 1}, opts), at::empty({in_features + 1}, opts), at::empty({row_idx.size(0)}, opts),
+          at::empty({tile_view_ptr_length(out_features, in_features)}, opts),
+          at::empty({tile_view_entries_length(out_features, in_features, row_idx.size(0))}, opts)};
 }
 
 void check_slot_pair(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op) {
@@ -224,7 +226,8 @@ void validate_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_
 void validate_pattern(at::TensorList pattern) {
   const char* op = "validate_pattern";
   PatternArg p = pattern_arg(pattern, op);
-  for (at::Tensor* t : {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm}) *t = t->contiguous().cpu();
+  for (at::Tensor* t : {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm, &p.tile_ptr, &p.tile_entries})
+    *t = t->contiguous().cpu();
   throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);
 }
 

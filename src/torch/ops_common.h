@@ -91,9 +91,13 @@ struct CooOutputs {
 };
 CooOutputs empty_coo_outputs(const at::Tensor& rows, const CooInputs& in);
 
-// The outputs of build_views, on the slots' device, int32: row_ptr [out+1], col_ptr [in+1], csc_perm [nnz].
+// The outputs of build_views, on the slots' device, int32: row_ptr [out+1], col_ptr [in+1], csc_perm [nnz],
+// and the tile view (tile_ptr, tile_entries: tile_view_ptr_length and tile_view_entries_length).
 struct ViewOutputs {
-  at::Tensor row_ptr, col_ptr, csc_perm;
+  at::Tensor row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tuple() const {
+    return {row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries};
+  }
 };
 ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features);
 

@@ -279,8 +279,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor
   return {row_idx, col_idx, positions};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
-                                                           int64_t out_features, int64_t in_features) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx,
+                                                                                   const at::Tensor& col_idx,
+                                                                                   int64_t out_features,
+                                                                                   int64_t in_features) {
   const char* op = "build_views";
   check_slots(row_idx, col_idx, out_features, in_features, op);
   const int64_t nnz = row_idx.size(0);
@@ -291,8 +293,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
                                            data_as<Index>(col_idx), out.row_ptr.data_ptr<int32_t>(),
                                            out.col_ptr.data_ptr<int32_t>(), out.csc_perm.data_ptr<int32_t>()),
                    op);
+    throw_if_error(cpu::build_tile_view<Index>(out_features, in_features, nnz, data_as<Index>(row_idx),
+                                               data_as<Index>(col_idx), out.row_ptr.data_ptr<int32_t>(),
+                                               out.tile_ptr.data_ptr<int32_t>(),
+                                               reinterpret_cast<uint32_t*>(out.tile_entries.data_ptr<int32_t>())),
+                   op);
   });
-  return {out.row_ptr, out.col_ptr, out.csc_perm};
+  return out.tuple();
 }
 
 }  // namespace

@@ -42,7 +42,8 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant) {
-  return binding_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant});
+  return binding_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant},
+                         p.tile_ptr.numel() > 0);
 }
 
 // kDenseBlocks, the GEMM side (cuBLAS through ATen, on the current stream): out[:, o:o+b] = in
@@ -386,8 +387,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor
   return {row_idx, col_idx, positions};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx, const at::Tensor& col_idx,
-                                                           int64_t out_features, int64_t in_features) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx,
+                                                                                   const at::Tensor& col_idx,
+                                                                                   int64_t out_features,
+                                                                                   int64_t in_features) {
   const char* op = "build_views";
   check_slots(row_idx, col_idx, out_features, in_features, op);
   const c10::cuda::CUDAGuard guard(row_idx.device());
@@ -400,8 +403,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row
                                             out.col_ptr.data_ptr<int32_t>(), out.csc_perm.data_ptr<int32_t>(),
                                             torch_cuda_allocator(), current_stream()),
                    op);
+    throw_if_error(cuda::build_tile_view<Index>(out_features, in_features, nnz, data_as<Index>(row_idx),
+                                                data_as<Index>(col_idx), out.row_ptr.data_ptr<int32_t>(),
+                                                out.tile_ptr.data_ptr<int32_t>(),
+                                                reinterpret_cast<uint32_t*>(out.tile_entries.data_ptr<int32_t>()),
+                                                current_stream()),
+                   op);
   });
-  return {out.row_ptr, out.col_ptr, out.csc_perm};
+  return out.tuple();
 }
 
 }  // namespace

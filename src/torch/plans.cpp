@@ -1,6 +1,6 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
-// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, channels_first_max_product,
-// nnz_for_density, set_default_spmm_variant, set_default_csc_read):
+// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, tile_view_geometry,
+// channels_first_max_product, nnz_for_density, set_default_spmm_variant, set_default_csc_read):
 // they read metadata only, so they run for any device and under tracing.
 #include "plans.h"
 
@@ -73,7 +73,7 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
-    mix(uint64_t(p.csc));
+    mix(uint64_t(p.csc) << 1 | uint64_t(p.tile_view));
   }
   template <typename Mix>
   static void for_each_field(const SddmmProblem& p, Mix&& mix) {
@@ -153,7 +153,8 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   const bool transposed = which == "input_grad";
   const SpmmProblem problem = binding_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
                                                           p.nnz, n, value_bytes, transposed,
-                                                          spmm_variant_arg(variant, transposed, op)});
+                                                          spmm_variant_arg(variant, transposed, op)},
+                                              !transposed && p.tile_ptr.numel() > 0);
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
@@ -179,6 +180,7 @@ std::vector<std::string> pattern_fields() {
 }
 
 int64_t dense_block_min_rows() { return kDenseBlockMinRows; }
+std::vector<int64_t> tile_view_geometry() { return {kTileViewRows, kTileViewCols, kTileViewMaxCols}; }
 int64_t channels_first_max_product() { return cuda::kChannelsFirstMaxProduct; }
 
 int64_t index_bits(int64_t out_features, int64_t in_features) {
@@ -202,6 +204,7 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("pattern_fields", &snack::binding::pattern_fields);
   m.impl("index_bits", &snack::binding::index_bits);
   m.impl("dense_block_min_rows", &snack::binding::dense_block_min_rows);
+  m.impl("tile_view_geometry", &snack::binding::tile_view_geometry);
   m.impl("channels_first_max_product", &snack::binding::channels_first_max_product);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);

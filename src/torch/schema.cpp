@@ -92,6 +92,8 @@ TORCH_LIBRARY(snack, m) {
   // keeps at a density: the rules every constructor shares.
   m.def("index_bits(int out_features, int in_features) -> int");
   m.def("dense_block_min_rows() -> int");
+  // The tile view's geometry (snack/pattern.h): rows and columns of a tile, the widest layer that has it.
+  m.def("tile_view_geometry() -> int[]");
   // The largest product (slots x pixels x images) a CUDA SparseConv2d runs as spmm_channels_first on
   // NCHW images; larger ones go through the row-major product over pixels (snack/spmm.h).
   m.def("channels_first_max_product() -> int");
@@ -118,11 +120,12 @@ TORCH_LIBRARY(snack, m) {
   // The CUDA products trust their pattern (checking it would cost a synchronisation per call);
   // snack.Pattern validates what it is built from, and this op checks a list assembled by hand.
   m.def("validate_pattern(Tensor[] pattern) -> ()");
-  // The CSR row pointers and the CSC view of sorted slots. On the CPU the slots are checked first
+  // The CSR row pointers, the CSC view and the tile view (snack/pattern.h; both empty for layers of
+  // more than 16384 inputs) of sorted slots. On the CPU the slots are checked first
   // (an error for invalid slots); on the GPU nothing synchronises and the slots are trusted (the
   // kernels stay within their buffers, the views of invalid slots are meaningless).
   m.def("build_views(Tensor row_idx, Tensor col_idx, int out_features, int in_features)"
-        " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm)");
+        " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor tile_ptr, Tensor tile_entries)");
 
   // ---- Dynamic sparse training (dst_ops.cpp): nnz never changes ----
   // The k slots of lowest score (ties: lower slot; NaN scores count as +inf), ascending.

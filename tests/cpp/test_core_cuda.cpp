@@ -380,6 +380,20 @@ TEST(CudaTopology, MatchesCpu) {
   EXPECT_EQ(cp.host(), p.col_ptr);
   EXPECT_EQ(cperm.host(), p.csc_perm);
 
+  // The tile view: a block per band on the device, the same arrays as the host's walk.
+  const int64_t ptr_len = tile_view_ptr_length(300, 211), entries_len = tile_view_entries_length(300, 211, nnz);
+  DeviceArray<int32_t> tp(ptr_len);
+  DeviceArray<uint32_t> te(entries_len);
+  s = cuda::build_tile_view<uint16_t>(300, 211, nnz, ri.ptr, ci.ptr, rp.ptr, tp.ptr, te.ptr, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<int32_t> want_ptr(ptr_len);
+  std::vector<uint32_t> want_entries(entries_len);
+  ASSERT_TRUE(cpu::build_tile_view<uint16_t>(300, 211, nnz, p.row_idx.data(), p.col_idx.data(), p.row_ptr.data(),
+                                             want_ptr.data(), want_entries.data())
+                  .ok());
+  EXPECT_EQ(tp.host(), want_ptr);
+  EXPECT_EQ(te.host(), want_entries);
+
   srows[7] = srows[3];
   scols[7] = scols[3];
   DeviceArray<int64_t> dup_rows(srows), dup_cols(scols);

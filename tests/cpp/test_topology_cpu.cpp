@@ -101,6 +101,49 @@ TEST(BuildViews, RejectsInvalidSlotsBeforeWriting) {
   EXPECT_EQ(rp, std::vector<int32_t>(4, -9)) << "nothing written for invalid slots";
 }
 
+TEST(BuildTileView, ListsEveryTileRowMajorAndChecksWithThePattern) {
+  // 130 x 150: three bands (the last of 2 rows), three chunks (the last of 22 columns), empty rows.
+  const int64_t m = 130, k = 150;
+  const auto p = random_pattern<uint16_t>(m, k, 6000, 7, {0, 64, 129});
+  const int64_t chunks = 3, nnz = int64_t(p.row_idx.size());
+  std::vector<int32_t> tile_ptr(size_t(tile_view_ptr_length(m, k)), -1);
+  std::vector<uint32_t> entries(size_t(tile_view_entries_length(m, k, nnz)), 77u);
+  ASSERT_EQ(tile_ptr.size(), size_t(3 * chunks + 1));
+  ASSERT_TRUE(cpu::build_tile_view<uint16_t>(m, k, nnz, p.row_idx.data(), p.col_idx.data(), p.row_ptr.data(),
+                                             tile_ptr.data(), entries.data())
+                  .ok());
+  // Walking the tiles in order meets every slot once, each in its band, tile and row-major place.
+  std::vector<int> seen(size_t(nnz), 0);
+  EXPECT_EQ(tile_ptr.back(), nnz);
+  for (int64_t b = 0; b < 3; ++b) {
+    const int32_t first = p.row_ptr[b * 64];
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t previous = -1;
+      for (int32_t e = tile_ptr[b * chunks + c]; e < tile_ptr[b * chunks + c + 1]; ++e) {
+        const int64_t slot = first + int64_t(entries[e] >> kTileViewSlotShift), pos = entries[e] & 4095u;
+        ASSERT_LT(slot, nnz);
+        ++seen[slot];
+        EXPECT_EQ(int64_t(p.row_idx[slot]), b * 64 + pos / 64);
+        EXPECT_EQ(int64_t(p.col_idx[slot]), c * 64 + pos % 64);
+        EXPECT_GT(pos, previous) << "row-major inside a tile";
+        previous = pos;
+      }
+    }
+  }
+  EXPECT_EQ(seen, std::vector<int>(size_t(nnz), 1));
+  for (size_t e = size_t(nnz); e < entries.size(); ++e) EXPECT_EQ(entries[e], 0u) << "padding";
+  // check_pattern compares a given tile view with the one it derives.
+  auto w = p.view();
+  w.tile_ptr = tile_ptr.data();
+  w.tile_entries = entries.data();
+  EXPECT_TRUE(cpu::check_pattern(w).ok());
+  std::swap(entries[0], entries[1]);
+  EXPECT_FALSE(cpu::check_pattern(w).ok());
+  // No view past kTileViewMaxCols inputs: nothing to write, nothing required.
+  EXPECT_EQ(tile_view_ptr_length(4, kTileViewMaxCols + 1), 0);
+  EXPECT_TRUE(cpu::build_tile_view<int32_t>(4, kTileViewMaxCols + 1, 0, nullptr, nullptr, nullptr, nullptr, nullptr).ok());
+}
+
 TEST(BuildViews, EmptyPattern) {
   std::vector<int32_t> rp(4, -1), cp(3, -1);
   ASSERT_TRUE(cpu::build_views<int32_t>(3, 2, 0, nullptr, nullptr, rp.data(), cp.data(), nullptr).ok());

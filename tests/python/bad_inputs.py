@@ -200,6 +200,8 @@ def corrupted_lists(l: snack.SparseLinear) -> dict:
             "csc_perm out of range": with_field("csc_perm", setitem(0, 10 ** 6)),
             "csc_perm negative": with_field("csc_perm", setitem(0, -1)),
             "csc_perm repeats": with_field("csc_perm", lambda t: t.__setitem__(1, t[0].item())),
+            "tile_ptr past nnz": with_field("tile_ptr", setitem(1, nnz + 1000)),
+            "tile_entries moved": with_field("tile_entries", setitem(0, 1 << 12)),
             "slot out of range": with_field("col_idx", setitem(0, l.in_features + 3)),
             "slots unsorted": with_field("row_idx", setitem(0, l.out_features - 1))}
 

@@ -241,9 +241,9 @@ def test_update_topology_moves_values_grads_and_optimizer_state(device, opt_name
     removed = torch.zeros(600, dtype=torch.bool, device=device)
     removed[list(dropped - set(grow.tolist()))] = True
     assert not torch.any(layer.mask().flatten() & removed)
-    rp, cp, perm = ops.build_views(layer.row_idx, layer.col_idx, 20, 30)
-    assert torch.equal(rp, layer.pattern.row_ptr) and torch.equal(cp, layer.pattern.col_ptr)
-    assert torch.equal(perm, layer.pattern.csc_perm)
+    for name, view in zip(snack.PATTERN_FIELDS[2:], ops.build_views(layer.row_idx, layer.col_idx, 20, 30),
+                          strict=True):
+        assert torch.equal(view, getattr(layer.pattern, name)), name
 
 
 def test_update_topology_errors_leave_layer_unchanged(device):

@@ -27,7 +27,8 @@ def variant_cases(transposed):
 
 # The variants that run 16-bit values only (the planner never picks them for others), and those that
 # refuse float64 (shared_x parks its slots' values as float32).
-SIXTEEN_BIT_ONLY = ("tensor_core", "wgmma")
+SIXTEEN_BIT_ONLY = ("tensor_core", "wgmma", "tile_view")
+TILE_VIEW_MAX_INPUTS = 16384  # the widest layer whose pattern holds the tile view
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)  # wgmma runs there only
 NO_FLOAT64 = ("shared_x",)
 
@@ -40,6 +41,8 @@ def refusal(variant, n, in_dim, dtype):
         return "compute capability 9.0"
     if variant == "wgmma" and in_dim % 8:
         return "multiple of 8"
+    if variant == "tile_view" and in_dim > TILE_VIEW_MAX_INPUTS:
+        return "no tile view"
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return "float32, bfloat16 and float16"
     return None if fits(variant, n, in_dim, dtype) else "shared memory"
@@ -51,7 +54,7 @@ def fits(variant, n, in_dim, dtype):
     inputs on Hopper; the other variants run every product."""
     if variant in SIXTEEN_BIT_ONLY:
         return dtype in (torch.bfloat16, torch.float16) and (variant != "wgmma" or (
-            in_dim % 8 == 0 and HOPPER))
+            in_dim % 8 == 0 and HOPPER)) and (variant != "tile_view" or in_dim <= TILE_VIEW_MAX_INPUTS)
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return False
     if variant != "wide_rows":
@@ -295,6 +298,66 @@ def test_tensor_core_splits_columns_over_a_cluster():
     p = Weight(256, 4096, 100000, device="cuda", dtype=torch.bfloat16)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, 16, "forward", "tensor_core"))
     assert "8 blocks per band" in plan.describe, plan
+
+
+# (M, K, nnz, empty rows): as TENSOR_CORE_SHAPES, plus a tile fuller than one round of the block
+# (a dense 64 x 64 corner: 4096 entries, eight rounds), nnz = 0, and the widest layer with the view.
+TILE_VIEW_SHAPES = TENSOR_CORE_SHAPES + [(64, 64, 4096, 0), (200, 90, 0, 0), (65, 16384, 40000, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", TILE_VIEW_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n", [1, 9, 16, 40, 64, 100])
+def test_tile_view_paths(shape, n, dtype):
+    # The forward over the tile view: batch tiles of 16, 32 and 64 (and two of 64 at N = 100), a
+    # cluster splitting a band's chunks (and a block with a single chunk), against float64 on a
+    # poisoned output, bitwise repeated, with bias and an activation.
+    m, k, nnz, empty = shape
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty, seed=n)
+    x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "tile_view"))
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="tile_view")
+    assert_matmul(y, x, p.dense64.T, dtype, bias=bias, what=str(plan))
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="tile_view"), y), "not bitwise reproducible"
+    relu = ops.spmm(x, p.values, p.tensors, bias, "relu", variant="tile_view")
+    assert torch.equal(relu, torch.relu(y)), "the activation is applied to the rounded sum"
+
+
+def test_tile_view_follows_topology_updates_and_refuses_what_it_cannot_run():
+    # The view is rebuilt in place with the slots (a DST update), so the forward reads the new
+    # pattern; float32 values, a pattern list without the view and the transposed product are refused.
+    layer = snack.SparseLinear(300, 200, density=0.1, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(40, 300, device="cuda", dtype=torch.bfloat16)
+    before = ops.spmm(x, layer.values.detach(), layer.pattern.tensors, None, variant="tile_view")
+    rows, cols = ops.random_slots(200, 300, layer.nnz, generator=torch.Generator().manual_seed(1), device="cuda")
+    layer.pattern.set_slots(rows, cols)
+    y = ops.spmm(x, layer.values.detach(), layer.pattern.tensors, None, variant="tile_view")
+    assert_matmul(y, x, layer.to_dense().detach().double().T, torch.bfloat16)
+    assert not torch.equal(y, before)
+    fp32 = Weight(64, 100, 500, device="cuda")
+    with pytest.raises(ValueError, match="16-bit"):
+        ops.spmm(fp32.randn(20, 100), fp32.values, fp32.tensors, None, variant="tile_view")
+    bf16 = Weight(64, 100, 500, device="cuda", dtype=torch.bfloat16)
+    without = bf16.tensors[:5] + [torch.zeros(0, dtype=torch.int32, device="cuda")] * 2
+    with pytest.raises(ValueError, match="no tile view"):
+        ops.spmm(bf16.randn(20, 100), bf16.values, without, None, variant="tile_view")
+    assert_matmul(ops.spmm(bf16.randn(20, 100), bf16.values, without, None), bf16.randn(20, 100), bf16.dense64.T,
+                  torch.bfloat16)
+    with pytest.raises(ValueError, match="forward"):
+        ops.spmm_t(bf16.randn(20, 64), bf16.values, bf16.tensors, "tile_view")
+
+
+def test_the_planner_takes_the_tile_view_for_mid_batches_of_sparse_large_layers():
+    layer = snack.SparseLinear(4096, 4096, density=0.1, device="cuda")
+    for n in (32, 64):
+        assert snack.explain(layer, n, dtype=torch.bfloat16).variant == "tile_view", n
+        assert snack.explain(layer, n).variant != "tile_view", n  # float32
+    assert snack.explain(layer, 16, dtype=torch.bfloat16).variant != "tile_view"
+    assert snack.explain(layer, 128, dtype=torch.bfloat16).variant != "tile_view"
+    assert snack.explain(layer, 64, dtype=torch.bfloat16, op="input_grad").variant != "tile_view"
+    dense = snack.SparseLinear(4096, 4096, density=0.3, device="cuda")
+    assert snack.explain(dense, 64, dtype=torch.bfloat16).variant != "tile_view"
 
 
 def test_the_planner_takes_tensor_cores_for_many_rows_at_a_high_density():

@@ -134,6 +134,37 @@ def test_build_views_match_definition(device):
     assert torch.equal(col_ptr.cpu().long(), torch.searchsorted(ccols, torch.arange(p.k + 1)))
 
 
+def tile_view_reference(rows, cols, m, k):
+    """The tile view by its definition (snack/pattern.h): band b's slots listed tile by tile (64-column
+    chunks in order), row-major inside a tile, each as (slot - band's first slot) << 12 | position."""
+    if k > 16384:
+        return torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
+    bands, chunks = (m + 63) // 64, (k + 63) // 64
+    slot = torch.arange(rows.numel())
+    band, chunk = rows // 64, cols // 64
+    order = torch.argsort(band * (chunks * 64 * 16384) + chunk * (64 * 16384) + (rows % 64) * 16384 + cols % 64,
+                          stable=True)
+    first = torch.searchsorted(rows, band * 64)  # each slot's band's first slot
+    packed = ((slot - first) << 12) | ((rows % 64) * 64 + cols % 64)
+    entries = torch.zeros((rows.numel() + 3) // 4 * 4, dtype=torch.int64)
+    entries[:rows.numel()] = packed[order]
+    tile = band * chunks + chunk
+    ptr = torch.searchsorted(tile[order], torch.arange(bands * chunks + 1))
+    return ptr.to(torch.int32), entries.to(torch.int32)
+
+
+@pytest.mark.parametrize("m,k,nnz", [(40, 23, 300), (130, 200, 9000), (200, 1001, 5000), (64, 64, 4096), (9, 9, 0),
+                                     (70, 16384, 20000), (70, 16385, 2000)])
+def test_tile_view_matches_definition(device, m, k, nnz):
+    # Every slot once, in its tile's place, for partial bands and chunks, empty tiles, a full tile,
+    # nnz = 0, the widest layer that has the view and one past it (no view: both arrays empty).
+    p = Weight(m, k, nnz, device=device, empty_rows=3 if m > 9 else 0)
+    want_ptr, want_entries = tile_view_reference(p.row_idx.long().cpu(), p.col_idx.long().cpu(), m, k)
+    assert torch.equal(p.pattern.tile_ptr.cpu(), want_ptr)
+    assert torch.equal(p.pattern.tile_entries.cpu(), want_entries)
+    assert p.pattern.nbytes()["tile_entries"] == 4 * want_entries.numel()
+
+
 def test_slots_from_dense_topk_and_ties(device):
     w = torch.tensor([[0.5, -3.0, 0.0, 1.0], [1.0, 2.0, -1.0, 0.25]], device=device)
     r, c, pos = ops.slots_from_dense(w, 4)
@@ -183,10 +214,10 @@ def test_random_slots_uniform():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("m,k,nnz", [(40, 23, 300), (7, 5, 35), (3000, 70000, 50000), (30000, 30000, 1000),
-                                     (70000, 20000, 3000)])
+                                     (70000, 20000, 3000), (4100, 16384, 2_000_000), (70000, 1000, 500_000)])
 def test_build_views_on_device_match_the_cpu(m, k, nnz):
-    # The device's views (a CUB radix sort by column) equal the CPU's exactly, from tiny to very
-    # sparse and large matrices, uint16 and int32 indices.
+    # The device's views (a CUB radix sort by column; the tile view a block per band) equal the CPU's
+    # exactly, from tiny to very sparse and large matrices, uint16 and int32 indices.
     rows, cols = ops.random_slots(m, k, nnz, generator=torch.Generator().manual_seed(m))
     want = ops.build_views(rows, cols, m, k)
     got = ops.build_views(rows.cuda(), cols.cuda(), m, k)

@@ -47,6 +47,8 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   torch::Tensor row_ptr;   ///< [out_features + 1] int32: CSR offsets
   torch::Tensor col_ptr;   ///< [in_features + 1] int32: CSC offsets
   torch::Tensor csc_perm;  ///< [nnz] int32: the slot of each entry in column-major order
+  torch::Tensor tile_ptr;      ///< int32: the tile view's tile offsets (snack/pattern.h; empty where absent)
+  torch::Tensor tile_entries;  ///< int32: the tile view's packed entries (empty where absent)
 };
 
 TORCH_MODULE(Pattern);

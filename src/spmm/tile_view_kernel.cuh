@@ -1,0 +1,180 @@
+// The tensor-core SpMM over the tile view (bf16, fp16; fp32 accumulation), the forward only. The tile
+// view (snack/pattern.h) lists each 64 x 64 tile's slots contiguously as packed 32-bit entries (the
+// slot's offset from its band's first slot, its position in the tile), so a block reads a tile's
+// entries with coalesced 16-byte loads (four per thread) and gathers their values from the layer's
+// own values in slot order: the values are never copied, and nothing goes stale when they change.
+//
+// A block owns a band of kTcBandRows rows and a range of chunks (a thread-block cluster splits a band's
+// chunks as in the tensor_core kernel, and sums their partial tiles the same way). Per chunk the
+// whole block scatters the tile's entries into a zeroed tile in shared memory, the chunk of X is
+// staged beside it (cp.async, double-buffered), and each warp multiplies its 16 rows with mma.sync
+// m16n8k16. Three tiles rotate, so that one barrier per chunk orders everything: at step i the block
+// scatters and multiplies tile i and zeroes the buffer of tile i - 1, which every warp finished before
+// the barrier. A step's entries are loaded three steps ahead and its values gathered two steps ahead,
+// in registers, so that their latency runs under the steps between.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device/cp_async.cuh"
+#include "../device/cuda_utils.cuh"
+#include "../device/mma.cuh"
+#include "shapes.h"
+#include "snack/activation.h"
+#include "snack/pattern.h"
+#include "snack/value_types.h"
+#include "tensor_core_kernel.cuh"
+
+namespace snack::cuda::detail {
+
+static_assert(kTcBandRows == kTileViewRows && kTcChunk == kTileViewCols, "the kernel's tiles are the view's");
+constexpr uint32_t kTilePositionMask = (1u << kTileViewSlotShift) - 1;
+
+// What the kernel reads of the pattern: the tile view, and row_ptr for each band's first slot.
+struct TileView {
+  const int32_t* __restrict__ tile_ptr;
+  const uint32_t* __restrict__ entries;
+  const int32_t* __restrict__ row_ptr;
+  int64_t chunks;  // tiles per band
+};
+
+// One thread's share of a tile: the four entries of the 16-byte group that starts at `first`, each
+// valid inside the tile's [begin, end).
+struct TileShare {
+  uint32_t entry[4];
+  int32_t first;
+};
+
+// Thread t's group of the round that starts at entry `round` (a multiple of 4) of a tile ending at `end`.
+__device__ __forceinline__ void load_tile_share(TileShare& s, const uint32_t* __restrict__ entries, int32_t round,
+                                                int32_t end, int t) {
+  s.first = round + 4 * t;
+  if (s.first < end) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(entries + s.first));
+    s.entry[0] = v.x, s.entry[1] = v.y, s.entry[2] = v.z, s.entry[3] = v.w;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void gather_share_values(const TileShare& s, uint16_t (&bits)[4],
+                                                    const T* __restrict__ band_values, int32_t begin, int32_t end) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(band_values);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int32_t e = s.first + j;
+    bits[j] = e >= begin && e < end ? raw[s.entry[j] >> kTileViewSlotShift] : uint16_t(0);
+  }
+}
+
+__device__ __forceinline__ void scatter_share(const TileShare& s, const uint16_t (&bits)[4], uint16_t* tile,
+                                              int32_t begin, int32_t end) {
+  constexpr int kStride = tensor_core_stride(kTcChunk);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int32_t e = s.first + j;
+    if (e >= begin && e < end) {
+      const uint32_t pos = s.entry[j] & kTilePositionMask;
+      tile[pos + (pos / kTcChunk) * (kStride - kTcChunk)] = bits[j];
+    }
+  }
+}
+
+// Zeroes the kTcBandRows x kTcChunk values of a tile (its padding columns are never read).
+__device__ __forceinline__ void zero_block_tile(uint16_t* tile) {
+  constexpr int kStride = tensor_core_stride(kTcChunk);
+  constexpr int kSegments = kTcBandRows * kTcChunk / 8;
+  static_assert(kSegments % kTcThreads == 0, "whole rounds of 16-byte stores");
+#pragma unroll
+  for (int i = 0; i < kSegments / kTcThreads; ++i) {
+    const int s = threadIdx.x + i * kTcThreads;
+    *reinterpret_cast<uint4*>(tile + (s / (kTcChunk / 8)) * kStride + (s % (kTcChunk / 8)) * 8) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
+// batch tile of blockIdx.y; the cluster's blocks split the band's chunks.
+template <typename T, int NT>
+__global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView view, const T* __restrict__ values,
+                                                                    int64_t out_dim, int64_t in_dim,
+                                                                    const T* __restrict__ in, int64_t n,
+                                                                    const T* __restrict__ bias, T* __restrict__ out,
+                                                                    Activation act, int splits, bool vec) {
+  static_assert(NT % 16 == 0 && NT <= 64, "batch tiles of 16 to 64 rows");
+  constexpr int CW = kTcChunk;
+  constexpr int kStride = tensor_core_stride(CW);
+  constexpr int kTileValues = kTcBandRows * kStride;
+  constexpr int kShare = 4 * kTcThreads;  // entries per round of the block
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(smem);               // [3][kTcBandRows][kStride]
+  uint16_t* xs = tiles + 3 * kTileValues;                             // [2][NT][kStride]
+  int32_t* tp = reinterpret_cast<int32_t*>(xs + 2 * NT * kStride);    // [steps + 1]
+  float* partial = reinterpret_cast<float*>(smem);                    // [NT][kTcPartialStride], after the loop
+
+  const int warp = threadIdx.x / 32, t = threadIdx.x;
+  const int split = int(blockIdx.x % unsigned(splits));
+  const int64_t band = blockIdx.x / unsigned(splits);
+  const int64_t o0 = band * kTcBandRows;
+  const int64_t n0 = int64_t(blockIdx.y) * NT;
+  const int64_t chunks = view.chunks;
+  const int64_t c_begin = chunks * split / splits, c_end = chunks * (split + 1) / splits;
+  const int steps = int(c_end - c_begin);
+  const T* band_values = values + view.row_ptr[o0];
+  for (int i = t; i <= steps; i += kTcThreads) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
+  __syncthreads();
+
+  float acc[NT / 8][4];
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  // The pipeline: s0 / b0 this step's tile (entries, values), s1 / b1 the next one's, s2 the entries
+  // of the one after.
+  TileShare s0{}, s1{}, s2{};
+  uint16_t b0[4] = {0, 0, 0, 0}, b1[4] = {0, 0, 0, 0};
+  if (steps > 0) load_tile_share(s0, view.entries, tp[0] & ~3, tp[1], t);
+  if (steps > 1) load_tile_share(s1, view.entries, tp[1] & ~3, tp[2], t);
+  if (steps > 2) load_tile_share(s2, view.entries, tp[2] & ~3, tp[3], t);
+  if (steps > 0) {
+    gather_share_values(s0, b0, band_values, tp[0], tp[1]);
+    stage_input_chunk<T, NT, CW>(xs, in, n, in_dim, n0, c_begin * CW, vec);
+  }
+  if (steps > 1) gather_share_values(s1, b1, band_values, tp[1], tp[2]);
+  cp_async_commit();
+  zero_block_tile(tiles);
+  zero_block_tile(tiles + kTileValues);
+  __syncthreads();
+
+  int slot = 0;  // the tile buffer of step i: i % 3
+  for (int i = 0; i < steps; ++i) {
+    uint16_t* tile = tiles + slot * kTileValues;
+    const int32_t begin = tp[i], end = tp[i + 1];
+    scatter_share(s0, b0, tile, begin, end);
+    // A tile fuller than one round of the block (kShare entries): the rest, read in place.
+    for (int32_t round = (begin & ~3) + kShare; round < end; round += kShare) {
+      TileShare more;
+      uint16_t bits[4];
+      load_tile_share(more, view.entries, round, end, t);
+      gather_share_values(more, bits, band_values, begin, end);
+      scatter_share(more, bits, tile, begin, end);
+    }
+    s0 = s1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) b0[j] = b1[j];
+    s1 = s2;
+    if (i + 2 < steps) gather_share_values(s1, b1, band_values, tp[i + 2], tp[i + 3]);
+    if (i + 3 < steps) load_tile_share(s2, view.entries, tp[i + 3] & ~3, tp[i + 4], t);
+    if (vec) cp_async_wait_all();
+    __syncthreads();  // tile i and X's chunk i are in place; every warp is done with tile i - 1 and X's i - 1
+    zero_block_tile(tiles + (slot == 0 ? 2 : slot - 1) * kTileValues);
+    if (i + 1 < steps)
+      stage_input_chunk<T, NT, CW>(xs + ((i + 1) & 1) * NT * kStride, in, n, in_dim, n0, (c_begin + i + 1) * CW, vec);
+    cp_async_commit();
+    multiply_chunk<T, NT, CW>(acc, tile + warp * 16 * kStride, xs + (i & 1) * NT * kStride);
+    slot = slot == 2 ? 0 : slot + 1;
+  }
+
+  finish_band_tile<T, NT>(acc, partial, o0, out_dim, n0, n, bias, out, act, split, splits);
+}
+
+}  // namespace snack::cuda::detail
