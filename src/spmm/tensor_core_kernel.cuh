@@ -33,29 +33,11 @@
 namespace snack::cuda::detail {
 
 // The chunk of the input [n0, n0 + NT) x [k0, k0 + CW) into xs ([NT][tensor_core_stride(CW)]), zeros
-// outside the input. vec: rows are 16-byte aligned (in_dim % 8 == 0 and an aligned base), copied by
-// cp.async (the caller commits the group); otherwise stored element by element.
+// outside the input (stage_16bit_block; with vec the caller commits the cp.async group).
 template <typename T, int NT, int CW>
 __device__ __forceinline__ void stage_input_chunk(uint16_t* xs, const T* __restrict__ in, int64_t n, int64_t in_dim,
                                                   int64_t n0, int64_t k0, bool vec) {
-  constexpr int kStride = tensor_core_stride(CW);
-  constexpr int kSegments = NT * (CW / 8);  // 16-byte segments of the chunk
-  if (vec) {
-    for (int s = threadIdx.x; s < kSegments; s += kTcThreads) {
-      const int row = s / (CW / 8), seg = s % (CW / 8);
-      const int64_t b = n0 + row, k = k0 + seg * 8;
-      const bool inside = b < n && k < in_dim;
-      const T* src = inside ? in + b * in_dim + k : in;
-      cp_async_16(xs + row * kStride + seg * 8, src, inside ? 16 : 0);
-    }
-  } else {
-    const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
-    for (int e = threadIdx.x; e < NT * CW; e += kTcThreads) {
-      const int row = e / CW, col = e % CW;
-      const int64_t b = n0 + row, k = k0 + col;
-      xs[row * kStride + col] = b < n && k < in_dim ? raw[b * in_dim + k] : uint16_t(0);
-    }
-  }
+  stage_16bit_block<NT, CW, tensor_core_stride(CW), kTcThreads>(xs, in, n, in_dim, n0, k0, vec);
 }
 
 // The end of a band's block: its partial tile [NT][64 rows] (acc of the m16n8k16 layout, warp w
