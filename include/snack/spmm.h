@@ -83,7 +83,7 @@ enum class SpmmReason : int {
   kTensorCores,    ///< 16-bit values, many batch rows, a high density: tensor cores
   kDenseBlocks,    ///< a batch large enough that a dense GEMM over expanded blocks of W beats the sparse kernels
   kSharedInput,    ///< a batch of hundreds of rows: X staged in shared memory, shared by a band of rows
-  kTileView,       ///< 16-bit values, 17-64 batch rows of a large layer at most 20% dense: the tile view on tensor cores
+  kTileView,       ///< 16-bit values, 17-128 batch rows of a sparse layer: the tile view on tensor cores
 };
 
 /// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels

@@ -208,17 +208,30 @@ bool tensor_cores_pay(const SpmmProblem& p) {
          (huge && p.n >= 32 && density >= 0.095) || (huge && p.n >= 128 && density >= 0.045);
 }
 
-// Where the tile view's kernel pays (the forward, 16 bits, a pattern that holds the view): on layers of
-// at least 2^24 weights at most 20% dense, from 17 to 64 batch rows (one batch tile of 32 or 64). There
-// its tiles, read contiguously, cost less than tensor_core's walk of the rows (bf16, 16384x4096, 90%,
-// N = 32: 53.9 against 73.2 us; N = 64: 69.9 against 93.6; 4096x4096, 90%, N = 64: 32.5 against
-// 37.0), while at N = 16 wide_rows and the row kernels are faster, past 64 a second batch tile reads
-// the view again, and from 30% density tensor_core's expansion is cheaper (16384x4096, 70%, N = 32:
-// 111 against 109 us). Measured with bench/micro kernels before the view was in the library; the
-// planner's rows of spmm_nvidia_h200_bf16*.md show it in place.
+// Where the tile view's kernel pays (the forward, 16 bits, a pattern that holds the view), measured
+// on the H200 in bf16 with every variant forced (spmm_nvidia_h200_bf16_tile_view.md, 768x3072 to
+// 16384x4096 at 80-95%, N = 16-128): its time follows the tiles (64 x 64, a batch tile of up to 64
+// rows each), the others' the slots, so it takes
+//   - 17-64 rows at 7.5-12% density everywhere (16384x4096, 90%, N = 64: 67.6 against 93.4 us for
+//     tensor_core; 4096x4096, N = 32: 27.0 against 29.2 for global_xt);
+//   - there, from 12% to 25% on layers of at least 8192 rows or under 2^23 weights (16384x4096,
+//     80%, N = 64: 93.1 against 112.1; 3072x768, N = 64: 14.0 against 18.7), not between them, where
+//     tensor_core is faster (4096x4096, 80%, N = 32: 34.4 against 41.0);
+//   - below 7.5% from 33 rows on layers of at least 8192 rows (16384x4096, 95%, N = 64: 64.9 against
+//     82.3 for global_xt) and from 17 on layers under 2^23 weights, where the row kernels win on
+//     4096-row layers (4096x4096, 95%, N = 32: 19.8 against 25.7);
+//   - 65-128 rows (two batch tiles) on layers under 2^23 weights (768x3072, 90%, N = 128: 15.2
+//     against 23.0) and at 7.5-12% density (4096x4096, 90%: 51.7 against 59.8).
+// At N <= 16 wide_rows and the row kernels stay ahead.
 bool tile_view_pays(const SpmmProblem& p) {
-  if (p.value_bytes != 2 || p.transposed || !p.tile_view || p.n < 17 || p.n > 64) return false;
-  return p.out_dim * p.in_dim >= (int64_t(1) << 24) && density_of(p) <= 0.2;
+  if (p.value_bytes != 2 || p.transposed || !p.tile_view || p.n < 17 || p.n > 128) return false;
+  const double density = density_of(p);
+  const bool small = p.out_dim * p.in_dim < (int64_t(1) << 23), tall = p.out_dim >= 8192;
+  const bool ninety = density >= 0.075 && density <= 0.12;
+  if (p.n > 64) return small || ninety;
+  if (ninety) return true;
+  if (density > 0.12) return density <= 0.25 && (small || tall);
+  return small || (tall && p.n >= 33);
 }
 
 // Where wide_rows pays in 16 bits beyond its fp32 rule (one tile of the whole batch, three rows per warp

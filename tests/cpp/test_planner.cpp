@@ -416,6 +416,52 @@ TEST(Planner, TensorCoreRulesAndShape) {
   EXPECT_EQ(p.k_splits, 2);
 }
 
+TEST(Planner, TileViewRulesAndShape) {
+  // The tile view's forward (a pattern that holds the view): 17-64 rows at 7.5-12% density; 12-25% on
+  // layers of 8192 rows or more or under 2^23 weights; below 7.5% from 33 rows on tall layers and from
+  // 17 on small ones; 65-128 rows on small layers and at 7.5-12%. Never without the view, in fp32 or
+  // for dX.
+  struct Case {
+    int64_t out, in;
+    double density;
+    int64_t n;
+    bool tile_view;
+  };
+  const auto planned = [](int64_t out, int64_t in, double density, int64_t n, bool view, int value_bytes = 2,
+                          bool transposed = false) {
+    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
+    problem.tile_view = view;
+    SpmmPlan p;
+    const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  };
+  for (const Case& c : {Case{16384, 4096, 0.1, 32, true}, {16384, 4096, 0.1, 64, true}, {16384, 4096, 0.1, 16, false},
+                        {4096, 4096, 0.1, 128, true}, {4096, 4096, 0.1, 129, false}, {4096, 4096, 0.2, 32, false},
+                        {16384, 4096, 0.2, 64, true}, {3072, 768, 0.2, 64, true}, {4096, 4096, 0.05, 64, false},
+                        {16384, 4096, 0.05, 32, false}, {16384, 4096, 0.05, 64, true}, {768, 3072, 0.05, 32, true},
+                        {16384, 4096, 0.2, 128, false}, {768, 3072, 0.2, 128, true}, {16384, 4096, 0.3, 64, false}}) {
+    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true).variant == SpmmVariant::kTileView, c.tile_view)
+        << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+  }
+  EXPECT_NE(planned(16384, 4096, 0.1, 64, false).variant, SpmmVariant::kTileView);        // no view
+  EXPECT_NE(planned(16384, 4096, 0.1, 64, true, 4).variant, SpmmVariant::kTileView);      // fp32
+  EXPECT_NE(planned(4096, 16384, 0.1, 64, true, 2, true).variant, SpmmVariant::kTileView);  // dX
+
+  // Forced: batch tiles of 16-64 rows, tensor_core's clusters, the block's tile pointers in shared memory.
+  SpmmProblem problem{16384, 4096, 6710886, 100, 2, false, SpmmVariant::kTileView};
+  problem.tile_view = true;
+  SpmmPlan p;
+  ASSERT_TRUE(plan_spmm(problem, DeviceLimits::h200(), &p).ok());
+  EXPECT_EQ(p.batch_tile, 64);
+  EXPECT_EQ(p.k_splits, 1);  // two batch tiles of 256 bands: two blocks per SM already
+  EXPECT_EQ(p.smem_bytes, size_t(2) * (3 * 64 + 2 * 64) * 72 + 4 * (64 + 1));
+  problem.tile_view = false;
+  const Status refused = plan_spmm(problem, DeviceLimits::h200(), &p);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("no tile view"), std::string::npos) << refused.message();
+}
+
 // wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
 // threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
 // still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,

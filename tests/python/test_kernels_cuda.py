@@ -348,13 +348,14 @@ def test_tile_view_follows_topology_updates_and_refuses_what_it_cannot_run():
         ops.spmm_t(bf16.randn(20, 64), bf16.values, bf16.tensors, "tile_view")
 
 
-def test_the_planner_takes_the_tile_view_for_mid_batches_of_sparse_large_layers():
+def test_the_planner_takes_the_tile_view_for_mid_batches_of_sparse_layers():
     layer = snack.SparseLinear(4096, 4096, density=0.1, device="cuda")
     for n in (32, 64):
         assert snack.explain(layer, n, dtype=torch.bfloat16).variant == "tile_view", n
         assert snack.explain(layer, n).variant != "tile_view", n  # float32
     assert snack.explain(layer, 16, dtype=torch.bfloat16).variant != "tile_view"
-    assert snack.explain(layer, 128, dtype=torch.bfloat16).variant != "tile_view"
+    assert snack.explain(layer, 128, dtype=torch.bfloat16).variant == "tile_view"  # two batch tiles
+    assert snack.explain(layer, 129, dtype=torch.bfloat16).variant != "tile_view"
     assert snack.explain(layer, 64, dtype=torch.bfloat16, op="input_grad").variant != "tile_view"
     dense = snack.SparseLinear(4096, 4096, density=0.3, device="cuda")
     assert snack.explain(dense, 64, dtype=torch.bfloat16).variant != "tile_view"
