@@ -440,7 +440,8 @@ TEST(Planner, TileViewRulesAndShape) {
                         {4096, 4096, 0.1, 128, true}, {4096, 4096, 0.1, 129, false}, {4096, 4096, 0.2, 32, false},
                         {16384, 4096, 0.2, 64, true}, {3072, 768, 0.2, 64, true}, {4096, 4096, 0.05, 64, false},
                         {16384, 4096, 0.05, 32, false}, {16384, 4096, 0.05, 64, true}, {768, 3072, 0.05, 32, true},
-                        {16384, 4096, 0.2, 128, false}, {768, 3072, 0.2, 128, true}, {16384, 4096, 0.3, 64, false}}) {
+                        {16384, 4096, 0.2, 128, false}, {768, 3072, 0.2, 128, true}, {16384, 4096, 0.3, 64, false},
+                        {768, 3072, 0.5, 128, false}}) {
     EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true).variant == SpmmVariant::kTileView, c.tile_view)
         << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
   }
