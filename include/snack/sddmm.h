@@ -125,6 +125,8 @@ struct SddmmPlan {
   size_t smem_bytes = 0;       ///< kStaged, kTensorCore: dynamic shared memory per block
   int tiles_per_block = 0;     ///< kTensorCore: tiles of 128 columns per block (grid_x blocks along the
                                ///< columns, grid_y bands of 128 rows)
+  bool gradient_in_workspace = false;  ///< kTensorCore with AdamW: the gradient, rounded to the operands' type,
+                                       ///< goes to the workspace, and a second kernel applies AdamW's step
 };
 
 /// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a

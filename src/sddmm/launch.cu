@@ -177,7 +177,17 @@ Status run_sddmm(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy
   if (plan.variant == SddmmVariant::kTensorCore && w.nnz > 0 && n > 0) {  // dY and X read in place
     if constexpr (kIsHalfType<T>) {
       SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
-      SNACK_RETURN_IF_ERROR(launch_sddmm_tensor_core(plan, w, dy, x, n, out, stream));
+      if constexpr (Out::kUpdatesState) {
+        if (!plan.gradient_in_workspace)
+          return InvalidArgument("sddmm: the tensor-core plan for AdamW must store the gradient in the workspace");
+        T* gradient = static_cast<T*>(workspace);
+        SNACK_RETURN_IF_ERROR(launch_sddmm_tensor_core(plan, w, dy, x, n, StoreGradient<T>{gradient}, stream));
+        sddmm_adamw_from_gradient_kernel<T, Out>
+            <<<grid_for(ceil_div(w.nnz, 8), 256, int64_t(4096)), 256, 0, stream>>>(gradient, w.nnz, out);
+        SNACK_RETURN_IF_ERROR(check_launch("sddmm_adamw_from_gradient_kernel"));
+      } else {
+        SNACK_RETURN_IF_ERROR(launch_sddmm_tensor_core(plan, w, dy, x, n, out, stream));
+      }
       return bias_out ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
     } else {
       return InvalidArgument("sddmm: tensor_core runs 16-bit operands (bf16, fp16)");

@@ -146,16 +146,13 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 // gradient (bench/results/backward_nvidia_h200_bf16.md, every path forced, 80-95%): from a batch of
 // 64 at 10% density and up (N = 64: 1.1-3.0x the rows kernel at 80-90%; at 95% 0.8-1.4x) and at a
 // batch of 128 from 4.5% (1.2-3.6x at 80-90%, 1.0-1.6x at 95%); past the rows kernel's 128 against
-// the vector kernel from 3% density (N = 256: 1.7-10.8x at 80-95%). With AdamW's step in the
-// epilogue, from a forced-path run over the same shapes that no committed file holds: at a batch of
-// 128 from 15% density (80%: 16384x4096 462 against 707 us, 4096x4096 135 against 198, 3072x768
-// level); below, the rows kernel stays ahead (N = 64: 0.6-0.9x; N = 128 at 90%: 0.8-1.05x); past
-// 128 against the vector kernel 1.3-6.4x at 80-95%, and at 99% (from the first form of the kernel)
-// 0.7-1.1x, which the 3% floor leaves to the vector kernel.
+// the vector kernel from 3% density (N = 256: 1.7-10.8x at 80-95%). With AdamW's step the same
+// rule holds, the step then running over the stored gradient (SddmmPlan::gradient_in_workspace): the
+// rows kernel's fused step costs a little more than its plain product (16384x4096, 90%, N = 64: 211
+// against 187 us), the tensor-core product plus a pass over the slots less (114 us and the pass).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
-  if (p.epilogue == SddmmEpilogue::kAdamW) return np >= 128 && density(p) >= 0.15;
   return np >= 64 && density(p) >= (np >= 128 ? 0.045 : 0.075);
 }
 
@@ -249,6 +246,11 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.tiles_per_block = tensor_core_tiles_per_block(p, limits);
     plan.grid_x = std::max<int64_t>(1, ceil_div(ceil_div(p.cols, kTcDwCols), plan.tiles_per_block));
     plan.grid_y = std::max<int64_t>(1, ceil_div(p.rows, kTcDwRows));
+    // AdamW's step in a pass of its own over the stored gradient, as the staged kernel does: inside the
+    // tile's read-out its loads and stores of the state cost more than the pass (bf16, 16384x4096, 80%,
+    // N = 128: 461 us fused against 165 us for the stored gradient, backward_nvidia_h200_bf16.md).
+    plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
+    plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
     *out = plan;
     return Status::Ok();
   }

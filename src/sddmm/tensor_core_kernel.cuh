@@ -287,5 +287,24 @@ __global__ void __launch_bounds__(detail::kTcDwThreads, detail::kTcDwBlocksPerSm
   cp_async_wait_all();
 }
 
+
+// AdamW's step (`out`) over the gradient the tensor-core kernel stored, rounded to T, in the workspace
+// (SddmmPlan::gradient_in_workspace): eight consecutive slots per thread, with apply8_rounded's
+// 16-byte moves where the arrays allow, else slot by slot. The same arithmetic as the fused step.
+template <typename T, typename Out>
+__global__ void __launch_bounds__(256) sddmm_adamw_from_gradient_kernel(const T* __restrict__ gradient, int64_t nnz,
+                                                                       Out out) {
+  out.begin();
+  const bool vectors = out.stores_vectors() && (reinterpret_cast<uintptr_t>(gradient) & 15) == 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * 8;
+  for (int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8; e < nnz; e += stride) {
+    if (vectors && e + 8 <= nnz) {
+      out.apply8_rounded(e, *reinterpret_cast<const uint4*>(gradient + e));
+    } else {
+      for (int64_t s = e; s < e + 8 && s < nnz; ++s) out.apply_rounded(s, gradient[s], out.fetch(s));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace snack::cuda

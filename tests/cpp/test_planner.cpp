@@ -624,8 +624,8 @@ TEST(Planner, SddmmTensorCoreGrid) {
   EXPECT_EQ(p.grid_y, 3);
   EXPECT_EQ(p.grid_x, 8);
   // The planner's choice for 16-bit operands: from a batch of 64 at >= 7.5% density when the gradient
-  // is stored, from 128 at >= 4.5% (the rows kernel below; with AdamW's step from 128 at >= 15%),
-  // past 128 from 3% density.
+  // is stored, from 128 at >= 4.5% (the rows kernel below), past 128 from 3% density; with AdamW's
+  // step the same, the step then in a pass over the gradient stored in the workspace.
   const auto automatic = [](int64_t nnz, int64_t n, SddmmEpilogue e = SddmmEpilogue::kStore) {
     return plan_dw(16384, 4096, nnz, n, e, SddmmVariant::kAuto, 0, 2);
   };
@@ -635,9 +635,14 @@ TEST(Planner, SddmmTensorCoreGrid) {
   EXPECT_EQ(automatic(6710886, 32).variant, SddmmVariant::kRows);
   EXPECT_EQ(automatic(3355443, 128).variant, SddmmVariant::kTensorCore);  // 95%
   EXPECT_EQ(automatic(3355443, 64).variant, SddmmVariant::kRows);
-  EXPECT_EQ(automatic(6710886, 128, SddmmEpilogue::kAdamW).variant, SddmmVariant::kRows);
-  EXPECT_EQ(automatic(13421773, 128, SddmmEpilogue::kAdamW).variant, SddmmVariant::kTensorCore);  // 80%
-  EXPECT_EQ(automatic(13421773, 64, SddmmEpilogue::kAdamW).variant, SddmmVariant::kRows);
+  const SddmmPlan adamw = automatic(6710886, 128, SddmmEpilogue::kAdamW);
+  EXPECT_EQ(adamw.variant, SddmmVariant::kTensorCore);
+  EXPECT_TRUE(adamw.gradient_in_workspace);
+  EXPECT_EQ(adamw.workspace_bytes, size_t(6710886) * 2);  // the gradient in bf16 / fp16
+  EXPECT_FALSE(automatic(6710886, 128).gradient_in_workspace);
+  EXPECT_EQ(automatic(6710886, 128).workspace_bytes, size_t(0));
+  EXPECT_EQ(automatic(13421773, 64, SddmmEpilogue::kAdamW).variant, SddmmVariant::kTensorCore);  // 80%
+  EXPECT_EQ(automatic(3355443, 64, SddmmEpilogue::kAdamW).variant, SddmmVariant::kRows);          // 95%
   EXPECT_EQ(automatic(3355443, 256, SddmmEpilogue::kAdamW).variant, SddmmVariant::kTensorCore);
   EXPECT_EQ(automatic(671088, 256).variant, SddmmVariant::kVector);  // 99%
   EXPECT_EQ(plan_dw(16384, 4096, 6710886, 256).variant, SddmmVariant::kStaged);  // float32
