@@ -221,7 +221,8 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
 
 namespace {
 
-constexpr int kTileViewThreads = 256;
+constexpr int kTileViewThreads = 1024;
+constexpr int kTileViewSlotsPerThread = 4;  // consecutive slots per thread and pass: their loads issued together
 
 // The tile view of band blockIdx.x (kTileViewRows rows; see snack/pattern.h). Shared memory holds,
 // per (row of the band, chunk), first the row's slot count in that chunk, then (a scan down each
@@ -246,9 +247,20 @@ __global__ void __launch_bounds__(kTileViewThreads)
     const int64_t r = int64_t(row_idx[s]) - r0, c = int64_t(col_idx[s]) / kTileViewCols;
     return r >= 0 && r < kTileViewRows && c >= 0 && c < chunks ? r * chunks + c : -1;
   };
-  for (int32_t s = first + int32_t(threadIdx.x); s < last; s += int32_t(blockDim.x)) {
-    const int64_t cell = cell_of(s);
-    if (cell >= 0) atomicAdd(&run[cell], 1);
+  // Each pass walks the band's slots kTileViewSlotsPerThread at a time per thread, the cells of a
+  // group found before any is used, so that a thread waits for its loads once per group.
+  constexpr int G = kTileViewSlotsPerThread;
+  const auto cells_of = [&](int32_t s0, int64_t (&cells)[G]) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) cells[j] = s0 + j < last ? cell_of(s0 + j) : -1;
+  };
+  const int32_t group_stride = G * int32_t(blockDim.x);
+  for (int32_t s0 = first + G * int32_t(threadIdx.x); s0 < last; s0 += group_stride) {
+    int64_t cells[G];
+    cells_of(s0, cells);
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if (cells[j] >= 0) atomicAdd(&run[cells[j]], 1);
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -273,18 +285,30 @@ __global__ void __launch_bounds__(kTileViewThreads)
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) tile_ptr[band * chunks + c] = first + tile_start[c];
   if (band == gridDim.x - 1 && threadIdx.x == 0) tile_ptr[int64_t(gridDim.x) * chunks] = int32_t(nnz);
   // The first slot of each run (row, chunk) turns its cell into the run's offset.
-  for (int32_t s = first + int32_t(threadIdx.x); s < last; s += int32_t(blockDim.x)) {
-    const int64_t cell = cell_of(s);
-    if (cell < 0) continue;
-    if (s == first || cell_of(s - 1) != cell) run[cell] = tile_start[cell % chunks] + run[cell] - (s - first);
+  for (int32_t s0 = first + G * int32_t(threadIdx.x); s0 < last; s0 += group_stride) {
+    int64_t cells[G];
+    cells_of(s0, cells);
+    int64_t previous = s0 == first ? -1 : cell_of(s0 - 1);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int64_t cell = cells[j];
+      if (cell >= 0 && cell != previous) run[cell] = tile_start[cell % chunks] + run[cell] - (s0 + j - first);
+      previous = cell;
+    }
   }
   __syncthreads();
-  for (int32_t s = first + int32_t(threadIdx.x); s < last; s += int32_t(blockDim.x)) {
-    const int64_t cell = cell_of(s);
-    const int64_t entry = cell < 0 ? -1 : int64_t(first) + run[cell] + (s - first);
-    if (entry < 0 || entry >= nnz) continue;
-    const int64_t col = int64_t(col_idx[s]) % kTileViewCols;
-    tile_entries[entry] = uint32_t(s - first) << kTileViewSlotShift | uint32_t((cell / chunks) * kTileViewCols + col);
+  for (int32_t s0 = first + G * int32_t(threadIdx.x); s0 < last; s0 += group_stride) {
+    int64_t cells[G];
+    cells_of(s0, cells);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int32_t s = s0 + j;
+      const int64_t entry = cells[j] < 0 ? -1 : int64_t(first) + run[cells[j]] + (s - first);
+      if (entry < 0 || entry >= nnz) continue;
+      const int64_t col = int64_t(col_idx[s]) % kTileViewCols;
+      tile_entries[entry] =
+          uint32_t(s - first) << kTileViewSlotShift | uint32_t((cells[j] / chunks) * kTileViewCols + col);
+    }
   }
   const int64_t padded = (nnz + 3) / 4 * 4;
   if (band == gridDim.x - 1)
