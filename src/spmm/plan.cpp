@@ -212,16 +212,16 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 // on the H200 in bf16 with every variant forced (spmm_nvidia_h200_bf16_tile_view.md, 768x3072 to
 // 16384x4096 at 80-95%, N = 16-128): its time follows the tiles (64 x 64, a batch tile of up to 64
 // rows each), the others' the slots, so it takes
-//   - 17-64 rows at 7.5-12% density everywhere (16384x4096, 90%, N = 64: 67.6 against 93.4 us for
-//     tensor_core; 4096x4096, N = 32: 27.0 against 29.2 for global_xt);
+//   - 17-64 rows at 7.5-12% density everywhere (16384x4096, 90%, N = 64: 67.4 against 93.3 us for
+//     tensor_core; 4096x4096, N = 32: 26.9 against 28.9 for global_xt);
 //   - there, from 12% to 25% on layers of at least 8192 rows or under 2^23 weights (16384x4096,
-//     80%, N = 64: 93.1 against 112.1; 3072x768, N = 64: 14.0 against 18.7), not between them, where
-//     tensor_core is faster (4096x4096, 80%, N = 32: 34.4 against 41.0);
-//   - below 7.5% from 33 rows on layers of at least 8192 rows (16384x4096, 95%, N = 64: 64.9 against
-//     82.3 for global_xt) and from 17 on layers under 2^23 weights, where the row kernels win on
-//     4096-row layers (4096x4096, 95%, N = 32: 19.8 against 25.7);
-//   - 65-128 rows (two batch tiles) on layers under 2^23 weights (768x3072, 90%, N = 128: 15.2
-//     against 23.0) and at 7.5-12% density (4096x4096, 90%: 51.7 against 59.8).
+//     80%, N = 64: 93.1 against 111.8; 3072x768, N = 64: 13.9 against 18.4), not between them, where
+//     tensor_core is faster (4096x4096, 80%, N = 32: 34.3 against 40.9);
+//   - below 7.5% from 33 rows on layers of at least 8192 rows (16384x4096, 95%, N = 64: 64.3 against
+//     81.9 for global_xt) and from 17 on layers under 2^23 weights, where the row kernels win on
+//     4096-row layers (4096x4096, 95%, N = 32: 19.7 against 25.5);
+//   - 65-128 rows (two batch tiles) on layers under 2^23 weights (768x3072, 90%, N = 128: 15.0
+//     against 22.6) and at 7.5-12% density (4096x4096, 90%: 51.6 against 59.8).
 // At N <= 16 wide_rows and the row kernels stay ahead; above 25% density (not measured) tensor_core keeps it.
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.transposed || !p.tile_view || p.n < 17 || p.n > 128) return false;
