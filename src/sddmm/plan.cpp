@@ -149,7 +149,8 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 // the vector kernel from 3% density (N = 256: 1.7-10.8x at 80-95%). With AdamW's step the same
 // rule holds, the step then running over the stored gradient (SddmmPlan::gradient_in_workspace): the
 // rows kernel's fused step costs a little more than its plain product (16384x4096, 90%, N = 64: 211
-// against 187 us), the tensor-core product plus a pass over the slots less (114 us and the pass).
+// against 187 us in the file as committed in 1af9c8b), the tensor-core product plus a pass over the
+// slots less (114 us and the pass).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
@@ -248,7 +249,8 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.grid_y = std::max<int64_t>(1, ceil_div(p.rows, kTcDwRows));
     // AdamW's step in a pass of its own over the stored gradient, as the staged kernel does: inside the
     // tile's read-out its loads and stores of the state cost more than the pass (bf16, 16384x4096, 80%,
-    // N = 128: 461 us fused against 165 us for the stored gradient, backward_nvidia_h200_bf16.md).
+    // N = 128: 461 us fused against 165 us for the stored gradient, backward_nvidia_h200_bf16.md as
+    // committed in 1af9c8b).
     plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
     plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
     *out = plan;

@@ -356,7 +356,8 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return Status::Ok();
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
-  if (plan.variant == SpmmVariant::kTileView) return launch_tile_view<T, Index>(plan, w, values, x, n, bias, y, act, stream);
+  if (plan.variant == SpmmVariant::kTileView)
+    return launch_tile_view<T, Index>(plan, w, values, x, n, bias, y, act, stream);
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }

@@ -89,7 +89,8 @@ __device__ __forceinline__ void zero_block_tile(uint16_t* tile) {
 #pragma unroll
   for (int i = 0; i < kSegments / kTcThreads; ++i) {
     const int s = threadIdx.x + i * kTcThreads;
-    *reinterpret_cast<uint4*>(tile + (s / (kTcChunk / 8)) * kStride + (s % (kTcChunk / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    uint16_t* segment = tile + (s / (kTcChunk / 8)) * kStride + (s % (kTcChunk / 8)) * 8;
+    *reinterpret_cast<uint4*>(segment) = make_uint4(0, 0, 0, 0);
   }
 }
 

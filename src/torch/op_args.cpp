@@ -18,8 +18,8 @@ void throw_if_error(const Status& status, const char* op) {
 }
 
 const char* pattern_field_name(int field) {
-  static const char* const kNames[kPatternFields] = {"row_idx", "col_idx",  "row_ptr",     "col_ptr",
-                                                           "csc_perm", "tile_ptr", "tile_entries"};
+  static const char* const kNames[kPatternFields] = {"row_idx",  "col_idx",  "row_ptr",     "col_ptr",
+                                                     "csc_perm", "tile_ptr", "tile_entries"};
   return field >= 0 && field < kPatternFields ? kNames[field] : "unknown";
 }
 
@@ -36,7 +36,8 @@ void check_same_device(const at::Tensor& t, const at::Device& device, const char
 
 PatternArg pattern_arg(at::TensorList pattern, const char* op) {
   TORCH_CHECK_VALUE(pattern.size() == size_t(kPatternFields), "snack.", op, ": pattern must hold ", int(kPatternFields),
-                    " tensors (row_idx, col_idx, row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries), got ", pattern.size());
+                    " tensors (row_idx, col_idx, row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries), got ",
+                    pattern.size());
   for (int f = 0; f < kPatternFields; ++f) check_1d(pattern[f], pattern_field_name(f), op);
   PatternArg p;
   p.row_idx = pattern[kRowIdx];
