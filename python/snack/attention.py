@@ -96,12 +96,18 @@ def dilated_pattern(seq: int, window: int, dilation: int, *, causal: bool = Fals
 
 
 # ---- the attention ----------------------------------------------------------------------------------
+def _row_sums(values: Tensor, rows: Tensor, seq: int) -> Tensor:
+    """Each row's sum of its slots' values (slots sorted by row), in a fixed order: a segmented
+    reduction, where index_add's float atomics would add in whatever order they land."""
+    return torch.segment_reduce(values, "sum", lengths=torch.bincount(rows, minlength=seq))
+
+
 def _row_softmax(scores: Tensor, rows: Tensor, seq: int) -> Tensor:
     """Softmax of each row's stored scores (a row of -inf only, or with no slot, gives zeros)."""
     peak = scores.new_full((seq,), -math.inf).scatter_reduce(0, rows, scores, "amax")
     peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
     e = torch.exp(scores - peak[rows])
-    total = scores.new_zeros(seq).index_add(0, rows, e)
+    total = _row_sums(e, rows, seq)
     return e / total.clamp_min(torch.finfo(total.dtype).tiny)[rows]
 
 
@@ -209,7 +215,7 @@ def _attention_backward(q, k, v, dout, scale, patterns, probs):
             dot = dout[b, h].to(work).t().contiguous()
             dv.append(ops.spmm_t(dot, p, pattern).t())   # P^T dO
             dp = ops.sddmm(dot, vt, pattern)              # dO V^T at the stored positions
-            row_dot = p.new_zeros(seq_q).index_add(0, rows, p * dp)
+            row_dot = _row_sums(p * dp, rows, seq_q)
             ds = p * (dp - row_dot[rows]) * scale
             dq.append(ops.spmm(kt, ds, pattern).t())      # dS K
             dk.append(ops.spmm_t(qt, ds, pattern).t())    # dS^T Q
