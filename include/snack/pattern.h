@@ -65,12 +65,16 @@ inline constexpr int kTileViewSlotShift = 12;
 inline constexpr int64_t kTileViewMaxCols = int64_t(1) << (32 - kTileViewSlotShift) >> 6;
 static_assert(kTileViewRows * kTileViewCols == int64_t(1) << kTileViewSlotShift, "a position addresses a whole tile");
 
+/// The tile view's bands (of kTileViewRows rows) and chunks (tiles per band, of kTileViewCols columns).
+inline int64_t tile_view_bands(int64_t rows) { return (rows + kTileViewRows - 1) / kTileViewRows; }
+inline int64_t tile_view_chunks(int64_t cols) { return (cols + kTileViewCols - 1) / kTileViewCols; }
+
 /// Lengths of the tile view's arrays for a `rows x cols` pattern of nnz slots: tile_ptr
 /// (bands * chunks + 1) and tile_entries (nnz rounded up to a multiple of 4, so that a tile can be
 /// read as 16-byte vectors); both 0 where the view is not built (cols > kTileViewMaxCols or an empty matrix).
 inline int64_t tile_view_ptr_length(int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0 || cols > kTileViewMaxCols) return 0;
-  return ((rows + kTileViewRows - 1) / kTileViewRows) * ((cols + kTileViewCols - 1) / kTileViewCols) + 1;
+  return tile_view_bands(rows) * tile_view_chunks(cols) + 1;
 }
 inline int64_t tile_view_entries_length(int64_t rows, int64_t cols, int64_t nnz) {
   return tile_view_ptr_length(rows, cols) == 0 ? 0 : (nnz + 3) / 4 * 4;

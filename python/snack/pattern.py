@@ -25,7 +25,8 @@ class Pattern(nn.Module):
     derives, on the slots' device, the views the kernels read: CSR row pointers (``row_ptr``), a
     CSC view (``col_ptr``, ``csc_perm``, a permutation into the same slots) and the tile view of the
     16-bit tensor-core forward (``tile_ptr``, ``tile_entries``: each 64 x 64 tile's slots listed
-    contiguously, 4 bytes per slot; empty for more than 16384 inputs), left out of ``state_dict``. ``tensors`` is the list every snack operator takes, in the C++ library's order.
+    contiguously, 4 bytes per slot; empty for more than 16384 inputs), left out of ``state_dict``.
+    ``tensors`` is the list every snack operator takes, in the C++ library's order.
 
     A pattern changes only through :meth:`set_slots`, which keeps ``nnz``, copies the new slots in
     place and rebuilds every view in place: a CUDA graph captured with the pattern keeps reading

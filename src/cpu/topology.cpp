@@ -146,7 +146,7 @@ Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, 
   if (!row_ptr || !tile_ptr) return InvalidArgument("build_tile_view: row_ptr and tile_ptr must not be null");
   if (nnz > 0 && !tile_entries) return InvalidArgument("build_tile_view: null array");
   SNACK_RETURN_IF_ERROR(check_slots(m, k, nnz, row_idx, col_idx));
-  const int64_t bands = (m + kTileViewRows - 1) / kTileViewRows, chunks = (k + kTileViewCols - 1) / kTileViewCols;
+  const int64_t bands = tile_view_bands(m), chunks = tile_view_chunks(k);
   std::vector<int32_t> next(chunks);
   for (int64_t b = 0; b < bands; ++b) {
     const int64_t r0 = b * kTileViewRows, r1 = std::min(m, r0 + kTileViewRows);

@@ -14,9 +14,10 @@
 // 16 w + r, keep a cursor into its slots (sorted by column) and walk them eight at a time until one
 // falls past the tile; each lane loads the first vector of its next tile as it finishes one, and
 // the block asks L2 for its rows' slots when it starts; a vector of 8 slots that lies whole in the
-// tile goes to the epilogue at once (one 16-byte store of its gradients, or AdamW's step of the 8
-// with 16-byte moves of their values and moments). The epilogue rounds every gradient to T anyway
-// (StoreGradient stores T, AdamWUpdate rounds to T first), so the staged tile loses nothing.
+// tile goes out at once as one 16-byte store of its gradients. AdamW's step runs after the kernel,
+// over the gradient stored in the workspace (sddmm_adamw_from_gradient_kernel below): inside the
+// read-out, its loads and stores of the state cost more than a pass of its own. The gradient is
+// stored in T, as AdamWUpdate rounds it to T first anyway, so the staged tile loses nothing.
 // Every gradient is one fixed chain of mma.sync products: deterministic.
 #pragma once
 
@@ -198,6 +199,7 @@ __global__ void __launch_bounds__(detail::kTcDwThreads, detail::kTcDwBlocksPerSm
     sddmm_tensor_core_kernel(SlotPattern<Index> w, const T* __restrict__ dy, const T* __restrict__ x, int64_t n,
                              int tiles_per_block, bool vec_dy, bool vec_x, Out out) {
   using namespace detail;
+  static_assert(!Out::kUpdatesState, "AdamW's step runs after the kernel (sddmm_adamw_from_gradient_kernel)");
   constexpr int kStage = 2 * kTcDwBatchChunk * kTcDwOperandStride;  // dY's chunk, then X's
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* stages = reinterpret_cast<uint16_t*>(smem);  // [kTcDwStages][kStage]

@@ -187,7 +187,7 @@ Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const
       return InvalidArgument("tile_view: the pattern holds no tile view");
     if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
       return InvalidArgument("tile_view: tile_entries must start on a 16-byte boundary");
-    const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, detail::ceil_div(w.cols, detail::kTcChunk)};
+    const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, tile_view_chunks(w.cols)};
     switch (plan.batch_tile) {
       case 16: return launch_tile_view_tile<T, 16>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
       case 32: return launch_tile_view_tile<T, 32>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);

@@ -222,7 +222,8 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 //     4096-row layers (4096x4096, 95%, N = 32: 19.7 against 25.5);
 //   - 65-128 rows (two batch tiles) on layers under 2^23 weights (768x3072, 90%, N = 128: 15.0
 //     against 22.6) and at 7.5-12% density (4096x4096, 90%: 51.6 against 59.8).
-// At N <= 16 wide_rows and the row kernels stay ahead; above 25% density (not measured) tensor_core keeps it.
+// At N <= 16 wide_rows and the row kernels stay ahead; above 25% density (not measured) tensor_core
+// keeps it.
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || p.transposed || !p.tile_view || p.n < 17 || p.n > 128) return false;
   const double density = density_of(p);
@@ -510,7 +511,8 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
         return InvalidArgument("tile_view: the pattern holds no tile view (it is built for layers of at most " +
                                std::to_string(kTileViewMaxCols) + " inputs)");
       plan.chunk = cuda::detail::kTcChunk;
-      plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTileViewMaxTile));
+      plan.batch_tile =
+          int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTileViewMaxTile));
       break;
     case SpmmVariant::kDenseBlocks:
       if (!p.gemm)

@@ -63,14 +63,16 @@ __device__ __forceinline__ void finish_band_tile(const float (&acc)[NT / 8][4], 
                                                                            split, splits);
 }
 
-// Zeroes a warp's tile (16 rows of CW values at tensor_core_stride(CW): CW / 16 16-byte stores per lane).
-template <int CW>
-__device__ __forceinline__ void zero_warp_tile(uint16_t* tile) {
+// Zeroes kRows rows of CW values at tensor_core_stride(CW) (the padding columns are never read), by
+// kThreads threads of which this is thread t: 16-byte stores, kRows * CW / 8 / kThreads per thread.
+template <int kRows, int CW, int kThreads>
+__device__ __forceinline__ void zero_tile_rows(uint16_t* tile, int t) {
   constexpr int kStride = tensor_core_stride(CW);
-  const int lane = threadIdx.x % 32;
+  constexpr int kSegments = kRows * CW / 8;
+  static_assert(kSegments % kThreads == 0, "whole rounds of 16-byte stores");
 #pragma unroll
-  for (int i = 0; i < 16 * CW / 8 / 32; ++i) {
-    const int seg = lane + 32 * i;
+  for (int i = 0; i < kSegments / kThreads; ++i) {
+    const int seg = t + kThreads * i;
     *reinterpret_cast<uint4*>(tile + (seg / (CW / 8)) * kStride + (seg % (CW / 8)) * 8) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tensor_core_kernel(View view,
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int buf = int((c - c_begin) & 1);
     __syncwarp();
-    zero_warp_tile<CW>(tile);
+    zero_tile_rows<16, CW, 32>(tile, int(threadIdx.x % 32));
     __syncwarp();
     expand_chunk<CW>(view, tile, cursor, end, c * CW, aligned);
     if (vec) cp_async_wait_all();

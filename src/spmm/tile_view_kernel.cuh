@@ -81,17 +81,9 @@ __device__ __forceinline__ void scatter_share(const TileShare& s, const uint16_t
   }
 }
 
-// Zeroes the kTcBandRows x kTcChunk values of a tile (its padding columns are never read).
+// Zeroes a block's tile of kTcBandRows x kTcChunk values.
 __device__ __forceinline__ void zero_block_tile(uint16_t* tile) {
-  constexpr int kStride = tensor_core_stride(kTcChunk);
-  constexpr int kSegments = kTcBandRows * kTcChunk / 8;
-  static_assert(kSegments % kTcThreads == 0, "whole rounds of 16-byte stores");
-#pragma unroll
-  for (int i = 0; i < kSegments / kTcThreads; ++i) {
-    const int s = threadIdx.x + i * kTcThreads;
-    uint16_t* segment = tile + (s / (kTcChunk / 8)) * kStride + (s % (kTcChunk / 8)) * 8;
-    *reinterpret_cast<uint4*>(segment) = make_uint4(0, 0, 0, 0);
-  }
+  zero_tile_rows<kTcBandRows, kTcChunk, kTcThreads>(tile, int(threadIdx.x));
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the

@@ -324,7 +324,7 @@ Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, 
   if (tile_view_ptr_length(m, k) == 0) return Status::Ok();
   if (!row_ptr || !tile_ptr) return InvalidArgument("build_tile_view: row_ptr and tile_ptr must not be null");
   if (nnz > 0 && (!row_idx || !col_idx || !tile_entries)) return InvalidArgument("build_tile_view: null array");
-  const int64_t bands = (m + kTileViewRows - 1) / kTileViewRows, chunks = (k + kTileViewCols - 1) / kTileViewCols;
+  const int64_t bands = tile_view_bands(m), chunks = tile_view_chunks(k);
   const size_t smem = sizeof(int32_t) * size_t(kTileViewRows + 1) * size_t(chunks);
   auto kernel = tile_view_kernel<Index>;
   SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
