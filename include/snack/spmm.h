@@ -52,10 +52,11 @@ enum class SpmmVariant : int {
   kWgmma,      ///< 16-bit values on Hopper (sm_90a build, compute capability 9.0), forced only for now: the slots
                ///< sorted into per-tile lists (workspace), expanded on chip by a producer warpgroup while the
                ///< copy engine brings X and two consumer warpgroups multiply with wgmma. in_dim a multiple of 8.
-  kTileView,   ///< 16-bit values, the forward: the pattern's tile view (SlotPattern::tile_ptr) read tile by tile,
-               ///< each 64 x 64 tile's slots scattered by the whole block into shared memory (values gathered
-               ///< in slot order), multiplied with mma.sync; a cluster splits a band's columns. Batch tiles of
-               ///< 16-64 rows. Needs a pattern with the tile view (at most 16384 inputs).
+  kTileView,   ///< 16-bit values: the pattern's tile view (SlotPattern::tile_ptr) read tile by tile, each
+               ///< 64 x 64 tile's slots scattered by the whole block into shared memory (values gathered in
+               ///< slot order), multiplied with mma.sync; a cluster splits a band's tiles. dX reads the same
+               ///< tiles down W's columns, each scattered transposed. Batch tiles of 16-64 rows. Needs a
+               ///< pattern with the tile view (at most 16384 inputs).
 };
 
 /// Name used by the Python API and the benchmarks ("auto", "warp_row", "global_xt", "global_x",
@@ -67,7 +68,7 @@ bool parse_spmm_variant(const std::string& name, SpmmVariant* out);
 const std::vector<SpmmVariant>& spmm_variants();
 /// Whether a variant computes only the forward product, not dX = dY W.
 inline bool spmm_variant_is_forward_only(SpmmVariant v) {
-  return v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows || v == SpmmVariant::kTileView;
+  return v == SpmmVariant::kCooAtomic || v == SpmmVariant::kWideRows;
 }
 /// Whether repeated runs give bitwise equal results.
 inline bool spmm_variant_is_deterministic(SpmmVariant v) { return v != SpmmVariant::kCooAtomic; }
@@ -83,7 +84,7 @@ enum class SpmmReason : int {
   kTensorCores,    ///< 16-bit values, many batch rows, a high density: tensor cores
   kDenseBlocks,    ///< a batch large enough that a dense GEMM over expanded blocks of W beats the sparse kernels
   kSharedInput,    ///< a batch of hundreds of rows: X staged in shared memory, shared by a band of rows
-  kTileView,       ///< 16-bit values, 17-128 batch rows of a sparse layer: the tile view on tensor cores
+  kTileView,       ///< 16-bit values, up to 128 batch rows of a sparse layer: the tile view on tensor cores
 };
 
 /// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels
@@ -125,7 +126,7 @@ struct SpmmProblem {
   bool tf32 = false;
   /// The transposed product: how its kernels read the CSC view (ignored for the forward).
   CscRead csc = CscRead::kAuto;
-  /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run the forward.
+  /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run the product.
   bool tile_view = false;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&

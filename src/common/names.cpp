@@ -56,8 +56,8 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
      "a batch large enough that a dense GEMM beats the sparse kernels: W expanded a block of outputs at a time into "
      "a workspace no larger than the batch's activations, multiplied by cuBLAS"},
     {SpmmReason::kTileView, "tile_view",
-     "16-bit values, 17-128 batch rows of a sparse layer: each 64 x 64 tile's slots read contiguously from the "
-     "pattern's tile view, expanded in shared memory and multiplied on tensor cores"},
+     "16-bit values, up to 128 batch rows of a sparse layer: each 64 x 64 tile's slots read contiguously from the "
+     "pattern's tile view (down W's columns for dX), expanded in shared memory and multiplied on tensor cores"},
     {SpmmReason::kSharedInput, "shared_input",
      "a batch of hundreds of rows: X transposed once and staged in shared memory chunk by chunk, each chunk read by "
      "a band of output rows (X crosses L2 once per band, not once per entry)"}};

@@ -162,11 +162,11 @@ Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int6
   }
 }
 
-template <typename T, int NT>
+template <typename T, int NT, bool kTransposed>
 Status launch_tile_view_tile(const SpmmPlan& plan, const detail::TileView& view, const T* values, int64_t out_dim,
                              int64_t in_dim, const T* in, int64_t n, const T* bias, T* out, Activation act,
                              Stream stream) {
-  auto kernel = detail::spmm_tile_view_kernel<T, NT>;
+  auto kernel = detail::spmm_tile_view_kernel<T, NT, kTransposed>;
   if (plan.smem_bytes > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
@@ -178,20 +178,28 @@ Status launch_tile_view_tile(const SpmmPlan& plan, const detail::TileView& view,
   return check_launch("spmm_tile_view_kernel");
 }
 
-// The forward over the pattern's tile view: batch tiles of 16-64 rows.
-template <typename T, typename Index>
-Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* x, int64_t n,
-                        const T* bias, T* y, Activation act, Stream stream) {
+// The product over the pattern's tile view, batch tiles of 16-64 rows: the forward (y = act(x W^T +
+// bias)), or with kTransposed dX = dY W (in = dY, out = dX, no bias).
+template <typename T, typename Index, bool kTransposed>
+Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* in, int64_t n,
+                        const T* bias, T* out, Activation act, Stream stream) {
   if constexpr (kIsHalfType<T>) {
     if (w.tile_ptr == nullptr || (w.nnz > 0 && w.tile_entries == nullptr))
       return InvalidArgument("tile_view: the pattern holds no tile view");
     if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
       return InvalidArgument("tile_view: tile_entries must start on a 16-byte boundary");
     const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, tile_view_chunks(w.cols)};
+    const int64_t out_dim = kTransposed ? w.cols : w.rows, in_dim = kTransposed ? w.rows : w.cols;
     switch (plan.batch_tile) {
-      case 16: return launch_tile_view_tile<T, 16>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
-      case 32: return launch_tile_view_tile<T, 32>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
-      case 64: return launch_tile_view_tile<T, 64>(plan, view, values, w.rows, w.cols, x, n, bias, y, act, stream);
+      case 16:
+        return launch_tile_view_tile<T, 16, kTransposed>(plan, view, values, out_dim, in_dim, in, n, bias, out, act,
+                                                         stream);
+      case 32:
+        return launch_tile_view_tile<T, 32, kTransposed>(plan, view, values, out_dim, in_dim, in, n, bias, out, act,
+                                                         stream);
+      case 64:
+        return launch_tile_view_tile<T, 64, kTransposed>(plan, view, values, out_dim, in_dim, in, n, bias, out, act,
+                                                         stream);
       default: return InvalidArgument("tile_view: unsupported batch tile " + std::to_string(plan.batch_tile));
     }
   } else {
@@ -357,7 +365,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
   if (plan.variant == SpmmVariant::kTileView)
-    return launch_tile_view<T, Index>(plan, w, values, x, n, bias, y, act, stream);
+    return launch_tile_view<T, Index, false>(plan, w, values, x, n, bias, y, act, stream);
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }
@@ -377,6 +385,11 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
     if (csc_copy_index_bytes(plan.problem) == 2)
       return run_over_csc_copy<T, Index, uint16_t>(w, values, dy, n, dx, plan, workspace, stream);
     return run_over_csc_copy<T, Index, int32_t>(w, values, dy, n, dx, plan, workspace, stream);
+  }
+  if (plan.variant == SpmmVariant::kTileView) {
+    if (n == 0 || w.cols == 0) return Status::Ok();
+    return launch_tile_view<T, Index, true>(plan, w, values, dy, n, static_cast<const T*>(nullptr), dx,
+                                            Activation::kNone, stream);
   }
   CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.cols, w.rows, dy, n, static_cast<const T*>(nullptr), dx, workspace,

@@ -208,6 +208,29 @@ bool tensor_cores_pay(const SpmmProblem& p) {
          (huge && p.n >= 32 && density >= 0.095) || (huge && p.n >= 128 && density >= 0.045);
 }
 
+// Where the tile view's kernel pays for dX (16 bits; the tiles read down W's columns, no csc_perm).
+// Measured on the H200 in bf16 against the row kernels and tensor_core over the CSC view in place
+// (backward_nvidia_h200_dx_tile_view_bf16.md: 768x3072 to 16384x4096, 50-99%, N = 1-128, each
+// forced): its time follows the tiles, theirs the slots, so it takes
+//   - 16-128 rows from 4% density (16384x4096, 90%, N = 64: 89.3 against 193.2 us for global_xt;
+//     95%, N = 16: 50.2 against 72.9), but not 65-128 rows above 40% on layers of 2^26 weights,
+//     where tensor_core keeps up (16384x4096, 50%, N = 128: 513.8 against 495.8);
+//   - 2-15 rows from 4% on layers of at least 2^24 weights (4096x4096, 95%, N = 8: 17.7 against
+//     20.9) and from 7.5% where dX has at least 2048 outputs (768x3072, 90%: 9.6 against 9.9), not
+//     on 3072x768 (768 outputs: 16.7 against 15.7 at 80%);
+//   - one row from 7.5% on layers of at least 2^24 weights (16384x4096, 90%: 55.2 against 71.0), on
+//     wide ones (more outputs than inputs) up to 25% (4096x11008, 50%: 136.6 against 122.5);
+// at 99% the row kernels' few slots win (16384x4096, N = 64: 32.0 against 80.7 us).
+bool tile_view_pays_transposed(const SpmmProblem& p) {
+  const double density = density_of(p);
+  if (p.n < 1 || p.n > 128 || density < 0.04) return false;
+  const int64_t weights = p.out_dim * p.in_dim;
+  if (p.n >= 16) return p.n <= 64 || density <= 0.4 || weights < (int64_t(1) << 26);
+  const bool large = weights >= (int64_t(1) << 24);
+  if (p.n > 1) return large || (p.out_dim >= 2048 && density >= 0.075);
+  return large && density >= 0.075 && (p.out_dim <= p.in_dim || density <= 0.25);
+}
+
 // Where the tile view's kernel pays (the forward, 16 bits, a pattern that holds the view), measured
 // on the H200 in bf16 with every variant forced (spmm_nvidia_h200_bf16_tile_view.md, 768x3072 to
 // 16384x4096 at 80-95%, N = 16-128): its time follows the tiles (64 x 64, a batch tile of up to 64
@@ -225,7 +248,9 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 // At N <= 16 wide_rows and the row kernels stay ahead; above 25% density (not measured) tensor_core
 // keeps it.
 bool tile_view_pays(const SpmmProblem& p) {
-  if (p.value_bytes != 2 || p.transposed || !p.tile_view || p.n < 17 || p.n > 128) return false;
+  if (p.value_bytes != 2 || !p.tile_view) return false;
+  if (p.transposed) return tile_view_pays_transposed(p);
+  if (p.n < 17 || p.n > 128) return false;
   const double density = density_of(p);
   const bool small = p.out_dim * p.in_dim < (int64_t(1) << 23), tall = p.out_dim >= 8192;
   const bool ninety = density >= 0.075 && density <= 0.12;
@@ -376,10 +401,11 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
   plan->threads = kTcThreads;
-  // tile_view also holds its steps' tile pointers: at most ceil(chunks / splits) + 1.
-  plan->smem_bytes = plan->variant == SpmmVariant::kTileView
-                         ? tile_view_smem_bytes(plan->batch_tile, ceil_div(ceil_div(p.in_dim, kTcChunk), splits))
-                         : tensor_core_smem_bytes(plan->batch_tile);
+  // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
+  plan->smem_bytes =
+      plan->variant == SpmmVariant::kTileView
+          ? tile_view_smem_bytes(plan->batch_tile, ceil_div(ceil_div(p.in_dim, kTcChunk), splits), p.transposed)
+          : tensor_core_smem_bytes(plan->batch_tile);
   if (plan->smem_bytes > limits.smem_per_block)
     return InvalidArgument(std::string(spmm_variant_name(plan->variant)) + ": " + std::to_string(plan->smem_bytes) +
                            " B of shared memory per block exceed the device's " +
@@ -606,9 +632,10 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   if (p.transposed && spmm_variant_is_forward_only(p.requested))
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
   if (!p.transposed || p.csc == CscRead::kInPlace) return plan_direct(p, limits, out);
-  // dense_blocks expands W^T from the CSC view itself and wgmma sorts the view's slots into its own
-  // lists: they read the view in place.
-  const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma;
+  // dense_blocks expands W^T from the CSC view itself, wgmma sorts the view's slots into its own
+  // lists and tile_view reads the forward's tile view: they read the pattern in place.
+  const bool copyable = p.requested != SpmmVariant::kDenseBlocks && p.requested != SpmmVariant::kWgmma &&
+                        p.requested != SpmmVariant::kTileView;
   if (p.csc == CscRead::kCopied && !copyable)
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) +
                            " cannot run the transposed product over a copy of the CSC view (csc_read in_place or "
@@ -629,6 +656,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   SpmmProblem forward = p;
   forward.transposed = false;
   forward.csc = CscRead::kAuto;
+  forward.tile_view = false;  // the copy holds no tile view
   if (p.csc == CscRead::kCopied) forward.gemm = false;  // asked for a sparse kernel over the copy
   SpmmPlan plan;
   SNACK_RETURN_IF_ERROR(plan_direct(forward, limits, &plan));

@@ -127,11 +127,11 @@ SNACK_HOST_DEVICE constexpr int tensor_core_stride(int chunk) { return chunk + 8
 SNACK_HOST_DEVICE constexpr size_t tensor_core_smem_bytes(int tile) {
   return sizeof(uint16_t) * size_t(kTcWarps * 16 + 2 * tile) * size_t(tensor_core_stride(kTcChunk));
 }
-// The tile_view kernel's: three tiles, two stages of X's chunk, and the tile pointers of its `steps`
-// chunks (steps + 1).
-SNACK_HOST_DEVICE constexpr size_t tile_view_smem_bytes(int tile, int64_t steps) {
+// The tile_view kernel's: three tiles, two stages of the input's chunk, and where its `steps` tiles
+// lie (the forward's steps + 1 starts; the transposed product's starts, ends and first slots).
+SNACK_HOST_DEVICE constexpr size_t tile_view_smem_bytes(int tile, int64_t steps, bool transposed) {
   return sizeof(uint16_t) * size_t(3 * kTcBandRows + 2 * tile) * size_t(tensor_core_stride(kTcChunk)) +
-         sizeof(int32_t) * size_t(steps + 1);
+         sizeof(int32_t) * size_t(transposed ? 3 * steps : steps + 1);
 }
 static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMinTile) &&
                   sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMaxTile),

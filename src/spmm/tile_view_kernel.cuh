@@ -1,17 +1,21 @@
-// The tensor-core SpMM over the tile view (bf16, fp16; fp32 accumulation), the forward only. The tile
-// view (snack/pattern.h) lists each 64 x 64 tile's slots contiguously as packed 32-bit entries (the
-// slot's offset from its band's first slot, its position in the tile), so a block reads a tile's
-// entries with coalesced 16-byte loads (four per thread) and gathers their values from the layer's
-// own values in slot order: the values are never copied, and nothing goes stale when they change.
+// The tensor-core SpMM over the tile view (bf16, fp16; fp32 accumulation): the forward, and dX = dY W
+// over the same tiles read column by column. The tile view (snack/pattern.h) lists each 64 x 64
+// tile's slots contiguously as packed 32-bit entries (the slot's offset from its band's first slot,
+// its position in the tile), so a block reads a tile's entries with coalesced 16-byte loads (four per
+// thread) and gathers their values from the layer's own values in slot order: the values are never
+// copied, and nothing goes stale when they change.
 //
-// A block owns a band of kTcBandRows rows and a range of chunks (a thread-block cluster splits a band's
-// chunks as in the tensor_core kernel, and sums their partial tiles the same way). Per chunk the
-// whole block scatters the tile's entries into a zeroed tile in shared memory, the chunk of X is
-// staged beside it (cp.async, double-buffered), and each warp multiplies its 16 rows with mma.sync
-// m16n8k16. Three tiles rotate, so that one barrier per chunk orders everything: at step i the block
-// scatters and multiplies tile i and zeroes the buffer of tile i - 1, which every warp finished before
-// the barrier. A step's entries are loaded three steps ahead and its values gathered two steps ahead,
-// in registers, so that their latency runs under the steps between.
+// A block owns a band of kTcBandRows outputs and a range of chunks (a thread-block cluster splits a
+// band's chunks as in the tensor_core kernel, and sums their partial tiles the same way). In the
+// forward a band is 64 rows of W and its chunks the tiles along the row; in the transposed product a
+// band is 64 columns of W, its chunks the tiles down the column, each scattered transposed (W^T's
+// tile), with the offsets counted from each tile's own band of W. Per chunk the whole block scatters
+// the tile's entries into a zeroed tile in shared memory, the chunk of the input is staged beside it
+// (cp.async, double-buffered), and each warp multiplies its 16 outputs with mma.sync m16n8k16. Three
+// tiles rotate, so that one barrier per chunk orders everything: at step i the block scatters and
+// multiplies tile i and zeroes the buffer of tile i - 1, which every warp finished before the barrier.
+// A step's entries are loaded three steps ahead and its values gathered two steps ahead, in registers,
+// so that their latency runs under the steps between.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,7 +41,7 @@ struct TileView {
   const int32_t* __restrict__ tile_ptr;
   const uint32_t* __restrict__ entries;
   const int32_t* __restrict__ row_ptr;
-  int64_t chunks;  // tiles per band
+  int64_t chunks;  // tiles per band of W
 };
 
 // One thread's share of a tile: the four entries of the 16-byte group that starts at `first`, each
@@ -68,6 +72,8 @@ __device__ __forceinline__ void gather_share_values(const TileShare& s, uint16_t
   }
 }
 
+// The share's values into the tile at their positions: W's tile as stored, or its transpose.
+template <bool kTransposed>
 __device__ __forceinline__ void scatter_share(const TileShare& s, const uint16_t (&bits)[4], uint16_t* tile,
                                               int32_t begin, int32_t end) {
   constexpr int kStride = tensor_core_stride(kTcChunk);
@@ -76,7 +82,11 @@ __device__ __forceinline__ void scatter_share(const TileShare& s, const uint16_t
     const int32_t e = s.first + j;
     if (e >= begin && e < end) {
       const uint32_t pos = s.entry[j] & kTilePositionMask;
-      tile[pos + (pos / kTcChunk) * (kStride - kTcChunk)] = bits[j];
+      const uint32_t row = pos / kTcChunk, col = pos % kTcChunk;
+      if constexpr (kTransposed)
+        tile[col * kStride + row] = bits[j];
+      else
+        tile[row * kStride + col] = bits[j];
     }
   }
 }
@@ -87,8 +97,9 @@ __device__ __forceinline__ void zero_block_tile(uint16_t* tile) {
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
-// batch tile of blockIdx.y; the cluster's blocks split the band's chunks.
-template <typename T, int NT>
+// batch tile of blockIdx.y; the cluster's blocks split the band's chunks. kTransposed: dX = dY W, out
+// and in being dX [n][cols of W] and dY [n][rows of W].
+template <typename T, int NT, bool kTransposed>
 __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView view, const T* __restrict__ values,
                                                                     int64_t out_dim, int64_t in_dim,
                                                                     const T* __restrict__ in, int64_t n,
@@ -102,7 +113,10 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(smem);               // [3][kTcBandRows][kStride]
   uint16_t* xs = tiles + 3 * kTileValues;                             // [2][NT][kStride]
-  int32_t* tp = reinterpret_cast<int32_t*>(xs + 2 * NT * kStride);    // [steps + 1]
+  // Step i's tile: its entries [begin, end) and the slot their offsets count from. The forward's
+  // tiles follow each other ([steps + 1] starts, one band's slots); the transposed product's lie
+  // apart ([3][steps]: starts, ends, each tile's band's first slot).
+  int32_t* tp = reinterpret_cast<int32_t*>(xs + 2 * NT * kStride);
   float* partial = reinterpret_cast<float*>(smem);                    // [NT][kTcPartialStride], after the loop
 
   const int warp = threadIdx.x / 32, t = threadIdx.x;
@@ -110,12 +124,25 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
   const int64_t band = blockIdx.x / unsigned(splits);
   const int64_t o0 = band * kTcBandRows;
   const int64_t n0 = int64_t(blockIdx.y) * NT;
-  const int64_t chunks = view.chunks;
+  const int64_t chunks = kTransposed ? (in_dim + kTcChunk - 1) / kTcChunk : view.chunks;
   const int64_t c_begin = chunks * split / splits, c_end = chunks * (split + 1) / splits;
   const int steps = int(c_end - c_begin);
-  const T* band_values = values + view.row_ptr[o0];
-  for (int i = t; i <= steps; i += kTcThreads) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
+  const T* band_values = values;
+  if constexpr (kTransposed) {
+    for (int i = t; i < steps; i += kTcThreads) {
+      const int64_t tile = (c_begin + i) * view.chunks + band;
+      tp[i] = view.tile_ptr[tile];
+      tp[steps + i] = view.tile_ptr[tile + 1];
+      tp[2 * steps + i] = view.row_ptr[(c_begin + i) * kTcBandRows];
+    }
+  } else {
+    band_values = values + view.row_ptr[o0];
+    for (int i = t; i <= steps; i += kTcThreads) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
+  }
   __syncthreads();
+  auto step_begin = [&](int i) { return tp[i]; };
+  auto step_end = [&](int i) { return kTransposed ? tp[steps + i] : tp[i + 1]; };
+  auto step_values = [&](int i) { return kTransposed ? values + tp[2 * steps + i] : band_values; };
 
   float acc[NT / 8][4];
 #pragma unroll
@@ -125,14 +152,14 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
   // of the one after.
   TileShare s0{}, s1{}, s2{};
   uint16_t b0[4] = {0, 0, 0, 0}, b1[4] = {0, 0, 0, 0};
-  if (steps > 0) load_tile_share(s0, view.entries, tp[0] & ~3, tp[1], t);
-  if (steps > 1) load_tile_share(s1, view.entries, tp[1] & ~3, tp[2], t);
-  if (steps > 2) load_tile_share(s2, view.entries, tp[2] & ~3, tp[3], t);
+  if (steps > 0) load_tile_share(s0, view.entries, step_begin(0) & ~3, step_end(0), t);
+  if (steps > 1) load_tile_share(s1, view.entries, step_begin(1) & ~3, step_end(1), t);
+  if (steps > 2) load_tile_share(s2, view.entries, step_begin(2) & ~3, step_end(2), t);
   if (steps > 0) {
-    gather_share_values(s0, b0, band_values, tp[0], tp[1]);
+    gather_share_values(s0, b0, step_values(0), step_begin(0), step_end(0));
     stage_input_chunk<T, NT, CW>(xs, in, n, in_dim, n0, c_begin * CW, vec);
   }
-  if (steps > 1) gather_share_values(s1, b1, band_values, tp[1], tp[2]);
+  if (steps > 1) gather_share_values(s1, b1, step_values(1), step_begin(1), step_end(1));
   cp_async_commit();
   zero_block_tile(tiles);
   zero_block_tile(tiles + kTileValues);
@@ -141,22 +168,22 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
   int slot = 0;  // the tile buffer of step i: i % 3
   for (int i = 0; i < steps; ++i) {
     uint16_t* tile = tiles + slot * kTileValues;
-    const int32_t begin = tp[i], end = tp[i + 1];
-    scatter_share(s0, b0, tile, begin, end);
+    const int32_t begin = step_begin(i), end = step_end(i);
+    scatter_share<kTransposed>(s0, b0, tile, begin, end);
     // A tile fuller than one round of the block (kShare entries): the rest, read in place.
     for (int32_t round = (begin & ~3) + kShare; round < end; round += kShare) {
       TileShare more;
       uint16_t bits[4];
       load_tile_share(more, view.entries, round, end, t);
-      gather_share_values(more, bits, band_values, begin, end);
-      scatter_share(more, bits, tile, begin, end);
+      gather_share_values(more, bits, step_values(i), begin, end);
+      scatter_share<kTransposed>(more, bits, tile, begin, end);
     }
     s0 = s1;
 #pragma unroll
     for (int j = 0; j < 4; ++j) b0[j] = b1[j];
     s1 = s2;
-    if (i + 2 < steps) gather_share_values(s1, b1, band_values, tp[i + 2], tp[i + 3]);
-    if (i + 3 < steps) load_tile_share(s2, view.entries, tp[i + 3] & ~3, tp[i + 4], t);
+    if (i + 2 < steps) gather_share_values(s1, b1, step_values(i + 2), step_begin(i + 2), step_end(i + 2));
+    if (i + 3 < steps) load_tile_share(s2, view.entries, step_begin(i + 3) & ~3, step_end(i + 3), t);
     if (vec) cp_async_wait_all();
     __syncthreads();  // tile i and X's chunk i are in place; every warp is done with tile i - 1 and X's i - 1
     zero_block_tile(tiles + (slot == 0 ? 2 : slot - 1) * kTileValues);

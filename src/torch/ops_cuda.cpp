@@ -170,7 +170,8 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const int64_t n = in.dy.size(0);
   const SpmmProblem problem = binding_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n,
                                                           int(values.element_size()), true,
-                                                          spmm_variant_arg(variant, true, op)});
+                                                          spmm_variant_arg(variant, true, op)},
+                                              in.p.tile_ptr.numel() > 0);
   const SpmmPlan plan = spmm_plan(problem, in.p.device.index(), op);
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {

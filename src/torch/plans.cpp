@@ -154,7 +154,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   const SpmmProblem problem = binding_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
                                                           p.nnz, n, value_bytes, transposed,
                                                           spmm_variant_arg(variant, transposed, op)},
-                                              !transposed && p.tile_ptr.numel() > 0);
+                                              p.tile_ptr.numel() > 0);
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),

@@ -419,8 +419,7 @@ TEST(Planner, TensorCoreRulesAndShape) {
 TEST(Planner, TileViewRulesAndShape) {
   // The tile view's forward (a pattern that holds the view): 17-64 rows at 7.5-12% density; 12-25% on
   // layers of 8192 rows or more or under 2^23 weights; below 7.5% from 33 rows on tall layers and from
-  // 17 on small ones; 65-128 rows on small layers and at 7.5-12%. Never without the view, in fp32 or
-  // for dX.
+  // 17 on small ones; 65-128 rows on small layers and at 7.5-12%. Never without the view or in fp32.
   struct Case {
     int64_t out, in;
     double density;
@@ -447,7 +446,20 @@ TEST(Planner, TileViewRulesAndShape) {
   }
   EXPECT_NE(planned(16384, 4096, 0.1, 64, false).variant, SpmmVariant::kTileView);        // no view
   EXPECT_NE(planned(16384, 4096, 0.1, 64, true, 4).variant, SpmmVariant::kTileView);      // fp32
-  EXPECT_NE(planned(4096, 16384, 0.1, 64, true, 2, true).variant, SpmmVariant::kTileView);  // dX
+
+  // dX (the transposed product, out = K, in = M): 16-128 rows from 4% density but not 65-128 rows
+  // above 40% on 2^26 weights; 2-15 rows from 4% on 2^24 weights, from 7.5% with 2048 outputs; one
+  // row from 7.5% on 2^24 weights, wide ones up to 25%.
+  for (const Case& c : {Case{4096, 16384, 0.1, 64, true}, {4096, 16384, 0.05, 16, true}, {4096, 16384, 0.01, 64, false},
+                        {4096, 16384, 0.5, 128, false}, {4096, 16384, 0.5, 64, true}, {4096, 4096, 0.5, 128, true},
+                        {4096, 4096, 0.05, 8, true}, {3072, 768, 0.1, 8, true}, {768, 3072, 0.2, 8, false},
+                        {768, 3072, 0.1, 16, true}, {3072, 768, 0.05, 8, false}, {4096, 16384, 0.1, 1, true},
+                        {4096, 16384, 0.05, 1, false}, {11008, 4096, 0.2, 1, true}, {11008, 4096, 0.5, 1, false},
+                        {4096, 4096, 0.5, 1, true}, {3072, 768, 0.1, 1, false}, {4096, 16384, 0.1, 129, false}}) {
+    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true, 2, true).variant == SpmmVariant::kTileView, c.tile_view)
+        << "dX " << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+  }
+  EXPECT_NE(planned(4096, 16384, 0.1, 64, false, 2, true).variant, SpmmVariant::kTileView);  // dX, no view
 
   // Forced: batch tiles of 16-64 rows, tensor_core's clusters, the block's tile pointers in shared memory.
   SpmmProblem problem{16384, 4096, 6710886, 100, 2, false, SpmmVariant::kTileView};
@@ -461,6 +473,20 @@ TEST(Planner, TileViewRulesAndShape) {
   const Status refused = plan_spmm(problem, DeviceLimits::h200(), &p);
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("no tile view"), std::string::npos) << refused.message();
+
+  // dX forced: the tiles read in place (never over a copy of the CSC view), W's 256 bands of rows the
+  // reduction, split 8 ways (64 bands of columns), each block's starts, ends and first slots held.
+  SpmmProblem dx{4096, 16384, 6710886, 64, 2, true, SpmmVariant::kTileView};
+  dx.tile_view = true;
+  ASSERT_TRUE(plan_spmm(dx, DeviceLimits::h200(), &p).ok());
+  EXPECT_FALSE(p.csc_copied);
+  EXPECT_EQ(p.k_splits, 8);
+  EXPECT_EQ(p.grid_x, 64 * 8);
+  EXPECT_EQ(p.smem_bytes, size_t(2) * (3 * 64 + 2 * 64) * 72 + 4 * 3 * 32);
+  dx.csc = CscRead::kCopied;
+  const Status no_copy = plan_spmm(dx, DeviceLimits::h200(), &p);
+  EXPECT_EQ(no_copy.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_copy.message().find("copy of the CSC view"), std::string::npos) << no_copy.message();
 }
 
 // wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384

@@ -33,28 +33,32 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 NO_FLOAT64 = ("shared_x",)
 
 
-def refusal(variant, n, in_dim, dtype):
-    """The error a forced variant gives for a product it cannot run (None: it runs it)."""
+def refusal(variant, n, in_dim, dtype, cols=None):
+    """The error a forced variant gives for a product it cannot run (None: it runs it); cols: W's
+    columns where the product is transposed (the tile view is built up to a width)."""
+    cols = in_dim if cols is None else cols
     if variant in SIXTEEN_BIT_ONLY and dtype not in (torch.bfloat16, torch.float16):
         return "16-bit"
     if variant == "wgmma" and not HOPPER:
         return "compute capability 9.0"
     if variant == "wgmma" and in_dim % 8:
         return "multiple of 8"
-    if variant == "tile_view" and in_dim > TILE_VIEW_MAX_INPUTS:
+    if variant == "tile_view" and cols > TILE_VIEW_MAX_INPUTS:
         return "no tile view"
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return "float32, bfloat16 and float16"
-    return None if fits(variant, n, in_dim, dtype) else "shared memory"
+    return None if fits(variant, n, in_dim, dtype, cols) else "shared memory"
 
 
-def fits(variant, n, in_dim, dtype):
+def fits(variant, n, in_dim, dtype, cols=None):
     """wide_rows runs only where one row of X fits in shared memory (the planner never picks it
     otherwise), tensor_core only 16-bit values, wgmma 16-bit values whose rows are a multiple of 8
-    inputs on Hopper; the other variants run every product."""
+    inputs on Hopper, tile_view 16-bit values of a pattern that holds the view (cols: W's columns,
+    in_dim where None); the other variants run every product."""
+    cols = in_dim if cols is None else cols
     if variant in SIXTEEN_BIT_ONLY:
         return dtype in (torch.bfloat16, torch.float16) and (variant != "wgmma" or (
-            in_dim % 8 == 0 and HOPPER)) and (variant != "tile_view" or in_dim <= TILE_VIEW_MAX_INPUTS)
+            in_dim % 8 == 0 and HOPPER)) and (variant != "tile_view" or cols <= TILE_VIEW_MAX_INPUTS)
     if variant in NO_FLOAT64 and dtype == torch.float64:
         return False
     if variant != "wide_rows":
@@ -93,8 +97,9 @@ def test_forward_variant(shape, variant, dtype):
             assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant=variant), y), "not bitwise reproducible"
 
 
-# The variants that read the CSC view themselves: a copy of it cannot be forced on them.
-IN_PLACE_ONLY = ("dense_blocks", "wgmma")
+# The variants that read the pattern in place (the CSC view, the tile view): a copy of the CSC view
+# cannot be forced on them.
+IN_PLACE_ONLY = ("dense_blocks", "wgmma", "tile_view")
 
 
 @pytest.mark.parametrize("csc", ["in_place", "copied"])
@@ -105,7 +110,7 @@ def test_transposed_variant(shape, variant, dtype, csc):
     dy = p.randn(n, m, seed=9)
     with snack.csc_read(csc):
         copy_refused = csc == "copied" and variant in IN_PLACE_ONLY
-        expected = "copy of the CSC view" if copy_refused else refusal(variant, n, m, dtype)
+        expected = "copy of the CSC view" if copy_refused else refusal(variant, n, m, dtype, cols=k)
         if expected:
             with pytest.raises(ValueError, match=expected):
                 ops.spmm_t(dy, p.values, p.tensors, variant)
@@ -309,12 +314,12 @@ TILE_VIEW_SHAPES = TENSOR_CORE_SHAPES + [(64, 64, 4096, 0), (200, 90, 0, 0), (65
 @pytest.mark.parametrize("shape", TILE_VIEW_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("n", [1, 9, 16, 40, 64, 100])
 def test_tile_view_paths(shape, n, dtype):
-    # The forward over the tile view: batch tiles of 16, 32 and 64 (and two of 64 at N = 100), a
-    # cluster splitting a band's chunks (and a block with a single chunk), against float64 on a
-    # poisoned output, bitwise repeated, with bias and an activation.
+    # The forward and dX over the tile view: batch tiles of 16, 32 and 64 (and two of 64 at N = 100),
+    # a cluster splitting a band's tiles (and a block with a single one), against float64 on a
+    # poisoned output, bitwise repeated; the forward with bias and an activation.
     m, k, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty, seed=n)
-    x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
+    x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "tile_view"))
     poison_cache(torch.device("cuda"))
     y = ops.spmm(x, p.values, p.tensors, bias, variant="tile_view")
@@ -322,19 +327,27 @@ def test_tile_view_paths(shape, n, dtype):
     assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="tile_view"), y), "not bitwise reproducible"
     relu = ops.spmm(x, p.values, p.tensors, bias, "relu", variant="tile_view")
     assert torch.equal(relu, torch.relu(y)), "the activation is applied to the rounded sum"
+    plan_t = snack.Plan(*ops.explain(p.values, p.tensors, n, "input_grad", "tile_view"))
+    poison_cache(torch.device("cuda"))
+    dx = ops.spmm_t(dy, p.values, p.tensors, "tile_view")
+    assert_matmul(dx, dy, p.dense64, dtype, what=str(plan_t))
+    assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "tile_view"), dx), "not bitwise reproducible"
 
 
 def test_tile_view_follows_topology_updates_and_refuses_what_it_cannot_run():
-    # The view is rebuilt in place with the slots (a DST update), so the forward reads the new
-    # pattern; float32 values, a pattern list without the view and the transposed product are refused.
+    # The view is rebuilt in place with the slots (a DST update), so the forward and dX read the new
+    # pattern; float32 values, a pattern list without the view and a copy of the CSC view are refused.
     layer = snack.SparseLinear(300, 200, density=0.1, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(40, 300, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(40, 200, device="cuda", dtype=torch.bfloat16)
     before = ops.spmm(x, layer.values.detach(), layer.pattern.tensors, None, variant="tile_view")
     rows, cols = ops.random_slots(200, 300, layer.nnz, generator=torch.Generator().manual_seed(1), device="cuda")
     layer.pattern.set_slots(rows, cols)
     y = ops.spmm(x, layer.values.detach(), layer.pattern.tensors, None, variant="tile_view")
     assert_matmul(y, x, layer.to_dense().detach().double().T, torch.bfloat16)
     assert not torch.equal(y, before)
+    dx = ops.spmm_t(dy, layer.values.detach(), layer.pattern.tensors, "tile_view")
+    assert_matmul(dx, dy, layer.to_dense().detach().double(), torch.bfloat16)
     fp32 = Weight(64, 100, 500, device="cuda")
     with pytest.raises(ValueError, match="16-bit"):
         ops.spmm(fp32.randn(20, 100), fp32.values, fp32.tensors, None, variant="tile_view")
@@ -344,7 +357,9 @@ def test_tile_view_follows_topology_updates_and_refuses_what_it_cannot_run():
         ops.spmm(bf16.randn(20, 100), bf16.values, without, None, variant="tile_view")
     assert_matmul(ops.spmm(bf16.randn(20, 100), bf16.values, without, None), bf16.randn(20, 100), bf16.dense64.T,
                   torch.bfloat16)
-    with pytest.raises(ValueError, match="forward"):
+    with pytest.raises(ValueError, match="no tile view"):
+        ops.spmm_t(bf16.randn(20, 64), bf16.values, without, "tile_view")
+    with snack.csc_read("copied"), pytest.raises(ValueError, match="copy of the CSC view"):
         ops.spmm_t(bf16.randn(20, 64), bf16.values, bf16.tensors, "tile_view")
 
 
@@ -356,7 +371,11 @@ def test_the_planner_takes_the_tile_view_for_mid_batches_of_sparse_layers():
     assert snack.explain(layer, 16, dtype=torch.bfloat16).variant != "tile_view"
     assert snack.explain(layer, 128, dtype=torch.bfloat16).variant == "tile_view"  # two batch tiles
     assert snack.explain(layer, 129, dtype=torch.bfloat16).variant != "tile_view"
-    assert snack.explain(layer, 64, dtype=torch.bfloat16, op="input_grad").variant != "tile_view"
+    for n in (1, 8, 16, 64, 128):  # dX: the tiles read down W's columns from one row on a layer this large
+        assert snack.explain(layer, n, dtype=torch.bfloat16, op="input_grad").variant == "tile_view", n
+    assert snack.explain(layer, 256, dtype=torch.bfloat16, op="input_grad").variant != "tile_view"
+    very_sparse = snack.SparseLinear(4096, 4096, density=0.01, device="cuda")
+    assert snack.explain(very_sparse, 64, dtype=torch.bfloat16, op="input_grad").variant != "tile_view"
     dense = snack.SparseLinear(4096, 4096, density=0.3, device="cuda")
     assert snack.explain(dense, 64, dtype=torch.bfloat16).variant != "tile_view"
 
