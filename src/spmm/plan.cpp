@@ -219,7 +219,8 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 //     20.9) and from 7.5% where dX has at least 2048 outputs (768x3072, 90%: 9.6 against 9.9), not
 //     on 3072x768 (768 outputs: 16.7 against 15.7 at 80%);
 //   - one row from 7.5% on layers of at least 2^24 weights (16384x4096, 90%: 55.2 against 71.0), on
-//     wide ones (more outputs than inputs) up to 25% (4096x11008, 50%: 136.6 against 122.5);
+//     layers with more inputs than outputs (dX's out_dim > in_dim) only up to 25% (4096x11008, 50%:
+//     136.6 against 122.5);
 // at 99% the row kernels' few slots win (16384x4096, N = 64: 32.0 against 80.7 us).
 bool tile_view_pays_transposed(const SpmmProblem& p) {
   const double density = density_of(p);
