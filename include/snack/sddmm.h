@@ -38,9 +38,13 @@ enum class SddmmVariant : int {
                  ///< dY and X through shared memory, each slot's sum kept in registers (dY, X read in place)
   kTensorCore,   ///< 16-bit operands: dense 128 x 128 tiles of dY^T X on tensor cores (dY, X read in place),
                  ///< the stored slots read out of each tile
+  kTileView,     ///< 16-bit operands, batches of at most 128: the pattern's tile view, each 64 x 64 tile that
+                 ///< holds slots computed as dense dY^T X on tensor cores (dY's band kept in registers) and
+                 ///< its entries read out by the whole block. Needs a pattern with the tile view.
 };
 
-/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core").
+/// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core",
+/// "tile_view").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
@@ -63,9 +67,10 @@ enum class SddmmReason : int {
   kDenseBlocks,    ///< a batch large enough that dense GEMMs over blocks of rows beat the sparse kernels
   kStagedTiles,    ///< a float32 batch past the rows kernel's 128: dY and X staged on chip per tile of W
   kTensorCores,    ///< 16-bit operands where dense tiles of dY^T X on tensor cores beat the slots' gathers
+  kTileView,       ///< 16-bit operands, up to 128 batch rows: the tile view's tiles on tensor cores
 };
 /// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4",
-/// "dense_blocks", "staged_tiles", "tensor_cores") and
+/// "dense_blocks", "staged_tiles", "tensor_cores", "tile_view") and
 /// a sentence saying what it means.
 const char* sddmm_reason_name(SddmmReason r);
 const char* sddmm_reason_text(SddmmReason r);
@@ -91,10 +96,12 @@ struct SddmmProblem {
   bool gemm = false;
   /// The caller's float32 GEMMs may round to TF32 (torch.backends.cuda.matmul.allow_tf32).
   bool tf32 = false;
+  /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run.
+  bool tile_view = false;
   bool operator==(const SddmmProblem& o) const {
     return rows == o.rows && cols == o.cols && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            epilogue == o.epilogue && requested == o.requested && x_t_stride == o.x_t_stride && gemm == o.gemm &&
-           tf32 == o.tf32;
+           tf32 == o.tf32 && tile_view == o.tile_view;
   }
 };
 
@@ -115,18 +122,21 @@ struct SddmmPlan {
   size_t workspace_bytes = 0;  ///< device workspace the caller provides
   int64_t block_rows = 0;      ///< kDenseBlocks: rows of W per GEMM block (workspace: block_rows x cols values)
   int chunk_cols = 0;          ///< kStaged: columns of W per block (a power of two, 16-256)
-  int64_t grid_y = 1;          ///< kStaged, kTensorCore: bands of 128 rows of W
+  int64_t grid_y = 1;          ///< kStaged, kTensorCore: bands of 128 rows of W (kTileView: 1, its bands along x)
   int batch_splits = 1;        ///< kStaged: blocks that split the batch (grid.z), their float sums added
                                ///< in split order
   int64_t split_samples = 0;   ///< kStaged: batch rows per split (a multiple of the batch tile)
   bool staged_vector_copies = false;  ///< kStaged: X and dY copied in 16-byte vectors, then transposed on chip
   bool staged_sums_in_workspace = false;  ///< kStaged: the sums go through the workspace to a second kernel
                                           ///< that hands them to the epilogue (a split batch, or AdamW)
-  size_t smem_bytes = 0;       ///< kStaged, kTensorCore: dynamic shared memory per block
+  size_t smem_bytes = 0;       ///< kStaged, kTensorCore, kTileView: dynamic shared memory per block
   int tiles_per_block = 0;     ///< kTensorCore: tiles of 128 columns per block (grid_x blocks along the
                                ///< columns, grid_y bands of 128 rows)
-  bool gradient_in_workspace = false;  ///< kTensorCore with AdamW: the gradient, rounded to the operands' type,
-                                       ///< goes to the workspace, and a second kernel applies AdamW's step
+  bool gradient_in_workspace = false;  ///< kTensorCore, kTileView with AdamW: the gradient, rounded to the
+                                       ///< operands' type, goes to the workspace, and a second kernel applies
+                                       ///< AdamW's step
+  int tile_splits = 1;         ///< kTileView: blocks per band of 64 rows, each a run of the band's tiles
+                               ///< (grid_x = bands x tile_splits)
 };
 
 /// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a

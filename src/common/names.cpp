@@ -38,7 +38,8 @@ constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kRows, "rows"},
                                                   {SddmmVariant::kDenseBlocks, "dense_blocks"},
                                                   {SddmmVariant::kStaged, "staged"},
-                                                  {SddmmVariant::kTensorCore, "tensor_core"}};
+                                                  {SddmmVariant::kTensorCore, "tensor_core"},
+                                                  {SddmmVariant::kTileView, "tile_view"}};
 constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kForced, "forced", "the variant was named by the caller"},
     {SpmmReason::kWideRows, "wide_rows",
@@ -77,7 +78,10 @@ constexpr Named<SddmmReason> kSddmmReasons[] = {
      "each slot's sum kept in registers (X crosses L2 once per band of rows, dY once per chunk of columns)"},
     {SddmmReason::kTensorCores, "tensor_cores",
      "16-bit operands: dense 128 x 128 tiles of dY^T X multiplied on tensor cores from dY and X staged in shared "
-     "memory, the stored slots read out of each tile (no gather of X per slot)"}};
+     "memory, the stored slots read out of each tile (no gather of X per slot)"},
+    {SddmmReason::kTileView, "tile_view",
+     "16-bit operands, up to 128 batch rows: each 64 x 64 tile of the pattern's tile view that holds slots computed "
+     "as dense dY^T X on tensor cores, its slots read out of the list the view keeps"}};
 
 template <typename E, size_t N>
 const Named<E>* find(const Named<E> (&table)[N], E v) {

@@ -13,6 +13,7 @@
 #include "kernels.cuh"
 #include "staged_kernel.cuh"
 #include "tensor_core_kernel.cuh"
+#include "tile_view_kernel.cuh"
 #include "snack/sddmm.h"
 
 namespace snack::cuda {
@@ -123,6 +124,39 @@ Status launch_sddmm_tensor_core(const SddmmPlan& plan, const SlotPattern<Index>&
   return check_launch("sddmm_tensor_core_kernel");
 }
 
+// The tile-view kernel over the plan's bands and runs, for a batch of KS k-steps of 16 rows.
+template <typename T, int KS, typename Out>
+Status launch_sddmm_tile_view_steps(const SddmmPlan& plan, const detail::TileView& view, const T* dy, const T* x,
+                                    int64_t rows, int64_t cols, int64_t n, const Out& out, Stream stream) {
+  const auto kernel = sddmm_tile_view_kernel<T, KS, Out>;
+  if (plan.smem_bytes > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  // 16-byte copies of rows whole in vectors and on a 16-byte boundary.
+  const bool vec_dy = rows % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
+  const bool vec_x = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  kernel<<<unsigned(plan.grid_x), detail::kTvDwThreads, plan.smem_bytes, stream>>>(view, dy, x, rows, cols, n,
+                                                                                  plan.tile_splits, vec_dy, vec_x, out);
+  return check_launch("sddmm_tile_view_kernel");
+}
+
+template <typename T, typename Index, typename Out>
+Status launch_sddmm_tile_view(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n,
+                              const Out& out, Stream stream) {
+  if (w.tile_ptr == nullptr || w.tile_entries == nullptr)
+    return InvalidArgument("sddmm: tile_view: the pattern holds no tile view");
+  if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
+    return InvalidArgument("sddmm: tile_view: tile_entries must start on a 16-byte boundary");
+  const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, tile_view_chunks(w.cols)};
+  switch (detail::tv_dw_k_steps(n)) {
+    case 1: return launch_sddmm_tile_view_steps<T, 1>(plan, view, dy, x, w.rows, w.cols, n, out, stream);
+    case 2: return launch_sddmm_tile_view_steps<T, 2>(plan, view, dy, x, w.rows, w.cols, n, out, stream);
+    case 4: return launch_sddmm_tile_view_steps<T, 4>(plan, view, dy, x, w.rows, w.cols, n, out, stream);
+    case 8: return launch_sddmm_tile_view_steps<T, 8>(plan, view, dy, x, w.rows, w.cols, n, out, stream);
+    default: return InvalidArgument("sddmm: tile_view runs batches of at most " + std::to_string(detail::kTvDwMaxBatch));
+  }
+}
+
 Status advance_counts(const detail::StepCounts& counts, Stream stream) {
   if (!counts.any()) return Status::Ok();
   advance_counts_kernel<<<1, 1, 0, stream>>>(counts);
@@ -174,23 +208,29 @@ Status run_sddmm(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy
       return InvalidArgument("sddmm: staged runs float32 operands");
     }
   }
-  if (plan.variant == SddmmVariant::kTensorCore && w.nnz > 0 && n > 0) {  // dY and X read in place
+  const bool tiles_on_tensor_cores = plan.variant == SddmmVariant::kTensorCore || plan.variant == SddmmVariant::kTileView;
+  if (tiles_on_tensor_cores && w.nnz > 0 && n > 0) {  // dY and X read in place
     if constexpr (kIsHalfType<T>) {
+      const auto launch = [&](const auto& tile_out) {
+        return plan.variant == SddmmVariant::kTileView ? launch_sddmm_tile_view(plan, w, dy, x, n, tile_out, stream)
+                                                       : launch_sddmm_tensor_core(plan, w, dy, x, n, tile_out, stream);
+      };
       SNACK_RETURN_IF_ERROR(advance_counts(counts, stream));
       if constexpr (Out::kUpdatesState) {
         if (!plan.gradient_in_workspace)
           return InvalidArgument("sddmm: the tensor-core plan for AdamW must store the gradient in the workspace");
         T* gradient = static_cast<T*>(workspace);
-        SNACK_RETURN_IF_ERROR(launch_sddmm_tensor_core(plan, w, dy, x, n, StoreGradient<T>{gradient}, stream));
+        SNACK_RETURN_IF_ERROR(launch(StoreGradient<T>{gradient}));
         sddmm_adamw_from_gradient_kernel<T, Out>
             <<<grid_for(ceil_div(w.nnz, 8), 256, int64_t(4096)), 256, 0, stream>>>(gradient, w.nnz, out);
         SNACK_RETURN_IF_ERROR(check_launch("sddmm_adamw_from_gradient_kernel"));
       } else {
-        SNACK_RETURN_IF_ERROR(launch_sddmm_tensor_core(plan, w, dy, x, n, out, stream));
+        SNACK_RETURN_IF_ERROR(launch(out));
       }
       return bias_out ? launch_bias_grad(dy, n, w.rows, *bias_out, stream) : Status::Ok();
     } else {
-      return InvalidArgument("sddmm: tensor_core runs 16-bit operands (bf16, fp16)");
+      return InvalidArgument(std::string("sddmm: ") + sddmm_variant_name(plan.variant) +
+                             " runs 16-bit operands (bf16, fp16)");
     }
   }
   if (!plan.transpose_x && !plan.reads_x_t) {  // nothing to multiply, or the slot kernel

@@ -168,6 +168,28 @@ int tensor_core_tiles_per_block(const SddmmProblem& p, const DeviceLimits& limit
   return int(std::min<int64_t>(tiles, std::max<int64_t>(1, ceil_div(tiles * bands, wanted_blocks))));
 }
 
+// Why the tile-view kernel cannot run a problem (Ok where it can).
+Status tile_view_refusal(const SddmmProblem& p) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 2) return InvalidArgument("sddmm: tile_view runs 16-bit operands (bf16, fp16)");
+  if (!p.tile_view)
+    return InvalidArgument("sddmm: tile_view: the pattern holds no tile view (it is built for layers of at most " +
+                           std::to_string(kTileViewMaxCols) + " inputs)");
+  if (p.n > kTvDwMaxBatch)
+    return InvalidArgument("sddmm: tile_view runs batches of at most " + std::to_string(kTvDwMaxBatch));
+  return Status::Ok();
+}
+
+// Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays
+// under 4 blocks per SM, each run keeping at least one tile.
+int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
+  const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
+  const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
+  int splits = 1;
+  while (2 * splits <= chunks && bands * splits < 4 * int64_t(limits.sms)) splits *= 2;
+  return splits;
+}
+
 // Lanes per slot of the vector kernel: one per 4 batch values, rounded up to a power of two, at most 32.
 int vector_lanes(int64_t np) {
   const int64_t chunks = std::min<int64_t>(32, np / 4);
@@ -256,6 +278,24 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     *out = plan;
     return Status::Ok();
   }
+  if (plan.variant == SddmmVariant::kTileView) {
+    using namespace cuda::detail;
+    SNACK_RETURN_IF_ERROR(tile_view_refusal(p));
+    plan.threads = kTvDwThreads;
+    plan.tile_splits = tile_view_splits(p, limits);
+    plan.grid_x = std::max<int64_t>(1, tile_view_bands(p.rows)) * plan.tile_splits;
+    const int64_t steps = ceil_div(std::max<int64_t>(1, tile_view_chunks(p.cols)), plan.tile_splits);
+    plan.smem_bytes = tv_dw_smem_bytes(16 * tv_dw_k_steps(p.n), steps);
+    if (plan.smem_bytes > limits.smem_per_block)
+      return InvalidArgument("sddmm: tile_view needs " + std::to_string(plan.smem_bytes) +
+                             " bytes of shared memory per block; this device offers " +
+                             std::to_string(limits.smem_per_block));
+    // AdamW's step after it, over the stored gradient, as for the tensor-core kernel.
+    plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
+    plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
+    *out = plan;
+    return Status::Ok();
+  }
   if (plan.variant == SddmmVariant::kDenseBlocks) {
     if (!p.gemm)
       return InvalidArgument("dense_blocks runs through the caller's GEMM: plan it with SddmmProblem::gemm set (the "
@@ -327,6 +367,9 @@ std::string describe(const SddmmPlan& plan) {
     s += ", " + std::to_string(plan.grid_y) + " bands of " + std::to_string(cuda::detail::kTcDwRows) + " rows x " +
          std::to_string(plan.grid_x) + " runs of " + std::to_string(plan.tiles_per_block) + " tiles of " +
          std::to_string(cuda::detail::kTcDwCols) + " columns";
+  else if (plan.variant == SddmmVariant::kTileView)
+    s += ", bands of " + std::to_string(kTileViewRows) + " rows, " + std::to_string(plan.tile_splits) + " block" +
+         (plan.tile_splits > 1 ? "s" : "") + " per band, " + std::to_string(plan.grid_x) + " blocks";
   else
     s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";

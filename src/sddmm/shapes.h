@@ -85,4 +85,28 @@ constexpr size_t tc_dw_smem_bytes() {
          sizeof(uint16_t);
 }
 
+// The SDDMM over the tile view (sddmm_tile_view_kernel, 16-bit operands, batches of at most
+// kTvDwMaxBatch): a block of kTvDwThreads owns a band of 64 rows of W (the view's) and a run of its
+// tiles; dY's band is staged once, the batch padded to a multiple of 16, and kept in registers as
+// the mma's A fragments; each tile's chunk of X is staged beside it (two stages), multiplied, rounded
+// to the operands' type into shared memory, and the tile's entries read out of it.
+constexpr int kTvDwWarps = 4;  // 16 rows of the band each
+constexpr int kTvDwThreads = kTvDwWarps * 32;
+constexpr int kTvDwMaxBatch = 128;
+constexpr int kTvDwStride = 64 + 8;  // 16-bit values per staged row (ldmatrix without bank conflicts)
+
+// The batch in the kernel's k-steps of 16 rows: a power of two, 1 to kTvDwMaxBatch / 16.
+constexpr int tv_dw_k_steps(int64_t n) {
+  int ks = 1;
+  while (16 * ks < n && 16 * ks < kTvDwMaxBatch) ks *= 2;
+  return ks;
+}
+
+// Dynamic shared memory for a batch padded to `batch` rows and `steps` tiles per block: dY's band and
+// two stages of X's chunk ([batch][kTvDwStride] each), the rounded tile ([64][kTvDwStride]), and the
+// block's tile pointers (steps + 1).
+constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
+  return (size_t(3 * batch) + 64) * kTvDwStride * sizeof(uint16_t) + size_t(steps + 1) * sizeof(int32_t);
+}
+
 }  // namespace snack::cuda::detail

@@ -25,6 +25,7 @@
 #include "../device/cp_async.cuh"
 #include "../device/cuda_utils.cuh"
 #include "../device/mma.cuh"
+#include "../device/tile_view.cuh"
 #include "shapes.h"
 #include "snack/activation.h"
 #include "snack/pattern.h"
@@ -34,32 +35,6 @@
 namespace snack::cuda::detail {
 
 static_assert(kTcBandRows == kTileViewRows && kTcChunk == kTileViewCols, "the kernel's tiles are the view's");
-constexpr uint32_t kTilePositionMask = (1u << kTileViewSlotShift) - 1;
-
-// What the kernel reads of the pattern: the tile view, and row_ptr for each band's first slot.
-struct TileView {
-  const int32_t* __restrict__ tile_ptr;
-  const uint32_t* __restrict__ entries;
-  const int32_t* __restrict__ row_ptr;
-  int64_t chunks;  // tiles per band of W
-};
-
-// One thread's share of a tile: the four entries of the 16-byte group that starts at `first`, each
-// valid inside the tile's [begin, end).
-struct TileShare {
-  uint32_t entry[4];
-  int32_t first;
-};
-
-// Thread t's group of the round that starts at entry `round` (a multiple of 4) of a tile ending at `end`.
-__device__ __forceinline__ void load_tile_share(TileShare& s, const uint32_t* __restrict__ entries, int32_t round,
-                                                int32_t end, int t) {
-  s.first = round + 4 * t;
-  if (s.first < end) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(entries + s.first));
-    s.entry[0] = v.x, s.entry[1] = v.y, s.entry[2] = v.z, s.entry[3] = v.w;
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ void gather_share_values(const TileShare& s, uint16_t (&bits)[4],

@@ -203,7 +203,7 @@ SddmmProblem sddmm_problem(const SddmmInputs& in, const at::Tensor& like, SddmmE
   problem.epilogue = epilogue;
   problem.requested = variant;
   problem.x_t_stride = x_t_stride;
-  return binding_problem(problem);
+  return binding_problem(problem, in.p.tile_ptr.numel() > 0);
 }
 
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {

@@ -83,7 +83,7 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.x_t_stride));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.epilogue) << 4 | uint64_t(p.requested));
-    mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
+    mix(uint64_t(p.gemm) << 2 | uint64_t(p.tf32) << 1 | uint64_t(p.tile_view));
   }
   std::mutex mutex_;
   std::unordered_map<Key, Plan, Hash> plans_;
@@ -144,7 +144,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     problem.n = n;
     problem.value_bytes = value_bytes;
     problem.requested = sddmm_variant_arg(variant, op);
-    const SddmmPlan plan = sddmm_plan(binding_problem(problem), device, op);
+    const SddmmPlan plan = sddmm_plan(binding_problem(problem, p.tile_ptr.numel() > 0), device, op);
     return {sddmm_variant_name(plan.variant), sddmm_reason_name(plan.reason), plan.padded_batch, plan.lanes_per_row,
             plan.batch_lanes, plan.grid_x * plan.grid_y * plan.batch_splits, plan.threads, int64_t(plan.smem_bytes),
             int64_t(plan.workspace_bytes), false,

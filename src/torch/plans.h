@@ -20,16 +20,16 @@ bool tf32_matmuls();
 
 /// A product (SpmmProblem or SddmmProblem) as the binding runs it: with its GEMM for kDenseBlocks
 /// (cuBLAS through ATen), float32 GEMMs in TF32 where torch allows them, a transposed SpMM
-/// reading the CSC view as the process asks (set_default_csc_read), and an SpMM told whether its
-/// pattern holds the tile view (`tile_view`).
+/// reading the CSC view as the process asks (set_default_csc_read), and told whether its pattern
+/// holds the tile view (`tile_view`).
 template <typename Problem>
 Problem binding_problem(Problem p, bool tile_view = false) {
   p.gemm = true;
   p.tf32 = p.value_bytes == 4 && tf32_matmuls();
   if constexpr (std::is_same_v<Problem, SpmmProblem>) {
     if (p.transposed) p.csc = default_csc_read();
-    p.tile_view = tile_view;
   }
+  p.tile_view = tile_view;
   return p;
 }
 

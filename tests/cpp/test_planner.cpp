@@ -692,6 +692,52 @@ TEST(Planner, SddmmTensorCoreGrid) {
   EXPECT_NE(refused.message().find("16-bit"), std::string::npos) << refused.message();
 }
 
+// The tile-view SDDMM: 16-bit operands, batches of at most 128, a pattern that holds the view; a block
+// of 128 threads per run of a band's tiles, the runs halved while the grid stays under 4 blocks per
+// SM; dY's band, two stages of X's chunk (the batch padded to 16, 32, 64 or 128) and the tile in
+// shared memory; with AdamW the gradient in the workspace.
+TEST(Planner, SddmmTileViewGrid) {
+  const auto forced = [](int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue e = SddmmEpilogue::kStore,
+                         int value_bytes = 2, bool view = true, SddmmPlan* out = nullptr) {
+    SddmmProblem p;
+    p.rows = rows;
+    p.cols = cols;
+    p.nnz = nnz;
+    p.n = n;
+    p.epilogue = e;
+    p.requested = SddmmVariant::kTileView;
+    p.value_bytes = value_bytes;
+    p.tile_view = view;
+    SddmmPlan plan;
+    const Status s = plan_sddmm(p, DeviceLimits::h200(), &plan);
+    if (out) *out = plan;
+    return s;
+  };
+  SddmmPlan p;
+  ASSERT_TRUE(forced(16384, 4096, 6710886, 64, SddmmEpilogue::kStore, 2, true, &p).ok());
+  EXPECT_EQ(p.variant, SddmmVariant::kTileView) << describe(p);
+  EXPECT_EQ(p.tile_splits, 4);  // 256 bands x 4 runs of 16 tiles: 1024 blocks, past 4 per SM
+  EXPECT_EQ(p.grid_x, 256 * 4);
+  EXPECT_EQ(p.threads, 128);
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 64 + 64) * 72 * 2 + 17 * 4);
+  EXPECT_EQ(p.workspace_bytes, 0u);
+  EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
+  ASSERT_TRUE(forced(16384, 4096, 6710886, 100, SddmmEpilogue::kAdamW, 2, true, &p).ok());
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 128 + 64) * 72 * 2 + 17 * 4);  // 100 rows padded to 128
+  EXPECT_TRUE(p.gradient_in_workspace);
+  EXPECT_EQ(p.workspace_bytes, size_t(6710886) * 2);
+  ASSERT_TRUE(forced(768, 3072, 235930, 1, SddmmEpilogue::kStore, 2, true, &p).ok());
+  EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 3 * 4);
+  for (const auto& [status, words] :
+       {std::pair{forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 4), "16-bit"},
+        std::pair{forced(4096, 4096, 1677722, 129), "at most 128"},
+        std::pair{forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 2, false), "no tile view"}}) {
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find(words), std::string::npos) << status.message();
+  }
+}
+
 // dense_blocks: only for a caller with a GEMM, only at large batches, and with a workspace no larger
 // than the op's activation operand.
 TEST(Planner, DenseBlocksRules) {

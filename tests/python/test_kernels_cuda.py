@@ -549,13 +549,16 @@ def sddmm_cases():
                 yield pytest.param(shape, variant, dtype, id=f"{'x'.join(map(str, shape))}-{variant}-{str(dtype)[6:]}")
 
 
-def sddmm_runs(variant, n, dtype):
+def sddmm_runs(variant, n, dtype, k):
     """The rows kernel runs batches of at most 128 (padded to a multiple of 4), the staged kernel
-    float32 operands, the tensor-core kernel 16-bit ones; the others any."""
+    float32 operands, the tensor-core kernel 16-bit ones, the tile-view kernel 16-bit ones of at most
+    128 rows on patterns that hold the view (k: W's columns); the others any."""
     if variant == "staged":
         return dtype == torch.float32
     if variant == "tensor_core":
         return dtype in (torch.bfloat16, torch.float16)
+    if variant == "tile_view":
+        return dtype in (torch.bfloat16, torch.float16) and n <= 128 and k <= TILE_VIEW_MAX_INPUTS
     return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
@@ -566,7 +569,7 @@ def test_sddmm_variant(shape, variant, dtype):
     m, k, n, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=torch.int32 if m > 200 else None, empty_rows=empty)
     dy, x = p.randn(n, m, seed=3), p.randn(n, k, seed=4)
-    if not sddmm_runs(variant, n, dtype):
+    if not sddmm_runs(variant, n, dtype, k):
         with pytest.raises(ValueError, match="sddmm"):
             ops.sddmm(dy, x, p.tensors, variant=variant)
         return
@@ -628,6 +631,48 @@ def test_sddmm_tensor_core_tiles(m, k, density, n, index_dtype, full_rows, misal
     assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="tensor_core"), dv), "not bitwise reproducible"
     plan = ops.explain(p.values, p.tensors, n, "weight_grad", "tensor_core")
     assert plan[0] == "tensor_core" and plan[7] > 0 and plan[8] == 0, plan
+
+
+# (m, k, density, n, full rows, unaligned operands): batches of one to eight k-steps (1, 16, 37 padded
+# to 64, 100 padded to 128), a band and a chunk cut short, K not a multiple of 8 with unaligned
+# operands (copied element by element), full rows that put a whole 64 x 64 tile (4096 entries, eight
+# rounds of the block) in the view, runs of one tile per block and of several (2048 x 9000), nnz = 0.
+TILE_VIEW_SDDMM_CASES = [(2048, 9000, 0.05, 37, 0, False), (300, 1001, 0.3, 16, 4, False), (129, 64, 0.5, 1, 0, False),
+                         (520, 3000, 0.02, 100, 2, True), (64, 64, 1.0, 128, 0, False), (200, 90, 0.0, 20, 0, False),
+                         (70, 16384, 0.03, 64, 0, False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("m,k,density,n,full_rows,misaligned", TILE_VIEW_SDDMM_CASES)
+def test_sddmm_tile_view_tiles(m, k, density, n, full_rows, misaligned, dtype):
+    nnz = int(density * m * k)
+    positions = skewed_positions(m, k, dense_rows=full_rows, nnz_rest=nnz, seed=n) if full_rows else None
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=0 if full_rows or density == 1.0 else 7,
+               positions=positions, seed=m + n)
+    dy, x = p.randn(n, m, seed=9), p.randn(n, k, seed=10)
+    if misaligned:
+        dy, x = unaligned(dy), unaligned(x)
+    poison_cache(torch.device("cuda"))
+    dv = ops.sddmm(dy, x, p.tensors, variant="tile_view")
+    assert_close(dv, *p.slot_ref(dy, x), dtype, "tile_view")
+    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="tile_view"), dv), "not bitwise reproducible"
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "weight_grad", "tile_view"))
+    assert plan.variant == "tile_view" and plan.smem_bytes > 0 and plan.workspace_bytes == 0, plan
+
+
+def test_sddmm_tile_view_refuses_what_it_cannot_run():
+    fp32 = Weight(64, 80, 900, device="cuda")
+    with pytest.raises(ValueError, match="tile_view runs 16-bit operands"):
+        ops.sddmm(fp32.randn(16, 64, seed=1), fp32.randn(16, 80, seed=2), fp32.tensors, variant="tile_view")
+    p = Weight(64, 80, 900, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="batches of at most 128"):
+        ops.sddmm(p.randn(129, 64, seed=1), p.randn(129, 80, seed=2), p.tensors, variant="tile_view")
+    without = p.tensors[:5] + [torch.zeros(0, dtype=torch.int32, device="cuda")] * 2
+    with pytest.raises(ValueError, match="no tile view"):
+        ops.sddmm(p.randn(16, 64, seed=1), p.randn(16, 80, seed=2), without, variant="tile_view")
+    wide = Weight(8, 20000, 300, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no tile view"):
+        ops.sddmm(wide.randn(16, 8, seed=1), wide.randn(16, 20000, seed=2), wide.tensors, variant="tile_view")
 
 
 def test_sddmm_tensor_core_refuses_other_types():

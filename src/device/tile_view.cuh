@@ -1,0 +1,41 @@
+// Reading the pattern's tile view (snack/pattern.h) on the device: each 64 x 64 tile's entries,
+// packed (the slot's offset from its band's first slot, its position in the tile), read by a block
+// four to a thread with 16-byte loads. The SpMM (forward and dX) and the SDDMM over the view share it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "snack/pattern.h"
+
+namespace snack::cuda::detail {
+
+constexpr uint32_t kTilePositionMask = (1u << kTileViewSlotShift) - 1;
+
+// What a kernel reads of the pattern: the tile view, and row_ptr for each band's first slot.
+struct TileView {
+  const int32_t* __restrict__ tile_ptr;
+  const uint32_t* __restrict__ entries;
+  const int32_t* __restrict__ row_ptr;
+  int64_t chunks;  // tiles per band of W
+};
+
+// One thread's share of a tile: the four entries of the 16-byte group that starts at `first`, each
+// valid inside the tile's [begin, end).
+struct TileShare {
+  uint32_t entry[4];
+  int32_t first;
+};
+
+// Thread t's group of the round that starts at entry `round` (a multiple of 4) of a tile ending at `end`.
+__device__ __forceinline__ void load_tile_share(TileShare& s, const uint32_t* __restrict__ entries, int32_t round,
+                                                int32_t end, int t) {
+  s.first = round + 4 * t;
+  if (s.first < end) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(entries + s.first));
+    s.entry[0] = v.x, s.entry[1] = v.y, s.entry[2] = v.z, s.entry[3] = v.w;
+  }
+}
+
+}  // namespace snack::cuda::detail
