@@ -180,6 +180,35 @@ Status tile_view_refusal(const SddmmProblem& p) {
   return Status::Ok();
 }
 
+// Where the tile-view kernel beats the others for 16-bit operands (a pattern that holds the view, at
+// most 128 batch rows). Its time follows the tiles, the rows kernel's the slots times the batch, the
+// tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
+// with every SDDMM kernel forced (backward_nvidia_h200_dw_tile_view_bf16.md, 768x3072 to 16384x4096,
+// 50-99%, N = 1-128), storing the gradient: from 4% density on layers under 2^23 weights from a batch
+// of 8 (768x3072, 90%, N = 16: 8.5 against 17.2 us for the rows kernel); on larger ones past 32 rows
+// (4096x4096, 90%, N = 64: 29.9 against 43.3 for tensor_core), on layers of 2^25 weights only up to
+// 12.5% density, where tensor_core keeps up (16384x4096, 80%, N = 64: 136.2 against 128.6); 17-32
+// rows from 7.5% (16384x4096, 90%, N = 32: 101.9 against 116.7 for rows; 95%: 73.3 against 64.0) and
+// 9-16 rows from 25% (4096x4096, 70%, N = 16: 42.9 against 49.2); never at one row or at 99%, where
+// the slots are few (16384x4096, 99%, N = 64: 67.3 against 34.0). With AdamW's step (a pass after it
+// over the stored gradient, against the rows kernel's step inside its read-out): from 16 rows on the
+// small layers and past 32 on the others (16384x4096, 90%, N = 64: 159.3 against 173.4 us; N = 32:
+// 159.6 against 146.8 for the rows kernel).
+bool tile_view_pays(const SddmmProblem& p) {
+  if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
+    return false;
+  const double d = density(p);
+  if (d < 0.04) return false;
+  const int64_t weights = p.rows * p.cols;
+  const bool small = weights < (int64_t(1) << 23), huge = weights >= (int64_t(1) << 25);
+  const bool adamw = p.epilogue == SddmmEpilogue::kAdamW;
+  if (small) return p.n >= (adamw ? 16 : 8);
+  if (p.n > 32) return !huge || d <= 0.125;
+  if (adamw) return false;
+  if (p.n > 16) return d >= 0.075;
+  return p.n > 8 && d >= 0.25;
+}
+
 // Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays
 // under 4 blocks per SM, each run keeping at least one tile.
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
@@ -224,6 +253,9 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     } else if (staged) {
       plan.variant = SddmmVariant::kStaged;
       plan.reason = SddmmReason::kStagedTiles;
+    } else if (tile_view_pays(p)) {
+      plan.variant = SddmmVariant::kTileView;
+      plan.reason = SddmmReason::kTileView;
     } else if (dense.tensor_cores) {
       plan.variant = SddmmVariant::kTensorCore;
       plan.reason = SddmmReason::kTensorCores;

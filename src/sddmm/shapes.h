@@ -104,9 +104,10 @@ constexpr int tv_dw_k_steps(int64_t n) {
 
 // Dynamic shared memory for a batch padded to `batch` rows and `steps` tiles per block: dY's band and
 // two stages of X's chunk ([batch][kTvDwStride] each), the rounded tile ([64][kTvDwStride]), and the
-// block's tile pointers (steps + 1).
+// block's tile pointers (steps + 1, and one spare word: the compiler may read the next tile's pair of
+// pointers with one vector load before it knows whether there is a next tile).
 constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
-  return (size_t(3 * batch) + 64) * kTvDwStride * sizeof(uint16_t) + size_t(steps + 1) * sizeof(int32_t);
+  return (size_t(3 * batch) + 64) * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t);
 }
 
 }  // namespace snack::cuda::detail

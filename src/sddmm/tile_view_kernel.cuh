@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   const int steps = int(c_end - c_begin);
   if (steps == 0) return;
   for (int i = t; i <= steps; i += kTvDwThreads) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
+  if (t == 0) tp[steps + 1] = view.tile_ptr[band * chunks + c_end];  // the spare word (shapes.h)
   const int64_t band_first = view.row_ptr[r0];
 
   // Group 0: dY's band and X's first chunk; group 1: the second chunk (empty where there is none).

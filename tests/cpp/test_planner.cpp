@@ -719,16 +719,52 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.tile_splits, 4);  // 256 bands x 4 runs of 16 tiles: 1024 blocks, past 4 per SM
   EXPECT_EQ(p.grid_x, 256 * 4);
   EXPECT_EQ(p.threads, 128);
-  EXPECT_EQ(p.smem_bytes, size_t(3 * 64 + 64) * 72 * 2 + 17 * 4);
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 64 + 64) * 72 * 2 + 18 * 4);
   EXPECT_EQ(p.workspace_bytes, 0u);
   EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
   ASSERT_TRUE(forced(16384, 4096, 6710886, 100, SddmmEpilogue::kAdamW, 2, true, &p).ok());
-  EXPECT_EQ(p.smem_bytes, size_t(3 * 128 + 64) * 72 * 2 + 17 * 4);  // 100 rows padded to 128
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 128 + 64) * 72 * 2 + 18 * 4);  // 100 rows padded to 128
   EXPECT_TRUE(p.gradient_in_workspace);
   EXPECT_EQ(p.workspace_bytes, size_t(6710886) * 2);
   ASSERT_TRUE(forced(768, 3072, 235930, 1, SddmmEpilogue::kStore, 2, true, &p).ok());
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
-  EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 3 * 4);
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
+  // The planner's choice (a pattern with the view, 16 bits): from a batch of 8 on layers under 2^23
+  // weights (16 with AdamW); past 32 rows on larger ones, up to 12.5% density from 2^25 weights; 17-32
+  // rows from 7.5% and 9-16 from 25% when the gradient is stored; never at one row, below 4% density,
+  // without the view or in float32.
+  const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
+                            SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
+    SddmmProblem q;
+    q.rows = rows;
+    q.cols = cols;
+    q.nnz = nnz_for_density(rows, cols, density);
+    q.n = n;
+    q.epilogue = e;
+    q.value_bytes = value_bytes;
+    q.tile_view = view;
+    SddmmPlan plan;
+    EXPECT_TRUE(plan_sddmm(q, DeviceLimits::h200(), &plan).ok());
+    return plan.variant;
+  };
+  const SddmmEpilogue adamw = SddmmEpilogue::kAdamW;
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 64), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.2, 64), SddmmVariant::kTensorCore);
+  EXPECT_EQ(automatic(4096, 4096, 0.2, 64), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 32), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.05, 32), SddmmVariant::kRows);
+  EXPECT_EQ(automatic(4096, 4096, 0.3, 16), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(4096, 4096, 0.1, 16), SddmmVariant::kRows);
+  EXPECT_EQ(automatic(768, 3072, 0.1, 8), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(4096, 4096, 0.01, 64), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(4096, 4096, 0.1, 129), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 32, adamw), SddmmVariant::kRows);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 64, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.1, 16, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
+  EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
   for (const auto& [status, words] :
        {std::pair{forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 4), "16-bit"},
         std::pair{forced(4096, 4096, 1677722, 129), "at most 128"},

@@ -660,6 +660,15 @@ def test_sddmm_tile_view_tiles(m, k, density, n, full_rows, misaligned, dtype):
     assert plan.variant == "tile_view" and plan.smem_bytes > 0 and plan.workspace_bytes == 0, plan
 
 
+def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays():
+    layer = snack.SparseLinear(4096, 16384, density=0.1, device="cuda")
+    assert snack.explain(layer, 64, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
+    assert snack.explain(layer, 16, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
+    assert snack.explain(layer, 64, op="weight_grad").variant != "tile_view"  # float32
+    small = snack.SparseLinear(3072, 768, density=0.1, device="cuda")
+    assert snack.explain(small, 8, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
+
+
 def test_sddmm_tile_view_refuses_what_it_cannot_run():
     fp32 = Weight(64, 80, 900, device="cuda")
     with pytest.raises(ValueError, match="tile_view runs 16-bit operands"):
