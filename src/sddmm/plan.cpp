@@ -151,10 +151,17 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 // rows kernel's fused step costs a little more than its plain product (16384x4096, 90%, N = 64: 211
 // against 187 us in the file as committed in 1af9c8b), the tensor-core product plus a pass over the
 // slots less (114 us and the pass).
+//
+// On layers of 2^25 weights it also beats the rows kernel from 16 rows at 25% density and from 32 at
+// 15% (backward_nvidia_h200_tile_view_bf16.md: 16384x4096, 80%, N = 32: 111 against 217 us; 70%,
+// N = 16: 135 against 175; 4096x11008, 80%, N = 16: 97 against 82, not taken).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
-  if (np > kSddmmRowsMaxBatch) return density(p) >= 0.03;
-  return np >= 64 && density(p) >= (np >= 128 ? 0.045 : 0.075);
+  const double d = density(p);
+  if (np > kSddmmRowsMaxBatch) return d >= 0.03;
+  const bool huge = p.rows * p.cols >= (int64_t(1) << 25);
+  if (huge && ((np >= 32 && d >= 0.15) || (np >= 16 && d >= 0.25))) return true;
+  return np >= 64 && d >= (np >= 128 ? 0.045 : 0.075);
 }
 
 // Tiles per block of the tensor-core kernel: as few as keep the grid within about 4 blocks per SM
@@ -183,17 +190,21 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // Where the tile-view kernel beats the others for 16-bit operands (a pattern that holds the view, at
 // most 128 batch rows). Its time follows the tiles, the rows kernel's the slots times the batch, the
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
-// with every SDDMM kernel forced (backward_nvidia_h200_dw_tile_view_bf16.md, 768x3072 to 16384x4096,
-// 50-99%, N = 1-128), storing the gradient: from 4% density on layers under 2^23 weights from a batch
-// of 8 (768x3072, 90%, N = 16: 8.5 against 17.2 us for the rows kernel); on larger ones past 32 rows
-// (4096x4096, 90%, N = 64: 29.9 against 43.3 for tensor_core), on layers of 2^25 weights only up to
-// 12.5% density, where tensor_core keeps up (16384x4096, 80%, N = 64: 136.2 against 128.6); 17-32
-// rows from 7.5% (16384x4096, 90%, N = 32: 101.9 against 116.7 for rows; 95%: 73.3 against 64.0) and
-// 9-16 rows from 25% (4096x4096, 70%, N = 16: 42.9 against 49.2); never at one row or at 99%, where
-// the slots are few (16384x4096, 99%, N = 64: 67.3 against 34.0). With AdamW's step (a pass after it
-// over the stored gradient, against the rows kernel's step inside its read-out): from 16 rows on the
-// small layers and past 32 on the others (16384x4096, 90%, N = 64: 159.3 against 173.4 us; N = 32:
-// 159.6 against 146.8 for the rows kernel).
+// with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
+// 50-99%, N = 1-128), storing the gradient, from 4% density:
+//   - on layers under 2^23 weights from a batch of 8 (768x3072, 90%, N = 16: 8.5 against 16.7 us for
+//     the rows kernel);
+//   - on larger ones past 32 rows (4096x4096, 90%, N = 64: 29.9 against 43.1 for tensor_core), on
+//     layers of 2^25 weights only up to 12.5% density, where tensor_core keeps up (16384x4096, 80%,
+//     N = 64: 136 against 129);
+//   - at 17-32 rows everywhere below 2^25 weights (4096x4096, 80%, N = 32: 35.3 against 43.4 for
+//     tensor_core), from 2^25 at 7.5-12.5% (11008x4096, 90%: 61.1 against 76.4; 16384x4096, 80%:
+//     147 against 111 for tensor_core, which takes it: tensor_core_pays);
+//   - at 9-16 rows below 2^25 weights from 15% (4096x4096, 80%, N = 16: 30.7 against 36.5 for rows);
+// never at one row or at 99%, where the slots are few (16384x4096, 99%, N = 64: 67.3 against 34.0).
+// With AdamW's step (a pass after it over the stored gradient, against the rows kernel's step inside
+// its read-out): from 16 rows on the small layers and past 32 on the others (16384x4096, 90%,
+// N = 64: 159.3 against 173.4 us; N = 32: 159.6 against 146.8 for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
@@ -205,8 +216,9 @@ bool tile_view_pays(const SddmmProblem& p) {
   if (small) return p.n >= (adamw ? 16 : 8);
   if (p.n > 32) return !huge || d <= 0.125;
   if (adamw) return false;
-  if (p.n > 16) return d >= 0.075;
-  return p.n > 8 && d >= 0.25;
+  if (huge) return p.n > 16 && d >= 0.075 && d <= 0.125;
+  if (p.n > 16) return true;
+  return p.n > 8 && d >= 0.15;
 }
 
 // Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays

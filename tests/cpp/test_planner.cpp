@@ -730,9 +730,10 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
   EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits): from a batch of 8 on layers under 2^23
-  // weights (16 with AdamW); past 32 rows on larger ones, up to 12.5% density from 2^25 weights; 17-32
-  // rows from 7.5% and 9-16 from 25% when the gradient is stored; never at one row, below 4% density,
-  // without the view or in float32.
+  // weights (16 with AdamW); past 32 rows on larger ones, up to 12.5% density from 2^25 weights; when
+  // the gradient is stored, 17-32 rows below 2^25 weights and at 7.5-12.5% from 2^25 (tensor_core
+  // above), 9-16 rows below 2^25 from 15%; never at one row, below 4% density, without the view or in
+  // float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
     SddmmProblem q;
@@ -753,8 +754,14 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(automatic(4096, 4096, 0.2, 64), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.1, 32), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.05, 32), SddmmVariant::kRows);
-  EXPECT_EQ(automatic(4096, 4096, 0.3, 16), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.2, 32), SddmmVariant::kTensorCore);
+  EXPECT_EQ(automatic(16384, 4096, 0.3, 16), SddmmVariant::kTensorCore);
+  EXPECT_EQ(automatic(16384, 4096, 0.2, 16), SddmmVariant::kRows);
+  EXPECT_EQ(automatic(4096, 4096, 0.2, 32), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(4096, 4096, 0.05, 32), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(4096, 4096, 0.2, 16), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(4096, 4096, 0.1, 16), SddmmVariant::kRows);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 16), SddmmVariant::kRows);
   EXPECT_EQ(automatic(768, 3072, 0.1, 8), SddmmVariant::kTileView);
   EXPECT_NE(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.01, 64), SddmmVariant::kTileView);
