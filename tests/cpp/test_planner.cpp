@@ -730,7 +730,7 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
   EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits): from a batch of 8 on layers under 2^23
-  // weights (16 with AdamW); past 32 rows on larger ones, up to 12.5% density from 2^25 weights; when
+  // weights (with AdamW 16 where rows <= columns, else 64); past 32 rows on larger ones, up to 12.5% density from 2^25 weights; when
   // the gradient is stored, 17-32 rows below 2^25 weights and at 7.5-12.5% from 2^25 (tensor_core
   // above), 9-16 rows below 2^25 from 15%; never at one row, below 4% density, without the view or in
   // float32.
@@ -770,6 +770,9 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(768, 3072, 0.1, 16, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(3072, 768, 0.1, 16, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(3072, 768, 0.1, 64, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.3, 16, adamw), SddmmVariant::kRows);  // tensor_core only when storing
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
   EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
   for (const auto& [status, words] :
