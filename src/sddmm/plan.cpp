@@ -154,9 +154,9 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 //
 // On layers of 2^25 weights it also beats the rows kernel from 16 rows at 25% density and from 32 at
 // 15% when the gradient is stored (backward_nvidia_h200_tile_view_bf16.md: 16384x4096, 80%, N = 32:
-// 111.3 against 217.2 us; 70%, N = 16: 133.6 against 173.4; but 4096x11008, 80%, N = 16: 96.9 against
-// 81.7, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
-// N = 16: 276.5 against 303.0).
+// 110.9 against 217.6 us; 70%, N = 16: 133.8 against 173.0; but 4096x11008, 80%, N = 16: 96.8 against
+// 80.9, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
+// N = 16: 275.7 against 301.8).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   const double d = density(p);
@@ -195,22 +195,22 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
 // with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
 // 50-99%, N = 1-128), storing the gradient, from 4% density:
-//   - on layers under 2^23 weights from a batch of 8 (768x3072, 90%, N = 16: 8.4 against 15.2 us for
+//   - on layers under 2^23 weights from a batch of 8 (768x3072, 90%, N = 16: 8.5 against 15.4 us for
 //     tensor_core, 16.9 for the rows kernel);
-//   - on larger ones past 32 rows (4096x4096, 90%, N = 64: 29.6 against 43.1 for tensor_core), on
+//   - on larger ones past 32 rows (4096x4096, 90%, N = 64: 29.9 against 43.2 for tensor_core), on
 //     layers of 2^25 weights only up to 12.5% density, where tensor_core keeps up (16384x4096, 80%,
-//     N = 64: 135.1 against 127.9);
+//     N = 64: 135.0 against 127.9);
 //   - at 17-32 rows everywhere below 2^25 weights (4096x4096, 80%, N = 32: 35.0 against 43.1 for
-//     tensor_core), from 2^25 at 7.5-12.5% (11008x4096, 90%: 61.3 against 76.0; 16384x4096, 80%:
-//     145.2 against 111.3 for tensor_core, which takes it: tensor_core_pays);
+//     tensor_core), from 2^25 at 7.5-12.5% (11008x4096, 90%: 60.6 against 76.3; 16384x4096, 80%:
+//     142.6 against 110.9 for tensor_core, which takes it: tensor_core_pays);
 //   - at 9-16 rows below 2^25 weights from 15% (4096x4096, 80%, N = 16: 30.6 against 36.1 for rows);
-// never at one row or at 99%, where the slots are few (16384x4096, 99%, N = 64: 66.5 against 34.0).
+// never at one row or at 99%, where the slots are few (16384x4096, 99%, N = 64: 66.8 against 33.9).
 // With AdamW's step (a pass after it over the stored gradient, against the rows kernel's step inside
 // its read-out): on the small layers from 16 rows where they have no more rows than columns
-// (768x3072, 90%, N = 16: 16.9 against 18.8 for the vector kernel) and from 64 otherwise (3072x768,
-// 90%, N = 16: 17.3 against 14.8 for the rows kernel; N = 64: 18.4 against 19.9), past 32 on the
-// others (16384x4096, 90%, N = 64: 159.7 against 174.5 us for tensor_core; N = 32: 159.3 against
-// 146.3 for the rows kernel).
+// (768x3072, 90%, N = 16: 16.7 against 18.7 for the vector kernel) and from 64 otherwise (3072x768,
+// 90%, N = 16: 17.1 against 14.5 for the rows kernel; N = 64: 18.4 against 20.1), past 32 on the
+// others (16384x4096, 90%, N = 64: 158.9 against 173.5 us for tensor_core; N = 32: 156.6 against
+// 145.9 for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
