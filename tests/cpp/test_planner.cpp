@@ -27,7 +27,7 @@ SpmmPlan plan(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, int value
 
 SddmmPlan plan_dw(int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue epilogue = SddmmEpilogue::kStore,
                   SddmmVariant requested = SddmmVariant::kAuto, int64_t x_t_stride = 0, int value_bytes = 4,
-                  bool gemm = false) {
+                  bool gemm = false, bool tile_view = false, Status* status = nullptr) {
   SddmmProblem p;
   p.rows = rows;
   p.cols = cols;
@@ -38,9 +38,13 @@ SddmmPlan plan_dw(int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilo
   p.x_t_stride = x_t_stride;
   p.value_bytes = value_bytes;
   p.gemm = gemm;
+  p.tile_view = tile_view;
   SddmmPlan out;
   const Status s = plan_sddmm(p, DeviceLimits::h200(), &out);
-  EXPECT_TRUE(s.ok()) << s.message();
+  if (status)
+    *status = s;  // the caller checks it
+  else
+    EXPECT_TRUE(s.ok()) << s.message();
   return out;
 }
 
@@ -699,17 +703,8 @@ TEST(Planner, SddmmTensorCoreGrid) {
 TEST(Planner, SddmmTileViewGrid) {
   const auto forced = [](int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue e = SddmmEpilogue::kStore,
                          int value_bytes = 2, bool view = true, SddmmPlan* out = nullptr) {
-    SddmmProblem p;
-    p.rows = rows;
-    p.cols = cols;
-    p.nnz = nnz;
-    p.n = n;
-    p.epilogue = e;
-    p.requested = SddmmVariant::kTileView;
-    p.value_bytes = value_bytes;
-    p.tile_view = view;
-    SddmmPlan plan;
-    const Status s = plan_sddmm(p, DeviceLimits::h200(), &plan);
+    Status s;
+    const SddmmPlan plan = plan_dw(rows, cols, nnz, n, e, SddmmVariant::kTileView, 0, value_bytes, false, view, &s);
     if (out) *out = plan;
     return s;
   };
@@ -736,17 +731,9 @@ TEST(Planner, SddmmTileViewGrid) {
   // float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
-    SddmmProblem q;
-    q.rows = rows;
-    q.cols = cols;
-    q.nnz = nnz_for_density(rows, cols, density);
-    q.n = n;
-    q.epilogue = e;
-    q.value_bytes = value_bytes;
-    q.tile_view = view;
-    SddmmPlan plan;
-    EXPECT_TRUE(plan_sddmm(q, DeviceLimits::h200(), &plan).ok());
-    return plan.variant;
+    return plan_dw(rows, cols, nnz_for_density(rows, cols, density), n, e, SddmmVariant::kAuto, 0, value_bytes, false,
+                   view)
+        .variant;
   };
   const SddmmEpilogue adamw = SddmmEpilogue::kAdamW;
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64), SddmmVariant::kTileView);

@@ -618,19 +618,25 @@ TENSOR_CORE_SDDMM_CASES = [(2048, 9000, 0.05, 37, None, 0, False), (300, 1001, 0
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("m,k,density,n,index_dtype,full_rows,misaligned", TENSOR_CORE_SDDMM_CASES)
 def test_sddmm_tensor_core_tiles(m, k, density, n, index_dtype, full_rows, misaligned, dtype):
+    check_sddmm_tiles("tensor_core", m, k, density, n, full_rows, misaligned, dtype, index_dtype)
+
+
+def check_sddmm_tiles(variant, m, k, density, n, full_rows, misaligned, dtype, index_dtype=None):
+    """A tile kernel forced on a pattern of `density` with `full_rows` full rows (else 7 empty ones),
+    against float64 on a poisoned cache, bitwise reproducible, its plan with no workspace."""
     nnz = int(density * m * k)
     positions = skewed_positions(m, k, dense_rows=full_rows, nnz_rest=nnz, seed=n) if full_rows else None
-    p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=index_dtype, empty_rows=0 if full_rows else 7,
-               positions=positions, seed=m + n)
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, index_dtype=index_dtype,
+               empty_rows=0 if full_rows or density == 1.0 else 7, positions=positions, seed=m + n)
     dy, x = p.randn(n, m, seed=9), p.randn(n, k, seed=10)
     if misaligned:
         dy, x = unaligned(dy), unaligned(x)
     poison_cache(torch.device("cuda"))
-    dv = ops.sddmm(dy, x, p.tensors, variant="tensor_core")
-    assert_close(dv, *p.slot_ref(dy, x), dtype, "tensor_core")
-    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="tensor_core"), dv), "not bitwise reproducible"
-    plan = ops.explain(p.values, p.tensors, n, "weight_grad", "tensor_core")
-    assert plan[0] == "tensor_core" and plan[7] > 0 and plan[8] == 0, plan
+    dv = ops.sddmm(dy, x, p.tensors, variant=variant)
+    assert_close(dv, *p.slot_ref(dy, x), dtype, variant)
+    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant=variant), dv), "not bitwise reproducible"
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "weight_grad", variant))
+    assert plan.variant == variant and plan.smem_bytes > 0 and plan.workspace_bytes == 0, plan
 
 
 # (m, k, density, n, full rows, unaligned operands): batches of one to eight k-steps (1, 16, 37 padded
@@ -645,19 +651,7 @@ TILE_VIEW_SDDMM_CASES = [(2048, 9000, 0.05, 37, 0, False), (300, 1001, 0.3, 16, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("m,k,density,n,full_rows,misaligned", TILE_VIEW_SDDMM_CASES)
 def test_sddmm_tile_view_tiles(m, k, density, n, full_rows, misaligned, dtype):
-    nnz = int(density * m * k)
-    positions = skewed_positions(m, k, dense_rows=full_rows, nnz_rest=nnz, seed=n) if full_rows else None
-    p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=0 if full_rows or density == 1.0 else 7,
-               positions=positions, seed=m + n)
-    dy, x = p.randn(n, m, seed=9), p.randn(n, k, seed=10)
-    if misaligned:
-        dy, x = unaligned(dy), unaligned(x)
-    poison_cache(torch.device("cuda"))
-    dv = ops.sddmm(dy, x, p.tensors, variant="tile_view")
-    assert_close(dv, *p.slot_ref(dy, x), dtype, "tile_view")
-    assert torch.equal(ops.sddmm(dy, x, p.tensors, variant="tile_view"), dv), "not bitwise reproducible"
-    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "weight_grad", "tile_view"))
-    assert plan.variant == "tile_view" and plan.smem_bytes > 0 and plan.workspace_bytes == 0, plan
+    check_sddmm_tiles("tile_view", m, k, density, n, full_rows, misaligned, dtype)
 
 
 def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays():
