@@ -51,7 +51,8 @@ constexpr int64_t max_dim_for_index() {
   return std::is_same_v<Index, uint16_t> ? kMaxDim16 : int64_t{std::numeric_limits<int32_t>::max()};
 }
 
-/// The tile view (for the 16-bit tensor-core forward, SpmmVariant::kTileView): W cut into tiles of
+/// The tile view (for the 16-bit tensor-core kernels: SpmmVariant::kTileView for the forward and dX,
+/// SddmmVariant::kTileView for dW): W cut into tiles of
 /// kTileViewRows rows x kTileViewCols columns. Band b (rows [64 b, 64 b + 64)) holds slots
 /// [row_ptr[64 b], row_ptr[64 b + 64]); its tiles list them again, tile by tile in column order and
 /// row-major inside a tile: tile (b, c) is entries [tile_ptr[b * chunks + c], tile_ptr[b * chunks + c + 1])

@@ -24,7 +24,7 @@ class Pattern(nn.Module):
     dimensions are at most 65536, else int32), which ``state_dict`` holds. From them the pattern
     derives, on the slots' device, the views the kernels read: CSR row pointers (``row_ptr``), a
     CSC view (``col_ptr``, ``csc_perm``, a permutation into the same slots) and the tile view of the
-    16-bit tensor-core forward and dX (``tile_ptr``, ``tile_entries``: each 64 x 64 tile's slots listed
+    16-bit tensor-core forward, dX and dW (``tile_ptr``, ``tile_entries``: each 64 x 64 tile's slots listed
     contiguously, 4 bytes per slot; empty for more than 16384 inputs), left out of ``state_dict``.
     ``tensors`` is the list every snack operator takes, in the C++ library's order.
 
