@@ -17,8 +17,12 @@ capture works), the wall time a user sees (many steps back to back, divided), an
 (torch.cuda.max_memory_allocated over a step, minus what was allocated before the layer existed:
 parameters, gradients, optimizer state, indices, activations). Backward kernels: dX (transposed
 SpMM) against cuSPARSE on the transposed CSR, and dW (SDDMM) against torch.sparse.sampled_addmm,
-cold L2, checked against float64 first.
-Writes bench/results/layer_<gpu>.{csv,md} and backward_<gpu>.{csv,md}, and a PNG plot.
+cold L2, checked against float64 first. In 16 bits (--dtype bf16 | fp16) against dense cuBLAS in the
+same dtype, with the forward beside them and each kernel forced next to the planner's choice (up to
+N = 128: the tile view's forward, dX and dW, the row kernels' dX, the rows SDDMM; tensor_core for both),
+and dW with AdamW's step by every kernel that runs it.
+Writes bench/results/layer_<gpu>.{csv,md} and backward_<gpu>.{csv,md} (backward_<gpu>[_<tag>]_<dtype>
+in 16 bits), and a PNG plot.
 """
 
 from __future__ import annotations
