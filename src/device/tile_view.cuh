@@ -6,8 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "snack/pattern.h"
+#include "snack/status.h"
 
 namespace snack::cuda::detail {
 
@@ -20,6 +22,17 @@ struct TileView {
   const int32_t* __restrict__ row_ptr;
   int64_t chunks;  // tiles per band of W
 };
+
+// The tile view of `w` as the kernels read it, or why it cannot be read (`who` opens the message).
+template <typename Index>
+inline Status tile_view_of(const SlotPattern<Index>& w, const char* who, TileView* view) {
+  if (w.tile_ptr == nullptr || (w.nnz > 0 && w.tile_entries == nullptr))
+    return InvalidArgument(std::string(who) + ": the pattern holds no tile view");
+  if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
+    return InvalidArgument(std::string(who) + ": tile_entries must start on a 16-byte boundary");
+  *view = TileView{w.tile_ptr, w.tile_entries, w.row_ptr, tile_view_chunks(w.cols)};
+  return Status::Ok();
+}
 
 // One thread's share of a tile: the four entries of the 16-byte group that starts at `first`, each
 // valid inside the tile's [begin, end).

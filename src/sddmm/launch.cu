@@ -143,11 +143,8 @@ Status launch_sddmm_tile_view_steps(const SddmmPlan& plan, const detail::TileVie
 template <typename T, typename Index, typename Out>
 Status launch_sddmm_tile_view(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n,
                               const Out& out, Stream stream) {
-  if (w.tile_ptr == nullptr || w.tile_entries == nullptr)
-    return InvalidArgument("sddmm: tile_view: the pattern holds no tile view");
-  if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
-    return InvalidArgument("sddmm: tile_view: tile_entries must start on a 16-byte boundary");
-  const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, tile_view_chunks(w.cols)};
+  detail::TileView view;
+  SNACK_RETURN_IF_ERROR(detail::tile_view_of(w, "sddmm: tile_view", &view));
   switch (detail::tv_dw_k_steps(n)) {
     case 1: return launch_sddmm_tile_view_steps<T, 1>(plan, view, dy, x, w.rows, w.cols, n, out, stream);
     case 2: return launch_sddmm_tile_view_steps<T, 2>(plan, view, dy, x, w.rows, w.cols, n, out, stream);

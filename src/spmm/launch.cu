@@ -184,11 +184,8 @@ template <typename T, typename Index, bool kTransposed>
 Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* in, int64_t n,
                         const T* bias, T* out, Activation act, Stream stream) {
   if constexpr (kIsHalfType<T>) {
-    if (w.tile_ptr == nullptr || (w.nnz > 0 && w.tile_entries == nullptr))
-      return InvalidArgument("tile_view: the pattern holds no tile view");
-    if (reinterpret_cast<uintptr_t>(w.tile_entries) % 16 != 0)
-      return InvalidArgument("tile_view: tile_entries must start on a 16-byte boundary");
-    const detail::TileView view{w.tile_ptr, w.tile_entries, w.row_ptr, tile_view_chunks(w.cols)};
+    detail::TileView view;
+    SNACK_RETURN_IF_ERROR(detail::tile_view_of(w, "tile_view", &view));
     const int64_t out_dim = kTransposed ? w.cols : w.rows, in_dim = kTransposed ? w.rows : w.cols;
     switch (plan.batch_tile) {
       case 16:
