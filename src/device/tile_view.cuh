@@ -34,20 +34,34 @@ inline Status tile_view_of(const SlotPattern<Index>& w, const char* who, TileVie
   return Status::Ok();
 }
 
-// One thread's share of a tile: the four entries of the 16-byte group that starts at `first`, each
-// valid inside the tile's [begin, end).
+// One thread's share of a round of a tile: four entries, at(j) for j < 4, each valid inside the tile's
+// [begin, end). kEntryStride 1: four consecutive entries, read with one 16-byte load, from a round
+// that starts on a multiple of 4. kEntryStride = the block's threads: thread t holds entries t + j *
+// kEntryStride of the round, so the lanes of a warp hold consecutive entries, which lie in a few runs
+// of consecutive slots (a tile lists its slots row by row): the warp's stores at their slots then
+// touch a few lines each, against about four times as many with four consecutive entries a thread.
+template <int kEntryStride>
 struct TileShare {
   uint32_t entry[4];
   int32_t first;
+  __device__ __forceinline__ int32_t at(int j) const { return first + j * kEntryStride; }
 };
 
-// Thread t's group of the round that starts at entry `round` (a multiple of 4) of a tile ending at `end`.
-__device__ __forceinline__ void load_tile_share(TileShare& s, const uint32_t* __restrict__ entries, int32_t round,
-                                                int32_t end, int t) {
-  s.first = round + 4 * t;
-  if (s.first < end) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(entries + s.first));
-    s.entry[0] = v.x, s.entry[1] = v.y, s.entry[2] = v.z, s.entry[3] = v.w;
+// Thread t's share of the round that starts at entry `round` of a tile ending at `end`.
+template <int kEntryStride>
+__device__ __forceinline__ void load_tile_share(TileShare<kEntryStride>& s, const uint32_t* __restrict__ entries,
+                                                int32_t round, int32_t end, int t) {
+  if constexpr (kEntryStride == 1) {
+    s.first = round + 4 * t;
+    if (s.first < end) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(entries + s.first));
+      s.entry[0] = v.x, s.entry[1] = v.y, s.entry[2] = v.z, s.entry[3] = v.w;
+    }
+  } else {
+    s.first = round + t;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (s.at(j) < end) s.entry[j] = __ldg(entries + s.at(j));
   }
 }
 
