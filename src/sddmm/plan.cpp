@@ -194,37 +194,36 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // most 128 batch rows). Its time follows the tiles, the rows kernel's the slots times the batch, the
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
 // with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
-// 50-99%, N = 1-128), storing the gradient, from 4% density:
-//   - on layers under 2^23 weights from a batch of 8 (768x3072, 90%, N = 16: 8.5 against 15.4 us for
-//     tensor_core, 16.9 for the rows kernel);
-//   - on larger ones past 32 rows (4096x4096, 90%, N = 64: 29.9 against 43.2 for tensor_core), on
-//     layers of 2^25 weights only up to 12.5% density, where tensor_core keeps up (16384x4096, 80%,
-//     N = 64: 135.0 against 127.9);
-//   - at 17-32 rows everywhere below 2^25 weights (4096x4096, 80%, N = 32: 35.0 against 43.1 for
-//     tensor_core), from 2^25 at 7.5-12.5% (11008x4096, 90%: 60.6 against 76.3; 16384x4096, 80%:
-//     142.6 against 110.9 for tensor_core, which takes it: tensor_core_pays);
-//   - at 9-16 rows below 2^25 weights from 15% (4096x4096, 80%, N = 16: 30.6 against 36.1 for rows);
-// never at one row or at 99%, where the slots are few (16384x4096, 99%, N = 64: 66.8 against 33.9).
-// With AdamW's step (a pass after it over the stored gradient, against the rows kernel's step inside
-// its read-out): on the small layers from 16 rows where they have no more rows than columns
-// (768x3072, 90%, N = 16: 16.7 against 18.7 for the vector kernel) and from 64 otherwise (3072x768,
-// 90%, N = 16: 17.1 against 14.5 for the rows kernel; N = 64: 18.4 against 20.1), past 32 on the
-// others (16384x4096, 90%, N = 64: 158.9 against 173.5 us for tensor_core; N = 32: 156.6 against
-// 145.9 for the rows kernel).
+// 50-99%, N = 1-128). Storing the gradient:
+//   - on layers under 2^23 weights at every batch from 1% density (768x3072, 90%, N = 16: 6.8
+//     against 15.4 us for tensor_core; 99%, N = 64: 7.7 against 12.6 for the rows kernel);
+//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: 61.7 against 110.6 us for
+//     tensor_core; 95%, N = 16: 38.9 against 43.3 for the rows kernel), and at 8 rows below 2^25
+//     weights (4096x4096, 90%, N = 8: 14.7 against 20.4 for the rows kernel; 16384x4096, 90%, N = 8:
+//     59.9 against 48.3, rows);
+// not at one row on the larger layers (16384x4096, 90%: 59.7 against 44.2 for the rows kernel) nor
+// at 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.2 against 33.9).
+// With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
+// step inside their read-out), from 4% density: past 16 rows on layers of 2^23 weights and more
+// (16384x4096, 90%, N = 32: 122.2 against 151.5 us for the rows kernel); on the smaller ones past 32
+// rows, past 16 from 10% density, and from 9 where they have no more rows than columns (768x3072,
+// 90%, N = 16: 12.3 against 15.0 for the vector kernel; 3072x768, 90%, N = 16: 14.7 against 13.9
+// for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
   const double d = density(p);
-  if (d < 0.04) return false;
   const int64_t weights = p.rows * p.cols;
   const bool small = weights < (int64_t(1) << 23), huge = weights >= (int64_t(1) << 25);
-  const bool adamw = p.epilogue == SddmmEpilogue::kAdamW;
-  if (small) return adamw ? p.n >= 64 || (p.n >= 16 && p.rows <= p.cols) : p.n >= 8;
-  if (p.n > 32) return !huge || d <= 0.125;
-  if (adamw) return false;
-  if (huge) return p.n > 16 && d >= 0.075 && d <= 0.125;
-  if (p.n > 16) return true;
-  return p.n > 8 && d >= 0.15;
+  if (p.epilogue == SddmmEpilogue::kAdamW) {
+    if (d < 0.04) return false;
+    if (!small || p.n > 32) return p.n > 16;
+    if (p.n > 16) return d >= 0.1;
+    return p.n > 8 && d >= 0.1 && p.rows <= p.cols;
+  }
+  if (small) return d >= 0.01;
+  if (d < 0.04) return false;
+  return p.n > 8 || (p.n == 8 && !huge);
 }
 
 // Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays

@@ -724,11 +724,10 @@ TEST(Planner, SddmmTileViewGrid) {
   ASSERT_TRUE(forced(768, 3072, 235930, 1, SddmmEpilogue::kStore, 2, true, &p).ok());
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
   EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
-  // The planner's choice (a pattern with the view, 16 bits): from a batch of 8 on layers under 2^23
-  // weights (with AdamW 16 where rows <= columns, else 64); past 32 rows on larger ones, up to 12.5% density from 2^25 weights; when
-  // the gradient is stored, 17-32 rows below 2^25 weights and at 7.5-12.5% from 2^25 (tensor_core
-  // above), 9-16 rows below 2^25 from 15%; never at one row, below 4% density, without the view or in
-  // float32.
+  // The planner's choice (a pattern with the view, 16 bits). Storing the gradient: on layers under 2^23
+  // weights at every batch from 1% density; on larger ones from 4% past 8 rows, and at 8 rows below
+  // 2^25 weights. With AdamW, from 4%: past 16 rows from 2^23 weights; below, past 32 rows, past 16
+  // from 10% density, and from 9 where rows <= columns. Never without the view or in float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
     return plan_dw(rows, cols, nnz_for_density(rows, cols, density), n, e, SddmmVariant::kAuto, 0, value_bytes, false,
@@ -737,29 +736,29 @@ TEST(Planner, SddmmTileViewGrid) {
   };
   const SddmmEpilogue adamw = SddmmEpilogue::kAdamW;
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.2, 64), SddmmVariant::kTensorCore);
-  EXPECT_EQ(automatic(4096, 4096, 0.2, 64), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 32), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.05, 32), SddmmVariant::kRows);
-  EXPECT_EQ(automatic(16384, 4096, 0.2, 32), SddmmVariant::kTensorCore);
-  EXPECT_EQ(automatic(16384, 4096, 0.3, 16), SddmmVariant::kTensorCore);
-  EXPECT_EQ(automatic(16384, 4096, 0.2, 16), SddmmVariant::kRows);
-  EXPECT_EQ(automatic(4096, 4096, 0.2, 32), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(4096, 4096, 0.05, 32), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(4096, 4096, 0.2, 16), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(4096, 4096, 0.1, 16), SddmmVariant::kRows);
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 16), SddmmVariant::kRows);
-  EXPECT_EQ(automatic(768, 3072, 0.1, 8), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(4096, 4096, 0.01, 64), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.2, 64), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.05, 16), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.5, 9), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(16384, 4096, 0.1, 8), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(4096, 4096, 0.1, 8), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(4096, 4096, 0.1, 7), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(4096, 4096, 0.1, 1), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.01, 64), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.005, 64), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(4096, 4096, 0.03, 64), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(4096, 4096, 0.04, 64), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.1, 129), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 32, adamw), SddmmVariant::kRows);
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 64, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(16384, 4096, 0.1, 16, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 17, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(16384, 4096, 0.03, 64, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.05, 33, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.05, 32, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(3072, 768, 0.1, 17, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.1, 9, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.1, 16, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(3072, 768, 0.1, 16, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(3072, 768, 0.1, 64, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.3, 16, adamw), SddmmVariant::kRows);  // tensor_core only when storing
+  EXPECT_NE(automatic(768, 3072, 0.05, 16, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
   EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
   for (const auto& [status, words] :
