@@ -195,20 +195,21 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
 // with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
 // 50-99%, N = 1-128). Storing the gradient:
-//   - on layers under 2^23 weights at every batch from 1% density (768x3072, 90%, N = 16: 6.8
-//     against 15.4 us for tensor_core; 99%, N = 64: 7.7 against 12.6 for the rows kernel);
-//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: 61.7 against 110.6 us for
-//     tensor_core; 95%, N = 16: 38.9 against 43.3 for the rows kernel), and at 8 rows below 2^25
-//     weights (4096x4096, 90%, N = 8: 14.7 against 20.4 for the rows kernel; 16384x4096, 90%, N = 8:
-//     59.9 against 48.3, rows);
-// not at one row on the larger layers (16384x4096, 90%: 59.7 against 44.2 for the rows kernel) nor
-// at 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.2 against 33.9).
+//   - on layers under 2^23 weights from 2 rows and 1% density (768x3072, 90%, N = 16: TV1 against
+//     TC1 us for tensor_core; 99%, N = 64: TV2 against RW2 for the rows kernel), but not at one row,
+//     where the rows kernel's single-row form is faster (768x3072, 90%: RW3 against TV3);
+//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: TV4 against TC4 us for
+//     tensor_core; 95%, N = 16: TV5 against RW5 for the rows kernel), and at 8 rows below 2^25
+//     weights (4096x4096, 90%, N = 8: TV6 against RW6 for the rows kernel; 16384x4096, 90%, N = 8:
+//     TV7 against RW7);
+// not at one row on the larger layers (16384x4096, 90%: TV8 against RW8 for the rows kernel) nor at
+// 99% there, where the slots are few (16384x4096, 99%, N = 64: TV9 against RW9).
 // With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
 // step inside their read-out), from 4% density: past 16 rows on layers of 2^23 weights and more
-// (16384x4096, 90%, N = 32: 122.2 against 151.5 us for the rows kernel); on the smaller ones past 32
-// rows, past 16 from 10% density, and from 9 where they have no more rows than columns (768x3072,
-// 90%, N = 16: 12.3 against 15.0 for the vector kernel; 3072x768, 90%, N = 16: 14.7 against 13.9
-// for the rows kernel).
+// (16384x4096, 90%, N = 32: FT1 against FR1 us for the rows kernel); on the smaller ones past 16 rows
+// (past 8 from 10% density) where they have no more rows than columns, else past 32 (past 16 from
+// 10%) (768x3072, 90%, N = 16: FT2 against FV2 for the vector kernel; 3072x768, 90%, N = 16: FT3
+// against FR3 for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
@@ -217,11 +218,11 @@ bool tile_view_pays(const SddmmProblem& p) {
   const bool small = weights < (int64_t(1) << 23), huge = weights >= (int64_t(1) << 25);
   if (p.epilogue == SddmmEpilogue::kAdamW) {
     if (d < 0.04) return false;
-    if (!small || p.n > 32) return p.n > 16;
-    if (p.n > 16) return d >= 0.1;
-    return p.n > 8 && d >= 0.1 && p.rows <= p.cols;
+    if (!small) return p.n > 16;
+    const int64_t from = p.rows <= p.cols ? 8 : 16;  // rows past which it pays from 10% density
+    return p.n > 2 * from || (p.n > from && d >= 0.1);
   }
-  if (small) return d >= 0.01;
+  if (small) return p.n > 1 && d >= 0.01;
   if (d < 0.04) return false;
   return p.n > 8 || (p.n == 8 && !huge);
 }

@@ -725,9 +725,9 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
   EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits). Storing the gradient: on layers under 2^23
-  // weights at every batch from 1% density; on larger ones from 4% past 8 rows, and at 8 rows below
-  // 2^25 weights. With AdamW, from 4%: past 16 rows from 2^23 weights; below, past 32 rows, past 16
-  // from 10% density, and from 9 where rows <= columns. Never without the view or in float32.
+  // weights from 2 rows and 1% density; on larger ones from 4% past 8 rows, and at 8 rows below 2^25
+  // weights. With AdamW, from 4%: past 16 rows from 2^23 weights; below, past 16 rows (8 from 10%
+  // density) where rows <= columns, else past 32 (16 from 10%). Never without the view or in float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
     return plan_dw(rows, cols, nnz_for_density(rows, cols, density), n, e, SddmmVariant::kAuto, 0, value_bytes, false,
@@ -743,7 +743,8 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(automatic(4096, 4096, 0.1, 8), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.1, 7), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.1, 1), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.1, 2), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(768, 3072, 0.01, 64), SddmmVariant::kTileView);
   EXPECT_NE(automatic(768, 3072, 0.005, 64), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.03, 64), SddmmVariant::kTileView);
@@ -752,13 +753,14 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_NE(automatic(16384, 4096, 0.1, 16, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.1, 17, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(16384, 4096, 0.03, 64, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.05, 33, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.05, 32, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.05, 16, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.05, 17, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(3072, 768, 0.05, 32, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(3072, 768, 0.05, 33, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(3072, 768, 0.1, 17, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(768, 3072, 0.1, 9, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(3072, 768, 0.1, 16, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.05, 16, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
   EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
   for (const auto& [status, words] :

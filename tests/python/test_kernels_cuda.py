@@ -661,7 +661,8 @@ def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays()
     assert snack.explain(layer, 8, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
     assert snack.explain(layer, 64, op="weight_grad").variant != "tile_view"  # float32
     small = snack.SparseLinear(3072, 768, density=0.1, device="cuda")
-    assert snack.explain(small, 1, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
+    assert snack.explain(small, 8, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
+    assert snack.explain(small, 1, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
 
 
 def test_sddmm_tile_view_refuses_what_it_cannot_run():
