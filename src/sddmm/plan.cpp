@@ -195,21 +195,22 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
 // with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
 // 50-99%, N = 1-128). Storing the gradient:
-//   - on layers under 2^23 weights from 2 rows and 1% density (768x3072, 90%, N = 16: TV1 against
-//     TC1 us for tensor_core; 99%, N = 64: TV2 against RW2 for the rows kernel), but not at one row,
-//     where the rows kernel's single-row form is faster (768x3072, 90%: RW3 against TV3);
-//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: TV4 against TC4 us for
-//     tensor_core; 95%, N = 16: TV5 against RW5 for the rows kernel), and at 8 rows below 2^25
-//     weights (4096x4096, 90%, N = 8: TV6 against RW6 for the rows kernel; 16384x4096, 90%, N = 8:
-//     TV7 against RW7);
-// not at one row on the larger layers (16384x4096, 90%: TV8 against RW8 for the rows kernel) nor at
-// 99% there, where the slots are few (16384x4096, 99%, N = 64: TV9 against RW9).
+//   - on layers under 2^23 weights from 2 rows and 1% density (768x3072, 90%, N = 16: 6.9 against
+//     15.5 us for tensor_core; 99%, N = 64: 8.1 against 13.3 for the rows kernel), but not at one row,
+//     where the slot kernel is faster (768x3072, 90%: 5.7 against 6.7; its time grows with the batch,
+//     the tile view's does not);
+//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: 65.0 against 114.8 us for
+//     tensor_core; 95%, N = 16: 34.5 against 38.0 for the rows kernel), and at 8 rows below 2^25
+//     weights (4096x4096, 90%, N = 8: 13.2 against 18.5 for the rows kernel; 16384x4096, 90%, N = 8:
+//     56.0 against 44.3);
+// not at one row on the larger layers (16384x4096, 90%: 54.6 against 41.4 for the slot kernel) nor at
+// 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.3 against 33.9).
 // With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
 // step inside their read-out), from 4% density: past 16 rows on layers of 2^23 weights and more
-// (16384x4096, 90%, N = 32: FT1 against FR1 us for the rows kernel); on the smaller ones past 16 rows
+// (16384x4096, 90%, N = 32: 119.6 against 147.7 us for the rows kernel); on the smaller ones past 16 rows
 // (past 8 from 10% density) where they have no more rows than columns, else past 32 (past 16 from
-// 10%) (768x3072, 90%, N = 16: FT2 against FV2 for the vector kernel; 3072x768, 90%, N = 16: FT3
-// against FR3 for the rows kernel).
+// 10%) (768x3072, 90%, N = 16: 15.1 against 18.8 for the vector kernel; 3072x768, 90%, N = 16: 15.4
+// against 14.9 for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
