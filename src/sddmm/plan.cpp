@@ -154,9 +154,10 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 //
 // On layers of 2^25 weights it also beats the rows kernel from 16 rows at 25% density and from 32 at
 // 15% when the gradient is stored (backward_nvidia_h200_tile_view_bf16.md: 16384x4096, 80%, N = 32:
-// 110.9 against 217.6 us; 70%, N = 16: 133.8 against 173.0; but 4096x11008, 80%, N = 16: 96.8 against
-// 80.9, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
-// N = 16: 275.7 against 301.8).
+// 111.9 against 217.9 us; 70%, N = 16: 135.8 against 176.7; but 4096x11008, 80%, N = 16: 97.4 against
+// 81.7, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
+// N = 16: 280.2 against 302.6). Where the pattern holds the tile view, `tile_view` takes those rows
+// first (88.4 and 110.0 us).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   const double d = density(p);
