@@ -713,6 +713,15 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.variant, SddmmVariant::kTileView) << describe(p);
   EXPECT_EQ(p.tile_splits, 4);  // 256 bands x 4 runs of 16 tiles: 1024 blocks, past 4 per SM
   EXPECT_EQ(p.grid_x, 256 * 4);
+  SddmmPlan fuller;  // 10% density, 32 rows: past 8 blocks per SM
+  ASSERT_TRUE(forced(16384, 4096, 6710886, 32, SddmmEpilogue::kStore, 2, true, &fuller).ok());
+  EXPECT_EQ(fuller.tile_splits, 8);
+  ASSERT_TRUE(forced(16384, 4096, 6710886 / 2, 32, SddmmEpilogue::kStore, 2, true, &fuller).ok());
+  EXPECT_EQ(fuller.tile_splits, 4);  // 5%
+  ASSERT_TRUE(forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 2, true, &fuller).ok());
+  EXPECT_EQ(fuller.tile_splits, 16);  // 64 bands; 10% on 2^24 weights: 4 per SM
+  ASSERT_TRUE(forced(4096, 4096, 2 * 1677722, 16, SddmmEpilogue::kStore, 2, true, &fuller).ok());
+  EXPECT_EQ(fuller.tile_splits, 32);  // 20%: 8 per SM
   EXPECT_EQ(p.threads, 128);
   EXPECT_EQ(p.smem_bytes, size_t(3 * 64 + 64) * 72 * 2 + 18 * 4);
   EXPECT_EQ(p.workspace_bytes, 0u);
