@@ -154,10 +154,10 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 //
 // On layers of 2^25 weights it also beats the rows kernel from 16 rows at 25% density and from 32 at
 // 15% when the gradient is stored (backward_nvidia_h200_tile_view_bf16.md: 16384x4096, 80%, N = 32:
-// 111.9 against 217.9 us; 70%, N = 16: 135.8 against 176.7; but 4096x11008, 80%, N = 16: 97.4 against
-// 81.7, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
-// N = 16: 280.2 against 302.6). Where the pattern holds the tile view, `tile_view` takes those rows
-// first (88.4 and 110.0 us).
+// 111.2 against 217.3 us; 70%, N = 16: 134.0 against 174.9; but 4096x11008, 80%, N = 16: 97.0 against
+// 81.6, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
+// N = 16: 276.7 against 301.7). Where the pattern holds the tile view, `tile_view` takes those rows
+// first (80.7 and 107.8 us).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   const double d = density(p);
@@ -196,22 +196,22 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
 // with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
 // 50-99%, N = 1-128). Storing the gradient:
-//   - on layers under 2^23 weights from 2 rows and 1% density (768x3072, 90%, N = 16: 6.9 against
-//     15.5 us for tensor_core; 99%, N = 64: 8.1 against 13.3 for the rows kernel), but not at one row,
-//     where the slot kernel is faster (768x3072, 90%: 5.7 against 6.7; its time grows with the batch,
+//   - on layers under 2^23 weights from 2 rows and 1% density (768x3072, 90%, N = 16: 6.8 against
+//     15.4 us for tensor_core; 99%, N = 64: 7.9 against 13.0 for the rows kernel), but not at one row,
+//     where the slot kernel is faster (768x3072, 90%: 5.5 against 6.6; its time grows with the batch,
 //     the tile view's does not);
-//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: 65.0 against 114.8 us for
-//     tensor_core; 95%, N = 16: 34.5 against 38.0 for the rows kernel), and at 8 rows below 2^25
-//     weights (4096x4096, 90%, N = 8: 13.2 against 18.5 for the rows kernel; 16384x4096, 90%, N = 8:
-//     56.0 against 44.3);
-// not at one row on the larger layers (16384x4096, 90%: 54.6 against 41.4 for the slot kernel) nor at
-// 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.3 against 33.9).
+//   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: 64.0 against 114.3 us for
+//     tensor_core; 95%, N = 16: 34.3 against 37.7 for the rows kernel), and at 8 rows below 2^25
+//     weights (4096x4096, 90%, N = 8: 12.9 against 18.2 for the rows kernel; 16384x4096, 90%, N = 8:
+//     44.3 against 43.9);
+// not at one row on the larger layers (16384x4096, 90%: 43.2 against 40.2 for the slot kernel) nor at
+// 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.3 against 33.8).
 // With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
 // step inside their read-out), from 4% density: past 16 rows on layers of 2^23 weights and more
-// (16384x4096, 90%, N = 32: 119.6 against 147.7 us for the rows kernel); on the smaller ones past 16 rows
+// (16384x4096, 90%, N = 32: 102.6 against 146.9 us for the rows kernel); on the smaller ones past 16 rows
 // (past 8 from 10% density) where they have no more rows than columns, else past 32 (past 16 from
-// 10%) (768x3072, 90%, N = 16: 15.1 against 18.8 for the vector kernel; 3072x768, 90%, N = 16: 15.4
-// against 14.9 for the rows kernel).
+// 10%) (768x3072, 90%, N = 16: 14.8 against 18.3 for the vector kernel; 3072x768, 90%, N = 16: 14.8
+// against 14.4 for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
@@ -236,7 +236,10 @@ bool tile_view_pays(const SddmmProblem& p) {
 // 8 per SM at 16384x4096, 90%, N = 16: 45.8 against 55.6 us; 4096x11008, 80%, N = 32: 50.3 against
 // 59.7; 4096x4096, 80%, N = 16: 17.9 against 20.6; but slower on 4096x4096 at 90% (N = 16: 14.1
 // against 13.5) and at 95% on the layers of 2^25 weights (4096x11008, N = 16: 24.9 against 23.7),
-// and from N = 64 (4096x4096, 90%: 25.3 against 21.9). Not measured above 25% density.
+// and from N = 64 (4096x4096, 90%: 25.3 against 21.9). Not measured above 25% density. In the result
+// file (backward_nvidia_h200_tile_view_bf16.md) against the one before the rule, 1.10-1.26x on
+// 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
+// 56.9), whose 172 bands make 1376 blocks, about 1.3 waves: a rule on waves would do better.
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));

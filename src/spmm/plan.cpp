@@ -212,16 +212,16 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 // Measured on the H200 in bf16 against the row kernels and tensor_core over the CSC view in place
 // (backward_nvidia_h200_tile_view_bf16.md: 768x3072 to 16384x4096, 50-99%, N = 1-128, each forced):
 // its time follows the tiles, theirs the slots, so it takes
-//   - 16-128 rows from 4% density (16384x4096, 90%, N = 64: 90.3 against 196.2 us for global_xt;
-//     95%, N = 16: 50.5 against 73.7), but not 65-128 rows above 40% on layers of 2^26 weights,
-//     where tensor_core keeps up (16384x4096, 50%, N = 128: 501.1 against 522.5);
-//   - 2-15 rows from 4% on layers of at least 2^24 weights (4096x4096, 95%, N = 8: 17.9 against
-//     21.3) and from 7.5% where dX has at least 2048 outputs (768x3072, 90%: 9.7 against 9.9), not
-//     on 3072x768 (768 outputs: 17.0 against 15.9 at 80%);
-//   - one row from 7.5% on layers of at least 2^24 weights (16384x4096, 90%: 55.1 against 72.3), on
+//   - 16-128 rows from 4% density (16384x4096, 90%, N = 64: 89.3 against 193.6 us for global_xt;
+//     95%, N = 16: 50.0 against 73.4), but not 65-128 rows above 40% on layers of 2^26 weights,
+//     where tensor_core keeps up (16384x4096, 50%, N = 128: 500.7 against 514.7);
+//   - 2-15 rows from 4% on layers of at least 2^24 weights (4096x4096, 95%, N = 8: 17.6 against
+//     21.1) and from 7.5% where dX has at least 2048 outputs (768x3072, 90%: 9.6 against 9.8), not
+//     on 3072x768 (768 outputs: 16.6 against 15.9 at 80%);
+//   - one row from 7.5% on layers of at least 2^24 weights (16384x4096, 90%: 54.5 against 70.9), on
 //     layers with more inputs than outputs (dX's out_dim > in_dim) only up to 25% (4096x11008, 50%:
-//     139.6 against 122.5);
-// at 99% the row kernels' few slots win (16384x4096, N = 64: 32.2 against 81.2 us).
+//     136.7 against 122.6);
+// at 99% the row kernels' few slots win (16384x4096, N = 64: 32.0 against 81.1 us).
 bool tile_view_pays_transposed(const SpmmProblem& p) {
   const double density = density_of(p);
   if (p.n < 1 || p.n > 128 || density < 0.04) return false;
