@@ -208,9 +208,9 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.3 against 33.8).
 // With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
 // step inside their read-out), from 4% density: past 16 rows on layers of 2^23 weights and more
-// (16384x4096, 90%, N = 32: 102.6 against 146.9 us for the rows kernel); on the smaller ones past 16 rows
-// (past 8 from 10% density) where they have no more rows than columns, else past 32 (past 16 from
-// 10%) (768x3072, 90%, N = 16: 14.8 against 18.3 for the vector kernel; 3072x768, 90%, N = 16: 14.8
+// (16384x4096, 90%, N = 32: 102.6 against 146.9 us for the rows kernel); on the smaller ones past
+// 16 rows (past 8 from 10% density) where they have no more rows than columns, else past 32 (past 16
+// from 10%) (768x3072, 90%, N = 16: 14.8 against 18.3 for the vector kernel; 3072x768, 90%, N = 16: 14.8
 // against 14.4 for the rows kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)

@@ -4,14 +4,15 @@
 //
 // Against the tensor-core SDDMM (tensor_core_kernel.cuh, tiles of 128 x 128 walked through row
 // cursors), the view hands a block each tile's slots as one contiguous list, so the whole block reads
-// them out four entries to a thread, a warp's lanes on consecutive entries so that its stores at their
-// slots are a few runs of consecutive slots (1.1-1.9x faster than four consecutive entries a thread,
-// whose lanes' stores spread over four times as many lines), and a band's dY (at most 128 batch rows) is staged
-// once and kept in registers as the mma's A fragments for all of the band's tiles: per tile the block
-// stages X's chunk, multiplies, rounds the tile into shared memory and stores its slots' gradients.
-// The chunk of the tile after next is staged while a tile is read out, and the entries of the next
-// tile are loaded a tile ahead (of the tile after next from N = 64). Every gradient is one fixed chain of mma.sync products:
-// deterministic. AdamW's step runs after it over the stored gradient, as for the tensor-core SDDMM.
+// them out four entries to a thread, a warp's lanes on consecutive entries: its stores at their slots
+// then fall in a few runs of consecutive slots (1.0-1.9x faster in stand-alone runs than four
+// consecutive entries a thread, whose lanes' stores spread over four times as many lines). A band's
+// dY (at most 128 batch rows) is staged once and kept in registers as the mma's A fragments for all
+// of the band's tiles: per tile the block stages X's chunk, multiplies, rounds the tile into shared
+// memory and stores its slots' gradients. The chunk of the tile after next is staged while a tile is
+// read out, and the entries of the next tile are loaded a tile ahead (from N = 64 those of the tile
+// after next). Every gradient is one fixed chain of mma.sync products: deterministic. AdamW's step
+// runs after it over the stored gradient, as for the tensor-core SDDMM.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -139,7 +140,9 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   };
   if constexpr (KS >= 4) {
     // Two tiles per turn, so that the two sets of entries take turns without a copy, which would wait
-    // for the loads in flight into the set copied (N = 64-128: 1.1-1.3x faster than with the copy).
+    // for the loads in flight into the set copied. Against the copy (stand-alone runs, 768x3072 to
+    // 16384x4096 at 80-95%): N = 128 1.07-1.16x; N = 64 1.02x in geometric mean, from 0.78x on
+    // 11008x4096 to 1.25x on 16384x4096.
     for (int i = 0; i < steps; i += 2) {
       run_tile(i, s0);
       load_entries(s0, i + 2);
@@ -149,8 +152,8 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
       }
     }
   } else {
-    // Fewer k-steps leave less work to cover the wait, yet the two tiles' code and registers per turn
-    // cost more than they save there (N = 1-32: 0.7-1.1x).
+    // Fewer k-steps leave less work to cover the wait, and the two tiles' code and registers per turn
+    // cost more than they save there (N = 1-32: 0.77-1.09x, 0.93-0.95x in geometric mean).
     for (int i = 0; i < steps; ++i) {
       run_tile(i, s0);
       s0 = s1;
