@@ -239,7 +239,8 @@ bool tile_view_pays(const SddmmProblem& p) {
 // and from N = 64 (4096x4096, 90%: 25.3 against 21.9). Not measured above 25% density. In the result
 // file (backward_nvidia_h200_tile_view_bf16.md) against the one before the rule, 1.10-1.26x on
 // 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
-// 56.9), whose 172 bands make 1376 blocks, about 1.3 waves: a rule on waves would do better.
+// 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
+// rule on waves would do better.
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
