@@ -17,15 +17,32 @@ using detail::grid_for;
 
 int64_t padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
 
+double density(const SddmmProblem& p) { return double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols)); }
+
+// Below a batch of 4 the slot kernel (one thread per slot, no transposes), but for 16-bit operands on
+// layers of 2^24 weights and more, where the kernels that pad the batch to 4 win (in bf16,
+// backward_nvidia_h200_tile_view_bf16.md at N = 1, each kernel forced): storing the gradient, the
+// rows kernel from 15% density (4096x4096, 50%: 35.0 against 46.9 us; 16384x4096, 80%: 68.3 against
+// 74.2; at 90% the slot kernel, 13.3 against 14.9), and with AdamW's step the vector kernel from 10%
+// (16384x4096, 90%: 62.5 against 83.1; 4096x11008, 80%: 84.2 against 109.8; at 95% the slot kernel
+// on 4096x4096, 15.7 against 18.8). float32 keeps the slot kernel (fastest on 8 of the 9 rows at
+// N = 1 in backward_nvidia_h200.csv).
+bool slot_pays(const SddmmProblem& p) {
+  if (p.n >= kSddmmVectorMinBatch) return false;
+  if (p.value_bytes != 2 || p.rows * p.cols < (int64_t(1) << 24)) return true;
+  return density(p) < (p.epilogue == SddmmEpilogue::kAdamW ? 0.095 : 0.145);
+}
+
 // Measured on the H200 (bench/results/backward_*): the rows kernel is faster than the vector kernel
 // at every shape of the benchmark grid it runs (N = 16: 2.2x at 16384x4096 and 90%, 1.7x at
-// 4096x4096); below a batch of 4 the slot kernel, which needs no transposes, is faster. With
+// 4096x4096); below a batch of 4 the slot kernel, which needs no transposes (slot_pays). With
 // AdamW's step in the epilogue the vector kernel is faster at a padded batch of 4 (16384x4096, 90%:
 // 88 against 146 us), the rows kernel from 8 (105 against 142 us at N = 8, 116 against 223 at
 // N = 16). Their plain SDDMMs are bitwise equal up to a batch of 32; with this epilogue they agree
 // to rounding, not bitwise (tested).
-SddmmVariant choose_variant(int64_t n, int64_t np, bool updates_state, SddmmReason* reason) {
-  if (n < kSddmmVectorMinBatch) {
+SddmmVariant choose_variant(const SddmmProblem& p, int64_t np, SddmmReason* reason) {
+  const bool updates_state = p.epilogue == SddmmEpilogue::kAdamW;
+  if (slot_pays(p)) {
     *reason = SddmmReason::kSmallBatch;
     return SddmmVariant::kSlot;
   }
@@ -94,7 +111,6 @@ int rows_lanes_per_row(const SddmmProblem& p, int gn, int nc, const DeviceLimits
 // than vector (N = 8192, 90%: 4.7 against 11.7 ms on 4096x4096), but for the small layer at 95% and
 // N = 1024 (97 against 84 us); at 99% a tile holds too few slots to pay for its copies and vector is
 // 1.1-2.4x faster.
-double density(const SddmmProblem& p) { return double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols)); }
 
 // Why the staged kernel cannot run a problem on this device (Ok where it can): forced, the plan
 // reports it; the automatic choice passes over it.
@@ -294,7 +310,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
       plan.variant = SddmmVariant::kTensorCore;
       plan.reason = SddmmReason::kTensorCores;
     } else {
-      plan.variant = choose_variant(p.n, np, p.epilogue == SddmmEpilogue::kAdamW, &plan.reason);
+      plan.variant = choose_variant(p, np, &plan.reason);
     }
   }
   if (plan.variant == SddmmVariant::kStaged) {

@@ -541,6 +541,22 @@ TEST(Planner, SddmmRules) {
   SddmmPlan p = plan_dw(16384, 4096, 6710886, 3);
   EXPECT_EQ(p.variant, SddmmVariant::kSlot);
   EXPECT_EQ(p.workspace_bytes, 0u);
+  // 16-bit operands below a batch of 4 on layers of 2^24 weights: the rows kernel from 15% density,
+  // with AdamW the vector kernel from 10%; the slot kernel below, on smaller layers and in float32.
+  const auto small_batch = [](int64_t rows, int64_t cols, double density, int64_t n, SddmmEpilogue e,
+                              int value_bytes) {
+    return plan_dw(rows, cols, nnz_for_density(rows, cols, density), n, e, SddmmVariant::kAuto, 0, value_bytes)
+        .variant;
+  };
+  const SddmmEpilogue store = SddmmEpilogue::kStore, adamw_step = SddmmEpilogue::kAdamW;
+  EXPECT_EQ(small_batch(16384, 4096, 0.2, 1, store, 2), SddmmVariant::kRows);
+  EXPECT_EQ(small_batch(4096, 4096, 0.5, 3, store, 2), SddmmVariant::kRows);
+  EXPECT_EQ(small_batch(16384, 4096, 0.1, 1, store, 2), SddmmVariant::kSlot);
+  EXPECT_EQ(small_batch(16384, 4096, 0.2, 1, store, 4), SddmmVariant::kSlot);
+  EXPECT_EQ(small_batch(2048, 4096, 0.5, 1, store, 2), SddmmVariant::kSlot);
+  EXPECT_EQ(small_batch(16384, 4096, 0.1, 1, adamw_step, 2), SddmmVariant::kVector);
+  EXPECT_EQ(small_batch(16384, 4096, 0.05, 1, adamw_step, 2), SddmmVariant::kSlot);
+  EXPECT_EQ(small_batch(16384, 4096, 0.1, 1, adamw_step, 4), SddmmVariant::kSlot);
   // The rows kernel from 4 to 128, X transposed into [cols, padded batch].
   p = plan_dw(16384, 4096, 6710886, 17);
   EXPECT_EQ(p.variant, SddmmVariant::kRows);
