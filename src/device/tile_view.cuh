@@ -1,6 +1,6 @@
 // Reading the pattern's tile view (snack/pattern.h) on the device: each 64 x 64 tile's entries,
 // packed (the slot's offset from its band's first slot, its position in the tile), read by a block
-// four to a thread with 16-byte loads. The SpMM (forward and dX) and the SDDMM over the view share it.
+// four to a thread (TileShare below). The SpMM (forward and dX) and the SDDMM over the view share it.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -18,6 +18,7 @@ using detail::grid_for;
 int64_t padded_batch(int64_t n) { return (n + 3) / 4 * 4; }
 
 double density(const SddmmProblem& p) { return double(p.nnz) / std::max(1.0, double(p.rows) * double(p.cols)); }
+int64_t weights(const SddmmProblem& p) { return p.rows * p.cols; }
 
 // Below a batch of 4 the slot kernel (one thread per slot, no transposes), but for 16-bit operands on
 // layers of 2^24 weights and more, where the kernels that pad the batch to 4 win (in bf16,
@@ -29,7 +30,7 @@ double density(const SddmmProblem& p) { return double(p.nnz) / std::max(1.0, dou
 // N = 1 in backward_nvidia_h200.csv).
 bool slot_pays(const SddmmProblem& p) {
   if (p.n >= kSddmmVectorMinBatch) return false;
-  if (p.value_bytes != 2 || p.rows * p.cols < (int64_t(1) << 24)) return true;
+  if (p.value_bytes != 2 || weights(p) < (int64_t(1) << 24)) return true;
   return density(p) < (p.epilogue == SddmmEpilogue::kAdamW ? 0.095 : 0.145);
 }
 
@@ -178,7 +179,7 @@ bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& lim
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   const double d = density(p);
   if (np > kSddmmRowsMaxBatch) return d >= 0.03;
-  const bool huge = p.rows * p.cols >= (int64_t(1) << 25);
+  const bool huge = weights(p) >= (int64_t(1) << 25);
   const bool store = p.epilogue == SddmmEpilogue::kStore;
   if (store && huge && ((np >= 32 && d >= 0.15) || (np >= 16 && d >= 0.25))) return true;
   return np >= 64 && d >= (np >= 128 ? 0.045 : 0.075);
@@ -232,8 +233,7 @@ bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
   const double d = density(p);
-  const int64_t weights = p.rows * p.cols;
-  const bool small = weights < (int64_t(1) << 23), huge = weights >= (int64_t(1) << 25);
+  const bool small = weights(p) < (int64_t(1) << 23), huge = weights(p) >= (int64_t(1) << 25);
   if (p.epilogue == SddmmEpilogue::kAdamW) {
     if (d < 0.04) return false;
     if (!small) return p.n > 16;
@@ -262,7 +262,7 @@ int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
   const double d = density(p);
   const bool fuller = p.n <= 32 && d <= 0.25 &&
-                      (d >= 0.15 || (d >= 0.075 && p.rows * p.cols >= (int64_t(1) << 25)));
+                      (d >= 0.15 || (d >= 0.075 && weights(p) >= (int64_t(1) << 25)));
   const int64_t per_sm = fuller ? 8 : 4;
   int splits = 1;
   while (2 * splits <= chunks && bands * splits < per_sm * int64_t(limits.sms)) splits *= 2;

@@ -37,6 +37,8 @@ struct PatternArg {
   at::ScalarType index_type = at::kInt;
   at::Device device = at::kCPU;
 
+  bool has_tile_view() const { return tile_ptr.numel() > 0; }
+
   template <typename Index>
   SlotPattern<Index> view() const {
     SlotPattern<Index> w;
@@ -48,7 +50,7 @@ struct PatternArg {
     w.row_ptr = row_ptr.data_ptr<int32_t>();
     w.col_ptr = col_ptr.data_ptr<int32_t>();
     w.csc_perm = csc_perm.data_ptr<int32_t>();
-    if (tile_ptr.numel() > 0) {
+    if (has_tile_view()) {
       w.tile_ptr = tile_ptr.data_ptr<int32_t>();
       w.tile_entries = reinterpret_cast<const uint32_t*>(tile_entries.data_ptr<int32_t>());
     }

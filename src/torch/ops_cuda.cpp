@@ -43,7 +43,7 @@ void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nu
 
 SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant) {
   return binding_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant},
-                         p.tile_ptr.numel() > 0);
+                         p.has_tile_view());
 }
 
 // kDenseBlocks, the GEMM side (cuBLAS through ATen, on the current stream): out[:, o:o+b] = in
@@ -171,7 +171,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const SpmmProblem problem = binding_problem(SpmmProblem{in.p.cols, in.p.rows, in.p.nnz, n,
                                                           int(values.element_size()), true,
                                                           spmm_variant_arg(variant, true, op)},
-                                              in.p.tile_ptr.numel() > 0);
+                                              in.p.has_tile_view());
   const SpmmPlan plan = spmm_plan(problem, in.p.device.index(), op);
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {
@@ -203,7 +203,7 @@ SddmmProblem sddmm_problem(const SddmmInputs& in, const at::Tensor& like, SddmmE
   problem.epilogue = epilogue;
   problem.requested = variant;
   problem.x_t_stride = x_t_stride;
-  return binding_problem(problem, in.p.tile_ptr.numel() > 0);
+  return binding_problem(problem, in.p.has_tile_view());
 }
 
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {

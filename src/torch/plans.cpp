@@ -144,7 +144,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     problem.n = n;
     problem.value_bytes = value_bytes;
     problem.requested = sddmm_variant_arg(variant, op);
-    const SddmmPlan plan = sddmm_plan(binding_problem(problem, p.tile_ptr.numel() > 0), device, op);
+    const SddmmPlan plan = sddmm_plan(binding_problem(problem, p.has_tile_view()), device, op);
     return {sddmm_variant_name(plan.variant), sddmm_reason_name(plan.reason), plan.padded_batch, plan.lanes_per_row,
             plan.batch_lanes, plan.grid_x * plan.grid_y * plan.batch_splits, plan.threads, int64_t(plan.smem_bytes),
             int64_t(plan.workspace_bytes), false,
@@ -154,7 +154,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   const SpmmProblem problem = binding_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
                                                           p.nnz, n, value_bytes, transposed,
                                                           spmm_variant_arg(variant, transposed, op)},
-                                              p.tile_ptr.numel() > 0);
+                                              p.has_tile_view());
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),

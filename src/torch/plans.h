@@ -23,7 +23,7 @@ bool tf32_matmuls();
 /// reading the CSC view as the process asks (set_default_csc_read), and told whether its pattern
 /// holds the tile view (`tile_view`).
 template <typename Problem>
-Problem binding_problem(Problem p, bool tile_view = false) {
+Problem binding_problem(Problem p, bool tile_view) {
   p.gemm = true;
   p.tf32 = p.value_bytes == 4 && tf32_matmuls();
   if constexpr (std::is_same_v<Problem, SpmmProblem>) {
