@@ -218,9 +218,11 @@ Status tile_view_refusal(const SddmmProblem& p) {
 //     where the slot kernel is faster (768x3072, 90%: 5.5 against 6.6; its time grows with the batch,
 //     the tile view's does not);
 //   - on the others from 4% density past 8 rows (16384x4096, 90%, N = 64: 64.0 against 114.3 us for
-//     tensor_core; 95%, N = 16: 34.3 against 37.7 for the rows kernel), and at 8 rows below 2^25
-//     weights (4096x4096, 90%, N = 8: 12.9 against 18.2 for the rows kernel; 16384x4096, 90%, N = 8:
-//     44.3 against 43.9);
+//     tensor_core; 95%, N = 16: 34.3 against 37.7 for the rows kernel); at 8 rows below 2^25
+//     weights (4096x4096, 90%, N = 8: 12.9 against 18.2 for the rows kernel), and on the layers of
+//     2^25 weights and more from 7.5% density (11008x4096, N = 8: 90%, 30.2 against 36.5; 50%, 95.8
+//     against 134.6; 1.08x in geometric mean over their 12 rows at 50-90%, 0.91-1.40x), but not at
+//     95% there (16384x4096, N = 8: 32.6 against 28.4);
 // not at one row on the larger layers (16384x4096, 90%: 43.2 against 40.2 for the slot kernel) nor at
 // 99% there, where the slots are few (16384x4096, 99%, N = 64: 54.3 against 33.8).
 // With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
@@ -242,7 +244,7 @@ bool tile_view_pays(const SddmmProblem& p) {
   }
   if (small) return p.n > 1 && d >= 0.01;
   if (d < 0.04) return false;
-  return p.n > 8 || (p.n == 8 && !huge);
+  return p.n > 8 || (p.n == 8 && (!huge || d >= 0.075));
 }
 
 // Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays

@@ -751,7 +751,7 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits). Storing the gradient: on layers under 2^23
   // weights from 2 rows and 1% density; on larger ones from 4% past 8 rows, and at 8 rows below 2^25
-  // weights. With AdamW, from 4%: past 16 rows from 2^23 weights; below, past 16 rows (8 from 10%
+  // weights (from 7.5% at 2^25 and more). With AdamW, from 4%: past 16 rows from 2^23 weights; below, past 16 rows (8 from 10%
   // density) where rows <= columns, else past 32 (16 from 10%). Never without the view or in float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
@@ -764,7 +764,10 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(automatic(16384, 4096, 0.2, 64), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.05, 16), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.5, 9), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(16384, 4096, 0.1, 8), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(16384, 4096, 0.1, 8), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(16384, 4096, 0.05, 8), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(11008, 4096, 0.075, 8), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(11008, 4096, 0.07, 8), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(4096, 4096, 0.1, 8), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.1, 7), SddmmVariant::kTileView);
   EXPECT_NE(automatic(4096, 4096, 0.1, 1), SddmmVariant::kTileView);

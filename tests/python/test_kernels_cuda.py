@@ -658,7 +658,10 @@ def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays()
     layer = snack.SparseLinear(4096, 16384, density=0.1, device="cuda")
     assert snack.explain(layer, 64, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
     assert snack.explain(layer, 16, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
-    assert snack.explain(layer, 8, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
+    assert snack.explain(layer, 8, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
+    assert snack.explain(layer, 7, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
+    sparser = snack.SparseLinear(4096, 16384, density=0.05, device="cuda")
+    assert snack.explain(sparser, 8, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
     assert snack.explain(layer, 64, op="weight_grad").variant != "tile_view"  # float32
     small = snack.SparseLinear(3072, 768, density=0.1, device="cuda")
     assert snack.explain(small, 8, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
