@@ -228,9 +228,10 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // With AdamW's step (a pass after it over the stored gradient, against the rows and vector kernels'
 // step inside their read-out), from 4% density: past 16 rows on layers of 2^23 weights and more
 // (16384x4096, 90%, N = 32: 102.6 against 146.9 us for the rows kernel); on the smaller ones past
-// 16 rows (past 8 from 10% density) where they have no more rows than columns, else past 32 (past 16
-// from 10%) (768x3072, 90%, N = 16: 14.8 against 18.3 for the vector kernel; 3072x768, 90%, N = 16: 14.8
-// against 14.4 for the rows kernel).
+// 16 rows (from 8 at 10% density) where they have no more rows than columns, else past 32 (past 16
+// from 10%) (768x3072, 90%, N = 16: 14.8 against 18.3 for the vector kernel; N = 8: 14.6 against 17.4
+// for the rows kernel, 50%: 30.0 against 44.6; 3072x768, 90%, N = 16: 14.8 against 14.4 for the rows
+// kernel).
 bool tile_view_pays(const SddmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view || p.nnz == 0 || p.n == 0 || p.n > cuda::detail::kTvDwMaxBatch)
     return false;
@@ -239,8 +240,9 @@ bool tile_view_pays(const SddmmProblem& p) {
   if (p.epilogue == SddmmEpilogue::kAdamW) {
     if (d < 0.04) return false;
     if (!small) return p.n > 16;
-    const int64_t from = p.rows <= p.cols ? 8 : 16;  // rows past which it pays from 10% density
-    return p.n > 2 * from || (p.n > from && d >= 0.1);
+    const bool wide = p.rows <= p.cols;
+    const int64_t from = wide ? 8 : 16;  // rows past which it pays from 10% density (from 8 on wide layers)
+    return p.n > 2 * from || (d >= 0.1 && (p.n > from || (wide && p.n == from)));
   }
   if (small) return p.n > 1 && d >= 0.01;
   if (d < 0.04) return false;

@@ -751,8 +751,9 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits). Storing the gradient: on layers under 2^23
   // weights from 2 rows and 1% density; on larger ones from 4% past 8 rows, and at 8 rows below 2^25
-  // weights (from 7.5% at 2^25 and more). With AdamW, from 4%: past 16 rows from 2^23 weights; below, past 16 rows (8 from 10%
-  // density) where rows <= columns, else past 32 (16 from 10%). Never without the view or in float32.
+  // weights (from 7.5% at 2^25 and more). With AdamW, from 4%: past 16 rows from 2^23 weights;
+  // below, past 16 rows (from 8 at 10% density) where rows <= columns, else past 32 (16 from 10%).
+  // Never without the view or in float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
     return plan_dw(rows, cols, nnz_for_density(rows, cols, density), n, e, SddmmVariant::kAuto, 0, value_bytes, false,
@@ -787,7 +788,9 @@ TEST(Planner, SddmmTileViewGrid) {
   EXPECT_EQ(automatic(3072, 768, 0.05, 33, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(3072, 768, 0.1, 17, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(768, 3072, 0.1, 9, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
+  EXPECT_EQ(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.1, 7, adamw), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(768, 3072, 0.09, 8, adamw), SddmmVariant::kTileView);
   EXPECT_NE(automatic(3072, 768, 0.1, 16, adamw), SddmmVariant::kTileView);
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
   EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
