@@ -80,14 +80,17 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
     ldmatrix_x4_trans(a[ks], dys + (ks * 16 + (lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
   out.begin();
 
+  const auto load_entries = [&](TileShare<kTvDwThreads>& s, int i) {
+    if (i < steps) load_tile_share(s, view.entries, tp[i], tp[i + 1], t);
+  };
   TileShare<kTvDwThreads> s0{}, s1{};
-  load_tile_share(s0, view.entries, tp[0], tp[1], t);
-  if (steps > 1) load_tile_share(s1, view.entries, tp[1], tp[2], t);
-  const auto read_out = [&](const TileShare<kTvDwThreads>& s, int32_t begin, int32_t end) {
+  load_entries(s0, 0);
+  load_entries(s1, 1);
+  // A share starts at a tile's first entry or a whole round past it: only the tile's end bounds it.
+  const auto read_out = [&](const TileShare<kTvDwThreads>& s, int32_t end) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int32_t e = s.at(j);
-      if (e >= begin && e < end) {
+      if (s.at(j) < end) {
         const uint32_t pos = s.entry[j] & kTilePositionMask;
         const int64_t slot = band_first + int64_t(s.entry[j] >> kTileViewSlotShift);
         out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
@@ -126,17 +129,14 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
       stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + (i & 1) * NB * kStride, x, n, cols, 0,
                                                        (c_begin + i + 2) * 64, vec_x);
     cp_async_commit();
-    const int32_t begin = tp[i], end = tp[i + 1];
-    read_out(mine, begin, end);
+    const int32_t end = tp[i + 1];
+    read_out(mine, end);
     // A tile fuller than one round of the block (kShare entries): the rest, read in place.
-    for (int32_t round = begin + kShare; round < end; round += kShare) {
+    for (int32_t round = tp[i] + kShare; round < end; round += kShare) {
       TileShare<kTvDwThreads> more;
       load_tile_share(more, view.entries, round, end, t);
-      read_out(more, begin, end);
+      read_out(more, end);
     }
-  };
-  const auto load_entries = [&](TileShare<kTvDwThreads>& s, int i) {
-    if (i < steps) load_tile_share(s, view.entries, tp[i], tp[i + 1], t);
   };
   if constexpr (KS >= 4) {
     // Two tiles per turn, so that the two sets of entries take turns without a copy, which would wait
