@@ -22,12 +22,12 @@ int64_t weights(const SddmmProblem& p) { return p.rows * p.cols; }
 
 // Below a batch of 4 the slot kernel (one thread per slot, no transposes), but for 16-bit operands on
 // layers of 2^24 weights and more, where the kernels that pad the batch to 4 win (in bf16,
-// backward_nvidia_h200_tile_view_bf16.md at N = 1, each kernel forced): storing the gradient, the
-// rows kernel from 15% density (4096x4096, 50%: 35.0 against 46.9 us; 16384x4096, 80%: 68.3 against
-// 74.2; at 90% the slot kernel, 13.3 against 14.9), and with AdamW's step the vector kernel from 10%
-// (16384x4096, 90%: 62.5 against 83.1; 4096x11008, 80%: 84.2 against 109.8; at 95% the slot kernel
-// on 4096x4096, 15.7 against 18.8). float32 keeps the slot kernel (fastest on 8 of the 9 rows at
-// N = 1 in backward_nvidia_h200.csv).
+// backward_nvidia_h200_tile_view_bf16.md at commit 3fd9d21, N = 1, each kernel forced): storing the
+// gradient, the rows kernel from 15% density (4096x4096, 50%: 35.0 against 46.9 us; 16384x4096, 80%:
+// 68.3 against 74.2; at 90% the slot kernel, 13.3 against 14.9), and with AdamW's step the vector
+// kernel from 10% (16384x4096, 90%: 62.5 against 83.1; 4096x11008, 80%: 84.2 against 109.8; at 95%
+// the slot kernel on 4096x4096, 15.7 against 18.8). float32 keeps the slot kernel (fastest on 8 of
+// the 9 rows at N = 1 in backward_nvidia_h200.csv).
 bool slot_pays(const SddmmProblem& p) {
   if (p.n >= kSddmmVectorMinBatch) return false;
   if (p.value_bytes != 2 || weights(p) < (int64_t(1) << 24)) return true;
@@ -170,11 +170,11 @@ Status tensor_core_refusal(const SddmmProblem& p, const DeviceLimits& limits) {
 // slots less (114 us and the pass).
 //
 // On layers of 2^25 weights it also beats the rows kernel from 16 rows at 25% density and from 32 at
-// 15% when the gradient is stored (backward_nvidia_h200_tile_view_bf16.md: 16384x4096, 80%, N = 32:
-// 111.2 against 217.3 us; 70%, N = 16: 134.0 against 174.9; but 4096x11008, 80%, N = 16: 97.0 against
-// 81.6, not taken); with AdamW's step there the rows kernel's fused step wins (16384x4096, 70%,
-// N = 16: 276.7 against 301.7). Where the pattern holds the tile view, `tile_view` takes those rows
-// first (80.7 and 107.8 us).
+// 15% when the gradient is stored (backward_nvidia_h200_tile_view_bf16.md at commit 3fd9d21:
+// 16384x4096, 80%, N = 32: 111.2 against 217.3 us; 70%, N = 16: 134.0 against 174.9; but 4096x11008,
+// 80%, N = 16: 97.0 against 81.6, not taken); with AdamW's step there the rows kernel's fused step
+// wins (16384x4096, 70%, N = 16: 276.7 against 301.7). Where the pattern holds the tile view,
+// `tile_view` takes those rows first (80.7 and 107.8 us).
 bool tensor_core_pays(const SddmmProblem& p, int64_t np, const DeviceLimits& limits) {
   if (p.value_bytes != 2 || p.nnz == 0 || p.n == 0 || !tensor_core_refusal(p, limits).ok()) return false;
   const double d = density(p);
@@ -211,8 +211,8 @@ Status tile_view_refusal(const SddmmProblem& p) {
 // Where the tile-view kernel beats the others for 16-bit operands (a pattern that holds the view, at
 // most 128 batch rows). Its time follows the tiles, the rows kernel's the slots times the batch, the
 // tensor-core kernel's its 128 x 128 tiles walked through row cursors. Measured on the H200 in bf16
-// with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md, 768x3072 to 16384x4096,
-// 50-99%, N = 1-128). Storing the gradient:
+// with every SDDMM kernel forced (backward_nvidia_h200_tile_view_bf16.md at commit 3fd9d21, 768x3072
+// to 16384x4096, 50-99%, N = 1-128). Storing the gradient:
 //   - on layers under 2^23 weights from 2 rows and 1% density (768x3072, 90%, N = 16: 6.8 against
 //     15.4 us for tensor_core; 99%, N = 64: 7.9 against 13.0 for the rows kernel), but not at one row,
 //     where the slot kernel is faster (768x3072, 90%: 5.5 against 6.6; its time grows with the batch,

@@ -210,8 +210,8 @@ bool tensor_cores_pay(const SpmmProblem& p) {
 
 // Where the tile view's kernel pays for dX (16 bits; the tiles read down W's columns, no csc_perm).
 // Measured on the H200 in bf16 against the row kernels and tensor_core over the CSC view in place
-// (backward_nvidia_h200_tile_view_bf16.md: 768x3072 to 16384x4096, 50-99%, N = 1-128, each forced):
-// its time follows the tiles, theirs the slots, so it takes
+// (backward_nvidia_h200_tile_view_bf16.md at commit 3fd9d21: 768x3072 to 16384x4096, 50-99%,
+// N = 1-128, each forced): its time follows the tiles, theirs the slots, so it takes
 //   - 16-128 rows from 4% density (16384x4096, 90%, N = 64: 89.3 against 193.6 us for global_xt;
 //     95%, N = 16: 50.0 against 73.4), but not 65-128 rows above 40% on layers of 2^26 weights,
 //     where tensor_core keeps up (16384x4096, 50%, N = 128: 500.7 against 514.7);
