@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "plan_grid.h"
 
@@ -760,38 +761,33 @@ TEST(Planner, SddmmTileViewGrid) {
                    view)
         .variant;
   };
-  const SddmmEpilogue adamw = SddmmEpilogue::kAdamW;
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 64), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.2, 64), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.05, 16), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.5, 9), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 8), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(16384, 4096, 0.05, 8), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(11008, 4096, 0.075, 8), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(11008, 4096, 0.07, 8), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(4096, 4096, 0.1, 8), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(4096, 4096, 0.1, 7), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(4096, 4096, 0.1, 1), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.1, 2), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.1, 1), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.01, 64), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.005, 64), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(4096, 4096, 0.03, 64), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(4096, 4096, 0.04, 64), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(4096, 4096, 0.1, 129), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(16384, 4096, 0.1, 16, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(16384, 4096, 0.1, 17, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(16384, 4096, 0.03, 64, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.05, 16, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.05, 17, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(3072, 768, 0.05, 32, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(3072, 768, 0.05, 33, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(3072, 768, 0.1, 17, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.1, 9, adamw), SddmmVariant::kTileView);
-  EXPECT_EQ(automatic(768, 3072, 0.1, 8, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.1, 7, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(768, 3072, 0.09, 8, adamw), SddmmVariant::kTileView);
-  EXPECT_NE(automatic(3072, 768, 0.1, 16, adamw), SddmmVariant::kTileView);
+  // (rows, cols, density, n, whether the tile view is taken)
+  struct Case {
+    int64_t rows, cols;
+    double density;
+    int64_t n;
+    bool tile_view;
+  };
+  const std::vector<Case> store = {
+      {16384, 4096, 0.1, 64, true},  {16384, 4096, 0.2, 64, true},  {16384, 4096, 0.05, 16, true},
+      {16384, 4096, 0.5, 9, true},   {16384, 4096, 0.1, 8, true},   {16384, 4096, 0.05, 8, false},
+      {11008, 4096, 0.075, 8, true}, {11008, 4096, 0.07, 8, false}, {4096, 4096, 0.1, 8, true},
+      {4096, 4096, 0.1, 7, false},   {4096, 4096, 0.1, 1, false},   {768, 3072, 0.1, 2, true},
+      {768, 3072, 0.1, 1, false},    {768, 3072, 0.01, 64, true},   {768, 3072, 0.005, 64, false},
+      {4096, 4096, 0.03, 64, false}, {4096, 4096, 0.04, 64, true},  {4096, 4096, 0.1, 129, false}};
+  const std::vector<Case> with_adamw = {
+      {16384, 4096, 0.1, 16, false}, {16384, 4096, 0.1, 17, true}, {16384, 4096, 0.03, 64, false},
+      {768, 3072, 0.05, 16, false},  {768, 3072, 0.05, 17, true},  {3072, 768, 0.05, 32, false},
+      {3072, 768, 0.05, 33, true},   {3072, 768, 0.1, 17, true},   {768, 3072, 0.1, 9, true},
+      {768, 3072, 0.1, 8, true},     {768, 3072, 0.1, 7, false},   {768, 3072, 0.09, 8, false},
+      {3072, 768, 0.1, 16, false}};
+  for (const auto& [epilogue, cases] :
+       {std::pair{SddmmEpilogue::kStore, &store}, std::pair{SddmmEpilogue::kAdamW, &with_adamw}}) {
+    for (const Case& c : *cases)
+      EXPECT_EQ(automatic(c.rows, c.cols, c.density, c.n, epilogue) == SddmmVariant::kTileView, c.tile_view)
+          << c.rows << "x" << c.cols << " density " << c.density << " n " << c.n
+          << (epilogue == SddmmEpilogue::kAdamW ? " with AdamW" : "");
+  }
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
   EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
   for (const auto& [status, words] :
