@@ -383,6 +383,40 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
   return Status::Ok();
 }
 
+// Blocks per band of the tile_view kernel, one cluster that splits the band's chunks: of 1, 2, 4, 6
+// and 8, the count whose launch puts nearest (in ratio) four blocks on each SM with batch tiles of 16
+// rows, three with 32-64, within one wave of what shared memory holds and at least one chunk a block.
+// Measured on the H200 in bf16 with each count forced over 768x3072 to 16384x4096, 80-95%, the
+// forward at N = 16-128 and dX at N = 1-64
+// (bench/results/spmm_nvidia_h200_bf16_tile_view_splits.md): this choice is within 1% of the best
+// count in geometric mean, 1.04x faster than the clusters doubled while under two blocks per SM
+// (the tensor_core rule, which it replaced here; never more than 1% slower), e.g. at 90%:
+//   - 11008x4096, N = 16: 4 splits, 36.5 against 42.8 us with 2 (2.6 blocks per SM leave it short of
+//     warps); dX of 4096x11008 at N = 8 likewise: 39.7 against 42.5;
+//   - 4096x4096, N = 32: 6 splits, 23.1 against 27.2 with 8; 4096x11008, N = 64: 60.3 against 65.9;
+//     dX of 16384x4096 at N = 64: 83.5 against 89.8 (four blocks of 32-64 rows per SM run slower);
+//   - 16384x4096, N = 16-64: 2 splits (3.9 blocks per SM), against 1.04-1.36x longer with 4 (two
+//     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
+int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
+                     const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const double wanted = batch_tile == 16 ? 4.0 : 3.0;  // blocks per SM
+  int best = 1;
+  double best_miss = 0.0;
+  for (const int splits : {1, 2, 4, 6, 8}) {
+    static_assert(kTcMaxSplits == 8, "the counts tried");
+    if (splits > 1 && chunks < splits) break;
+    const size_t block = tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed) +
+                         limits.reserved_smem_per_block;
+    const int64_t per_sm = std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
+    const int64_t blocks = blocks_unsplit * splits;
+    if (splits > 1 && blocks > per_sm * limits.sms) break;
+    const double miss = std::fabs(std::log(double(blocks) / double(limits.sms) / wanted));
+    if (splits == 1 || miss < best_miss) best = splits, best_miss = miss;
+  }
+  return best;
+}
+
 // The tensor-core kernel's grid: a block per band of kTcBandRows output rows and batch tile, and
 // per band a cluster of k_splits blocks that split its columns, doubled while the launch stays
 // under two blocks per SM and each block keeps at least one chunk (3072x768, 70%, N = 64: 19.3 us
@@ -396,9 +430,13 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
     return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
                            std::to_string(p.n) + " rows");
   int splits = 1;
-  while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
-         p.in_dim >= kTcSplitMinColumns * splits)
-    splits *= 2;
+  if (plan->variant == SpmmVariant::kTileView) {
+    splits = tile_view_splits(bands * tiles, ceil_div(p.in_dim, kTcChunk), plan->batch_tile, p.transposed, limits);
+  } else {
+    while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
+           p.in_dim >= kTcSplitMinColumns * splits)
+      splits *= 2;
+  }
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
   plan->threads = kTcThreads;

@@ -472,7 +472,7 @@ TEST(Planner, TileViewRulesAndShape) {
   SpmmPlan p;
   ASSERT_TRUE(plan_spmm(problem, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.batch_tile, 64);
-  EXPECT_EQ(p.k_splits, 1);  // two batch tiles of 256 bands: two blocks per SM already
+  EXPECT_EQ(p.k_splits, 1);  // two batch tiles of 256 bands: 3.9 blocks per SM, two waves if split
   EXPECT_EQ(p.smem_bytes, size_t(2) * (3 * 64 + 2 * 64) * 72 + 4 * (64 + 1));
   problem.tile_view = false;
   const Status refused = plan_spmm(problem, DeviceLimits::h200(), &p);
@@ -480,18 +480,43 @@ TEST(Planner, TileViewRulesAndShape) {
   EXPECT_NE(refused.message().find("no tile view"), std::string::npos) << refused.message();
 
   // dX forced: the tiles read in place (never over a copy of the CSC view), W's 256 bands of rows the
-  // reduction, split 8 ways (64 bands of columns), each block's starts, ends and first slots held.
+  // reduction, split 6 ways (64 bands of columns: 2.9 blocks per SM), each block's starts, ends and
+  // first slots held (43 steps).
   SpmmProblem dx{4096, 16384, 6710886, 64, 2, true, SpmmVariant::kTileView};
   dx.tile_view = true;
   ASSERT_TRUE(plan_spmm(dx, DeviceLimits::h200(), &p).ok());
   EXPECT_FALSE(p.csc_copied);
-  EXPECT_EQ(p.k_splits, 8);
-  EXPECT_EQ(p.grid_x, 64 * 8);
-  EXPECT_EQ(p.smem_bytes, size_t(2) * (3 * 64 + 2 * 64) * 72 + 4 * 3 * 32);
+  EXPECT_EQ(p.k_splits, 6);
+  EXPECT_EQ(p.grid_x, 64 * 6);
+  EXPECT_EQ(p.smem_bytes, size_t(2) * (3 * 64 + 2 * 64) * 72 + 4 * 3 * 43);
   dx.csc = CscRead::kCopied;
   const Status no_copy = plan_spmm(dx, DeviceLimits::h200(), &p);
   EXPECT_EQ(no_copy.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(no_copy.message().find("copy of the CSC view"), std::string::npos) << no_copy.message();
+}
+
+TEST(Planner, TileViewSplits) {
+  // Blocks per band of the tile view's kernel: the count of 1, 2, 4, 6, 8 that puts nearest four
+  // blocks on each SM with batch tiles of 16 rows, three with 32-64, in one wave, at least one chunk a
+  // block. out x in as the kernel sees them: dX's out is W's columns.
+  struct Case {
+    int64_t out, in, n;
+    bool transposed;
+    int splits;
+  };
+  for (const Case& c : {Case{16384, 4096, 16, false, 2}, {11008, 4096, 16, false, 4}, {4096, 4096, 16, false, 8},
+                        {4096, 4096, 32, false, 6}, {4096, 11008, 64, false, 6}, {16384, 4096, 64, false, 2},
+                        {16384, 4096, 128, false, 1}, {4096, 4096, 128, false, 4}, {768, 3072, 16, false, 8},
+                        {3072, 768, 128, false, 4}, {11008, 4096, 8, true, 4}, {4096, 16384, 1, true, 8},
+                        {3072, 128, 32, false, 2}, {3072, 64, 32, false, 1}}) {
+    SpmmProblem problem{c.out, c.in, nnz_for_density(c.out, c.in, 0.1), c.n, 2, c.transposed, SpmmVariant::kTileView};
+    problem.tile_view = true;
+    SpmmPlan p;
+    ASSERT_TRUE(plan_spmm(problem, DeviceLimits::h200(), &p).ok());
+    EXPECT_EQ(p.k_splits, c.splits) << describe(p);
+    EXPECT_EQ(p.grid_x, (c.out + 63) / 64 * c.splits) << describe(p);
+    EXPECT_LE(p.smem_bytes, DeviceLimits::h200().smem_per_block) << describe(p);
+  }
 }
 
 // wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
