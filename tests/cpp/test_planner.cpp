@@ -517,6 +517,31 @@ TEST(Planner, TileViewSplits) {
     EXPECT_EQ(p.grid_x, (c.out + 63) / 64 * c.splits) << describe(p);
     EXPECT_LE(p.smem_bytes, DeviceLimits::h200().smem_per_block) << describe(p);
   }
+  // On every GPU's limits: a count of 1, 2, 4, 6 or 8, at most the chunks, the blocks of a split
+  // launch in one wave of what shared memory holds.
+  for (const DeviceLimits& limits : {DeviceLimits::a100(), DeviceLimits::h100_pcie(), DeviceLimits::l40s()}) {
+    for (const int64_t out : {64, 768, 4096, 16384}) {
+      for (const int64_t in : {64, 200, 3072, 16384}) {
+        for (const int64_t n : {1, 16, 32, 64, 128}) {
+          for (const bool transposed : {false, true}) {
+            SpmmProblem problem{out, in, nnz_for_density(out, in, 0.1), n, 2, transposed, SpmmVariant::kTileView};
+            problem.tile_view = true;
+            SpmmPlan p;
+            ASSERT_TRUE(plan_spmm(problem, limits, &p).ok()) << out << "x" << in << " n " << n;
+            const int64_t chunks = (in + 63) / 64, blocks = (out + 63) / 64 * ((n + p.batch_tile - 1) / p.batch_tile);
+            EXPECT_TRUE(p.k_splits == 1 || p.k_splits == 2 || p.k_splits == 4 || p.k_splits == 6 || p.k_splits == 8)
+                << describe(p);
+            EXPECT_LE(p.k_splits, std::max<int64_t>(1, chunks)) << describe(p);
+            EXPECT_LE(p.smem_bytes, limits.smem_per_block) << describe(p);
+            if (p.k_splits > 1)
+              EXPECT_LE(blocks * p.k_splits,
+                        int64_t(limits.sms) * int64_t(limits.smem_per_sm / (p.smem_bytes + limits.reserved_smem_per_block)))
+                  << describe(p);
+          }
+        }
+      }
+    }
+  }
 }
 
 // wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
