@@ -400,11 +400,11 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
                      const DeviceLimits& limits) {
   using namespace cuda::detail;
+  static_assert(kTcMaxSplits == 8, "the counts tried below");
   const double wanted = batch_tile == 16 ? 4.0 : 3.0;  // blocks per SM
   int best = 1;
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
-    static_assert(kTcMaxSplits == 8, "the counts tried");
     if (splits > 1 && chunks < splits) break;
     const size_t block = tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed) +
                          limits.reserved_smem_per_block;
@@ -421,7 +421,8 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
 // per band a cluster of k_splits blocks that split its columns, doubled while the launch stays
 // under two blocks per SM and each block keeps at least one chunk (3072x768, 70%, N = 64: 19.3 us
 // in clusters of 8, 26.8 us in pairs when a block had to keep 256 columns; aiming at eight blocks
-// per SM instead of two was slower on 16384x4096: 79.3 against 68.0 us at 90%, N = 16).
+// per SM instead of two was slower on 16384x4096: 79.3 against 68.0 us at 90%, N = 16). The
+// tile_view kernel, on the same grid, takes its clusters from tile_view_splits.
 Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   const int64_t bands = ceil_div(p.out_dim, kTcBandRows);
