@@ -98,10 +98,13 @@ struct SddmmProblem {
   bool tf32 = false;
   /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run.
   bool tile_view = false;
+  /// kTileView: blocks per band (each a run of the band's tiles), at most the band's tiles; 0 lets
+  /// the planner choose. Other variants ignore it.
+  int tile_view_splits = 0;
   bool operator==(const SddmmProblem& o) const {
     return rows == o.rows && cols == o.cols && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            epilogue == o.epilogue && requested == o.requested && x_t_stride == o.x_t_stride && gemm == o.gemm &&
-           tf32 == o.tf32 && tile_view == o.tile_view;
+           tf32 == o.tf32 && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits;
   }
 };
 

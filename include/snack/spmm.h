@@ -128,10 +128,13 @@ struct SpmmProblem {
   CscRead csc = CscRead::kAuto;
   /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run the product.
   bool tile_view = false;
+  /// kTileView: blocks per band (one cluster that splits the band's chunks), 1 to 8 and at most the
+  /// band's chunks of 64 inputs; 0 lets the planner choose. Other variants ignore it.
+  int tile_view_splits = 0;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
-           csc == o.csc && tile_view == o.tile_view;
+           csc == o.csc && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits;
   }
 };
 

@@ -66,11 +66,11 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
 
 
 # The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).
-_current = {"spmm_variant": "auto", "csc_read": "auto"}
+_current = {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0}
 
 
 @contextlib.contextmanager
-def _restoring(name: str, setter, value: str) -> Iterator[None]:
+def _restoring(name: str, setter, value) -> Iterator[None]:
     previous = _current[name]
     setter(value)
     try:
@@ -102,3 +102,18 @@ def set_csc_read(csc: str) -> None:
 def csc_read(csc: str) -> contextlib.AbstractContextManager:
     """Context manager form of :func:`set_csc_read`, restoring the previous choice on exit."""
     return _restoring("csc_read", set_csc_read, csc)
+
+
+def set_tile_view_splits(splits: int) -> None:
+    """Makes every ``tile_view`` product of this process (the forward, dX and dW over the tile view)
+    split each band of 64 rows (64 columns for dX) over ``splits`` blocks instead of the planner's
+    count; ``0`` restores the planner. For measuring the grid: a count that a product cannot run
+    (the SpMM's clusters hold 1 to 8 blocks; no count may exceed the band's tiles) makes that
+    product raise ``ValueError``; other kernels ignore it."""
+    ops.set_default_tile_view_splits(int(splits))
+    _current["tile_view_splits"] = int(splits)
+
+
+def tile_view_splits(splits: int) -> contextlib.AbstractContextManager:
+    """Context manager form of :func:`set_tile_view_splits`, restoring the previous count on exit."""
+    return _restoring("tile_view_splits", set_tile_view_splits, splits)

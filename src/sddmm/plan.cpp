@@ -369,9 +369,14 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     using namespace cuda::detail;
     SNACK_RETURN_IF_ERROR(tile_view_refusal(p));
     plan.threads = kTvDwThreads;
-    plan.tile_splits = tile_view_splits(p, limits);
+    const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
+    if (p.tile_view_splits != 0 && (p.tile_view_splits < 1 || p.tile_view_splits > chunks))
+      return InvalidArgument("sddmm: tile_view: " + std::to_string(p.tile_view_splits) +
+                             " blocks per band asked; 1 to " + std::to_string(chunks) +
+                             " run this product (its bands' tiles)");
+    plan.tile_splits = p.tile_view_splits != 0 ? p.tile_view_splits : tile_view_splits(p, limits);
     plan.grid_x = std::max<int64_t>(1, tile_view_bands(p.rows)) * plan.tile_splits;
-    const int64_t steps = ceil_div(std::max<int64_t>(1, tile_view_chunks(p.cols)), plan.tile_splits);
+    const int64_t steps = ceil_div(chunks, plan.tile_splits);
     plan.smem_bytes = tv_dw_smem_bytes(16 * tv_dw_k_steps(p.n), steps);
     if (plan.smem_bytes > limits.smem_per_block)
       return InvalidArgument("sddmm: tile_view needs " + std::to_string(plan.smem_bytes) +

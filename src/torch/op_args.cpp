@@ -121,6 +121,20 @@ std::atomic<int> g_default_csc_read{static_cast<int>(CscRead::kAuto)};
 
 CscRead default_csc_read() { return static_cast<CscRead>(g_default_csc_read.load()); }
 
+namespace {
+std::atomic<int> g_default_tile_view_splits{0};
+}  // namespace
+
+int default_tile_view_splits() { return g_default_tile_view_splits.load(); }
+
+void set_default_tile_view_splits(int64_t splits) {
+  // The planner checks a count against each product (at most 8 for the SpMM's clusters, at most the
+  // band's tiles); here only what no product runs.
+  TORCH_CHECK_VALUE(splits >= 0 && splits <= 1024, "snack.set_default_tile_view_splits: ", splits,
+                    " blocks per band (expected 0, the planner's choice, or a count from 1)");
+  g_default_tile_view_splits.store(int(splits));
+}
+
 void set_default_csc_read(c10::string_view name) {
   CscRead r = CscRead::kAuto;
   TORCH_CHECK_VALUE(parse_csc_read(std::string(name), &r), "snack.set_default_csc_read: unknown choice '", name,

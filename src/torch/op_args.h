@@ -77,6 +77,10 @@ void set_default_spmm_variant(c10::string_view name);
 // How this process's transposed products read the CSC view (set_default_csc_read; auto: the planner).
 CscRead default_csc_read();
 void set_default_csc_read(c10::string_view name);
+// Blocks per band of this process's tile_view products, SpMM and SDDMM (set_default_tile_view_splits;
+// 0: the planner's choice).
+int default_tile_view_splits();
+void set_default_tile_view_splits(int64_t splits);
 
 // ---- dense operands ------------------------------------------------------------------------------
 void check_1d(const at::Tensor& t, const char* name, const char* op);

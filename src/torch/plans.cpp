@@ -1,6 +1,7 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
 // (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, tile_view_geometry,
-// channels_first_max_product, nnz_for_density, set_default_spmm_variant, set_default_csc_read):
+// channels_first_max_product, nnz_for_density, set_default_spmm_variant, set_default_csc_read,
+// set_default_tile_view_splits):
 // they read metadata only, so they run for any device and under tracing.
 #include "plans.h"
 
@@ -74,6 +75,7 @@ class PlanCache {
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
     mix(uint64_t(p.csc) << 1 | uint64_t(p.tile_view));
+    mix(uint64_t(p.tile_view_splits));
   }
   template <typename Mix>
   static void for_each_field(const SddmmProblem& p, Mix&& mix) {
@@ -84,6 +86,7 @@ class PlanCache {
     mix(uint64_t(p.x_t_stride));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.epilogue) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 2 | uint64_t(p.tf32) << 1 | uint64_t(p.tile_view));
+    mix(uint64_t(p.tile_view_splits));
   }
   std::mutex mutex_;
   std::unordered_map<Key, Plan, Hash> plans_;
@@ -209,4 +212,5 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
   m.impl("set_default_csc_read", &snack::binding::set_default_csc_read);
+  m.impl("set_default_tile_view_splits", &snack::binding::set_default_tile_view_splits);
 }

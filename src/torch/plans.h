@@ -20,8 +20,9 @@ bool tf32_matmuls();
 
 /// A product (SpmmProblem or SddmmProblem) as the binding runs it: with its GEMM for kDenseBlocks
 /// (cuBLAS through ATen), float32 GEMMs in TF32 where torch allows them, a transposed SpMM
-/// reading the CSC view as the process asks (set_default_csc_read), and told whether its pattern
-/// holds the tile view (`tile_view`).
+/// reading the CSC view as the process asks (set_default_csc_read), told whether its pattern
+/// holds the tile view (`tile_view`), and the tile view's blocks per band the process asks
+/// (set_default_tile_view_splits).
 template <typename Problem>
 Problem binding_problem(Problem p, bool tile_view) {
   p.gemm = true;
@@ -30,6 +31,7 @@ Problem binding_problem(Problem p, bool tile_view) {
     if (p.transposed) p.csc = default_csc_read();
   }
   p.tile_view = tile_view;
+  p.tile_view_splits = default_tile_view_splits();
   return p;
 }
 

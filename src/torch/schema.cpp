@@ -84,6 +84,9 @@ TORCH_LIBRARY(snack, m) {
   // How the transposed products of this process read the CSC view: "auto" (the planner),
   // "in_place" (through csc_perm) or "copied" (gathered first into a CSR copy of W^T).
   m.def("set_default_csc_read(str csc) -> ()");
+  // Blocks per band of the tile_view products (SpMM and SDDMM) of this process, for A/B runs of the
+  // grid: 0 (the planner's choice) or a count the planner checks against each product.
+  m.def("set_default_tile_view_splits(int splits) -> ()");
   // The kernel variants: (forward, input_grad, weight_grad, nondeterministic), by name.
   m.def("kernel_variants() -> (str[], str[], str[], str[])");
   // The names of the pattern's tensors, in the order the ops take them.

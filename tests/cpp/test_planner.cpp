@@ -544,6 +544,58 @@ TEST(Planner, TileViewSplits) {
   }
 }
 
+TEST(Planner, TileViewSplitsAsked) {
+  // A count asked (SpmmProblem / SddmmProblem::tile_view_splits) replaces the planner's where the
+  // product runs it, and is refused with the counts that run it where it cannot; other variants
+  // ignore it.
+  SpmmProblem fwd{4096, 4096, nnz_for_density(4096, 4096, 0.1), 32, 2, false, SpmmVariant::kTileView};
+  fwd.tile_view = true;
+  SpmmPlan p;
+  for (const int splits : {1, 3, 5, 8}) {
+    fwd.tile_view_splits = splits;
+    ASSERT_TRUE(plan_spmm(fwd, DeviceLimits::h200(), &p).ok());
+    EXPECT_EQ(p.k_splits, splits);
+    EXPECT_EQ(p.grid_x, 64 * splits);
+    EXPECT_EQ(p.smem_bytes, size_t(2) * (3 * 64 + 2 * 32) * 72 + 4 * ((64 + splits - 1) / splits + 1));
+  }
+  fwd.tile_view_splits = 9;  // more than a cluster holds
+  Status s = plan_spmm(fwd, DeviceLimits::h200(), &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("1 to 8 run this product"), std::string::npos) << s.message();
+  SpmmProblem narrow{4096, 150, nnz_for_density(4096, 150, 0.1), 32, 2, false, SpmmVariant::kTileView, false, false,
+                     CscRead::kAuto, true, 4};  // 3 chunks
+  s = plan_spmm(narrow, DeviceLimits::h200(), &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("1 to 3 run this product"), std::string::npos) << s.message();
+  fwd.requested = SpmmVariant::kTensorCore;  // not read
+  ASSERT_TRUE(plan_spmm(fwd, DeviceLimits::h200(), &p).ok());
+  fwd.tile_view_splits = 0;
+  SpmmPlan planner;
+  ASSERT_TRUE(plan_spmm(fwd, DeviceLimits::h200(), &planner).ok());
+  EXPECT_EQ(p.k_splits, planner.k_splits);
+
+  Status status;
+  SddmmProblem dw;
+  dw.rows = 4096;
+  dw.cols = 4096;
+  dw.nnz = nnz_for_density(4096, 4096, 0.1);
+  dw.n = 16;
+  dw.value_bytes = 2;
+  dw.requested = SddmmVariant::kTileView;
+  dw.tile_view = true;
+  SddmmPlan q;
+  for (const int splits : {1, 3, 64}) {
+    dw.tile_view_splits = splits;
+    ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &q).ok());
+    EXPECT_EQ(q.tile_splits, splits);
+    EXPECT_EQ(q.grid_x, 64 * splits);
+  }
+  dw.tile_view_splits = 65;  // more than a band's 64 tiles
+  status = plan_sddmm(dw, DeviceLimits::h200(), &q);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("1 to 64 run this product"), std::string::npos) << status.message();
+}
+
 // wgmma (forced only): Hopper, 16-bit values, inputs a multiple of 8 and at most 65535; a block of 384
 // threads per band of 128 rows and batch tile of 256; clusters that split the chunks while the grid
 // still fits one wave and each block keeps 8 chunks; the tile lists in the workspace (4 bytes a slot,

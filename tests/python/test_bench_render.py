@@ -3,7 +3,7 @@ target, and where the floor target is missed, the row-by-row evidence."""
 
 import pytest
 
-from bench import spmm
+from bench import spmm, tile_view_splits
 from snack import benchmark
 
 
@@ -128,3 +128,14 @@ def test_the_weight_gradient_paths_sit_side_by_side(tmp_path):
     assert "690 / 5.0" in (tmp_path / "backward_test_gpu_kernels.md").read_text()
     if benchmark.pyplot() is not None:
         assert (tmp_path / "backward_test_gpu_kernels.png").stat().st_size > 0
+
+
+def test_tile_view_splits_summary_names_the_planners_count_against_the_best():
+    rows = [dict(op="fwd", M=4096, K=4096, N=32, sparsity=0.9, splits=c, median_us=t, planner_splits=6)
+            for c, t in ((2, 33.0), (6, 23.1), (8, 27.2))]
+    rows += [dict(op="dx", M=4096, K=4096, N=64, sparsity=0.9, splits=c, median_us=t, planner_splits=8)
+             for c, t in ((2, 40.0), (6, 30.0), (8, 33.0))]
+    md = tile_view_splits.summarize(rows, {"gpu": "Test GPU"}, [2, 3, 6, 8], [], [])
+    assert "| fwd | 4096x4096 | 32 | 0.9 | 33.0 | - | 23.1 | 27.2 | 6 | 6 | 1.00 |" in md
+    assert "| dx | 4096x4096 | 64 | 0.9 | 40.0 | - | 30.0 | 33.0 | 8 | 6 | 1.10 |" in md
+    assert "- dx: the planner's count runs 1.100x the best count's time" in md

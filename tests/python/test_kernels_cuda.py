@@ -334,6 +334,27 @@ def test_tile_view_paths(shape, n, dtype):
     assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "tile_view"), dx), "not bitwise reproducible"
 
 
+@pytest.mark.parametrize("splits", [1, 3, 5, 8])
+def test_tile_view_runs_every_count_of_blocks_per_band(splits):
+    # snack.tile_view_splits(k) sets the blocks per band of the forward, dX and dW over the tile view
+    # (clusters of any size up to 8 for the SpMM, runs of tiles for the SDDMM), each against float64;
+    # the plans show the count, and a count a product cannot run is refused naming the ones it can.
+    p = Weight(520, 700, 20000, device="cuda", dtype=torch.bfloat16, empty_rows=3, seed=splits)
+    x, dy = p.randn(24, 700, seed=1), p.randn(24, 520, seed=2)
+    with snack.tile_view_splits(splits):
+        for op, bands in (("forward", 9), ("input_grad", 11), ("weight_grad", 9)):
+            plan = snack.Plan(*ops.explain(p.values, p.tensors, 24, op, "tile_view"))
+            assert plan.grid == bands * splits, plan
+        poison_cache(torch.device("cuda"))
+        assert_matmul(ops.spmm(x, p.values, p.tensors, None, variant="tile_view"), x, p.dense64.T, torch.bfloat16)
+        assert_matmul(ops.spmm_t(dy, p.values, p.tensors, "tile_view"), dy, p.dense64, torch.bfloat16)
+        assert_close(ops.sddmm(dy, x, p.tensors, variant="tile_view"), *p.slot_ref(dy, x), torch.bfloat16, "tile_view")
+    with snack.tile_view_splits(9), pytest.raises(ValueError, match="1 to 8 run this product"):
+        ops.spmm(x, p.values, p.tensors, None, variant="tile_view")
+    with snack.tile_view_splits(12), pytest.raises(ValueError, match="1 to 11 run this product"):
+        ops.sddmm(dy, x, p.tensors, variant="tile_view")
+
+
 def test_tile_view_follows_topology_updates_and_refuses_what_it_cannot_run():
     # The view is rebuilt in place with the slots (a DST update), so the forward and dX read the new
     # pattern; float32 values, a pattern list without the view and a copy of the CSC view are refused.
