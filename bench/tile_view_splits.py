@@ -144,7 +144,8 @@ def summarize(rows, info, counts, failures, skipped) -> str:
               "the planner took the fastest).", ""]
     by_problem = problems(rows)
     ratios = {}
-    lines += ["| op | M x K | N | sparsity | " + " | ".join(str(c) for c in counts) + " | planner | best | planner / best |",
+    head = " | ".join(str(c) for c in counts)
+    lines += [f"| op | M x K | N | sparsity | {head} | planner | best | planner / best |",
               "|---|---|---|---|" + "---|" * len(counts) + "---|---|---|"]
     for (op, m, k, n, sparsity), (times, chosen) in by_problem.items():
         best = min(times, key=times.get)

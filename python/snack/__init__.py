@@ -26,7 +26,7 @@ cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "
 
 __all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
            "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
-           "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits", "CSC_READS", "SPMM_VARIANTS", "TRANSPOSED_VARIANTS",
-           "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
+           "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits", "CSC_READS",
+           "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
            "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "CHANNELS_FIRST_MAX_PRODUCT", "attention", "dst", "nn", "optim",
            "sparsify", "prepare_ddp"]
