@@ -370,7 +370,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     SNACK_RETURN_IF_ERROR(tile_view_refusal(p));
     plan.threads = kTvDwThreads;
     const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
-    if (p.tile_view_splits != 0 && (p.tile_view_splits < 1 || p.tile_view_splits > chunks))
+    if (p.tile_view_splits < 0 || p.tile_view_splits > chunks)  // 0 asks the planner
       return InvalidArgument("sddmm: tile_view: " + std::to_string(p.tile_view_splits) +
                              " blocks per band asked; 1 to " + std::to_string(chunks) +
                              " run this product (its bands' tiles)");

@@ -433,11 +433,10 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   int splits = 1;
   if (plan->variant == SpmmVariant::kTileView) {
     const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
-    if (p.tile_view_splits != 0 && (p.tile_view_splits < 1 || p.tile_view_splits > kTcMaxSplits ||
-                                    p.tile_view_splits > std::max<int64_t>(1, chunks)))
+    const int64_t most = std::min<int64_t>(kTcMaxSplits, std::max<int64_t>(1, chunks));  // 0 asks the planner
+    if (p.tile_view_splits < 0 || p.tile_view_splits > most)
       return InvalidArgument("tile_view: " + std::to_string(p.tile_view_splits) + " blocks per band asked; 1 to " +
-                             std::to_string(std::min<int64_t>(kTcMaxSplits, std::max<int64_t>(1, chunks))) +
-                             " run this product (" + std::to_string(chunks) + " chunks of " +
+                             std::to_string(most) + " run this product (" + std::to_string(chunks) + " chunks of " +
                              std::to_string(kTcChunk) + " inputs per band)");
     splits = p.tile_view_splits != 0 ? p.tile_view_splits
                                      : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits);

@@ -129,7 +129,7 @@ int default_tile_view_splits() { return g_default_tile_view_splits.load(); }
 
 void set_default_tile_view_splits(int64_t splits) {
   // The planner checks a count against each product (at most 8 for the SpMM's clusters, at most the
-  // band's tiles); here only what no product runs.
+  // band's tiles, never more than 256); here only what no product runs.
   TORCH_CHECK_VALUE(splits >= 0 && splits <= 1024, "snack.set_default_tile_view_splits: ", splits,
                     " blocks per band (expected 0, the planner's choice, or a count from 1)");
   g_default_tile_view_splits.store(int(splits));
