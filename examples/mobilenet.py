@@ -3,10 +3,12 @@
 
     python examples/mobilenet.py                   # widths 1.0, 2.0; batch 1, 64; fp32, bf16; 224x224
     python examples/mobilenet.py --tiny            # seconds on a CPU (what the tests run)
+    python examples/mobilenet.py --weights         # the weight memory alone, any device, no timing
 
 Inference: the latency of a forward at 224 x 224 (on a GPU replayed from a CUDA graph, median), the
-weight memory (parameters and buffers: values and slot indices for snack) and the inference peak
-(the weights plus what a forward allocates). Each impl runs on NCHW and on channels_last inputs;
+weight memory (parameters and buffers: for snack the values and what its patterns keep for inference,
+snack.for_inference: column indices and row pointers, and the tile view of 16-bit layers) and the
+inference peak (the weights plus what a forward allocates). Each impl runs on NCHW and on channels_last inputs;
 bf16 converts the whole model (dense weights, snack values) to bfloat16.
 
 Accuracy: a width-0.25 MobileNetV1 on 32 x 32 images, trained dense and with sparse DST (snack RigL
@@ -114,11 +116,33 @@ def inference_rows(args, device, rows: list[dict], save) -> None:
         x = torch.randn(batch, 3, args.resolution, args.resolution, device=device).to(dtype=dtype, memory_format=fmt)
         for impl, model in (("snack", sparse), ("dense", dense)):
             model = model.to(dtype=dtype, memory_format=fmt)
+            if impl == "snack":
+                snack.for_inference(model)  # after the cast: 16-bit layers keep their tile view
             rows.append(dict(impl=impl, width=width, batch=batch, dtype=dtype_name, layout=layout,
                              latency_us=latency_us(model, x, device, args.reps), weight_mib=weight_mib(model),
                              peak_mib=inference_peak_mib(model, x, device), accuracy=float("nan")))
         del dense, sparse
         save()
+
+
+def print_weights(args, device) -> None:
+    """The weight memory of every width and dtype: dense, snack with every array of its patterns, kept
+    for inference (snack.for_inference's default) and kept without the tile view. Bytes do not depend
+    on the device."""
+    print(f"{'width':>6}{'dtype':>6}{'dense MiB':>11}{'snack MiB':>11}{'inference':>11}{'no tiles':>10}"
+          f"{'smaller':>9}{'no tiles':>10}")
+    for width in args.widths:
+        torch.manual_seed(args.seed)
+        dense = mobilenet_v1(width).to(device).eval()
+        sparse = make_sparse(copy.deepcopy(dense), args.sparsity, args.seed)
+        for dtype_name in args.dtypes:
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+            whole = copy.deepcopy(sparse).to(dtype)
+            kept = snack.for_inference(copy.deepcopy(whole))
+            no_tiles = snack.for_inference(copy.deepcopy(whole), tile_view=False)
+            d = weight_mib(dense.to(dtype))
+            print(f"{width:>6g}{dtype_name:>6}{d:>11.2f}{weight_mib(whole):>11.2f}{weight_mib(kept):>11.2f}"
+                  f"{weight_mib(no_tiles):>10.2f}{d / weight_mib(kept):>8.2f}x{d / weight_mib(no_tiles):>9.2f}x")
 
 
 def digits(device, resolution: int, limit: int = 0):
@@ -187,6 +211,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="width 0.25, 32 x 32, 1 epoch on 200 digits (tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results on a GPU)")
+    parser.add_argument("--weights", action="store_true", help="print the weight memory of each width and dtype only")
     args = parser.parse_args(argv)
     if args.tiny:
         args.widths, args.batches, args.resolution, args.reps, args.epochs = "0.25", "1,2", 32, 2, 1
@@ -196,6 +221,9 @@ def main(argv=None) -> int:
     if any(d not in ("fp32", "bf16") for d in args.dtypes) or not 0.0 < args.sparsity < 1.0:
         raise SystemExit("--dtypes takes fp32 and/or bf16; --sparsity lies in (0, 1)")
     device = torch.device(args.device)
+    if args.weights:
+        print_weights(args, device)
+        return 0
     out = benchmark.results_folder(args.out, device)
     info = benchmark.provenance(device)
     info["run"] = (f"MobileNetV1, pointwise convolutions and classifier {args.sparsity:g} sparse (ERK), {args.resolution}x"
@@ -229,8 +257,9 @@ def main(argv=None) -> int:
 
 def _report(stem: Path, rows, info, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse MobileNetV1", info)
-    lines += ["Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers. "
-              "Peak: the weights plus what the forward allocates.", "",
+    lines += ["Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers (snack's "
+              "patterns kept for inference, snack.for_inference). Peak: the weights plus what the forward allocates.",
+              "",
               "| width | batch | dtype | layout | snack us | dense us | speedup | snack weights MiB | dense weights MiB | "
               "weights smaller | snack peak MiB | dense peak MiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["impl"], r["width"], r["batch"], r["dtype"], r["layout"]): r for r in rows}

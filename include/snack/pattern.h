@@ -88,6 +88,10 @@ inline int64_t tile_view_entries_length(int64_t rows, int64_t cols, int64_t nnz)
 /// into the same slots: the j-th stored entry in column-major order is slot csc_perm[j], and column c
 /// owns j in [col_ptr[c], col_ptr[c+1]); within a column the slots ascend (rows ascend).
 /// All pointers address memory of one device (host memory for the CPU functions).
+///
+/// A pattern kept for inference only (forward_only) has neither row_idx nor csc_perm (both null,
+/// nnz > 0): the forward products read col_idx, row_ptr and the tile view, and nothing else; the
+/// transposed product, the SDDMM and the fused attention's backward need both arrays.
 template <typename Index>
 struct SlotPattern {
   static_assert(kIsSlotIndex<Index>, "slot indices are uint16_t or int32_t");
@@ -103,12 +107,20 @@ struct SlotPattern {
   /// [tile_view_entries_length] (the entries are unsigned 32-bit words).
   const int32_t* tile_ptr = nullptr;
   const uint32_t* tile_entries = nullptr;
+
+  /// True when the slots' rows and the CSC permutation were left out (see above).
+  bool forward_only() const { return nnz > 0 && row_idx == nullptr && csc_perm == nullptr; }
 };
 
+/// What an operation reads of a pattern: only the forward's arrays (col_idx, row_ptr, col_ptr, the
+/// tile view), or every array (row_idx and csc_perm too).
+enum class PatternNeeds { kForward, kAll };
+
 /// Checks the sizes and pointers of a pattern (not its contents): non-negative sizes, dimensions
-/// the Index type can address, nnz <= rows*cols and < 2^31, non-null arrays where nnz > 0.
+/// the Index type can address, nnz <= rows*cols and < 2^31, non-null arrays where nnz > 0 (row_idx
+/// and csc_perm may both be null, a forward-only pattern, where `needs` is PatternNeeds::kForward).
 template <typename Index>
-Status check_pattern_shape(const SlotPattern<Index>& w) {
+Status check_pattern_shape(const SlotPattern<Index>& w, PatternNeeds needs = PatternNeeds::kAll) {
   if (w.rows < 0 || w.cols < 0 || w.nnz < 0)
     return InvalidArgument("pattern sizes must be non-negative (rows=" + std::to_string(w.rows) +
                            ", cols=" + std::to_string(w.cols) + ", nnz=" + std::to_string(w.nnz) + ")");
@@ -122,8 +134,14 @@ Status check_pattern_shape(const SlotPattern<Index>& w) {
   if (w.rows == 0 || w.cols == 0) {
     if (w.nnz != 0) return InvalidArgument("an empty matrix must have nnz=0");
   }
-  if (w.nnz > 0 && (w.row_idx == nullptr || w.col_idx == nullptr || w.csc_perm == nullptr))
+  if (w.forward_only() && w.col_idx != nullptr) {
+    if (needs == PatternNeeds::kAll)
+      return InvalidArgument(
+          "the pattern holds only the forward's arrays (it was kept for inference, without row_idx and csc_perm); "
+          "this product needs them too");
+  } else if (w.nnz > 0 && (w.row_idx == nullptr || w.col_idx == nullptr || w.csc_perm == nullptr)) {
     return InvalidArgument("pattern arrays row_idx/col_idx/csc_perm must not be null when nnz > 0");
+  }
   if (w.row_ptr == nullptr || w.col_ptr == nullptr)
     return InvalidArgument("pattern arrays row_ptr/col_ptr must not be null");
   return Status::Ok();

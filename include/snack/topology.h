@@ -45,7 +45,9 @@ template <typename Index>
 Status check_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx);
 
 /// Checks a whole pattern: its slots (check_slots) and that row_ptr, col_ptr and csc_perm are the
-/// views build_views derives from them. O(m + k + nnz), no allocation. The torch binding runs it on
+/// views build_views derives from them. A forward-only pattern (SlotPattern::forward_only) has its
+/// rows read from row_ptr and its col_ptr checked against the columns' counts. O(m + k + nnz), no
+/// allocation but the tile view's copy (and a forward-only pattern's rows). The torch binding runs it on
 /// every pattern list a CPU product is given (once per list, src/torch/ops_cpu.cpp), so a
 /// hand-assembled or corrupted pattern is an error, never a read out of bounds.
 template <typename Index>

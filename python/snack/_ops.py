@@ -58,7 +58,7 @@ def _shape(pattern):
 
 
 def _nnz(pattern):
-    return pattern[PATTERN_FIELDS.index("row_idx")].shape[0]
+    return pattern[PATTERN_FIELDS.index("col_idx")].shape[0]  # row_idx is empty in a pattern kept for inference
 
 
 def _tensors(values):

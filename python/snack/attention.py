@@ -252,10 +252,19 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
         if (p.out_features, p.in_features) != (q.shape[2], k.shape[2]):
             raise ValueError(f"sparse_attention: pattern is {p.out_features} x {p.in_features}, the attention "
                              f"{q.shape[2]} x {k.shape[2]}")
-        if p.row_idx.device != q.device:
-            raise ValueError(f"sparse_attention: pattern on {p.row_idx.device}, q on {q.device}")
+        if p.col_idx.device != q.device:
+            raise ValueError(f"sparse_attention: pattern on {p.col_idx.device}, q on {q.device}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if _fused(q, k, v, patterns):
+    fused = _fused(q, k, v, patterns)
+    if any(p.forward_only for p in patterns):
+        if not fused:
+            raise ValueError("sparse_attention: a pattern kept for inference (Pattern.for_inference) runs only the "
+                             "fused CUDA forward (one pattern for every head, D 32, 64 or 128); call for_training()")
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ValueError("sparse_attention: the pattern is kept for inference (Pattern.for_inference), and the "
+                             "gradients need what it dropped: run under torch.no_grad() or torch.inference_mode(), "
+                             "or call for_training()")
+    if fused:
         b, h, lq, d = q.shape
         flat = [_aligned(t.reshape(b * h, t.shape[2], d)) for t in (q, k, v)]
         out = _FusedSparseAttention.apply(*flat, scale, bool(causal), *patterns[0].tensors)

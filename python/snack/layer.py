@@ -233,8 +233,9 @@ class SparseLinear(nn.Module):
 
     @property
     def row_idx(self) -> Tensor:
-        """The slots' rows (the pattern's buffer)."""
-        return self.pattern.row_idx
+        """The slots' rows (the pattern's buffer, or derived from its row pointers where the pattern is
+        kept for inference)."""
+        return self.pattern.slot_rows()
 
     @property
     def col_idx(self) -> Tensor:
@@ -252,7 +253,7 @@ class SparseLinear(nn.Module):
     def to_dense(self) -> Tensor:
         """The weight as a dense ``[out, in]`` tensor (differentiable in ``values``)."""
         dense = self.values.new_zeros((self.out_features, self.in_features))
-        return dense.index_put((self.pattern.row_idx.long(), self.pattern.col_idx.long()), self.values)
+        return dense.index_put((self.pattern.slot_rows().long(), self.pattern.col_idx.long()), self.values)
 
     def mask(self) -> Tensor:
         """Boolean ``[out, in]`` tensor, True at the stored connections."""
@@ -312,7 +313,7 @@ class SparseLinear(nn.Module):
             raise TypeError("update_topology: drop and grow must be tensors of slot indices and positions")
         device = self.values.device
         drop = drop.to(device)
-        row_idx, col_idx, source = ops.replace_slots(self.pattern.row_idx, self.pattern.col_idx, drop,
+        row_idx, col_idx, source = ops.replace_slots(self.pattern.slot_rows(), self.pattern.col_idx, drop,
                                                      grow.to(device), self.out_features, self.in_features, validate)
         # Values for grown connections (a scalar, or one per slot of which the grown ones are kept):
         # no host sync here.

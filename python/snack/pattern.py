@@ -28,6 +28,10 @@ class Pattern(nn.Module):
     contiguously, 4 bytes per slot; empty for more than 16384 inputs), left out of ``state_dict``.
     ``tensors`` is the list every snack operator takes, in the C++ library's order.
 
+    :meth:`for_inference` keeps only what the forward products read (``col_idx``, ``row_ptr``,
+    ``col_ptr``, and the tile view if asked): a model served, never trained, stores 2 bytes of index
+    per slot (uint16) instead of 12. :meth:`for_training` rebuilds the rest.
+
     A pattern changes only through :meth:`set_slots`, which keeps ``nnz``, copies the new slots in
     place and rebuilds every view in place: a CUDA graph captured with the pattern keeps reading
     valid memory across topology updates. Build one with :meth:`random`, :meth:`from_coo`,
@@ -58,6 +62,9 @@ class Pattern(nn.Module):
         # What the parent layer decided about the checkpoint it is loading (None: load on our own):
         # REFUSE (it found the checkpoint invalid and said why), or the slots it already checked.
         self._parent_verdict = None
+        # None: every array is held. Else the pattern is kept for inference (for_inference), and this
+        # says whether it keeps the tile view.
+        self._inference_tile_view: Optional[bool] = None
         self.register_buffer("row_idx", row_idx)
         self.register_buffer("col_idx", col_idx)
         for name, view in zip(_VIEWS, self._views(row_idx, col_idx), strict=True):
@@ -110,26 +117,80 @@ class Pattern(nn.Module):
         copied in place, and every view rebuilt in place. ``validate=False`` skips the check of the
         slots (and its host copy) for slots from snack's own operators (``replace_slots``), as a
         topology update inside a captured CUDA graph needs."""
-        if row_idx.shape != self.row_idx.shape or col_idx.shape != self.col_idx.shape:
+        if row_idx.shape != self.col_idx.shape or col_idx.shape != self.col_idx.shape:
             raise ValueError(f"Pattern.set_slots: the slot count never changes ({self.nnz}), got "
                              f"{tuple(row_idx.shape)} and {tuple(col_idx.shape)}")
         if validate:
             ops.validate_slots(row_idx, col_idx, self.out_features, self.in_features)
         views = self._views(row_idx, col_idx)  # before anything is copied
         with torch.no_grad():
-            self.row_idx.copy_(row_idx)
-            self.col_idx.copy_(col_idx)
-            self._copy_views(views)
+            for name, t in zip(PATTERN_FIELDS, (row_idx, col_idx, *views), strict=True):
+                if name not in self._dropped():
+                    getattr(self, name).copy_(t)
 
-    def _copy_views(self, views) -> None:
+    def _dropped(self) -> tuple[str, ...]:
+        """The fields a pattern kept for inference does not hold (empty tensors in ``tensors``)."""
+        if self._inference_tile_view is None:
+            return ()
+        return ("row_idx", "csc_perm") + (() if self._inference_tile_view else ("tile_ptr", "tile_entries"))
+
+    # ---- inference ---------------------------------------------------------------------------------
+    @property
+    def forward_only(self) -> bool:
+        """True while the pattern is kept for inference (:meth:`for_inference`)."""
+        return self._inference_tile_view is not None
+
+    def for_inference(self, *, tile_view: bool = False) -> "Pattern":
+        """Keeps only what the forward products read, in place, and returns the pattern.
+
+        Drops the slots' rows (``row_idx``, 2 or 4 bytes per slot) and the CSC permutation
+        (``csc_perm``, 4 bytes per slot), and the tile view (4 bytes per slot) unless ``tile_view``:
+        the 16-bit tensor-core forward reads it at batches of 16 to 128 rows, and without it the
+        planner takes another kernel. Kept: ``col_idx``, ``row_ptr``, ``col_ptr``.
+
+        The forward products run as before: the layer's forward where no gradient is needed
+        (``torch.no_grad``, ``torch.inference_mode``, frozen inputs and values), ``snack.ops.spmm``,
+        ``spmm_channels_first`` and sparse attention's forward. What needs the dropped arrays (dX,
+        dW, attention's backward) raises ValueError until :meth:`for_training` rebuilds them; a
+        layer's forward that would need them later raises at once. Topology updates (``set_slots``)
+        still work and keep the pattern as it is. ``state_dict`` still holds ``row_idx`` (derived from
+        ``row_ptr``), so a checkpoint loads the same into either form.
+
+        Args:
+            tile_view: keep the tile view (where the layer has one: at most 16384 inputs).
+        """
+        if self.forward_only and tile_view and not self._inference_tile_view:
+            self.for_training()  # the tile view is derived from the rows, which must come back first
         with torch.no_grad():
-            for name, view in zip(_VIEWS, views, strict=True):
-                getattr(self, name).copy_(view)
+            self._inference_tile_view = bool(tile_view)
+            for name in self._dropped():
+                setattr(self, name, getattr(self, name).new_empty((0,)))
+        return self
+
+    def for_training(self) -> "Pattern":
+        """Rebuilds what :meth:`for_inference` dropped, in place (the slots stay); returns the pattern."""
+        if not self.forward_only:
+            return self
+        row_idx = self.slot_rows()
+        views = self._views(row_idx, self.col_idx)
+        with torch.no_grad():
+            self._inference_tile_view = None
+            for name, t in zip(PATTERN_FIELDS, (row_idx, self.col_idx, *views), strict=True):
+                setattr(self, name, t)
+        return self
+
+    def slot_rows(self) -> Tensor:
+        """The row of every slot (``[nnz]``, the index dtype): ``row_idx``, or, while the pattern is
+        kept for inference, derived from ``row_ptr`` (no host synchronisation)."""
+        if not self.forward_only:
+            return self.row_idx
+        rows = torch.arange(self.out_features, dtype=torch.int32, device=self.row_ptr.device)
+        return torch.repeat_interleave(rows, self.row_ptr.diff(), output_size=self.nnz).to(self.index_dtype)
 
     # ---- what it is --------------------------------------------------------------------------------
     @property
     def nnz(self) -> int:
-        return self.row_idx.shape[0]
+        return self.col_idx.shape[0]
 
     @property
     def density(self) -> float:
@@ -147,17 +208,18 @@ class Pattern(nn.Module):
 
     def positions(self) -> Tensor:
         """The linear positions ``row * in_features + col`` of the slots, ascending (int64)."""
-        return self.row_idx.long() * self.in_features + self.col_idx.long()
+        return self.slot_rows().long() * self.in_features + self.col_idx.long()
 
     def to_mask(self) -> Tensor:
         """Boolean ``[out, in]`` tensor, True at the stored positions (for inspection: it is dense)."""
         mask = torch.zeros((self.out_features, self.in_features), dtype=torch.bool, device=self.row_idx.device)
-        mask[self.row_idx.long(), self.col_idx.long()] = True
+        mask[self.slot_rows().long(), self.col_idx.long()] = True
         return mask
 
     def extra_repr(self) -> str:
+        kept = ", for_inference" if self.forward_only else ""
         return (f"out_features={self.out_features}, in_features={self.in_features}, nnz={self.nnz}, "
-                f"index_dtype={self.index_dtype}")
+                f"index_dtype={self.index_dtype}{kept}")
 
     # ---- copies (pickle, copy.deepcopy, torch.save of the module) ---------------------------------
     def __getstate__(self) -> dict:
@@ -172,6 +234,7 @@ class Pattern(nn.Module):
 
     def __setstate__(self, state: dict) -> None:
         narrow = state.pop("_uint16_buffers", [])
+        state.setdefault("_inference_tile_view", None)  # pickled before patterns could be kept for inference
         super().__setstate__(state)
         for name in narrow:
             self._buffers[name] = self._buffers[name].to(torch.uint16)
@@ -185,13 +248,18 @@ class Pattern(nn.Module):
         for key, t in zip(_SLOTS, (rows, cols)):
             if t.dtype.is_floating_point or t.is_complex() or t.dtype == torch.bool:
                 raise TypeError(f"{prefix}{key}: slot indices must be integers, got {t.dtype}")
-        if rows.shape != self.row_idx.shape or cols.shape != self.col_idx.shape:
+        if rows.shape != self.col_idx.shape or cols.shape != self.col_idx.shape:
             raise ValueError(f"size mismatch for {prefix}row_idx/col_idx: the checkpoint has {tuple(rows.shape)}/"
                              f"{tuple(cols.shape)} slots, the pattern has nnz={self.nnz} (build the layer with "
                              "the checkpoint's density)")
-        device = self.row_idx.device
+        device = self.col_idx.device
         return ops.slots_from_coo(rows.to(device=device, dtype=torch.long), cols.to(device=device, dtype=torch.long),
                                   self.out_features, self.in_features, index_dtype=self.index_dtype)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.forward_only:  # the same checkpoint as the whole pattern's
+            destination[prefix + "row_idx"] = self.slot_rows()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

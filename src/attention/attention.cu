@@ -320,7 +320,7 @@ template <typename T, typename Index>
 Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, int64_t bh,
                                 int64_t head_dim, float scale, bool causal, T* out, float* lse, Stream stream) {
   using namespace detail;
-  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w, PatternNeeds::kForward));
   SNACK_RETURN_IF_ERROR(check_attention(w.rows, w.cols, bh, head_dim, w.nnz));
   if (w.rows == 0 || bh == 0) return Status::Ok();
   SNACK_RETURN_IF_ERROR(check_arrays({{"q", q}, {"out", out}}, {{"lse", lse}}));

@@ -10,8 +10,9 @@ namespace snack::detail {
 
 template <typename Index>
 Status check_op(const SlotPattern<Index>& w, int64_t n, const void* values,
-                std::initializer_list<std::pair<const char*, const void*>> operands) {
-  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+                std::initializer_list<std::pair<const char*, const void*>> operands,
+                PatternNeeds needs = PatternNeeds::kAll) {
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w, needs));
   if (n < 0) return InvalidArgument("batch size n must be non-negative, got " + std::to_string(n));
   if (w.nnz > 0 && values == nullptr) return InvalidArgument("values must not be null when nnz > 0");
   for (const auto& [name, ptr] : operands) {

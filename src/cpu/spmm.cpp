@@ -20,7 +20,8 @@ template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias,
                     T* y, Activation act) {
   SNACK_RETURN_IF_ERROR(check_op(w, n, values,
-                                 {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}}));
+                                 {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}},
+                                 PatternNeeds::kForward));
   for (int64_t i = 0; i < n; ++i) {
     const T* xrow = x + i * w.cols;
     T* yrow = y + i * w.rows;
@@ -60,7 +61,8 @@ Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T
   if (pixels < 0) return InvalidArgument("pixels must be non-negative, got " + std::to_string(pixels));
   SNACK_RETURN_IF_ERROR(check_op(w, batch, values,
                                  {{"x", required_if(batch * w.cols * pixels > 0, x)},
-                                  {"y", required_if(batch * w.rows * pixels > 0, y)}}));
+                                  {"y", required_if(batch * w.rows * pixels > 0, y)}},
+                                 PatternNeeds::kForward));
   std::vector<accum_t<T>> acc(static_cast<size_t>(pixels));
   for (int64_t b = 0; b < batch; ++b) {
     const T* xb = x + b * w.cols * pixels;

@@ -76,28 +76,48 @@ Status check_slots(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
 
 template <typename Index>
 Status check_pattern(const SlotPattern<Index>& w) {
-  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
-  SNACK_RETURN_IF_ERROR(check_slots(w.rows, w.cols, w.nnz, w.row_idx, w.col_idx));
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w, PatternNeeds::kForward));
+  if (!w.forward_only()) SNACK_RETURN_IF_ERROR(check_slots(w.rows, w.cols, w.nnz, w.row_idx, w.col_idx));
   const auto view_error = [](const std::string& what) {
     return InvalidArgument("the pattern's views disagree with its slots: " + what +
                            " (build the pattern with snack.Pattern, which derives them)");
   };
   // CSR: offsets from 0 to nnz, and every slot in its row's range (the slots are sorted, so the
-  // ranges are then exactly the rows' slots).
+  // ranges are then exactly the rows' slots). A forward-only pattern's rows are these ranges.
   if (w.row_ptr[0] != 0 || w.row_ptr[w.rows] != w.nnz) return view_error("row_ptr must run from 0 to nnz");
+  std::vector<Index> rows_of_ranges;
+  if (w.forward_only()) rows_of_ranges.resize(size_t(w.nnz));
   for (int64_t r = 0; r < w.rows; ++r) {
     const int64_t begin = w.row_ptr[r], end = w.row_ptr[r + 1];
     if (end < begin) return view_error("row_ptr decreases at row " + std::to_string(r));
-    for (int64_t s = begin; s < end; ++s)
-      if (int64_t(w.row_idx[s]) != r)
+    if (end > w.nnz) return view_error("row_ptr passes nnz at row " + std::to_string(r));
+    for (int64_t s = begin; s < end; ++s) {
+      if (w.forward_only()) rows_of_ranges[size_t(s)] = static_cast<Index>(r);
+      else if (int64_t(w.row_idx[s]) != r)
         return view_error("slot " + std::to_string(s) + " is not in row " + std::to_string(r));
+    }
   }
+  const Index* row_idx = w.forward_only() ? rows_of_ranges.data() : w.row_idx;
+  if (w.forward_only()) SNACK_RETURN_IF_ERROR(check_slots(w.rows, w.cols, w.nnz, row_idx, w.col_idx));
   // CSC: offsets from 0 to nnz; each column's entries name slots of that column in ascending order.
   // A slot belongs to one column and cannot repeat inside it, so nnz such entries are a permutation.
+  // Without the permutation, each column's range holds as many entries as the column has slots.
   if (w.col_ptr[0] != 0 || w.col_ptr[w.cols] != w.nnz) return view_error("col_ptr must run from 0 to nnz");
+  std::vector<int64_t> column_slots;
+  if (w.forward_only()) {
+    column_slots.assign(size_t(w.cols), 0);
+    for (int64_t s = 0; s < w.nnz; ++s) ++column_slots[size_t(w.col_idx[s])];
+  }
   for (int64_t c = 0; c < w.cols; ++c) {
     const int64_t begin = w.col_ptr[c], end = w.col_ptr[c + 1];
     if (end < begin) return view_error("col_ptr decreases at column " + std::to_string(c));
+    if (end > w.nnz) return view_error("col_ptr passes nnz at column " + std::to_string(c));
+    if (w.forward_only()) {
+      if (end - begin != column_slots[size_t(c)])
+        return view_error("col_ptr gives column " + std::to_string(c) + " " + std::to_string(end - begin) +
+                          " slots, it has " + std::to_string(column_slots[size_t(c)]));
+      continue;
+    }
     int64_t previous = -1;
     for (int64_t j = begin; j < end; ++j) {
       const int64_t s = w.csc_perm[j];
@@ -111,7 +131,7 @@ Status check_pattern(const SlotPattern<Index>& w) {
     std::vector<int32_t> tile_ptr(size_t(tile_view_ptr_length(w.rows, w.cols)));
     std::vector<uint32_t> entries(size_t(tile_view_entries_length(w.rows, w.cols, w.nnz)));
     SNACK_RETURN_IF_ERROR(
-        build_tile_view(w.rows, w.cols, w.nnz, w.row_idx, w.col_idx, w.row_ptr, tile_ptr.data(), entries.data()));
+        build_tile_view(w.rows, w.cols, w.nnz, row_idx, w.col_idx, w.row_ptr, tile_ptr.data(), entries.data()));
     if (!std::equal(tile_ptr.begin(), tile_ptr.end(), w.tile_ptr)) return view_error("tile_ptr differs");
     if (!entries.empty() && (w.tile_entries == nullptr || !std::equal(entries.begin(), entries.end(), w.tile_entries)))
       return view_error("tile_entries differ");

@@ -121,7 +121,8 @@ Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T
   SNACK_RETURN_IF_ERROR(::snack::detail::check_op(
       w, batch, values,
       {{"x", ::snack::detail::required_if(batch * w.cols * pixels > 0, x)},
-       {"y", ::snack::detail::required_if(batch * w.rows * pixels > 0, y)}}));
+       {"y", ::snack::detail::required_if(batch * w.rows * pixels > 0, y)}},
+      PatternNeeds::kForward));
   if (batch == 0 || pixels == 0 || w.rows == 0) return Status::Ok();
   // The widest vector (at most 16 bytes) whose elements tile every channel's row of pixels and whose
   // loads and stores stay aligned.

@@ -341,8 +341,11 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
                     const SpmmPlan& plan, void* workspace, Stream stream, Activation act) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
-      w, n, values, {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}}));
+      w, n, values, {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}},
+      PatternNeeds::kForward));
   SNACK_RETURN_IF_ERROR(check_plan_matches(plan, problem_of<T>(w.rows, w.cols, w.nnz, n, false)));
+  if (plan.variant == SpmmVariant::kCooAtomic && w.forward_only())
+    return InvalidArgument("coo_atomic reads the slots' rows, which a forward-only pattern does not hold");
   if (n == 0 || w.rows == 0) return Status::Ok();
   if (plan.variant == SpmmVariant::kCooAtomic) {
     detail::fill_rows_kernel<T><<<detail::grid_for(n * w.rows, 256, 4096), 256, 0, stream>>>(y, bias, n, w.rows);
@@ -396,7 +399,7 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 template <typename T, typename Index>
 Status expand_block(const SlotPattern<Index>& w, const T* values, bool transposed, int64_t first, int64_t count,
                     T* block, Stream stream) {
-  SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w, transposed ? PatternNeeds::kAll : PatternNeeds::kForward));
   const int64_t outputs = transposed ? w.cols : w.rows, width = transposed ? w.rows : w.cols;
   if (first < 0 || count < 0 || first + count > outputs)
     return InvalidArgument("expand_block: outputs [" + std::to_string(first) + ", " + std::to_string(first + count) +

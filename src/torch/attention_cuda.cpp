@@ -21,8 +21,8 @@ struct AttentionArgs {
 // q [BH, Lq, D], k and v [BH, Lk, D]: contiguous, one 16- or 32-bit floating dtype, on the pattern's
 // CUDA device, Lq x Lk the pattern's shape, D a head dimension of the fused kernels.
 AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList pattern,
-                             const char* op) {
-  AttentionArgs a{pattern_arg(pattern, op)};
+                             const char* op, PatternNeeds needs) {
+  AttentionArgs a{pattern_arg(pattern, op, needs)};
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
     TORCH_CHECK_VALUE(t->dim() == 3 && t->is_contiguous(), op, ": ", name, " must be a contiguous [BH, L, D] tensor, got ",
                       t->sizes());
@@ -55,7 +55,7 @@ void dispatch_attention_type(const at::Tensor& q, Fn&& fn) {
 std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                         at::TensorList pattern, double scale, bool causal) {
   const char* op = "sparse_attention_fwd";
-  const AttentionArgs a = attention_args(q, k, v, pattern, op);
+  const AttentionArgs a = attention_args(q, k, v, pattern, op, PatternNeeds::kForward);
   const c10::cuda::CUDAGuard guard(a.p.device);
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = at::empty({a.bh, a.p.rows}, q.options().dtype(at::kFloat));
@@ -78,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Te
                                                                     const at::Tensor& dout, at::TensorList pattern,
                                                                     double scale, bool causal) {
   const char* op = "sparse_attention_bwd";
-  const AttentionArgs a = attention_args(q, k, v, pattern, op);
+  const AttentionArgs a = attention_args(q, k, v, pattern, op, PatternNeeds::kAll);
   TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && dout.is_contiguous() && dout.scalar_type() == q.scalar_type() &&
                         reinterpret_cast<uintptr_t>(dout.data_ptr()) % 16 == 0,
                     op, ": dout must be contiguous, start at a 16-byte boundary and be shaped and typed like q");

@@ -293,6 +293,8 @@ at::Tensor sparse_linear_autograd(const at::Tensor& x, const at::Tensor& values,
     at::AutoDispatchBelowADInplaceOrView guard;
     return sparse_linear_forward(x, values, bias, pattern, activation);
   }
+  check_pattern_list(pattern);
+  if (x.requires_grad() || values.requires_grad()) check_pattern_needs(pattern, PatternNeeds::kAll, "sparse_linear");
   return SparseLinearFunction::apply(x, values, bias, pattern, activation);
 }
 
@@ -325,6 +327,8 @@ at::Tensor sparse_linear_adamw_autograd(const at::Tensor& x, const at::Tensor& v
   // created on, and torch 2.11's engine makes the caller's stream wait on it at the end of the
   // backward: under CUDA-graph capture that crosses the capture boundary, pytorch#189371.) Without
   // values that learn the node may never run, and the bias then takes the usual gradient.
+  check_pattern_list(pattern);
+  if (x.requires_grad() || values.requires_grad()) check_pattern_needs(pattern, PatternNeeds::kAll, op);
   const bool bias_in_backward = !bias_state.empty() && values.requires_grad();
   const OptionalTensor bias_input = bias_in_backward ? OptionalTensor(bias->detach()) : bias;
   return SparseLinearAdamWFunction::apply(x, values, bias_input, pattern, state, hyper,

@@ -34,7 +34,19 @@ void check_same_device(const at::Tensor& t, const at::Device& device, const char
                     device);
 }
 
-PatternArg pattern_arg(at::TensorList pattern, const char* op) {
+void check_pattern_needs(at::TensorList pattern, PatternNeeds needs, const char* op) {
+  // Traced with symbolic sizes (torch.compile): the ops the trace calls check the real tensors.
+  if (pattern[kRowIdx].unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      pattern[kColIdx].unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return;
+  const bool forward_only = pattern[kColIdx].numel() > 0 && pattern[kRowIdx].numel() == 0;
+  TORCH_CHECK_VALUE(!forward_only || needs == PatternNeeds::kForward, "snack.", op,
+                    ": the pattern holds only the forward's arrays (Pattern.for_inference dropped row_idx and "
+                    "csc_perm), and the gradients need them: run it under torch.no_grad() or "
+                    "torch.inference_mode(), or call Pattern.for_training()");
+}
+
+PatternArg pattern_arg(at::TensorList pattern, const char* op, PatternNeeds needs) {
   TORCH_CHECK_VALUE(pattern.size() == size_t(kPatternFields), "snack.", op, ": pattern must hold ", int(kPatternFields),
                     " tensors (row_idx, col_idx, row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries), got ",
                     pattern.size());
@@ -60,10 +72,13 @@ PatternArg pattern_arg(at::TensorList pattern, const char* op) {
                     ": row_ptr and col_ptr need at least one element");
   p.rows = p.row_ptr.size(0) - 1;
   p.cols = p.col_ptr.size(0) - 1;
-  p.nnz = p.row_idx.size(0);
-  TORCH_CHECK_VALUE(p.col_idx.size(0) == p.nnz && p.csc_perm.size(0) == p.nnz, "snack.", op,
-                    ": row_idx, col_idx and csc_perm must have the same length (", p.nnz, ", ", p.col_idx.size(0),
-                    ", ", p.csc_perm.size(0), ")");
+  p.nnz = p.col_idx.size(0);
+  // row_idx and csc_perm hold a slot each, or are both empty: a pattern kept for inference.
+  const bool forward_only = p.nnz > 0 && p.row_idx.numel() == 0 && p.csc_perm.numel() == 0;
+  TORCH_CHECK_VALUE(forward_only || (p.row_idx.size(0) == p.nnz && p.csc_perm.size(0) == p.nnz), "snack.", op,
+                    ": row_idx, col_idx and csc_perm must have the same length (", p.row_idx.size(0), ", ", p.nnz,
+                    ", ", p.csc_perm.size(0), "), or row_idx and csc_perm none (a pattern kept for inference)");
+  check_pattern_needs(pattern, needs, op);
   TORCH_CHECK_TYPE(p.tile_ptr.scalar_type() == at::kInt && p.tile_entries.scalar_type() == at::kInt, "snack.", op,
                    ": tile_ptr and tile_entries must be int32");
   // The tile view is whole or absent (both empty: the layer is wider than the view allows, or a

@@ -38,6 +38,8 @@ struct PatternArg {
   at::Device device = at::kCPU;
 
   bool has_tile_view() const { return tile_ptr.numel() > 0; }
+  // Kept for inference: no row_idx, no csc_perm (SlotPattern::forward_only).
+  bool forward_only() const { return nnz > 0 && row_idx.numel() == 0; }
 
   template <typename Index>
   SlotPattern<Index> view() const {
@@ -45,11 +47,13 @@ struct PatternArg {
     w.rows = rows;
     w.cols = cols;
     w.nnz = nnz;
-    w.row_idx = static_cast<const Index*>(row_idx.data_ptr());
     w.col_idx = static_cast<const Index*>(col_idx.data_ptr());
     w.row_ptr = row_ptr.data_ptr<int32_t>();
     w.col_ptr = col_ptr.data_ptr<int32_t>();
-    w.csc_perm = csc_perm.data_ptr<int32_t>();
+    if (!forward_only()) {
+      w.row_idx = static_cast<const Index*>(row_idx.data_ptr());
+      w.csc_perm = csc_perm.data_ptr<int32_t>();
+    }
     if (has_tile_view()) {
       w.tile_ptr = tile_ptr.data_ptr<int32_t>();
       w.tile_entries = reinterpret_cast<const uint32_t*>(tile_entries.data_ptr<int32_t>());
@@ -58,7 +62,12 @@ struct PatternArg {
   }
 };
 
-PatternArg pattern_arg(at::TensorList pattern, const char* op);
+// A pattern that holds only the forward's arrays (Pattern.for_inference) is refused where `needs`
+// is kAll, before anything runs.
+PatternArg pattern_arg(at::TensorList pattern, const char* op, PatternNeeds needs = PatternNeeds::kAll);
+// The same refusal alone, for a pattern list of the right length: the layer's autograd calls it
+// before a forward whose backward would need dX or dW.
+void check_pattern_needs(at::TensorList pattern, PatternNeeds needs, const char* op);
 
 // Calls fn(SlotPattern<Index>) with the index type of the pattern.
 template <typename Fn>

@@ -13,7 +13,7 @@ namespace snack::binding {
 SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                        const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op,
                        bool channels_first) {
-  SpmmInputs in{pattern_arg(pattern, op), at::Tensor(), bias, activation_arg(activation, op)};
+  SpmmInputs in{pattern_arg(pattern, op, PatternNeeds::kForward), at::Tensor(), bias, activation_arg(activation, op)};
   check_values(values, in.p, op);
   check_dense(x, values, in.p.cols, in.p, "x", op, channels_first);
   check_bias(bias, values, in.p, op);
@@ -225,7 +225,7 @@ void validate_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_
 
 void validate_pattern(at::TensorList pattern) {
   const char* op = "validate_pattern";
-  PatternArg p = pattern_arg(pattern, op);
+  PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
   for (at::Tensor* t : {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm, &p.tile_ptr, &p.tile_entries})
     *t = t->contiguous().cpu();
   throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);

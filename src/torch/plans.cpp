@@ -129,12 +129,12 @@ using ExplainResult = std::tuple<std::string, std::string, int64_t, int64_t, int
 ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
                       c10::string_view variant) {
   const char* op = "explain";
-  const PatternArg p = pattern_arg(pattern, op);
-  check_values(values, p, op);
-  TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
   const std::string which(op_name);
   TORCH_CHECK_VALUE(which == "forward" || which == "input_grad" || which == "weight_grad", "snack.explain: op must "
                     "be forward, input_grad or weight_grad, got '", which, "'");
+  const PatternArg p = pattern_arg(pattern, op, which == "forward" ? PatternNeeds::kForward : PatternNeeds::kAll);
+  check_values(values, p, op);
+  TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
   if (!values.is_cuda())
     return {"cpu", "cpu", 1, 1, 1, 1, 1, 0, 0, false, "cpu: reference loops (one output at a time, fixed order)"};
   const int device = values.device().index();

@@ -7,7 +7,11 @@
 // snack::pattern_fields() (src/torch/op_args.h):
 //   row_idx [nnz], col_idx [nnz]   uint16 or int32, the slots sorted row-major
 //   row_ptr [M+1], col_ptr [K+1], csc_perm [nnz]   int32, the derived CSR and CSC views
-// M and K are read from row_ptr and col_ptr.
+//   tile_ptr, tile_entries   int32, the tile view (snack/pattern.h), or both empty
+// M and K are read from row_ptr and col_ptr, nnz from col_idx. A pattern kept for inference
+// (Pattern.for_inference) has row_idx and csc_perm empty: the forward products take it (spmm,
+// spmm_channels_first, sparse_attention_fwd, sparse_linear where nothing needs a gradient, explain
+// of the forward), every other op refuses it.
 // AdamW's state of a parameter is a list [exp_avg, exp_avg_sq, step] (moments shaped like it, the
 // float32 count of updates on its device) and its settings a list [lr, beta1, beta2, eps,
 // weight_decay, maximize as 0 or 1].

@@ -127,6 +127,22 @@ TEST(CpuOpsErrors, RejectsBadArguments) {
   EXPECT_NE(s.message().find("index type"), std::string::npos) << s.message();
 }
 
+TEST(CpuOps, ForwardOnlyPatternRunsTheForwardAndRefusesTheRest) {
+  const auto p = random_pattern<uint16_t>(9, 11, 40, 3, {4});
+  auto w = p.view();
+  std::vector<float> v(40), x(2 * 11), y(2 * 9, -1.f), y_whole(2 * 9, -2.f), dx(2 * 11), dv(40);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i % 7) - 3.f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 5) * 0.5f - 1.f;
+  ASSERT_TRUE((cpu::spmm_forward<float, uint16_t>(w, v.data(), x.data(), 2, nullptr, y_whole.data()).ok()));
+  w.row_idx = nullptr;
+  w.csc_perm = nullptr;
+  ASSERT_TRUE((cpu::spmm_forward<float, uint16_t>(w, v.data(), x.data(), 2, nullptr, y.data()).ok()));
+  EXPECT_EQ(y, y_whole);
+  EXPECT_EQ((cpu::spmm_transposed<float, uint16_t>(w, v.data(), y.data(), 2, dx.data()).code()),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((cpu::sddmm<float, uint16_t>(w, y.data(), x.data(), 2, dv.data()).code()), StatusCode::kInvalidArgument);
+}
+
 TEST(CpuOptimizer, AdamWUpdateFollowsTorchFormula) {
   const AdamWConfig c{0.01, 0.8, 0.95, 1e-6, 0.1, false};
   std::vector<double> g{0.5, -2.0, 0.0}, v{1.0, -0.25, 3.0}, m{0.1, 0.2, -0.3}, s{0.01, 0.5, 0.0};

@@ -93,6 +93,36 @@ TEST(CheckPattern, AcceptsBuiltViewsAndRejectsEveryCorruption) {
   EXPECT_FALSE(corrupted([](auto& q) { std::swap(q.csc_perm[0], q.csc_perm[q.csc_perm.size() - 1]); }).ok());
 }
 
+TEST(CheckPattern, ForwardOnlyPatternsReadTheirRowsFromRowPtr) {
+  const auto p = random_pattern<uint16_t>(17, 13, 60, 5, {0, 16});
+  const auto forward_only = [](SlotPattern<uint16_t> w) {
+    w.row_idx = nullptr;
+    w.csc_perm = nullptr;
+    return w;
+  };
+  ASSERT_TRUE(forward_only(p.view()).forward_only());
+  EXPECT_TRUE(cpu::check_pattern(forward_only(p.view())).ok());
+  const auto corrupted = [&](auto edit) {
+    auto q = p;
+    edit(q);
+    return cpu::check_pattern(forward_only(q.view()));
+  };
+  EXPECT_FALSE(corrupted([](auto& q) { q.row_ptr[5] = 1000; }).ok()) << "a range past nnz";
+  EXPECT_FALSE(corrupted([](auto& q) { q.col_ptr[2] += 1; }).ok()) << "a column's count";
+  EXPECT_FALSE(corrupted([](auto& q) { q.col_idx[0] = 13; }).ok());
+  EXPECT_FALSE(corrupted([](auto& q) { std::swap(q.col_idx[0], q.col_idx[1]); }).ok()) << "unsorted in a row";
+  // Only the arrays' absence is forward-only: one of them alone is a broken pattern.
+  auto half = p.view();
+  half.csc_perm = nullptr;
+  EXPECT_FALSE(half.forward_only());
+  EXPECT_FALSE(cpu::check_pattern(half).ok());
+  // The products that need the dropped arrays say so.
+  const Status refused = check_pattern_shape(forward_only(p.view()), PatternNeeds::kAll);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("only the forward's arrays"), std::string::npos) << refused.message();
+  EXPECT_TRUE(check_pattern_shape(forward_only(p.view()), PatternNeeds::kForward).ok());
+}
+
 TEST(BuildViews, RejectsInvalidSlotsBeforeWriting) {
   const std::vector<int32_t> rows{0, 5}, cols{0, 1};
   std::vector<int32_t> rp(4, -9), cp(3, -9), perm(2, -9);

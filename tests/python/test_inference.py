@@ -1,0 +1,271 @@
+"""Patterns kept for inference (Pattern.for_inference, snack.for_inference): the forward products on
+what remains, against float64 and against the whole pattern; the refusals of everything that needs
+what was dropped; bytes, checkpoints, copies, topology updates and for_training."""
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import snack
+from helpers import ODD_SHAPES, Weight, assert_matmul, poison_cache
+
+ops = snack.ops
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def kept(pattern: snack.Pattern, tile_view: bool = False) -> snack.Pattern:
+    return copy.deepcopy(pattern).for_inference(tile_view=tile_view)
+
+
+@pytest.mark.parametrize("m,k,n,nnz,empty_rows", ODD_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tile_view", [False, True])
+def test_forward_products_match_float64_and_the_whole_pattern(device, m, k, n, nnz, empty_rows, dtype, tile_view):
+    if device.type == "cuda" and dtype == torch.float64:
+        pytest.skip("the CUDA products run float32 and 16-bit values")
+    w = Weight(m, k, nnz, device=device, dtype=dtype, seed=m + k + nnz, empty_rows=empty_rows)
+    x, bias = w.randn(n, k, seed=2), w.randn(m, seed=3)
+    pattern = kept(w.pattern, tile_view)
+    assert pattern.forward_only
+    poison_cache(device)
+    y = ops.spmm(x, w.values, pattern.tensors, bias)
+    assert_matmul(y, x, w.dense64.T, dtype, bias=bias.double(), what="spmm")
+    whole = ops.spmm(x, w.values, w.tensors, bias)
+    if device.type == "cpu" or dtype == torch.float32 or tile_view:
+        # the same kernel as the whole pattern's (16-bit CUDA products may plan another without the tile view)
+        assert torch.equal(y, whole)
+    images = w.randn(2, k, 3, seed=4)
+    y_cf = ops.spmm_channels_first(images, w.values, pattern.tensors, bias, "relu")
+    assert torch.equal(y_cf, ops.spmm_channels_first(images, w.values, w.tensors, bias, "relu"))
+
+
+@pytest.mark.parametrize("shape", [(13,), (1, 13), (5, 13), (2, 3, 13)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_layer_forward_without_gradients(device, shape, dtype, activation):
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(13, 9, density=0.4, device=device, dtype=dtype, activation=activation)
+    x = torch.randn(shape, device=device, dtype=dtype)
+    with torch.no_grad():
+        expected = layer(x)
+    snack.for_inference(layer)
+    assert layer.pattern.forward_only
+    with torch.inference_mode():
+        assert torch.equal(layer(x), expected)
+    layer.requires_grad_(False)
+    assert torch.equal(layer(x), expected)  # grad mode on, but nothing needs a gradient
+
+
+def test_gradients_are_refused_before_the_forward(device):
+    layer = snack.SparseLinear(20, 8, density=0.3, device=device)
+    snack.for_inference(layer)
+    x = torch.randn(4, 20, device=device)
+    with pytest.raises(ValueError, match="for_inference.*torch.no_grad"):
+        layer(x)  # values require gradients
+    layer.requires_grad_(False)
+    with pytest.raises(ValueError, match="for_inference"):
+        layer(x.requires_grad_())  # dX
+    optimizer = snack.optim.AdamW(layer.parameters())
+    layer.requires_grad_(True)
+    with pytest.raises(ValueError, match="for_inference"):
+        layer(x.detach())  # the fused update's forward
+    optimizer.release()
+
+
+def test_products_that_need_the_dropped_arrays_raise(device):
+    w = Weight(12, 10, 40, device=device)
+    tensors = kept(w.pattern).tensors
+    dy, x = w.randn(3, 12), w.randn(3, 10)
+    for call in (lambda: ops.spmm_t(dy, w.values, tensors),
+                 lambda: ops.sddmm(dy, x, tensors),
+                 lambda: ops.explain(w.values, tensors, 8, "input_grad"),
+                 lambda: ops.explain(w.values, tensors, 8, "weight_grad")):
+        with pytest.raises(ValueError, match="only the forward's arrays"):
+            call()
+    assert ops.explain(w.values, tensors, 8, "forward")[0]  # the forward plans as before
+
+
+def test_a_half_dropped_list_is_refused(device):
+    w = Weight(12, 10, 40, device=device)
+    tensors = list(w.tensors)
+    tensors[snack.PATTERN_FIELDS.index("row_idx")] = tensors[0][:0]
+    with pytest.raises(ValueError, match="same length"):
+        ops.spmm(w.randn(2, 10), w.values, tensors)
+
+
+def test_validate_pattern_checks_what_remains():
+    w = Weight(30, 17, 120, device="cpu", empty_rows=4)
+    tensors = kept(w.pattern, tile_view=True).tensors
+    ops.validate_pattern(tensors)
+    col_ptr = tensors[snack.PATTERN_FIELDS.index("col_ptr")]
+    bad = list(tensors)
+    shifted = col_ptr.clone()
+    shifted[1:-1] += 1  # column 0 claims one slot more than it has
+    bad[snack.PATTERN_FIELDS.index("col_ptr")] = shifted
+    with pytest.raises(ValueError, match="col_ptr gives column 0"):
+        ops.validate_pattern(bad)
+    bad = list(tensors)
+    row_ptr = tensors[snack.PATTERN_FIELDS.index("row_ptr")].clone()
+    row_ptr[1] = 200
+    bad[snack.PATTERN_FIELDS.index("row_ptr")] = row_ptr
+    with pytest.raises(ValueError, match="row_ptr"):
+        ops.validate_pattern(bad)
+
+
+@pytest.mark.parametrize("index_dtype,index_bytes", [(torch.uint16, 2), (torch.int32, 4)])
+def test_bytes_kept(index_dtype, index_bytes):
+    layer = snack.SparseLinear(300, 200, density=0.1, index_dtype=index_dtype)
+    nnz, whole = layer.nnz, layer.pattern.nbytes()["total"]
+    offsets = 4 * (300 + 1 + 200 + 1)
+    tile_ptr = layer.pattern.tile_ptr.numel() * 4
+    assert whole == nnz * (2 * index_bytes + 4) + offsets + tile_ptr + layer.pattern.tile_entries.numel() * 4
+    layer.pattern.for_inference()
+    assert layer.pattern.nbytes()["total"] == nnz * index_bytes + offsets
+    layer.pattern.for_inference(tile_view=True)
+    assert layer.pattern.nbytes()["total"] == nnz * index_bytes + offsets + tile_ptr + (nnz + 3) // 4 * 16
+
+
+def test_for_training_rebuilds_every_array(device):
+    w = Weight(70, 130, 900, device=device, empty_rows=9)
+    pattern = kept(w.pattern)
+    assert pattern.row_idx.numel() == 0 and pattern.csc_perm.numel() == 0 and pattern.tile_entries.numel() == 0
+    assert torch.equal(pattern.slot_rows(), w.row_idx)
+    assert torch.equal(pattern.positions(), w.pattern.positions())
+    assert torch.equal(pattern.to_mask(), w.pattern.to_mask())
+    pattern.for_training()
+    assert not pattern.forward_only
+    for a, b in zip(pattern.tensors, w.tensors, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_tile_view_kept_and_dropped_again(device):
+    w = Weight(70, 130, 900, device=device)
+    pattern = kept(w.pattern, tile_view=False)
+    pattern.for_inference(tile_view=True)  # rebuilt from the rows
+    field = snack.PATTERN_FIELDS.index("tile_entries")
+    assert torch.equal(pattern.tensors[field], w.tensors[field])
+    pattern.for_inference(tile_view=False)
+    assert pattern.tensors[field].numel() == 0
+
+
+def test_checkpoints_are_the_same_in_either_form(device):
+    torch.manual_seed(1)
+    layer = snack.SparseLinear(40, 24, density=0.2, device=device)
+    whole = layer.state_dict()
+    snack.for_inference(layer)
+    state = layer.state_dict()
+    assert state.keys() == whole.keys()
+    for key in whole:
+        assert state[key].dtype == whole[key].dtype and torch.equal(state[key], whole[key]), key
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    twin = snack.SparseLinear(40, 24, density=0.2, device=device)
+    twin.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
+    snack.for_inference(twin)
+    twin.load_state_dict(whole)  # a kept pattern loads a checkpoint and stays kept
+    assert twin.pattern.forward_only
+    x = torch.randn(3, 40, device=device)
+    with torch.no_grad():
+        assert torch.equal(twin(x), layer(x))
+
+
+def test_copies_keep_the_form(device):
+    layer = snack.SparseLinear(40, 24, density=0.2, device=device)
+    snack.for_inference(layer)
+    x = torch.randn(3, 40, device=device)
+    with torch.no_grad():
+        expected = layer(x)
+        for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+            assert twin.pattern.forward_only and twin.pattern.row_idx.numel() == 0
+            assert torch.equal(twin(x), expected)
+
+
+def test_topology_updates_keep_the_form(device):
+    torch.manual_seed(2)
+    layer = snack.SparseLinear(50, 30, density=0.2, device=device)
+    twin = copy.deepcopy(layer)
+    snack.for_inference(layer)
+    gen = torch.Generator(device=device).manual_seed(5)
+    drop = snack.dst.prune_magnitude(twin, 20)
+    grow = snack.dst.grow_random(twin, 20, generator=gen)
+    twin.update_topology(drop, grow)
+    layer.update_topology(drop, grow)
+    assert layer.pattern.forward_only
+    assert torch.equal(layer.row_idx, twin.row_idx) and torch.equal(layer.col_idx, twin.col_idx)
+    x = torch.randn(4, 50, device=device)
+    with torch.no_grad():
+        assert torch.equal(layer(x), twin(x))
+    layer.pattern.for_training()
+    for a, b in zip(layer.pattern.tensors, twin.pattern.tensors, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_model_wide_choice_of_the_tile_view(device):
+    shared = snack.Pattern.random(32, 48, 300, device=device)
+    model = torch.nn.Sequential(snack.SparseLinear(48, 32, density=0.2, device=device, dtype=torch.bfloat16),
+                                snack.SparseLinear(32, 48, density=0.2, device=device),
+                                snack.attention.SparseAttention(shared))
+    snack.for_inference(model)
+    assert all(p.forward_only for p in model.modules() if isinstance(p, snack.Pattern))
+    assert model[0].pattern.tile_entries.numel() > 0  # 16-bit values read it
+    assert model[1].pattern.tile_entries.numel() == 0
+    assert model[2].pattern.tile_entries.numel() == 0
+    snack.for_inference(model, tile_view=True)
+    assert model[1].pattern.tile_entries.numel() > 0
+    snack.for_training(model)
+    assert not any(p.forward_only for p in model.modules() if isinstance(p, snack.Pattern))
+
+
+def test_conv_inference_on_nchw_images(device):
+    torch.manual_seed(3)
+    conv = snack.SparseConv2d(24, 40, density=0.25, device=device)
+    images = torch.randn(2, 24, 7, 5, device=device)
+    with torch.no_grad():
+        expected = conv(images)
+        snack.for_inference(conv)
+        assert torch.equal(conv(images), expected)
+
+
+def test_sparse_attention_unfused_path_is_refused():
+    pattern = snack.attention.local_pattern(16, 4)
+    q = torch.randn(1, 2, 16, 8)
+    kept_pattern = kept(pattern)
+    with pytest.raises(ValueError, match="fused CUDA forward"):
+        snack.attention.sparse_attention(q, q, q, kept_pattern)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_attention_fused_forward(dtype):
+    pattern = snack.attention.local_pattern(96, 8, global_tokens=2, random_per_row=3, device="cuda")
+    q, k, v = (torch.randn(2, 3, 96, 64, device="cuda", dtype=dtype) for _ in range(3))
+    kept_pattern = kept(pattern)
+    with torch.no_grad():
+        expected = snack.attention.sparse_attention(q, k, v, pattern, causal=True)
+        assert torch.equal(snack.attention.sparse_attention(q, k, v, kept_pattern, causal=True), expected)
+    with pytest.raises(ValueError, match="torch.no_grad"):
+        snack.attention.sparse_attention(q.requires_grad_(), k, v, kept_pattern)
+
+
+def test_opcheck_forward_products(device):
+    w = Weight(11, 13, 40, device=device, seed=3, empty_rows=2)
+    tensors = kept(w.pattern).tensors
+    x, bias = w.randn(5, 13, seed=1), w.randn(11, seed=3)
+    torch.library.opcheck(ops.spmm.default, (x, w.values, tensors, bias))
+    torch.library.opcheck(ops.spmm_channels_first.default, (w.randn(2, 13, 9, seed=6), w.values, tensors, bias))
+    torch.library.opcheck(ops.sparse_linear.default, (x, w.values, bias, tensors))
+
+
+def test_compiled_inference(device):
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(snack.SparseLinear(24, 40, density=0.3, device=device, activation="relu"),
+                                snack.SparseLinear(40, 8, density=0.3, device=device))
+    snack.for_inference(model)
+    x = torch.randn(6, 24, device=device)
+    with torch.inference_mode():
+        expected = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(x), expected)
