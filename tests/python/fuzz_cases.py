@@ -123,9 +123,12 @@ def test_layer_from_coo(m, k, data):
 
 # ---- pattern lists given to the operators ------------------------------------------------------------------
 @fuzz
-@given(m=dims, k=dims, frac=st.floats(0.05, 1.0), seed=st.integers(0, 2 ** 16), data=st.data())
-def test_corrupted_pattern_lists(m, k, frac, seed, data):
+@given(m=dims, k=dims, frac=st.floats(0.05, 1.0), seed=st.integers(0, 2 ** 16),
+       kept=st.sampled_from([None, False, True]), data=st.data())
+def test_corrupted_pattern_lists(m, k, frac, seed, kept, data):
     layer = random_layer(m, k, frac, seed)
+    if kept is not None:  # a pattern kept for inference, with or without its tile view
+        layer.pattern.for_inference(tile_view=kept)
     tensors = [t.clone() for t in layer.pattern.tensors]
     field = data.draw(st.integers(0, len(tensors) - 1))
     if tensors[field].numel() == 0:
