@@ -1,7 +1,7 @@
 // Trains a two-layer network with snack::SparseLinear (90% sparse) in libtorch to imitate a random
 // sparse teacher, on the GPU when there is one, then saves it and loads it into a fresh model (and
-// shows that a corrupted checkpoint is refused). Exits non-zero if the loss does not fall or a
-// check fails.
+// shows that a corrupted checkpoint is refused), and serves it with its patterns kept for inference.
+// Exits non-zero if the loss does not fall or a check fails.
 #include <snack/torch/sparse_linear.h>
 #include <torch/torch.h>
 
@@ -57,6 +57,41 @@ int main() {
     std::fprintf(stderr, "the reloaded weights differ\n");
     return 1;
   }
+  // Serving: the patterns keep only what the forward reads; the outputs and the checkpoint stay the same.
+  torch::Tensor served_before, served;
+  const auto pattern_bytes = [&] { return student->hidden->pattern->nbytes() + student->out->pattern->nbytes(); };
+  const int64_t bytes_before = pattern_bytes();
+  {
+    torch::NoGradGuard no_grad;
+    served_before = student->forward(x);
+    snack::for_inference(*student);
+    served = student->forward(x);
+  }
+  std::printf("kept for inference: pattern bytes %lld -> %lld\n", static_cast<long long>(bytes_before),
+              static_cast<long long>(pattern_bytes()));
+  if (!torch::equal(served, served_before) || !(pattern_bytes() < bytes_before / 2)) {
+    std::fprintf(stderr, "the model kept for inference computes otherwise, or holds as much\n");
+    return 1;
+  }
+  try {
+    student->forward(x);  // the values require gradients, which the dropped arrays would give
+    std::fprintf(stderr, "a forward needing gradients ran on patterns kept for inference\n");
+    return 1;
+  } catch (const c10::Error& e) {
+    std::printf("forward with gradients refused: %s\n", e.what_without_backtrace());
+  }
+  std::stringstream served_checkpoint;
+  torch::save(student, served_checkpoint);
+  Student served_twin;
+  served_twin->to(device);
+  torch::load(served_twin, served_checkpoint);
+  snack::for_training(*student);
+  if (!torch::equal(served_twin->hidden->to_dense(), student->hidden->to_dense()) ||
+      !torch::equal(student->hidden->pattern->row_idx, resumed->hidden->pattern->row_idx)) {
+    std::fprintf(stderr, "the checkpoint of the served model, or the rebuilt pattern, differs\n");
+    return 1;
+  }
+
   // A slot out of range in a checkpoint is an error, and the layer keeps its weights.
   snack::SparseLinear small(snack::SparseLinearOptions(8, 4).density(0.5));
   const torch::Tensor before = small->to_dense().clone();

@@ -71,14 +71,57 @@ PatternImpl::PatternImpl(int64_t out_features_, int64_t in_features_, torch::Ten
 }
 
 void PatternImpl::reset() {
-  auto [rp, cp, perm, tp, te] = build_views(row_idx, col_idx, out_features, in_features);
-  row_idx = register_buffer("row_idx", row_idx);
+  const torch::Tensor rows = slot_rows();
+  auto [rp, cp, perm, tp, te] = build_views(rows, col_idx, out_features, in_features);
+  row_idx = register_buffer("row_idx", rows);
   col_idx = register_buffer("col_idx", col_idx);
   row_ptr = register_buffer("row_ptr", rp);
   col_ptr = register_buffer("col_ptr", cp);
   csc_perm = register_buffer("csc_perm", perm);
   tile_ptr = register_buffer("tile_ptr", tp);
   tile_entries = register_buffer("tile_entries", te);
+  if (forward_only()) drop_for_inference();
+}
+
+torch::Tensor PatternImpl::slot_rows() const {
+  if (!forward_only()) return row_idx;
+  const torch::Tensor rows = torch::arange(out_features, row_ptr.options());
+  return torch::repeat_interleave(rows, row_ptr.diff(), /*dim=*/std::nullopt, /*output_size=*/nnz())
+      .to(col_idx.scalar_type());
+}
+
+void PatternImpl::drop_for_inference() {
+  torch::NoGradGuard no_grad;
+  // set_() empties a buffer in place: the module's registered tensor is the same object.
+  row_idx.set_();
+  csc_perm.set_();
+  if (!*inference_tile_view_) {
+    tile_ptr.set_();
+    tile_entries.set_();
+  }
+}
+
+void PatternImpl::for_inference(bool tile_view) {
+  if (forward_only() && tile_view && !*inference_tile_view_) for_training();  // the tile view needs the rows
+  inference_tile_view_ = tile_view;
+  drop_for_inference();
+}
+
+void PatternImpl::for_training() {
+  if (!forward_only()) return;
+  const torch::Tensor rows = slot_rows();
+  auto [rp, cp, perm, tp, te] = build_views(rows, col_idx, out_features, in_features);
+  inference_tile_view_.reset();
+  torch::NoGradGuard no_grad;
+  row_idx.set_(rows);
+  csc_perm.set_(perm);
+  tile_ptr.set_(tp);
+  tile_entries.set_(te);
+}
+
+void PatternImpl::save(torch::serialize::OutputArchive& archive) const {
+  for (const auto& buffer : named_buffers(/*recurse=*/false))
+    archive.write(buffer.key(), buffer.key() == "row_idx" ? slot_rows() : buffer.value(), /*is_buffer=*/true);
 }
 
 std::vector<torch::Tensor> PatternImpl::tensors() const {
@@ -94,26 +137,30 @@ std::vector<torch::Tensor> PatternImpl::tensors() const {
 }
 
 void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tensor& new_col_idx, bool validate) {
-  TORCH_CHECK_VALUE(new_row_idx.sizes() == row_idx.sizes() && new_col_idx.sizes() == col_idx.sizes(),
+  TORCH_CHECK_VALUE(new_row_idx.sizes() == col_idx.sizes() && new_col_idx.sizes() == col_idx.sizes(),
                     "snack::Pattern::set_slots: the slot count never changes (", nnz(), ")");
   if (validate) validate_slots(new_row_idx, new_col_idx, out_features, in_features);
   auto [rp, cp, perm, tp, te] = build_views(new_row_idx, new_col_idx, out_features, in_features);  // before any copy
   torch::NoGradGuard no_grad;
-  row_idx.copy_(new_row_idx);
   col_idx.copy_(new_col_idx);
   row_ptr.copy_(rp);
   col_ptr.copy_(cp);
-  csc_perm.copy_(perm);
-  tile_ptr.copy_(tp);
-  tile_entries.copy_(te);
+  if (!forward_only()) {
+    row_idx.copy_(new_row_idx);
+    csc_perm.copy_(perm);
+  }
+  if (!forward_only() || *inference_tile_view_) {
+    tile_ptr.copy_(tp);
+    tile_entries.copy_(te);
+  }
 }
 
 void PatternImpl::load(torch::serialize::InputArchive& archive) {
   const torch::Tensor rows = read_tensor(archive, "row_idx", true, "Pattern::load");
   const torch::Tensor cols = read_tensor(archive, "col_idx", true, "Pattern::load");
-  TORCH_CHECK_VALUE(rows.sizes() == row_idx.sizes() && cols.sizes() == col_idx.sizes(),
+  TORCH_CHECK_VALUE(rows.sizes() == col_idx.sizes() && cols.sizes() == col_idx.sizes(),
                     "snack::Pattern::load: the checkpoint has ", rows.numel(), " slots, the pattern ", nnz());
-  set_slots(rows.to(row_idx.options()), cols.to(col_idx.options()));  // checked, views derived
+  set_slots(rows.to(col_idx.options()), cols.to(col_idx.options()));  // checked, views derived
 }
 
 int64_t PatternImpl::nbytes() const {
@@ -123,8 +170,8 @@ int64_t PatternImpl::nbytes() const {
 }
 
 torch::Tensor PatternImpl::to_mask() const {
-  torch::Tensor mask = torch::zeros({out_features, in_features}, row_idx.options().dtype(torch::kBool));
-  mask.index_put_({row_idx.to(torch::kLong), col_idx.to(torch::kLong)}, true);
+  torch::Tensor mask = torch::zeros({out_features, in_features}, col_idx.options().dtype(torch::kBool));
+  mask.index_put_({slot_rows().to(torch::kLong), col_idx.to(torch::kLong)}, true);
   return mask;
 }
 
@@ -173,15 +220,41 @@ void SparseLinearImpl::load(torch::serialize::InputArchive& archive) {
                                                   options.out_features(), options.in_features());
   torch::NoGradGuard no_grad;
   const torch::Tensor sorted_values = new_values.to(device).index_select(0, order).to(values.dtype());
-  pattern->set_slots(row_idx.to(pattern->row_idx.dtype()), col_idx.to(pattern->col_idx.dtype()), /*validate=*/false);
+  pattern->set_slots(row_idx.to(pattern->col_idx.dtype()), col_idx.to(pattern->col_idx.dtype()), /*validate=*/false);
   values.copy_(sorted_values);
   if (bias.defined()) bias.copy_(new_bias);
 }
 
 torch::Tensor SparseLinearImpl::to_dense() const {
   torch::Tensor dense = torch::zeros({options.out_features(), options.in_features()}, values.options());
-  dense.index_put_({pattern->row_idx.to(torch::kLong), pattern->col_idx.to(torch::kLong)}, values.detach());
+  dense.index_put_({pattern->slot_rows().to(torch::kLong), pattern->col_idx.to(torch::kLong)}, values.detach());
   return dense;
+}
+
+void for_inference(torch::nn::Module& model, std::optional<bool> tile_view) {
+  // Each pattern once, keeping its tile view if any layer that reads it holds 16-bit values.
+  std::vector<std::pair<PatternImpl*, bool>> patterns;
+  const auto entry = [&](PatternImpl* p) -> std::pair<PatternImpl*, bool>& {
+    for (auto& e : patterns)
+      if (e.first == p) return e;
+    return patterns.emplace_back(p, false);
+  };
+  const auto visit = [&](torch::nn::Module* module) {
+    if (auto* p = dynamic_cast<PatternImpl*>(module)) entry(p);
+    if (auto* layer = dynamic_cast<SparseLinearImpl*>(module)) {
+      const auto dtype = layer->values.scalar_type();
+      entry(layer->pattern.get()).second |= dtype == torch::kBFloat16 || dtype == torch::kHalf;
+    }
+  };
+  visit(&model);  // (modules(true) would need the model to be held by a shared_ptr)
+  for (const auto& module : model.modules(/*include_self=*/false)) visit(module.get());
+  for (auto& [pattern, sixteen_bits] : patterns) pattern->for_inference(tile_view.value_or(sixteen_bits));
+}
+
+void for_training(torch::nn::Module& model) {
+  if (auto* p = dynamic_cast<PatternImpl*>(&model)) p->for_training();
+  for (const auto& module : model.modules(/*include_self=*/false))
+    if (auto* p = dynamic_cast<PatternImpl*>(module.get())) p->for_training();
 }
 
 }  // namespace snack

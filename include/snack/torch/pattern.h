@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace snack {
@@ -24,7 +25,8 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   PatternImpl(int64_t out_features, int64_t in_features, torch::Tensor row_idx, torch::Tensor col_idx,
               bool validate = true);
 
-  /// Builds the derived views from the slots.
+  /// Builds the derived views from the slots (and drops again what a pattern kept for inference does
+  /// not hold).
   void reset() override;
   /// The pattern's tensors in the order snack's operators take them.
   std::vector<torch::Tensor> tensors() const;
@@ -35,7 +37,22 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   /// Loads the slots of a checkpoint (torch::load), checked first; the views are derived again, never
   /// read from the archive. On an error nothing changes.
   void load(torch::serialize::InputArchive& archive) override;
-  int64_t nnz() const { return row_idx.size(0); }
+  /// Writes the buffers; a pattern kept for inference writes the rows it derives from row_ptr as
+  /// row_idx, so its checkpoint is the whole pattern's.
+  void save(torch::serialize::OutputArchive& archive) const override;
+
+  /// Keeps only what the forward products read, in place (Python's Pattern.for_inference): row_idx
+  /// and csc_perm become empty, and the tile view too unless `tile_view`. The forward runs as before
+  /// where no gradient is needed (under torch::NoGradGuard); what needs the dropped arrays (dX, dW,
+  /// sparse attention's backward) raises until for_training(). Topology updates keep the form.
+  void for_inference(bool tile_view = false);
+  /// Rebuilds what for_inference dropped (the slots stay).
+  void for_training();
+  /// True while the pattern is kept for inference.
+  bool forward_only() const { return inference_tile_view_.has_value(); }
+  /// The row of every slot: row_idx, or derived from row_ptr while the pattern is kept for inference.
+  torch::Tensor slot_rows() const;
+  int64_t nnz() const { return col_idx.size(0); }
   /// Bytes of the slots and every view.
   int64_t nbytes() const;
   /// The stored positions as a dense boolean out_features x in_features mask (for inspection).
@@ -49,6 +66,12 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   torch::Tensor csc_perm;  ///< [nnz] int32: the slot of each entry in column-major order
   torch::Tensor tile_ptr;      ///< int32: the tile view's tile offsets (snack/pattern.h; empty where absent)
   torch::Tensor tile_entries;  ///< int32: the tile view's packed entries (empty where absent)
+
+ private:
+  // Empties the arrays a pattern kept for inference does not hold (the buffers stay registered).
+  void drop_for_inference();
+  // Set while the pattern is kept for inference: whether it keeps the tile view.
+  std::optional<bool> inference_tile_view_;
 };
 
 TORCH_MODULE(Pattern);

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "snack/torch/pattern.h"
 
@@ -51,5 +52,13 @@ class SparseLinearImpl : public torch::nn::Cloneable<SparseLinearImpl> {
 };
 
 TORCH_MODULE(SparseLinear);
+
+/// Keeps every Pattern of `model` for inference (PatternImpl::for_inference), a pattern shared by
+/// several layers once. `tile_view`: keep the tile view; unset, it is kept for the patterns of
+/// SparseLinear layers whose values are 16-bit (their tensor-core forward reads it at 16-128 rows).
+/// Run the model under torch::NoGradGuard: a forward that needs gradients raises.
+void for_inference(torch::nn::Module& model, std::optional<bool> tile_view = std::nullopt);
+/// Rebuilds what for_inference dropped from every Pattern of `model`.
+void for_training(torch::nn::Module& model);
 
 }  // namespace snack
