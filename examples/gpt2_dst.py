@@ -22,7 +22,8 @@ held-out batches for every run of the invocation.
 Reports per run: peak training memory, step time (the wall time of an eager step, and on a GPU the
 GPU time of the whole step - forward, backward, AdamW - replayed from a captured CUDA graph, timed
 after training; topology updates rewrite the slots in place, so such a graph stays valid across
-them, see tests/python/test_training.py), tokens/s of the eager step, the loss curve, batch-1 greedy generation latency per token and inference memory.
+them, see tests/python/test_training.py), tokens/s of the eager step, the loss curve, batch-1 greedy generation latency per token and inference memory (snack's
+patterns kept for inference, snack.for_inference, once training is over).
 On a GPU it writes bench/results/gpt2_<gpu>.csv, .md and a plot (loss curves, memory bars) with
 every config of the invocation. transformers is needed by this example only.
 """
@@ -206,10 +207,13 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
         sched.remove()  # its hooks on the layers would keep it, and the optimizer state, alive
     del opt, sched
     graph_ms = graphed_step_ms(model, x, y, args.lr, dtype) if device.type == "cuda" else float("nan")
-    # Inference: drop training state, then greedy generation at batch 1 with the KV cache.
+    # Inference: drop training state (snack's patterns keep only what the forward reads), then
+    # greedy generation at batch 1 with the KV cache.
     model.eval()
     for p in model.parameters():
         p.grad = None
+    if impl == "snack":
+        snack.for_inference(model)
     if device.type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
