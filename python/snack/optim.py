@@ -46,7 +46,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .layer import layer_of
 
@@ -90,8 +89,10 @@ class AdamW(torch.optim.AdamW):
         _check_lr(lr)  # before torch's own checks, which would name other options
         # The layers this optimizer updates in their backward, with the update attached to each.
         self._updates: dict = {}
-        # Parameter -> index of its group (load_state_dict replaces the group dicts, not their order).
-        self._group_index = WeakIdKeyDictionary()
+        # id(parameter) -> index of its group (load_state_dict replaces the group dicts, not their
+        # order). Keyed by id: the groups hold their parameters alive, and a plain dict is read on every
+        # forward of every fused layer.
+        self._group_index: dict[int, int] = {}
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
                          maximize=maximize, foreach=foreach, capturable=capturable, fused=fused)
         # A step pre-hook, not an override of step(): a second step wrapper (profiling range, grad
@@ -112,7 +113,7 @@ class AdamW(torch.optim.AdamW):
         _check_lr(param_group.get("lr", self.defaults["lr"]))  # before the group is added: nothing half-done
         super().add_param_group(param_group)
         for p in self.param_groups[-1]["params"]:
-            self._group_index[p] = len(self.param_groups) - 1
+            self._group_index[id(p)] = len(self.param_groups) - 1
             self._attach(p)
 
     # ---- copies (copy.deepcopy, pickle) -------------------------------------------------------------
@@ -123,11 +124,11 @@ class AdamW(torch.optim.AdamW):
         # A copy of the optimizer fuses again into the layers that own its (copied) values: a model
         # and its optimizer deep-copied or pickled together keep training the same way.
         super().__setstate__(state)
-        self._updates, self._group_index = {}, WeakIdKeyDictionary()
+        self._updates, self._group_index = {}, {}
         self.register_step_pre_hook(_clear_update_guards)
         for index, group in enumerate(self.param_groups):
             for p in group["params"]:
-                self._group_index[p] = index
+                self._group_index[id(p)] = index
                 self._attach(p)
 
     def _attach(self, param: Tensor) -> None:
@@ -149,7 +150,7 @@ class AdamW(torch.optim.AdamW):
         _FUSING.discard(self)
 
     def _group_of(self, param: Tensor) -> Optional[dict]:
-        index = self._group_index.get(param)
+        index = self._group_index.get(id(param))
         return self.param_groups[index] if index is not None else None
 
     def _state_of(self, param: Tensor) -> dict:
@@ -172,7 +173,8 @@ class AdamW(torch.optim.AdamW):
 
     def _fused_arguments(self, layer, update_guard: Tensor) -> dict:
         """The keyword arguments of snack.ops.sparse_linear_adamw for one forward of `layer`."""
-        values, bias = layer.values, layer.bias
+        params = layer._parameters  # (not layer.values: see SparseLinear.forward)
+        values, bias = params["values"], params.get("bias")
         group = self._group_of(values)
         if group is None:
             raise RuntimeError("snack.optim.AdamW: this SparseLinear's values are not in the optimizer attached to it")

@@ -107,7 +107,10 @@ class Pattern(nn.Module):
     @property
     def tensors(self) -> list[Tensor]:
         """The pattern's tensors in the order snack's operators take them."""
-        return [getattr(self, name) for name in PATTERN_FIELDS]
+        # Read from the buffer dict: nn.Module.__getattr__ costs ~0.7 us per buffer, on every
+        # forward of every layer.
+        buffers = self._buffers
+        return [buffers[name] for name in PATTERN_FIELDS]
 
     def _views(self, row_idx: Tensor, col_idx: Tensor):
         return ops.build_views(row_idx, col_idx, self.out_features, self.in_features)

@@ -3,7 +3,7 @@ target, and where the floor target is missed, the row-by-row evidence."""
 
 import pytest
 
-from bench import spmm, tile_view_splits
+from bench import host, spmm, tile_view_splits
 from snack import benchmark
 
 
@@ -139,3 +139,14 @@ def test_tile_view_splits_summary_names_the_planners_count_against_the_best():
     assert "| fwd | 4096x4096 | 32 | 0.9 | 33.0 | - | 23.1 | 27.2 | 6 | 6 | 1.00 |" in md
     assert "| dx | 4096x4096 | 64 | 0.9 | 40.0 | - | 30.0 | 33.0 | 8 | 6 | 1.10 |" in md
     assert "- dx: the planner's count runs 1.100x the best count's time" in md
+
+
+def test_host_benchmark_runs_and_reports_every_phase(tmp_path):
+    assert host.main(["--device", "cpu", "--layers", "2", "--reps", "5", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "host_cpu.md").read_text()
+    for phase in ("inference", "forward", "step"):
+        row = next(line for line in md.splitlines() if line.startswith(f"| {phase} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 5 and cells[-1].endswith("x"), row  # phase, three impls, snack / dense
+    _, rows = benchmark.read_csv(tmp_path / "host_cpu.csv", int_columns=("layers", "features", "rows"))
+    assert len(rows) == 7 and all(float(r["us_per_layer"]) > 0 for r in rows)
