@@ -164,7 +164,7 @@ class Pattern(nn.Module):
         """
         if self.forward_only and tile_view and not self._inference_tile_view:
             self.for_training()  # the tile view is derived from the rows, which must come back first
-        with torch.no_grad():
+        with torch.inference_mode(False):  # buffers, not inference tensors, even under inference_mode
             self._inference_tile_view = bool(tile_view)
             for name in self._dropped():
                 setattr(self, name, getattr(self, name).new_empty((0,)))
@@ -174,9 +174,9 @@ class Pattern(nn.Module):
         """Rebuilds what :meth:`for_inference` dropped, in place (the slots stay); returns the pattern."""
         if not self.forward_only:
             return self
-        row_idx = self.slot_rows()
-        views = self._views(row_idx, self.col_idx)
-        with torch.no_grad():
+        with torch.inference_mode(False):  # (see for_inference)
+            row_idx = self.slot_rows()
+            views = self._views(row_idx, self.col_idx)
             self._inference_tile_view = None
             for name, t in zip(PATTERN_FIELDS, (row_idx, self.col_idx, *views), strict=True):
                 setattr(self, name, t)

@@ -5,7 +5,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -42,16 +44,24 @@ Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
 // passed are remembered by their tensors' storages (held weakly, so that a freed storage's address
 // cannot come back as another's), offsets, lengths and version counters (which every in-place write
 // through torch advances). A list edited behind torch's back (shared NumPy memory) is not rechecked.
+// Inference tensors (made under torch.inference_mode) have no version counter: a list holding one is
+// checked at every call.
 class CheckedPatterns {
  public:
   void check(const PatternArg& p, const char* op) {
-    Key key = key_of(p);
-    {
+    const at::Tensor* fields[] = {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm};
+    const bool keyed = std::none_of(std::begin(fields), std::end(fields), [](const at::Tensor* t) {
+      return t->is_inference();
+    });
+    Key key;
+    if (keyed) {
+      key = key_of(p);
       std::lock_guard<std::mutex> lock(mutex_);
       for (const Key& k : checked_)
         if (same(k, key)) return;
     }
     throw_if_error(with_pattern(p, [](auto w) { return cpu::check_pattern(w); }), op);
+    if (!keyed) return;
     std::lock_guard<std::mutex> lock(mutex_);
     if (checked_.size() < kRemembered) checked_.push_back(std::move(key));
     else checked_[next_++ % kRemembered] = std::move(key);  // the oldest goes

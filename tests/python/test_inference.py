@@ -269,3 +269,36 @@ def test_compiled_inference(device):
         expected = model(x)
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         assert torch.equal(compiled(x), expected)
+
+
+def test_autocast_inference(device):
+    torch.manual_seed(5)
+    layer = snack.SparseLinear(48, 40, density=0.25, device=device)  # float32 master values
+    x = torch.randn(3, 48, device=device)
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
+        expected = layer(x)
+        snack.for_inference(layer, tile_view=True)  # the 16-bit products' view, kept
+        kept_with_tiles = layer(x)
+        snack.for_inference(layer)
+        kept = layer(x)
+    assert expected.dtype == kept.dtype == torch.bfloat16
+    assert torch.equal(kept_with_tiles, expected)
+    w64 = layer.to_dense().double().to(torch.bfloat16).double().cpu()
+    assert_matmul(kept, x.to(torch.bfloat16), w64.T, torch.bfloat16, bias=layer.bias.detach().to(torch.bfloat16).double(),
+                  what="autocast forward")
+
+
+def test_layers_built_under_inference_mode(device):
+    # Inference tensors have no version counter, by which the CPU products remember checked patterns.
+    x = torch.randn(3, 16, device=device)
+    with torch.inference_mode():
+        torch.manual_seed(6)
+        layer = snack.SparseLinear(16, 8, density=0.3, device=device)
+        first = layer(x)
+        assert torch.equal(layer(x), first)
+        snack.for_inference(layer)
+        assert torch.equal(layer(x), first)
+        snack.for_training(layer)
+    assert not layer.pattern.row_idx.is_inference()  # rebuilt as buffers, usable outside the mode
+    w = layer.to_dense().detach()
+    assert_matmul(first, x, w.T, torch.float32, bias=layer.bias.detach().double(), what="forward")
