@@ -175,9 +175,9 @@ def _slots_from_mask_fake(mask, index_dtype=None):
 
 
 @_register_fake("build_views")
-def _build_views_fake(row_idx, col_idx, out_features, in_features):
+def _build_views_fake(row_idx, col_idx, out_features, in_features, tile_view=True):
     nnz = row_idx.shape[0]
-    tiles = out_features > 0 and 0 < in_features <= _TILE_MAX_INPUTS
+    tiles = tile_view and out_features > 0 and 0 < in_features <= _TILE_MAX_INPUTS
     tile_ptr = -(-out_features // _TILE_ROWS) * -(-in_features // _TILE_COLS) + 1 if tiles else 0
     return (row_idx.new_empty((out_features + 1,), dtype=torch.int32),
             row_idx.new_empty((in_features + 1,), dtype=torch.int32),

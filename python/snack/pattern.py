@@ -30,7 +30,9 @@ class Pattern(nn.Module):
 
     :meth:`for_inference` keeps only what the forward products read (``col_idx``, ``row_ptr``,
     ``col_ptr``, and the tile view if asked): a model served, never trained, stores 2 bytes of index
-    per slot (uint16) instead of 12. :meth:`for_training` rebuilds the rest.
+    per slot (uint16) instead of 12. :meth:`for_training` rebuilds the rest, and
+    ``for_training(tile_view=False)`` leaves out the tile view of a layer that never computes in 16
+    bits (4 bytes per slot, and its build in every topology update).
 
     A pattern changes only through :meth:`set_slots`, which keeps ``nnz``, copies the new slots in
     place and rebuilds every view in place: a CUDA graph captured with the pattern keeps reading
@@ -62,9 +64,9 @@ class Pattern(nn.Module):
         # What the parent layer decided about the checkpoint it is loading (None: load on our own):
         # REFUSE (it found the checkpoint invalid and said why), or the slots it already checked.
         self._parent_verdict = None
-        # None: every array is held. Else the pattern is kept for inference (for_inference), and this
-        # says whether it keeps the tile view.
-        self._inference_tile_view: Optional[bool] = None
+        # The arrays held (for_inference, for_training): all but row_idx and csc_perm where
+        # forward_only, the tile view where tile_view.
+        self._forward_only, self._tile_view = False, True
         self.register_buffer("row_idx", row_idx)
         self.register_buffer("col_idx", col_idx)
         for name, view in zip(_VIEWS, self._views(row_idx, col_idx), strict=True):
@@ -113,7 +115,7 @@ class Pattern(nn.Module):
         return [buffers[name] for name in PATTERN_FIELDS]
 
     def _views(self, row_idx: Tensor, col_idx: Tensor):
-        return ops.build_views(row_idx, col_idx, self.out_features, self.in_features)
+        return ops.build_views(row_idx, col_idx, self.out_features, self.in_features, self._tile_view)
 
     def set_slots(self, row_idx: Tensor, col_idx: Tensor, *, validate: bool = True) -> None:
         """Moves the connections to the slots ``row_idx``/``col_idx`` (same count, sorted row-major):
@@ -133,15 +135,30 @@ class Pattern(nn.Module):
 
     def _dropped(self) -> tuple[str, ...]:
         """The fields a pattern kept for inference does not hold (empty tensors in ``tensors``)."""
-        if self._inference_tile_view is None:
-            return ()
-        return ("row_idx", "csc_perm") + (() if self._inference_tile_view else ("tile_ptr", "tile_entries"))
+        return ("row_idx", "csc_perm") if self._forward_only else ()
 
-    # ---- inference ---------------------------------------------------------------------------------
+    # ---- which arrays it holds ---------------------------------------------------------------------
     @property
     def forward_only(self) -> bool:
         """True while the pattern is kept for inference (:meth:`for_inference`)."""
-        return self._inference_tile_view is not None
+        return self._forward_only
+
+    @property
+    def has_tile_view(self) -> bool:
+        """Whether the pattern holds the tile view (built unless left out, for at most 16384 inputs)."""
+        return self.tile_ptr.numel() > 0
+
+    def _hold(self, forward_only: bool, tile_view: bool) -> "Pattern":
+        """Holds the arrays of that form, in place (new tensors where the form changes)."""
+        if (forward_only, tile_view) == (self._forward_only, self._tile_view):
+            return self
+        with torch.inference_mode(False):  # buffers, not inference tensors, even under inference_mode
+            row_idx = self.slot_rows()
+            self._forward_only, self._tile_view = forward_only, tile_view
+            views = self._views(row_idx, self.col_idx)
+            for name, t in zip(PATTERN_FIELDS, (row_idx, self.col_idx, *views), strict=True):
+                setattr(self, name, t.new_empty((0,)) if name in self._dropped() else t)
+        return self
 
     def for_inference(self, *, tile_view: bool = False) -> "Pattern":
         """Keeps only what the forward products read, in place, and returns the pattern.
@@ -162,30 +179,24 @@ class Pattern(nn.Module):
         Args:
             tile_view: keep the tile view (where the layer has one: at most 16384 inputs).
         """
-        if self.forward_only and tile_view and not self._inference_tile_view:
-            self.for_training()  # the tile view is derived from the rows, which must come back first
-        with torch.inference_mode(False):  # buffers, not inference tensors, even under inference_mode
-            self._inference_tile_view = bool(tile_view)
-            for name in self._dropped():
-                setattr(self, name, getattr(self, name).new_empty((0,)))
-        return self
+        return self._hold(True, bool(tile_view))
 
-    def for_training(self) -> "Pattern":
-        """Rebuilds what :meth:`for_inference` dropped, in place (the slots stay); returns the pattern."""
-        if not self.forward_only:
-            return self
-        with torch.inference_mode(False):  # (see for_inference)
-            row_idx = self.slot_rows()
-            views = self._views(row_idx, self.col_idx)
-            self._inference_tile_view = None
-            for name, t in zip(PATTERN_FIELDS, (row_idx, self.col_idx, *views), strict=True):
-                setattr(self, name, t)
-        return self
+    def for_training(self, *, tile_view: bool = True) -> "Pattern":
+        """Holds every array the training products read, in place, and returns the pattern: rebuilds
+        what :meth:`for_inference` dropped (the slots stay).
+
+        Args:
+            tile_view: hold the tile view (default). ``False`` leaves it out, for a layer whose
+                products never run in 16 bits (float32 values, no ``torch.autocast``): 4 bytes less
+                per slot, and one build less in every topology update; the 16-bit products then run
+                the planner's other kernels.
+        """
+        return self._hold(False, bool(tile_view))
 
     def slot_rows(self) -> Tensor:
         """The row of every slot (``[nnz]``, the index dtype): ``row_idx``, or, while the pattern is
         kept for inference, derived from ``row_ptr`` (no host synchronisation)."""
-        if not self.forward_only:
+        if not self._forward_only:
             return self.row_idx
         rows = torch.arange(self.out_features, dtype=torch.int32, device=self.row_ptr.device)
         return torch.repeat_interleave(rows, self.row_ptr.diff(), output_size=self.nnz).to(self.index_dtype)
@@ -220,7 +231,7 @@ class Pattern(nn.Module):
         return mask
 
     def extra_repr(self) -> str:
-        kept = ", for_inference" if self.forward_only else ""
+        kept = (", for_inference" if self._forward_only else "") + ("" if self._tile_view else ", tile_view=False")
         return (f"out_features={self.out_features}, in_features={self.in_features}, nnz={self.nnz}, "
                 f"index_dtype={self.index_dtype}{kept}")
 
@@ -237,7 +248,8 @@ class Pattern(nn.Module):
 
     def __setstate__(self, state: dict) -> None:
         narrow = state.pop("_uint16_buffers", [])
-        state.setdefault("_inference_tile_view", None)  # pickled before patterns could be kept for inference
+        state.setdefault("_forward_only", False)  # pickled before patterns held a choice of arrays
+        state.setdefault("_tile_view", True)
         super().__setstate__(state)
         for name in narrow:
             self._buffers[name] = self._buffers[name].to(torch.uint16)

@@ -28,10 +28,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_coo(const at::Tensor& 
 }
 
 using Views = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-Views build_views(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features) {
+Views build_views(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features,
+                  bool tile_view) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::build_views", "").typed<
-      Views(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
-  return op.call(row_idx, col_idx, out_features, in_features);
+      Views(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool)>();
+  return op.call(row_idx, col_idx, out_features, in_features, tile_view);
 }
 
 void validate_slots(const at::Tensor& row_idx, const at::Tensor& col_idx, int64_t out_features, int64_t in_features) {
@@ -72,52 +73,45 @@ PatternImpl::PatternImpl(int64_t out_features_, int64_t in_features_, torch::Ten
 
 void PatternImpl::reset() {
   const torch::Tensor rows = slot_rows();
-  auto [rp, cp, perm, tp, te] = build_views(rows, col_idx, out_features, in_features);
-  row_idx = register_buffer("row_idx", rows);
+  auto [rp, cp, perm, tp, te] = build_views(rows, col_idx, out_features, in_features, tile_view_);
+  row_idx = register_buffer("row_idx", forward_only_ ? rows.new_empty({0}) : rows);
   col_idx = register_buffer("col_idx", col_idx);
   row_ptr = register_buffer("row_ptr", rp);
   col_ptr = register_buffer("col_ptr", cp);
-  csc_perm = register_buffer("csc_perm", perm);
+  csc_perm = register_buffer("csc_perm", forward_only_ ? perm.new_empty({0}) : perm);
   tile_ptr = register_buffer("tile_ptr", tp);
   tile_entries = register_buffer("tile_entries", te);
-  if (forward_only()) drop_for_inference();
 }
 
 torch::Tensor PatternImpl::slot_rows() const {
-  if (!forward_only()) return row_idx;
+  if (!forward_only_) return row_idx;
   const torch::Tensor rows = torch::arange(out_features, row_ptr.options());
   return torch::repeat_interleave(rows, row_ptr.diff(), /*dim=*/std::nullopt, /*output_size=*/nnz())
       .to(col_idx.scalar_type());
 }
 
-void PatternImpl::drop_for_inference() {
-  torch::NoGradGuard no_grad;
-  // set_() empties a buffer in place: the module's registered tensor is the same object.
-  row_idx.set_();
-  csc_perm.set_();
-  if (!*inference_tile_view_) {
-    tile_ptr.set_();
-    tile_entries.set_();
-  }
-}
-
-void PatternImpl::for_inference(bool tile_view) {
-  if (forward_only() && tile_view && !*inference_tile_view_) for_training();  // the tile view needs the rows
-  inference_tile_view_ = tile_view;
-  drop_for_inference();
-}
-
-void PatternImpl::for_training() {
-  if (!forward_only()) return;
+void PatternImpl::hold(bool forward_only, bool tile_view) {
+  if (forward_only == forward_only_ && tile_view == tile_view_) return;
   const torch::Tensor rows = slot_rows();
-  auto [rp, cp, perm, tp, te] = build_views(rows, col_idx, out_features, in_features);
-  inference_tile_view_.reset();
+  auto [rp, cp, perm, tp, te] = build_views(rows, col_idx, out_features, in_features, tile_view);
+  forward_only_ = forward_only;
+  tile_view_ = tile_view;
   torch::NoGradGuard no_grad;
-  row_idx.set_(rows);
-  csc_perm.set_(perm);
+  // set_() refills or empties a buffer in place: the module's registered tensor is the same object.
+  if (forward_only) {
+    row_idx.set_();
+    csc_perm.set_();
+  } else {
+    row_idx.set_(rows);
+    csc_perm.set_(perm);
+  }
   tile_ptr.set_(tp);
   tile_entries.set_(te);
 }
+
+void PatternImpl::for_inference(bool tile_view) { hold(true, tile_view); }
+
+void PatternImpl::for_training(bool tile_view) { hold(false, tile_view); }
 
 void PatternImpl::save(torch::serialize::OutputArchive& archive) const {
   for (const auto& buffer : named_buffers(/*recurse=*/false))
@@ -140,19 +134,17 @@ void PatternImpl::set_slots(const torch::Tensor& new_row_idx, const torch::Tenso
   TORCH_CHECK_VALUE(new_row_idx.sizes() == col_idx.sizes() && new_col_idx.sizes() == col_idx.sizes(),
                     "snack::Pattern::set_slots: the slot count never changes (", nnz(), ")");
   if (validate) validate_slots(new_row_idx, new_col_idx, out_features, in_features);
-  auto [rp, cp, perm, tp, te] = build_views(new_row_idx, new_col_idx, out_features, in_features);  // before any copy
+  auto [rp, cp, perm, tp, te] = build_views(new_row_idx, new_col_idx, out_features, in_features, tile_view_);  // first
   torch::NoGradGuard no_grad;
   col_idx.copy_(new_col_idx);
   row_ptr.copy_(rp);
   col_ptr.copy_(cp);
-  if (!forward_only()) {
+  if (!forward_only_) {
     row_idx.copy_(new_row_idx);
     csc_perm.copy_(perm);
   }
-  if (!forward_only() || *inference_tile_view_) {
-    tile_ptr.copy_(tp);
-    tile_entries.copy_(te);
-  }
+  tile_ptr.copy_(tp);  // (empty, both, where the tile view is left out)
+  tile_entries.copy_(te);
 }
 
 void PatternImpl::load(torch::serialize::InputArchive& archive) {
@@ -251,10 +243,10 @@ void for_inference(torch::nn::Module& model, std::optional<bool> tile_view) {
   for (auto& [pattern, sixteen_bits] : patterns) pattern->for_inference(tile_view.value_or(sixteen_bits));
 }
 
-void for_training(torch::nn::Module& model) {
-  if (auto* p = dynamic_cast<PatternImpl*>(&model)) p->for_training();
+void for_training(torch::nn::Module& model, bool tile_view) {
+  if (auto* p = dynamic_cast<PatternImpl*>(&model)) p->for_training(tile_view);
   for (const auto& module : model.modules(/*include_self=*/false))
-    if (auto* p = dynamic_cast<PatternImpl*>(module.get())) p->for_training();
+    if (auto* p = dynamic_cast<PatternImpl*>(module.get())) p->for_training(tile_view);
 }
 
 }  // namespace snack

@@ -125,11 +125,11 @@ CooOutputs empty_coo_outputs(const at::Tensor& rows, const CooInputs& in) {
   return {at::empty({nnz}, index), at::empty({nnz}, index), at::empty({nnz}, rows.options().dtype(at::kLong))};
 }
 
-ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features) {
+ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features, bool tile_view) {
   const auto opts = row_idx.options().dtype(at::kInt);
   return {at::empty({out_features + 1}, opts), at::empty({in_features + 1}, opts), at::empty({row_idx.size(0)}, opts),
-          at::empty({tile_view_ptr_length(out_features, in_features)}, opts),
-          at::empty({tile_view_entries_length(out_features, in_features, row_idx.size(0))}, opts)};
+          at::empty({tile_view ? tile_view_ptr_length(out_features, in_features) : 0}, opts),
+          at::empty({tile_view ? tile_view_entries_length(out_features, in_features, row_idx.size(0)) : 0}, opts)};
 }
 
 void check_slot_pair(const at::Tensor& row_idx, const at::Tensor& col_idx, const char* op) {

@@ -99,7 +99,8 @@ struct ViewOutputs {
     return {row_ptr, col_ptr, csc_perm, tile_ptr, tile_entries};
   }
 };
-ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features);
+// tile_view false: the tile view's arrays are empty (not built).
+ViewOutputs empty_views(const at::Tensor& row_idx, int64_t out_features, int64_t in_features, bool tile_view);
 
 // bias_grad_adamw_: dy as contiguous [N, M] of the bias's dtype and device, and the bias's AdamW state.
 struct BiasAdamWInputs {

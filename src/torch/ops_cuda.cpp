@@ -391,12 +391,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slots_from_dense(const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_views(const at::Tensor& row_idx,
                                                                                    const at::Tensor& col_idx,
                                                                                    int64_t out_features,
-                                                                                   int64_t in_features) {
+                                                                                   int64_t in_features,
+                                                                                   bool tile_view) {
   const char* op = "build_views";
   check_slots(row_idx, col_idx, out_features, in_features, op);
   const c10::cuda::CUDAGuard guard(row_idx.device());
   const int64_t nnz = row_idx.size(0);
-  const ViewOutputs out = empty_views(row_idx, out_features, in_features);
+  const ViewOutputs out = empty_views(row_idx, out_features, in_features, tile_view);
   dispatch_index_type(row_idx.scalar_type(), [&](auto tag) {
     using Index = decltype(tag);
     throw_if_error(cuda::build_views<Index>(out_features, in_features, nnz, data_as<Index>(row_idx),
@@ -404,6 +405,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_vie
                                             out.col_ptr.data_ptr<int32_t>(), out.csc_perm.data_ptr<int32_t>(),
                                             torch_cuda_allocator(), current_stream()),
                    op);
+    if (!tile_view) return;
     throw_if_error(cuda::build_tile_view<Index>(out_features, in_features, nnz, data_as<Index>(row_idx),
                                                 data_as<Index>(col_idx), out.row_ptr.data_ptr<int32_t>(),
                                                 out.tile_ptr.data_ptr<int32_t>(),

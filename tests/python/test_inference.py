@@ -302,3 +302,40 @@ def test_layers_built_under_inference_mode(device):
     assert not layer.pattern.row_idx.is_inference()  # rebuilt as buffers, usable outside the mode
     w = layer.to_dense().detach()
     assert_matmul(first, x, w.T, torch.float32, bias=layer.bias.detach().double(), what="forward")
+
+
+def test_training_without_the_tile_view(device):
+    torch.manual_seed(7)
+    layer = snack.SparseLinear(130, 70, density=0.2, device=device)
+    twin = copy.deepcopy(layer)
+    whole_bytes = layer.pattern.nbytes()["total"]
+    tile_bytes = 4 * (layer.pattern.tile_ptr.numel() + layer.pattern.tile_entries.numel())
+    assert tile_bytes > 0
+    snack.for_training(layer, tile_view=False)
+    assert not layer.pattern.has_tile_view and not layer.pattern.forward_only
+    assert layer.pattern.nbytes()["total"] == whole_bytes - tile_bytes
+    x = torch.randn(5, 130, device=device, requires_grad=True)
+    x_twin = x.detach().clone().requires_grad_()
+    layer(x).square().sum().backward()
+    twin(x_twin).square().sum().backward()
+    assert torch.equal(x.grad, x_twin.grad) and torch.equal(layer.values.grad, twin.values.grad)
+    # Topology updates rebuild the other views and leave the tile view out.
+    gen = torch.Generator(device=device).manual_seed(8)
+    drop = snack.dst.prune_magnitude(twin, 30)
+    grow = snack.dst.grow_random(twin, 30, generator=gen)
+    twin.update_topology(drop, grow)
+    layer.update_topology(drop, grow)
+    for name, a, b in zip(snack.PATTERN_FIELDS, layer.pattern.tensors, twin.pattern.tensors, strict=True):
+        assert a.numel() == 0 if name.startswith("tile") else torch.equal(a, b), name
+    layer.pattern.for_training()  # the tile view back, as the twin derives it
+    for a, b in zip(layer.pattern.tensors, twin.pattern.tensors, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_build_views_without_the_tile_view(device):
+    w = Weight(70, 130, 900, device=device)
+    views = ops.build_views(w.row_idx, w.col_idx, 70, 130, False)
+    whole = ops.build_views(w.row_idx, w.col_idx, 70, 130)
+    for field, (a, b) in enumerate(zip(views, whole, strict=True)):
+        assert a.numel() == 0 if field >= 3 else torch.equal(a, b)
+    torch.library.opcheck(ops.build_views.default, (w.row_idx, w.col_idx, 70, 130, False))

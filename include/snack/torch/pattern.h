@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 namespace snack {
@@ -46,10 +45,12 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   /// where no gradient is needed (under torch::NoGradGuard); what needs the dropped arrays (dX, dW,
   /// sparse attention's backward) raises until for_training(). Topology updates keep the form.
   void for_inference(bool tile_view = false);
-  /// Rebuilds what for_inference dropped (the slots stay).
-  void for_training();
+  /// Holds every array the training products read: rebuilds what for_inference dropped (the slots
+  /// stay). `tile_view` false leaves the tile view out, for a layer that never computes in 16 bits
+  /// (4 bytes less per slot, one build less in every topology update).
+  void for_training(bool tile_view = true);
   /// True while the pattern is kept for inference.
-  bool forward_only() const { return inference_tile_view_.has_value(); }
+  bool forward_only() const { return forward_only_; }
   /// The row of every slot: row_idx, or derived from row_ptr while the pattern is kept for inference.
   torch::Tensor slot_rows() const;
   int64_t nnz() const { return col_idx.size(0); }
@@ -68,10 +69,10 @@ class PatternImpl : public torch::nn::Cloneable<PatternImpl> {
   torch::Tensor tile_entries;  ///< int32: the tile view's packed entries (empty where absent)
 
  private:
-  // Empties the arrays a pattern kept for inference does not hold (the buffers stay registered).
-  void drop_for_inference();
-  // Set while the pattern is kept for inference: whether it keeps the tile view.
-  std::optional<bool> inference_tile_view_;
+  // Holds the arrays of that form, each buffer emptied or refilled in place (it stays registered).
+  void hold(bool forward_only, bool tile_view);
+  // The arrays held: all but row_idx and csc_perm where forward_only_, the tile view where tile_view_.
+  bool forward_only_ = false, tile_view_ = true;
 };
 
 TORCH_MODULE(Pattern);

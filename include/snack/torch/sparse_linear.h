@@ -58,7 +58,8 @@ TORCH_MODULE(SparseLinear);
 /// SparseLinear layers whose values are 16-bit (their tensor-core forward reads it at 16-128 rows).
 /// Run the model under torch::NoGradGuard: a forward that needs gradients raises.
 void for_inference(torch::nn::Module& model, std::optional<bool> tile_view = std::nullopt);
-/// Rebuilds what for_inference dropped from every Pattern of `model`.
-void for_training(torch::nn::Module& model);
+/// Holds every array the training products read in every Pattern of `model` (PatternImpl::for_training):
+/// rebuilds what for_inference dropped; `tile_view` false leaves the tile view out.
+void for_training(torch::nn::Module& model, bool tile_view = true);
 
 }  // namespace snack
