@@ -174,7 +174,8 @@ class Pattern(nn.Module):
         dW, attention's backward) raises ValueError until :meth:`for_training` rebuilds them; a
         layer's forward that would need them later raises at once. Topology updates (``set_slots``)
         still work and keep the pattern as it is. ``state_dict`` still holds ``row_idx`` (derived from
-        ``row_ptr``), so a checkpoint loads the same into either form.
+        ``row_ptr``), so a checkpoint loads the same into either form. Where the arrays held change,
+        they are new tensors: capture CUDA graphs after the change.
 
         Args:
             tile_view: keep the tile view (where the layer has one: at most 16384 inputs).
@@ -189,7 +190,7 @@ class Pattern(nn.Module):
             tile_view: hold the tile view (default). ``False`` leaves it out, for a layer whose
                 products never run in 16 bits (float32 values, no ``torch.autocast``): 4 bytes less
                 per slot, and one build less in every topology update; the 16-bit products then run
-                the planner's other kernels.
+                the planner's other kernels. (New tensors where the arrays held change, as above.)
         """
         return self._hold(False, bool(tile_view))
 
@@ -226,7 +227,7 @@ class Pattern(nn.Module):
 
     def to_mask(self) -> Tensor:
         """Boolean ``[out, in]`` tensor, True at the stored positions (for inspection: it is dense)."""
-        mask = torch.zeros((self.out_features, self.in_features), dtype=torch.bool, device=self.row_idx.device)
+        mask = torch.zeros((self.out_features, self.in_features), dtype=torch.bool, device=self.col_idx.device)
         mask[self.slot_rows().long(), self.col_idx.long()] = True
         return mask
 
