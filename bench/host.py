@@ -103,7 +103,8 @@ def write_report(stem: Path, info: dict, rows: list[dict]) -> None:
               "", "| phase | " + " | ".join(IMPLS) + " | snack / dense |", "|---|" + "---|" * (len(IMPLS) + 1)]
     for phase in phases:
         cells = [f"{us[(i, phase)]:.1f}" if (i, phase) in us else "-" for i in IMPLS]
-        ratio = us[("snack", phase)] / us[("dense", phase)] if ("snack", phase) in us and ("dense", phase) in us else None
+        both = ("snack", phase) in us and ("dense", phase) in us
+        ratio = us[("snack", phase)] / us[("dense", phase)] if both else None
         lines.append(f"| {phase} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else " | - |"))
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plt = benchmark.pyplot()

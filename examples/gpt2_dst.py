@@ -22,8 +22,9 @@ held-out batches for every run of the invocation.
 Reports per run: peak training memory, step time (the wall time of an eager step, and on a GPU the
 GPU time of the whole step - forward, backward, AdamW - replayed from a captured CUDA graph, timed
 after training; topology updates rewrite the slots in place, so such a graph stays valid across
-them, see tests/python/test_training.py), tokens/s of the eager step, the loss curve, batch-1 greedy generation latency per token and inference memory (snack's
-patterns kept for inference, snack.for_inference, once training is over).
+them, see tests/python/test_training.py), tokens/s of the eager step, the loss curve, batch-1 greedy generation
+latency per token and inference memory (snack's patterns kept for inference, snack.for_inference, once
+training is over).
 On a GPU it writes bench/results/gpt2_<gpu>.csv, .md and a plot (loss curves, memory bars) with
 every config of the invocation. transformers is needed by this example only.
 """

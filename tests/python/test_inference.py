@@ -284,8 +284,8 @@ def test_autocast_inference(device):
     assert expected.dtype == kept.dtype == torch.bfloat16
     assert torch.equal(kept_with_tiles, expected)
     w64 = layer.to_dense().double().to(torch.bfloat16).double().cpu()
-    assert_matmul(kept, x.to(torch.bfloat16), w64.T, torch.bfloat16, bias=layer.bias.detach().to(torch.bfloat16).double(),
-                  what="autocast forward")
+    bias64 = layer.bias.detach().to(torch.bfloat16).double()
+    assert_matmul(kept, x.to(torch.bfloat16), w64.T, torch.bfloat16, bias=bias64, what="autocast forward")
 
 
 def test_layers_built_under_inference_mode(device):
