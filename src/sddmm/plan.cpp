@@ -204,7 +204,7 @@ Status tile_view_refusal(const SddmmProblem& p) {
   if (p.value_bytes != 2) return InvalidArgument("sddmm: tile_view runs 16-bit operands (bf16, fp16)");
   if (!p.tile_view)
     return InvalidArgument("sddmm: tile_view: the pattern holds no tile view (it is built for layers of at most " +
-                           std::to_string(kTileViewMaxCols) + " inputs)");
+                           std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
   if (p.n > kTvDwMaxBatch)
     return InvalidArgument("sddmm: tile_view runs batches of at most " + std::to_string(kTvDwMaxBatch));
   return Status::Ok();

@@ -582,7 +582,7 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       if (p.value_bytes != 2) return InvalidArgument("tile_view runs 16-bit values (bfloat16, float16) only");
       if (!p.tile_view)
         return InvalidArgument("tile_view: the pattern holds no tile view (it is built for layers of at most " +
-                               std::to_string(kTileViewMaxCols) + " inputs)");
+                               std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
       plan.chunk = cuda::detail::kTcChunk;
       plan.batch_tile =
           int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTileViewMaxTile));
