@@ -39,8 +39,7 @@ void check_pattern_needs(at::TensorList pattern, PatternNeeds needs, const char*
   if (pattern[kRowIdx].unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
       pattern[kColIdx].unsafeGetTensorImpl()->has_symbolic_sizes_strides())
     return;
-  const bool forward_only = pattern[kColIdx].numel() > 0 && pattern[kRowIdx].numel() == 0;
-  TORCH_CHECK_VALUE(!forward_only || needs == PatternNeeds::kForward, "snack.", op,
+  TORCH_CHECK_VALUE(!kept_for_inference(pattern[kRowIdx], pattern[kColIdx]) || needs == PatternNeeds::kForward, "snack.", op,
                     ": the pattern holds only the forward's arrays (Pattern.for_inference dropped row_idx and "
                     "csc_perm), and the gradients need them: run it under torch.no_grad() or "
                     "torch.inference_mode(), or call Pattern.for_training()");
@@ -74,7 +73,7 @@ PatternArg pattern_arg(at::TensorList pattern, const char* op, PatternNeeds need
   p.cols = p.col_ptr.size(0) - 1;
   p.nnz = p.col_idx.size(0);
   // row_idx and csc_perm hold a slot each, or are both empty: a pattern kept for inference.
-  const bool forward_only = p.nnz > 0 && p.row_idx.numel() == 0 && p.csc_perm.numel() == 0;
+  const bool forward_only = p.forward_only() && p.csc_perm.numel() == 0;
   TORCH_CHECK_VALUE(forward_only || (p.row_idx.size(0) == p.nnz && p.csc_perm.size(0) == p.nnz), "snack.", op,
                     ": row_idx, col_idx and csc_perm must have the same length (", p.row_idx.size(0), ", ", p.nnz,
                     ", ", p.csc_perm.size(0), "), or row_idx and csc_perm none (a pattern kept for inference)");

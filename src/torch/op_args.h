@@ -27,6 +27,12 @@ void throw_if_error(const Status& status, const char* op);
 enum PatternField : int { kRowIdx = 0, kColIdx, kRowPtr, kColPtr, kCscPerm, kTilePtr, kTileEntries, kPatternFields };
 const char* pattern_field_name(int field);
 
+// A pattern list kept for inference (Pattern.for_inference, SlotPattern::forward_only): slots, but
+// no row_idx (nor csc_perm, which pattern_arg checks).
+inline bool kept_for_inference(const at::Tensor& row_idx, const at::Tensor& col_idx) {
+  return col_idx.numel() > 0 && row_idx.numel() == 0;
+}
+
 // A pattern's tensors as an op receives them (Tensor[] pattern), with their shape and index type.
 // Checked for dtypes, lengths and devices, not for contents.
 struct PatternArg {
@@ -38,8 +44,7 @@ struct PatternArg {
   at::Device device = at::kCPU;
 
   bool has_tile_view() const { return tile_ptr.numel() > 0; }
-  // Kept for inference: no row_idx, no csc_perm (SlotPattern::forward_only).
-  bool forward_only() const { return nnz > 0 && row_idx.numel() == 0; }
+  bool forward_only() const { return kept_for_inference(row_idx, col_idx); }
 
   template <typename Index>
   SlotPattern<Index> view() const {

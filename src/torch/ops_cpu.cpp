@@ -6,8 +6,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
-#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -49,10 +49,8 @@ Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
 class CheckedPatterns {
  public:
   void check(const PatternArg& p, const char* op) {
-    const at::Tensor* fields[] = {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm};
-    const bool keyed = std::none_of(std::begin(fields), std::end(fields), [](const at::Tensor* t) {
-      return t->is_inference();
-    });
+    const auto fields = fields_of(p);
+    const bool keyed = std::none_of(fields.begin(), fields.end(), [](const at::Tensor* t) { return t->is_inference(); });
     Key key;
     if (keyed) {
       key = key_of(p);
@@ -76,9 +74,13 @@ class CheckedPatterns {
   using Key = std::vector<Field>;
   static constexpr size_t kRemembered = 64;
 
+  // What the CPU loops read of a pattern list, so what a check of it covers.
+  static std::array<const at::Tensor*, 5> fields_of(const PatternArg& p) {
+    return {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm};
+  }
   static Key key_of(const PatternArg& p) {
     Key key;
-    for (const at::Tensor* t : {&p.row_idx, &p.col_idx, &p.row_ptr, &p.col_ptr, &p.csc_perm})
+    for (const at::Tensor* t : fields_of(p))
       key.push_back({t->storage().getWeakStorageImpl(), t->storage_offset(), t->numel(),
                      t->unsafeGetTensorImpl()->version_counter().current_version()});
     return key;
