@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "snack/device_limits.h"
+#include "snack/batch_tiles.h"
 #include "snack/optimizer_math.h"
 #include "snack/pattern.h"
 #include "snack/status.h"
@@ -151,13 +152,16 @@ std::string describe(const SddmmPlan& plan);
 namespace cpu {
 
 /// dv[s] = sum_n dY[n, row(s)] X[n, col(s)]. dy: [n, w.rows]; x: [n, w.cols]; dvalues: [w.nnz].
+/// One thread; dY and X are first laid out in tiles (snack/batch_tiles.h).
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues);
 
-/// The same SDDMM on transposed operands: dy_t [w.rows, n] and x_t [w.cols, n] (row-major), so one
-/// slot's two vectors are contiguous. Callers that split the slots over threads transpose once.
+/// Slots [slot_begin, slot_end) of the SDDMM, from dY and X in tiles (dy.n == x.n batch rows, of
+/// w.rows and w.cols columns). Each slot is summed in a fixed order (tile by tile, a fixed tree
+/// within a tile), so the result does not depend on how the slots are split over threads.
 template <typename T, typename Index>
-Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t n, T* dvalues);
+Status sddmm_slots(const SlotPattern<Index>& w, const BatchTiles<accum_t<T>>& dy, const BatchTiles<accum_t<T>>& x,
+                   T* dvalues, int64_t slot_begin, int64_t slot_end);
 
 /// db[r] = sum_n dY[n, r]. dy: [n, m]; dbias: [m].
 template <typename T>

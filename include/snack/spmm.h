@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "snack/activation.h"
+#include "snack/batch_tiles.h"
 #include "snack/device_limits.h"
 #include "snack/pattern.h"
 #include "snack/status.h"
@@ -190,14 +191,27 @@ std::string describe(const SpmmPlan& plan);
 
 namespace cpu {
 
-/// Y = act(X W^T (+ bias)). x: [n, w.cols]; bias: [w.rows] or nullptr; y: [n, w.rows].
+/// Y = act(X W^T (+ bias)). x: [n, w.cols]; bias: [w.rows] or nullptr; y: [n, w.rows]. One thread;
+/// X is first laid out in tiles (snack/batch_tiles.h).
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
                     Activation act = Activation::kNone);
 
-/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks the CSC view.
+/// Output rows [row_begin, row_end) of the forward, from X in tiles (x.n batch rows of w.cols
+/// columns): y[i, r] for every batch row i. Each output is summed in a fixed order, so the result
+/// does not depend on how the rows are split over threads.
+template <typename T, typename Index>
+Status spmm_forward_rows(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& x,
+                         const T* bias, T* y, Activation act, int64_t row_begin, int64_t row_end);
+
+/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks the CSC view. One thread.
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx);
+
+/// Output columns [col_begin, col_end) of dX, from dY in tiles (dy.n batch rows of w.rows columns).
+template <typename T, typename Index>
+Status spmm_transposed_columns(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& dy, T* dx,
+                               int64_t col_begin, int64_t col_end);
 
 /// The forward on channels-first activations, a 1x1 convolution on NCHW images read in place:
 /// x [batch, w.cols, pixels], y [batch, w.rows, pixels],
@@ -205,6 +219,11 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 template <typename T, typename Index>
 Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
                            const T* bias, T* y, Activation act = Activation::kNone);
+/// Output channels [row_begin, row_end) of spmm_channels_first, for every image and pixel.
+template <typename T, typename Index>
+Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch,
+                                int64_t pixels, const T* bias, T* y, Activation act, int64_t row_begin,
+                                int64_t row_end);
 
 }  // namespace cpu
 

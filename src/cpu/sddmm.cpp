@@ -1,43 +1,69 @@
-// CPU reference and backend of the weight and bias gradients and of AdamW's update. Plain loops in a
-// fixed order: deterministic; the 16-bit types accumulate in float and round once per output.
+// The CPU backend of the weight and bias gradients and of AdamW's update. The SDDMM reads dY and X
+// in tiles (snack/batch_tiles.h) and sums each slot in a fixed order: deterministic, whatever the
+// split of the slots over threads. The 16-bit types accumulate in float and round once per output.
+#include <string>
 #include <vector>
 
 #include "../common/checks.h"
 #include "snack/sddmm.h"
 #include "snack/value_types.h"
+#include "tiled.h"
 
 namespace snack::cpu {
 namespace {
 using detail::check_op;
+using tiled::check_range;
 using detail::required_if;
+using tiled::with_tile_width;
+
+// dv[s] for the slots [s0, s1), tile by tile: a tile's products are summed as a fixed tree and
+// added to the slot's sum, tiles in order. Going through the tiles in the outer loop keeps one
+// tile of dY and of X in cache while every slot reads them.
+template <int W, typename T, typename Index>
+void sddmm_tiles(const SlotPattern<Index>& w, const BatchTiles<accum_t<T>>& dy, const BatchTiles<accum_t<T>>& x,
+                 T* dvalues, int64_t s0, int64_t s1) {
+  using A = accum_t<T>;
+  std::vector<A> sums(size_t(s1 - s0), A(0));
+  for (int64_t t = 0; t < x.tiles(); ++t) {
+    const A* a_tile = dy.tile(t);
+    const A* b_tile = x.tile(t);
+    for (int64_t s = s0; s < s1; ++s) {
+      const A* a = a_tile + int64_t(w.row_idx[s]) * W;
+      const A* b = b_tile + int64_t(w.col_idx[s]) * W;
+      A p[W];
+      for (int j = 0; j < W; ++j) p[j] = a[j] * b[j];
+      for (int h = W / 2; h >= 1; h /= 2)
+        for (int j = 0; j < h; ++j) p[j] += p[j + h];
+      sums[size_t(s - s0)] += p[0];
+    }
+  }
+  for (int64_t s = s0; s < s1; ++s) dvalues[s] = from_accum<T>(sums[size_t(s - s0)]);
+}
 }  // namespace
 
 template <typename T, typename Index>
-Status sddmm_on_transposed(const SlotPattern<Index>& w, const T* dy_t, const T* x_t, int64_t n, T* dvalues) {
-  SNACK_RETURN_IF_ERROR(check_op(w, n, required_if(w.nnz > 0, dvalues),
-                                 {{"dy_t", required_if(n * w.rows > 0, dy_t)},
-                                  {"x_t", required_if(n * w.cols > 0, x_t)}}));
-  for (int64_t s = 0; s < w.nnz; ++s) {
-    const T* a = dy_t + int64_t(w.row_idx[s]) * n;
-    const T* b = x_t + int64_t(w.col_idx[s]) * n;
-    accum_t<T> acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc += to_accum(a[i]) * to_accum(b[i]);
-    dvalues[s] = from_accum<T>(acc);
-  }
-  return Status::Ok();
+Status sddmm_slots(const SlotPattern<Index>& w, const BatchTiles<accum_t<T>>& dy, const BatchTiles<accum_t<T>>& x,
+                   T* dvalues, int64_t slot_begin, int64_t slot_end) {
+  SNACK_RETURN_IF_ERROR(check_op(w, x.n, required_if(w.nnz > 0, dvalues), {}));
+  SNACK_RETURN_IF_ERROR(check_batch_tiles(dy, w.rows, "dy"));
+  SNACK_RETURN_IF_ERROR(check_batch_tiles(x, w.cols, "x"));
+  if (dy.n != x.n)
+    return InvalidArgument("dy has " + std::to_string(dy.n) + " batch rows and x " + std::to_string(x.n));
+  SNACK_RETURN_IF_ERROR(check_range(slot_begin, slot_end, w.nnz, "slots"));
+  return with_tile_width(x.width, [&](auto width) {
+    sddmm_tiles<decltype(width)::value, T>(w, dy, x, dvalues, slot_begin, slot_end);
+    return Status::Ok();
+  });
 }
 
 template <typename T, typename Index>
 Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T* dvalues) {
-  if (n <= 1) return sddmm_on_transposed(w, dy, x, n, dvalues);  // one row is its own transpose
   SNACK_RETURN_IF_ERROR(check_op(w, n, required_if(w.nnz > 0, dvalues),
                                  {{"dy", required_if(n * w.rows > 0, dy)}, {"x", required_if(n * w.cols > 0, x)}}));
-  std::vector<T> dy_t(size_t(w.rows) * n), x_t(size_t(w.cols) * n);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t r = 0; r < w.rows; ++r) dy_t[r * n + i] = dy[i * w.rows + r];
-    for (int64_t c = 0; c < w.cols; ++c) x_t[c * n + i] = x[i * w.cols + c];
-  }
-  return sddmm_on_transposed(w, dy_t.data(), x_t.data(), n, dvalues);
+  const int64_t tiles = (n + batch_tile_width(n) - 1) / batch_tile_width(n);
+  std::vector<accum_t<T>> dy_tiles(size_t(batch_tiles_numel(n, w.rows))), x_tiles(size_t(batch_tiles_numel(n, w.cols)));
+  return sddmm_slots(w, to_batch_tiles(dy, n, w.rows, dy_tiles.data(), 0, tiles),
+                     to_batch_tiles(x, n, w.cols, x_tiles.data(), 0, tiles), dvalues, 0, w.nnz);
 }
 
 template <typename T>
@@ -67,7 +93,8 @@ Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig
 
 #define SNACK_INSTANTIATE_CPU_SDDMM(T, Index)                                                                  \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);                \
-  template Status sddmm_on_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);
+  template Status sddmm_slots<T, Index>(const SlotPattern<Index>&, const BatchTiles<accum_t<T>>&,               \
+                                       const BatchTiles<accum_t<T>>&, T*, int64_t, int64_t);
 
 SNACK_INSTANTIATE_CPU_SDDMM(float, uint16_t)
 SNACK_INSTANTIATE_CPU_SDDMM(float, int32_t)

@@ -1,6 +1,6 @@
-// The CPU implementations of snack's operators: the core's reference loops (src/cpu/), split
-// over PyTorch's intra-op threads where every chunk writes a disjoint part of the output, so the
-// result does not depend on the split.
+// The CPU implementations of snack's operators: the core's loops (src/cpu/) over the batch in tiles
+// (snack/batch_tiles.h), split over PyTorch's intra-op threads where every chunk writes a disjoint
+// part of the output, so the result does not depend on the split.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -9,9 +9,12 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ops_common.h"
+#include "snack/batch_tiles.h"
 #include "snack/sddmm.h"
 #include "snack/spmm.h"
 #include "snack/topology.h"
@@ -36,6 +39,51 @@ Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
     }
   });
   return failed.load() >= 0 ? statuses[size_t(failed.load())] : Status::Ok();
+}
+
+// The outputs [0, count) of a product whose output o sums the entries [ptr[o], ptr[o + 1]) over a
+// batch of n rows, run as fn(begin, end) in chunks of about equal work (entries, and one per output
+// for its store) on the intra-op threads; the first failing chunk's status is returned. Chunks of
+// equal work, not equal counts: a few long rows (power-law patterns) would leave threads idle.
+template <typename Fn>
+Status parallel_outputs(const int32_t* ptr, int64_t count, int64_t n, Fn&& fn) {
+  constexpr int64_t kWorkPerChunk = 1 << 15;  // multiply-adds: a chunk costs more than its dispatch
+  const int64_t work = count > 0 ? int64_t(ptr[count]) + count : 0;
+  const int64_t chunks = std::clamp<int64_t>(work * std::max<int64_t>(n, 1) / kWorkPerChunk, 1,
+                                             std::min<int64_t>(std::max<int64_t>(count, 1), 8 * at::get_num_threads()));
+  if (chunks == 1) return fn(int64_t{0}, count);
+  // The first output of chunk c: the first o whose work before it, ptr[o] + o (increasing), reaches
+  // c / chunks of the whole.
+  auto first_of = [&](int64_t c) {
+    const int64_t target = work * c / chunks;
+    int64_t lo = 0, hi = count;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (int64_t(ptr[mid]) + mid < target) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  };
+  return parallel_chunks(chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) SNACK_RETURN_IF_ERROR(fn(first_of(c), c == chunks - 1 ? count : first_of(c + 1)));
+    return Status::Ok();
+  });
+}
+
+// x [n, cols] (contiguous) in the CPU products' tiles, in T's accumulation type, filled on the
+// intra-op threads. The returned tensor owns the tiles' storage.
+template <typename T>
+std::pair<at::Tensor, cpu::BatchTiles<accum_t<T>>> batch_tiles(const at::Tensor& x) {
+  using A = accum_t<T>;
+  const int64_t n = x.size(0), cols = x.size(1);
+  at::Tensor storage = at::empty({cpu::batch_tiles_numel(n, cols)},
+                                 x.options().dtype(std::is_same_v<A, double> ? at::kDouble : at::kFloat));
+  const int width = cpu::batch_tile_width(n);
+  const int64_t tiles = (n + width - 1) / width;
+  const cpu::BatchTiles<A> layout{data_as<A>(storage), n, cols, width};
+  at::parallel_for(0, tiles, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1)),
+                   [&](int64_t t0, int64_t t1) { cpu::to_batch_tiles(data_as<T>(x), n, cols, data_as<A>(storage), t0, t1); });
+  return {storage, layout};
 }
 
 // The CPU loops read every index of the pattern, so its contents are checked (cpu::check_pattern,
@@ -114,11 +162,12 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
+    const auto [storage, x_tiles] = batch_tiles<T>(in.x);
     throw_if_error(with_pattern(in.p,
-                                [&](auto w) {
-                                  return parallel_chunks(in.x.size(0), 1, [&](int64_t n0, int64_t n1) {
-                                    return cpu::spmm_forward(w, data_as<T>(values), data_as<T>(in.x) + n0 * w.cols,
-                                                             n1 - n0, b, data_as<T>(y) + n0 * w.rows, in.act);
+                                [&, &x_tiles = x_tiles](auto w) {
+                                  return parallel_outputs(w.row_ptr, w.rows, x_tiles.n, [&](int64_t r0, int64_t r1) {
+                                    return cpu::spmm_forward_rows(w, data_as<T>(values), x_tiles, b, data_as<T>(y),
+                                                                  in.act, r0, r1);
                                   });
                                 }),
                    op);
@@ -138,12 +187,12 @@ at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at
     const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
     throw_if_error(with_pattern(in.p,
                                 [&](auto w) {
-                                  return parallel_chunks(batch, 1, [&](int64_t b0, int64_t b1) {
-                                    return cpu::spmm_channels_first(w, data_as<T>(values),
-                                                                    data_as<T>(in.x) + b0 * w.cols * pixels, b1 - b0,
-                                                                    pixels, b, data_as<T>(y) + b0 * w.rows * pixels,
-                                                                    in.act);
-                                  });
+                                  return parallel_outputs(w.row_ptr, w.rows, batch * pixels,
+                                                          [&](int64_t r0, int64_t r1) {
+                                                            return cpu::spmm_channels_first_rows(
+                                                                w, data_as<T>(values), data_as<T>(in.x), batch, pixels,
+                                                                b, data_as<T>(y), in.act, r0, r1);
+                                                          });
                                 }),
                    op);
   });
@@ -163,11 +212,12 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   at::Tensor dx = at::empty({in.dy.size(0), in.p.cols}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
+    const auto [storage, dy_tiles] = batch_tiles<T>(in.dy);
     throw_if_error(with_pattern(in.p,
-                                [&](auto w) {
-                                  return parallel_chunks(in.dy.size(0), 1, [&](int64_t n0, int64_t n1) {
-                                    return cpu::spmm_transposed(w, data_as<T>(values), data_as<T>(in.dy) + n0 * w.rows,
-                                                                n1 - n0, data_as<T>(dx) + n0 * w.cols);
+                                [&, &dy_tiles = dy_tiles](auto w) {
+                                  return parallel_outputs(w.col_ptr, w.cols, dy_tiles.n, [&](int64_t c0, int64_t c1) {
+                                    return cpu::spmm_transposed_columns(w, data_as<T>(values), dy_tiles, data_as<T>(dx),
+                                                                        c0, c1);
                                   });
                                 }),
                    op);
@@ -175,23 +225,18 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   return dx;
 }
 
-// dv = sddmm(dy, x) of checked inputs: transposed once, then the slots split over threads (a chunk
-// is a pattern view over a contiguous slice of the slots).
+// dv = sddmm(dy, x) of checked inputs: dY and X in tiles once, then the slots split over threads.
 at::Tensor sddmm_of(const SddmmInputs& in, const char* op) {
   at::Tensor dv = at::empty({in.p.nnz}, in.dy.options());
   dispatch_value_type(in.dy, op, [&](auto tag) {
     using T = decltype(tag);
-    const at::Tensor dy_t = in.dy.t().contiguous(), x_t = in.x.t().contiguous();
+    const auto [dy_storage, dy_tiles] = batch_tiles<T>(in.dy);
+    const auto [x_storage, x_tiles] = batch_tiles<T>(in.x);
+    const int64_t grain = std::max<int64_t>(1024, (int64_t(1) << 15) / std::max<int64_t>(x_tiles.n, 1));
     throw_if_error(with_pattern(in.p,
-                                [&](auto w) {
-                                  return parallel_chunks(w.nnz, 4096, [&](int64_t s0, int64_t s1) {
-                                    auto part = w;
-                                    part.nnz = s1 - s0;
-                                    part.row_idx = w.row_idx + s0;
-                                    part.col_idx = w.col_idx + s0;
-                                    part.csc_perm = w.csc_perm + s0;
-                                    return cpu::sddmm_on_transposed(part, data_as<T>(dy_t), data_as<T>(x_t),
-                                                                    in.x.size(0), data_as<T>(dv) + s0);
+                                [&, &dy_tiles = dy_tiles, &x_tiles = x_tiles](auto w) {
+                                  return parallel_chunks(w.nnz, grain, [&](int64_t s0, int64_t s1) {
+                                    return cpu::sddmm_slots(w, dy_tiles, x_tiles, data_as<T>(dv), s0, s1);
                                   });
                                 }),
                    op);

@@ -1,5 +1,6 @@
 // The CPU ops of the core against dense float64 references, on odd sizes and both index widths.
 #include <cmath>
+#include <cstring>
 
 #include "test_util.h"
 
@@ -97,11 +98,101 @@ TEST(ValueTypes, SixteenBitOpsRoundOnce) {
   ASSERT_TRUE((cpu::spmm_forward<bfloat16, uint16_t>(w, values.data(), x.data(), n, nullptr, y.data()).ok()));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t r = 0; r < 37; ++r) {
-      float acc = 0;  // the same order as the op: the row's slots ascending
-      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) acc += to_float(values[s]) * to_float(x[i * 29 + w.col_idx[s]]);
-      EXPECT_EQ(y[i * 37 + r].bits, to_bfloat16(acc).bits) << i << "," << r;
+      // A float sum of the row's terms, in any order, lies within `slack` of the exact sum; rounded
+      // once, it is the bfloat16 nearest to some value in that interval.
+      double exact = 0, scale = 0;
+      for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) {
+        const double term = double(to_float(values[s])) * double(to_float(x[i * 29 + w.col_idx[s]]));
+        exact += term;
+        scale += std::fabs(term);
+      }
+      const double slack = 64 * scale * 0x1p-24;
+      const float got = to_float(y[i * 37 + r]);
+      EXPECT_GE(got, to_float(to_bfloat16(float(exact - slack)))) << i << "," << r;
+      EXPECT_LE(got, to_float(to_bfloat16(float(exact + slack)))) << i << "," << r;
     }
   }
+}
+
+TEST(BatchTiles, LayoutOfTheBatch) {
+  for (const auto& [n, width] : std::vector<std::pair<int64_t, int>>{
+           {0, 1}, {1, 1}, {2, 2}, {3, 4}, {5, 8}, {16, 16}, {17, 16}, {1000, 16}})
+    EXPECT_EQ(cpu::batch_tile_width(n), width) << n;
+  const int64_t n = 19, cols = 5;
+  EXPECT_EQ(cpu::batch_tiles_numel(n, cols), 2 * cols * 16);
+  const auto x = random_dense(n * cols, 3);
+  std::vector<double> tiles(size_t(cpu::batch_tiles_numel(n, cols)), NAN);
+  const auto layout = cpu::to_batch_tiles<double>(x.data(), n, cols, tiles.data(), 0, 2);
+  EXPECT_EQ(layout.width, 16);
+  EXPECT_EQ(layout.tiles(), 2);
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t i = t * 16 + j;
+        EXPECT_EQ(layout.tile(t)[c * 16 + j], i < n ? x[size_t(i * cols + c)] : 0.0) << t << "," << c << "," << j;
+      }
+}
+
+// The products over a split of their outputs (or slots) equal the whole product bit for bit: what
+// lets the binding run them on any number of threads.
+TEST(CpuOps, SplitOutputsMatchTheWholeProduct) {
+  const auto p = skewed_pattern<int32_t>(40, 37, 3, 150, 7);
+  const auto w = p.view();
+  const auto values = cast<float>(p.values);
+  for (const int64_t n : {1, 2, 6, 16, 23}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const auto x = cast<float>(random_dense(n * w.cols, 11)), dy = cast<float>(random_dense(n * w.rows, 12));
+    std::vector<float> x_tiles(size_t(cpu::batch_tiles_numel(n, w.cols))), dy_tiles(size_t(cpu::batch_tiles_numel(n, w.rows)));
+    const int64_t tiles = (n + cpu::batch_tile_width(n) - 1) / cpu::batch_tile_width(n);
+    const auto xt = cpu::to_batch_tiles<float>(x.data(), n, w.cols, x_tiles.data(), 0, tiles);
+    const auto dyt = cpu::to_batch_tiles<float>(dy.data(), n, w.rows, dy_tiles.data(), 0, tiles);
+
+    std::vector<float> y(size_t(n * w.rows), NAN), y_split(y.size(), NAN);
+    ASSERT_TRUE((cpu::spmm_forward<float, int32_t>(w, values.data(), x.data(), n, nullptr, y.data()).ok()));
+    for (const auto& [r0, r1] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}, {2, 29}, {29, 40}})
+      ASSERT_TRUE((cpu::spmm_forward_rows<float, int32_t>(w, values.data(), xt, nullptr, y_split.data(),
+                                                          Activation::kNone, r0, r1).ok()));
+    EXPECT_EQ(0, std::memcmp(y.data(), y_split.data(), y.size() * sizeof(float)));
+
+    std::vector<float> dx(size_t(n * w.cols), NAN), dx_split(dx.size(), NAN);
+    ASSERT_TRUE((cpu::spmm_transposed<float, int32_t>(w, values.data(), dy.data(), n, dx.data()).ok()));
+    for (const auto& [c0, c1] : std::vector<std::pair<int64_t, int64_t>>{{0, 13}, {13, 14}, {14, 37}})
+      ASSERT_TRUE((cpu::spmm_transposed_columns<float, int32_t>(w, values.data(), dyt, dx_split.data(), c0, c1).ok()));
+    EXPECT_EQ(0, std::memcmp(dx.data(), dx_split.data(), dx.size() * sizeof(float)));
+
+    std::vector<float> dv(size_t(w.nnz), NAN), dv_split(dv.size(), NAN);
+    ASSERT_TRUE((cpu::sddmm<float, int32_t>(w, dy.data(), x.data(), n, dv.data()).ok()));
+    for (const auto& [s0, s1] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 100}, {100, w.nnz}})
+      ASSERT_TRUE((cpu::sddmm_slots<float, int32_t>(w, dyt, xt, dv_split.data(), s0, s1).ok()));
+    EXPECT_EQ(0, std::memcmp(dv.data(), dv_split.data(), dv.size() * sizeof(float)));
+  }
+}
+
+TEST(CpuOpsErrors, RejectsTilesAndRangesThatDoNotFit) {
+  const auto p = random_pattern<int32_t>(4, 5, 6, 3);
+  const auto w = p.view();
+  std::vector<float> v(6, 1.f), data(size_t(cpu::batch_tiles_numel(3, 5)), 0.f), y(12), dv(6);
+  const cpu::BatchTiles<float> x{data.data(), 3, 5, 4};
+  const cpu::BatchTiles<float> dy{data.data(), 3, 4, 4};
+  auto forward = [&](const cpu::BatchTiles<float>& in, int64_t r0, int64_t r1) {
+    return cpu::spmm_forward_rows<float, int32_t>(w, v.data(), in, nullptr, y.data(), Activation::kNone, r0, r1).code();
+  };
+  EXPECT_EQ(forward(x, 0, 4), StatusCode::kOk);
+  EXPECT_EQ(forward({data.data(), 3, 5, 2}, 0, 4), StatusCode::kInvalidArgument);  // not the width of 3 rows
+  EXPECT_EQ(forward({data.data(), 3, 4, 4}, 0, 4), StatusCode::kInvalidArgument);  // not W's columns
+  EXPECT_EQ(forward({nullptr, 3, 5, 4}, 0, 4), StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward(x, 3, 2), StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward(x, 0, 5), StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward(x, -1, 2), StatusCode::kInvalidArgument);
+  EXPECT_EQ((cpu::spmm_transposed_columns<float, int32_t>(w, v.data(), dy, y.data(), 0, 6).code()),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((cpu::spmm_transposed_columns<float, int32_t>(w, v.data(), x, y.data(), 0, 5).code()),
+            StatusCode::kInvalidArgument);  // dY's tiles have W's rows as columns
+  EXPECT_EQ((cpu::sddmm_slots<float, int32_t>(w, dy, x, dv.data(), 0, 6).code()), StatusCode::kOk);
+  EXPECT_EQ((cpu::sddmm_slots<float, int32_t>(w, dy, x, dv.data(), 0, 7).code()), StatusCode::kInvalidArgument);
+  const cpu::BatchTiles<float> x_one_row{data.data(), 1, 5, 1};
+  EXPECT_EQ((cpu::sddmm_slots<float, int32_t>(w, dy, x_one_row, dv.data(), 0, 6).code()),
+            StatusCode::kInvalidArgument);  // dY and X of different batches
 }
 
 TEST(CpuOpsErrors, RejectsBadArguments) {

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import snack
-from helpers import ODD_SHAPES, Weight, assert_close, assert_matmul, matmul_ref, ops, poison_cache
+from helpers import (ODD_SHAPES, Weight, assert_close, assert_matmul, matmul_ref, ops, poison_cache,
+                     skewed_positions)
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INDEX_DTYPES = [torch.uint16, torch.int32]
@@ -117,6 +118,38 @@ def test_deterministic(device):
     for runs in (a, b, c):
         for r in runs[1:]:
             assert torch.equal(r, runs[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 6, 40])
+def test_cpu_results_do_not_depend_on_the_threads(dtype, n):
+    """The CPU splits each product's outputs (slots for the SDDMM) over PyTorch's threads, by work
+    (long rows and columns weigh more); each output is summed in one fixed order, so any count of
+    threads gives the same bits, and the float64 reference still holds."""
+    m, k = 700, 300
+    rows, cols = skewed_positions(m, k, dense_rows=4, nnz_rest=30000, seed=n)
+    p = Weight(m, k, rows.numel(), device="cpu", dtype=dtype, positions=(rows, cols))
+    x, dy, bias = p.randn(n, k, seed=2), p.randn(n, m, seed=3), p.randn(m, seed=4)
+    images = p.randn(2, k, n, seed=5)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            results.append((ops.spmm(x, p.values, p.tensors, bias), ops.spmm_t(dy, p.values, p.tensors),
+                            ops.sddmm(dy, x, p.tensors), ops.spmm_channels_first(images, p.values, p.tensors, bias)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+    y, dx, dv, y_images = results[0]
+    assert_matmul(y, x, p.dense64.T, dtype, bias=bias)
+    assert_matmul(dx, dy, p.dense64, dtype)
+    ref, scale = p.slot_ref(dy, x)
+    assert_close(dv, ref, scale, dtype)
+    assert_matmul(y_images.transpose(1, 2).reshape(-1, m), images.transpose(1, 2).reshape(-1, k), p.dense64.T, dtype,
+                  bias=bias)
 
 
 def test_build_views_match_definition(device):
