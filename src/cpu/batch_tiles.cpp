@@ -1,9 +1,25 @@
 // The batch's layout for the CPU products (snack/batch_tiles.h).
 #include "snack/batch_tiles.h"
 
+#include <cstdlib>
 #include <string>
 
+#include "tiled.h"
+
 namespace snack::cpu {
+
+namespace tiled {
+bool has_avx2_fma() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  // SNACK_CPU_BASELINE=1 keeps the baseline build: what the tests run it with on CPUs that have both.
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          !(std::getenv("SNACK_CPU_BASELINE") && std::string(std::getenv("SNACK_CPU_BASELINE")) == "1");
+  return yes;
+#else
+  return false;
+#endif
+}
+}  // namespace tiled
 
 int batch_tile_width(int64_t n) {
   int width = 1;

@@ -7,38 +7,15 @@
 #include "../common/checks.h"
 #include "snack/sddmm.h"
 #include "snack/value_types.h"
+#include "loops.h"
 #include "tiled.h"
 
 namespace snack::cpu {
 namespace {
 using detail::check_op;
-using tiled::check_range;
 using detail::required_if;
+using tiled::check_range;
 using tiled::with_tile_width;
-
-// dv[s] for the slots [s0, s1), tile by tile: a tile's products are summed as a fixed tree and
-// added to the slot's sum, tiles in order. Going through the tiles in the outer loop keeps one
-// tile of dY and of X in cache while every slot reads them.
-template <int W, typename T, typename Index>
-void sddmm_tiles(const SlotPattern<Index>& w, const BatchTiles<accum_t<T>>& dy, const BatchTiles<accum_t<T>>& x,
-                 T* dvalues, int64_t s0, int64_t s1) {
-  using A = accum_t<T>;
-  std::vector<A> sums(size_t(s1 - s0), A(0));
-  for (int64_t t = 0; t < x.tiles(); ++t) {
-    const A* a_tile = dy.tile(t);
-    const A* b_tile = x.tile(t);
-    for (int64_t s = s0; s < s1; ++s) {
-      const A* a = a_tile + int64_t(w.row_idx[s]) * W;
-      const A* b = b_tile + int64_t(w.col_idx[s]) * W;
-      A p[W];
-      for (int j = 0; j < W; ++j) p[j] = a[j] * b[j];
-      for (int h = W / 2; h >= 1; h /= 2)
-        for (int j = 0; j < h; ++j) p[j] += p[j + h];
-      sums[size_t(s - s0)] += p[0];
-    }
-  }
-  for (int64_t s = s0; s < s1; ++s) dvalues[s] = from_accum<T>(sums[size_t(s - s0)]);
-}
 }  // namespace
 
 template <typename T, typename Index>
@@ -50,8 +27,12 @@ Status sddmm_slots(const SlotPattern<Index>& w, const BatchTiles<accum_t<T>>& dy
   if (dy.n != x.n)
     return InvalidArgument("dy has " + std::to_string(dy.n) + " batch rows and x " + std::to_string(x.n));
   SNACK_RETURN_IF_ERROR(check_range(slot_begin, slot_end, w.nnz, "slots"));
+  std::vector<accum_t<T>> sums(size_t(slot_end - slot_begin), accum_t<T>(0));
   return with_tile_width(x.width, [&](auto width) {
-    sddmm_tiles<decltype(width)::value, T>(w, dy, x, dvalues, slot_begin, slot_end);
+    with_loops([&](auto loops) {
+      loops.template sddmm_tiles<decltype(width)::value, T>(w, dy, x, slot_begin, slot_end, sums.data());
+    });
+    for (int64_t s = slot_begin; s < slot_end; ++s) dvalues[s] = from_accum<T>(sums[size_t(s - slot_begin)]);
     return Status::Ok();
   });
 }

@@ -1,9 +1,9 @@
 // The CPU backend of the SpMM products, over the batch in tiles (snack/batch_tiles.h): each stored
-// entry multiplies a tile's contiguous batch values, so the loops run on vector units and read X
-// from cache instead of gathering one value per batch row from X's rows. A thread owns a range of
-// outputs and sums each in a fixed order (the entries round-robin over kChains chains, then a fixed
-// tree), so results are deterministic and do not depend on how the outputs are split. The 16-bit
-// types accumulate in float and round once per output.
+// entry multiplies a tile's contiguous batch values, so the loops (loops.inc) run on vector units
+// and read X from cache instead of gathering one value per batch row from X's rows. A thread owns a
+// range of outputs and sums each in a fixed order (the entries round-robin over a few chains, then
+// a fixed tree), so results are deterministic and do not depend on how the outputs are split. The
+// 16-bit types accumulate in float and round once per output.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -12,78 +12,15 @@
 #include "snack/activation.h"
 #include "snack/spmm.h"
 #include "snack/value_types.h"
+#include "loops.h"
 #include "tiled.h"
 
 namespace snack::cpu {
 namespace {
 using detail::check_op;
-using tiled::check_range;
-using tiled::kChains;
 using detail::required_if;
-using tiled::sum_chains;
+using tiled::check_range;
 using tiled::with_tile_width;
-
-// acc = the sum over entries [begin, end) of value(e) * in[input(e)][0..W), where entry e's value
-// and input come from `entry` (the CSR row, or the CSC column through the permutation).
-template <int W, typename A, typename Entry>
-inline void sum_entries(const A* in, int64_t begin, int64_t end, Entry&& entry, A (&out)[W]) {
-  constexpr int P = kChains<W>;
-  A acc[P][W] = {};
-  int64_t e = begin;
-  for (; e + P <= end; e += P) {
-    for (int c = 0; c < P; ++c) {
-      const auto [v, input] = entry(e + c);
-      const A* x = in + int64_t(input) * W;
-      for (int j = 0; j < W; ++j) acc[c][j] += v * x[j];
-    }
-  }
-  for (int c = 0; e < end; ++e, ++c) {
-    const auto [v, input] = entry(e);
-    const A* x = in + int64_t(input) * W;
-    for (int j = 0; j < W; ++j) acc[c][j] += v * x[j];
-  }
-  sum_chains(acc);
-  for (int j = 0; j < W; ++j) out[j] = acc[0][j];
-}
-
-template <int W, typename T, typename Index>
-void forward_rows(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& x, const T* bias, T* y,
-                  Activation act, int64_t row_begin, int64_t row_end) {
-  using A = accum_t<T>;
-  auto entry = [&](int64_t s) { return std::pair<A, Index>(to_accum(values[s]), w.col_idx[s]); };
-  for (int64_t t = 0; t < x.tiles(); ++t) {
-    const A* tile = x.tile(t);
-    const int64_t i0 = t * W;
-    const int rows = int(std::min<int64_t>(W, x.n - i0));
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      A acc[W];
-      sum_entries<W>(tile, w.row_ptr[r], w.row_ptr[r + 1], entry, acc);
-      const A b = bias ? to_accum(bias[r]) : A(0);
-      for (int j = 0; j < rows; ++j)
-        y[(i0 + j) * w.rows + r] = from_accum<T>(apply_activation(bias ? acc[j] + b : acc[j], act));
-    }
-  }
-}
-
-template <int W, typename T, typename Index>
-void transposed_columns(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& dy, T* dx,
-                        int64_t col_begin, int64_t col_end) {
-  using A = accum_t<T>;
-  auto entry = [&](int64_t j) {
-    const int32_t s = w.csc_perm[j];
-    return std::pair<A, int32_t>(to_accum(values[s]), w.row_idx[s]);
-  };
-  for (int64_t t = 0; t < dy.tiles(); ++t) {
-    const A* tile = dy.tile(t);
-    const int64_t i0 = t * W;
-    const int rows = int(std::min<int64_t>(W, dy.n - i0));
-    for (int64_t c = col_begin; c < col_end; ++c) {
-      A acc[W];
-      sum_entries<W>(tile, w.col_ptr[c], w.col_ptr[c + 1], entry, acc);
-      for (int j = 0; j < rows; ++j) dx[(i0 + j) * w.cols + c] = from_accum<T>(acc[j]);
-    }
-  }
-}
 
 // The whole operand in tiles, for the callers that hand the core X itself.
 template <typename T>
@@ -101,7 +38,9 @@ Status spmm_forward_rows(const SlotPattern<Index>& w, const T* values, const Bat
   SNACK_RETURN_IF_ERROR(check_batch_tiles(x, w.cols, "x"));
   SNACK_RETURN_IF_ERROR(check_range(row_begin, row_end, w.rows, "output rows"));
   return with_tile_width(x.width, [&](auto width) {
-    forward_rows<decltype(width)::value>(w, values, x, bias, y, act, row_begin, row_end);
+    with_loops([&](auto loops) {
+      loops.template forward_rows<decltype(width)::value>(w, values, x, bias, y, act, row_begin, row_end);
+    });
     return Status::Ok();
   });
 }
@@ -113,7 +52,9 @@ Status spmm_transposed_columns(const SlotPattern<Index>& w, const T* values, con
   SNACK_RETURN_IF_ERROR(check_batch_tiles(dy, w.rows, "dy"));
   SNACK_RETURN_IF_ERROR(check_range(col_begin, col_end, w.cols, "output columns"));
   return with_tile_width(dy.width, [&](auto width) {
-    transposed_columns<decltype(width)::value>(w, values, dy, dx, col_begin, col_end);
+    with_loops([&](auto loops) {
+      loops.template transposed_columns<decltype(width)::value>(w, values, dy, dx, col_begin, col_end);
+    });
     return Status::Ok();
   });
 }
@@ -146,27 +87,9 @@ Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, co
                                   {"y", required_if(batch * w.rows * pixels > 0, y)}},
                                  PatternNeeds::kForward));
   SNACK_RETURN_IF_ERROR(check_range(row_begin, row_end, w.rows, "output rows"));
-  using A = accum_t<T>;
-  // Blocks of pixels, so that the block's inputs of every channel stay in cache across the rows.
-  constexpr int64_t kBlock = 512;
-  A acc[kBlock];
-  for (int64_t b = 0; b < batch; ++b) {
-    const T* xb = x + b * w.cols * pixels;
-    for (int64_t p0 = 0; p0 < pixels; p0 += kBlock) {
-      const int64_t count = std::min(kBlock, pixels - p0);
-      for (int64_t r = row_begin; r < row_end; ++r) {
-        std::fill(acc, acc + count, A(0));
-        for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) {
-          const A v = to_accum(values[s]);
-          const T* in = xb + int64_t(w.col_idx[s]) * pixels + p0;
-          for (int64_t p = 0; p < count; ++p) acc[p] += v * to_accum(in[p]);
-        }
-        T* out = y + (b * w.rows + r) * pixels + p0;
-        const A bias_r = bias ? to_accum(bias[r]) : A(0);
-        for (int64_t p = 0; p < count; ++p) out[p] = from_accum<T>(apply_activation(bias ? acc[p] + bias_r : acc[p], act));
-      }
-    }
-  }
+  with_loops([&](auto loops) {
+    loops.channels_first_rows(w, values, x, batch, pixels, bias, y, act, row_begin, row_end);
+  });
   return Status::Ok();
 }
 

@@ -47,3 +47,8 @@ inline void sum_chains(A (&acc)[P][W]) {
 }
 
 }  // namespace snack::cpu::tiled
+
+namespace snack::cpu::tiled {
+// Whether this CPU runs AVX2 and FMA (asked once): loops.h then takes the loops built for them.
+bool has_avx2_fma();
+}  // namespace snack::cpu::tiled

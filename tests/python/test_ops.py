@@ -1,6 +1,9 @@
 """Every operator against a float64 dense reference, on odd sizes, both index widths, CPU and CUDA."""
 
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -150,6 +153,23 @@ def test_cpu_results_do_not_depend_on_the_threads(dtype, n):
     assert_close(dv, ref, scale, dtype)
     assert_matmul(y_images.transpose(1, 2).reshape(-1, m), images.transpose(1, 2).reshape(-1, k), p.dense64.T, dtype,
                   bias=bias)
+
+
+def test_cpu_baseline_loops():
+    """The CPU loops are built twice (baseline ISA, and AVX2 with FMA where the CPU has them); the
+    threads test above runs the build this CPU takes, this one the baseline build, in a process
+    started with SNACK_CPU_BASELINE=1."""
+    code = (
+        "import sys, torch; sys.path[:0] = sys.argv[1:]\n"
+        "from test_ops import test_cpu_results_do_not_depend_on_the_threads as t\n"
+        "for dtype in (torch.float32, torch.bfloat16):\n"
+        "    for n in (1, 6, 40):\n"
+        "        t(dtype, n)\n"
+        "print('ok')\n")
+    env = dict(os.environ, SNACK_CPU_BASELINE="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", code, here], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_build_views_match_definition(device):
