@@ -82,16 +82,6 @@ def measure(impl: str, phase: str, args, device) -> float:
     return pass_us(run, device, args.reps) / args.layers
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def write_report(stem: Path, info: dict, rows: list[dict]) -> None:
     benchmark.write_csv(stem.with_suffix(".csv"), info, COLUMNS, rows)
     us = {(r["impl"], r["phase"]): r["us_per_layer"] for r in rows}
@@ -135,7 +125,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     info = benchmark.provenance(device)
-    info["cpu"] = cpu_name()
+    info["cpu"] = benchmark.cpu_name()
     info["run"] = (f"{args.layers} layers of {args.features}x{args.features}, {args.rows} rows, median of "
                    f"{args.reps} passes")
     stem = args.out / f"host_{benchmark.gpu_slug(device)}"

@@ -38,6 +38,17 @@ def gpu_slug(device=None) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), or "unknown"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def git_commit() -> str:
     env = os.environ.get("SNACK_COMMIT")
     if env:

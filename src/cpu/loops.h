@@ -25,6 +25,7 @@ namespace snack::cpu {
 namespace {
 
 namespace baseline {
+constexpr int kVectorBytes = 16;
 #include "loops.inc"
 }  // namespace baseline
 
@@ -32,6 +33,7 @@ namespace baseline {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
+constexpr int kVectorBytes = 32;
 #include "loops.inc"
 }  // namespace avx2
 #pragma GCC pop_options

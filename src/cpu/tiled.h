@@ -38,14 +38,6 @@ inline Status check_range(int64_t begin, int64_t end, int64_t count, const char*
 template <int W>
 inline constexpr int kChains = W >= 4 ? 2 : 8 / W;
 
-// acc[0][j] = the sum of acc[c][j] over the chains, as a fixed tree.
-template <int P, int W, typename A>
-inline void sum_chains(A (&acc)[P][W]) {
-  for (int h = P / 2; h >= 1; h /= 2)
-    for (int c = 0; c < h; ++c)
-      for (int j = 0; j < W; ++j) acc[c][j] += acc[c + h][j];
-}
-
 }  // namespace snack::cpu::tiled
 
 namespace snack::cpu::tiled {
