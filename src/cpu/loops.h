@@ -6,6 +6,7 @@
 // always the same, whatever the threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 

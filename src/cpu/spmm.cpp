@@ -51,15 +51,10 @@ Status spmm_transposed_columns(const SlotPattern<Index>& w, const T* values, con
   SNACK_RETURN_IF_ERROR(check_op(w, dy.n, values, {{"dx", required_if(dy.n * w.cols > 0, dx)}}));
   SNACK_RETURN_IF_ERROR(check_batch_tiles(dy, w.rows, "dy"));
   SNACK_RETURN_IF_ERROR(check_range(col_begin, col_end, w.cols, "output columns"));
-  using A = accum_t<T>;
-  auto entry = [&](int64_t j) {
-    const int32_t s = w.csc_perm[j];
-    return std::pair<A, int32_t>(to_accum(values[s]), w.row_idx[s]);
-  };
+  std::vector<accum_t<T>> acc(size_t((col_end - col_begin) * dy.width));
   return with_tile_width(dy.width, [&](auto width) {
-    constexpr int W = decltype(width)::value;
     with_loops([&](auto loops) {
-      loops.template transposed_columns<W, T>(w, entry, dy, dx, col_begin, col_end);
+      loops.template transposed_columns<decltype(width)::value>(w, values, dy, dx, col_begin, col_end, acc.data());
     });
     return Status::Ok();
   });

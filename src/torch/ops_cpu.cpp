@@ -45,12 +45,14 @@ Status parallel_chunks(int64_t count, int64_t grain, Fn&& fn) {
 // batch of n rows, run as fn(begin, end) in chunks of about equal work (entries, and one per output
 // for its store) on the intra-op threads; the first failing chunk's status is returned. Chunks of
 // equal work, not equal counts: a few long rows (power-law patterns) would leave threads idle.
+// chunks_per_thread: at most that many chunks per thread (each chunk of dX scans every row of W).
 template <typename Fn>
-Status parallel_outputs(const int32_t* ptr, int64_t count, int64_t n, Fn&& fn) {
+Status parallel_outputs(const int32_t* ptr, int64_t count, int64_t n, Fn&& fn, int64_t chunks_per_thread = 8) {
   constexpr int64_t kWorkPerChunk = 1 << 15;  // multiply-adds: a chunk costs more than its dispatch
   const int64_t work = count > 0 ? int64_t(ptr[count]) + count : 0;
-  const int64_t chunks = std::clamp<int64_t>(work * std::max<int64_t>(n, 1) / kWorkPerChunk, 1,
-                                             std::min<int64_t>(std::max<int64_t>(count, 1), 8 * at::get_num_threads()));
+  const int64_t chunks =
+      std::clamp<int64_t>(work * std::max<int64_t>(n, 1) / kWorkPerChunk, 1,
+                          std::min<int64_t>(std::max<int64_t>(count, 1), chunks_per_thread * at::get_num_threads()));
   if (chunks == 1) return fn(int64_t{0}, count);
   // The first output of chunk c: the first o whose work before it, ptr[o] + o (increasing), reaches
   // c / chunks of the whole.
@@ -215,10 +217,13 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
     const auto [storage, dy_tiles] = batch_tiles<T>(in.dy);
     throw_if_error(with_pattern(in.p,
                                 [&, &dy_tiles = dy_tiles](auto w) {
-                                  return parallel_outputs(w.col_ptr, w.cols, dy_tiles.n, [&](int64_t c0, int64_t c1) {
-                                    return cpu::spmm_transposed_columns(w, data_as<T>(values), dy_tiles, data_as<T>(dx),
-                                                                        c0, c1);
-                                  });
+                                  return parallel_outputs(
+                                      w.col_ptr, w.cols, dy_tiles.n,
+                                      [&](int64_t c0, int64_t c1) {
+                                        return cpu::spmm_transposed_columns(w, data_as<T>(values), dy_tiles,
+                                                                            data_as<T>(dx), c0, c1);
+                                      },
+                                      1);
                                 }),
                    op);
   });
