@@ -163,6 +163,12 @@ template <typename T, typename Index>
 Status sddmm_slots(const SlotPattern<Index>& w, const BatchTiles<accum_t<T>>& dy, const BatchTiles<accum_t<T>>& x,
                    T* dvalues, int64_t slot_begin, int64_t slot_end);
 
+/// The slots of rows [first, first + count) of W read out of a dense block of dY^T X: g is
+/// [count, w.cols] row-major (rows first.. of dY^T X), dvalues[s] = g[row(s) - first, col(s)] for the
+/// rows' slots. Used with expand_rows (spmm.h) by callers that multiply dense blocks themselves.
+template <typename T, typename Index>
+Status gather_rows(const SlotPattern<Index>& w, const T* g, int64_t first, int64_t count, T* dvalues);
+
 /// db[r] = sum_n dY[n, r]. dy: [n, m]; dbias: [m].
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias);

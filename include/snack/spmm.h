@@ -219,6 +219,12 @@ Status spmm_transposed_columns(const SlotPattern<Index>& w, const T* values, con
 template <typename T, typename Index>
 Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
                            const T* bias, T* y, Activation act = Activation::kNone);
+/// Dense blocks (large batches at a high density, where a GEMM beats the sparse loops): rows
+/// [first, first + count) of W written dense into `block` ([count, w.cols] row-major, zeros where no
+/// slot is stored). Rows are independent, so callers may fill a block from several threads.
+template <typename T, typename Index>
+Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, int64_t count, T* block);
+
 /// Output channels [row_begin, row_end) of spmm_channels_first, for every image and pixel.
 template <typename T, typename Index>
 Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch,

@@ -47,6 +47,16 @@ Status sddmm(const SlotPattern<Index>& w, const T* dy, const T* x, int64_t n, T*
                      to_batch_tiles(x, n, w.cols, x_tiles.data(), 0, tiles), dvalues, 0, w.nnz);
 }
 
+template <typename T, typename Index>
+Status gather_rows(const SlotPattern<Index>& w, const T* g, int64_t first, int64_t count, T* dvalues) {
+  SNACK_RETURN_IF_ERROR(check_op(w, 0, required_if(w.nnz > 0, dvalues),
+                                 {{"g", required_if(count * w.cols > 0, g)}}, PatternNeeds::kForward));
+  SNACK_RETURN_IF_ERROR(check_range(first, first + count, w.rows, "rows"));
+  for (int64_t r = first; r < first + count; ++r)
+    for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) dvalues[s] = g[(r - first) * w.cols + w.col_idx[s]];
+  return Status::Ok();
+}
+
 template <typename T>
 Status bias_grad(const T* dy, int64_t n, int64_t m, T* dbias) {
   if (n < 0 || m < 0) return InvalidArgument("bias_grad: sizes must be non-negative");
@@ -74,6 +84,7 @@ Status adamw_update(const T* grad, int64_t count, double step, const AdamWConfig
 
 #define SNACK_INSTANTIATE_CPU_SDDMM(T, Index)                                                                  \
   template Status sddmm<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*);                \
+  template Status gather_rows<T, Index>(const SlotPattern<Index>&, const T*, int64_t, int64_t, T*);             \
   template Status sddmm_slots<T, Index>(const SlotPattern<Index>&, const BatchTiles<accum_t<T>>&,               \
                                        const BatchTiles<accum_t<T>>&, T*, int64_t, int64_t);
 

@@ -100,6 +100,17 @@ Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T
   return spmm_channels_first_rows(w, values, x, batch, pixels, bias, y, act, 0, w.rows);
 }
 
+template <typename T, typename Index>
+Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, int64_t count, T* block) {
+  SNACK_RETURN_IF_ERROR(check_op(w, 0, values, {{"block", required_if(count * w.cols > 0, block)}},
+                                 PatternNeeds::kForward));
+  SNACK_RETURN_IF_ERROR(check_range(first, first + count, w.rows, "rows"));
+  std::fill(block, block + count * w.cols, from_accum<T>(accum_t<T>(0)));
+  for (int64_t r = first; r < first + count; ++r)
+    for (int32_t s = w.row_ptr[r]; s < w.row_ptr[r + 1]; ++s) block[(r - first) * w.cols + w.col_idx[s]] = values[s];
+  return Status::Ok();
+}
+
 #define SNACK_INSTANTIATE_CPU_SPMM(T, Index)                                                                      \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,        \
                                          Activation);                                                                 \
@@ -110,6 +121,7 @@ Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T
                                                     const BatchTiles<accum_t<T>>&, T*, int64_t, int64_t);            \
   template Status spmm_channels_first<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, int64_t,       \
                                                 const T*, T*, Activation);                                             \
+  template Status expand_rows<T, Index>(const SlotPattern<Index>&, const T*, int64_t, int64_t, T*);                 \
   template Status spmm_channels_first_rows<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, int64_t,  \
                                                      const T*, T*, Activation, int64_t, int64_t);
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_plan.h"
 #include "ops_common.h"
 #include "snack/batch_tiles.h"
 #include "snack/sddmm.h"
@@ -154,13 +155,59 @@ void check_contents(const PatternArg& p, const char* op) {
   checked.check(p, op);
 }
 
+// Rows [first, first + count) of W, dense, filled on the intra-op threads.
+template <typename T, typename Index>
+at::Tensor expanded_rows(const SlotPattern<Index>& w, const at::Tensor& values, int64_t first, int64_t count) {
+  at::Tensor block = at::empty({count, w.cols}, values.options());
+  throw_if_error(parallel_chunks(count, std::max<int64_t>(1, 4096 / std::max<int64_t>(w.cols / 64, 1)),
+                                 [&](int64_t r0, int64_t r1) {
+                                   return cpu::expand_rows(w, data_as<T>(values), first + r0, r1 - r0,
+                                                           data_as<T>(block) + r0 * w.cols);
+                                 }),
+                 "dense block");
+  return block;
+}
+
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                 const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
   const char* op = "spmm";
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
-  spmm_variant_arg(variant, false, op);  // the name is checked; the CPU has one kernel
+  const SpmmVariant v = spmm_variant_arg(variant, false, op);
   check_contents(in.p, op);
-  at::Tensor y = at::empty({in.x.size(0), in.p.rows}, values.options());
+  const int64_t n = in.x.size(0);
+  if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, v == SpmmVariant::kDenseBlocks,
+                       v == SpmmVariant::kAuto, in.act)) {
+    at::Tensor y = at::empty({n, in.p.rows}, values.options());
+    const int64_t block = cpu_block_rows(in.p.rows, n);
+    // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
+    const bool half = values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf;
+    const bool gelu_in_float = half && in.act == Activation::kGELU;
+    dispatch_value_type(values, op, [&](auto tag) {
+      using T = decltype(tag);
+      throw_if_error(with_pattern(in.p,
+                                  [&](auto w) {
+                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {
+                                      const int64_t count = std::min(block, w.rows - r0);
+                                      at::Tensor wb = expanded_rows<T>(w, values, r0, count), x = in.x;
+                                      std::optional<at::Tensor> b;
+                                      if (in.bias) b = in.bias->narrow(0, r0, count);
+                                      if (gelu_in_float) {
+                                        wb = wb.to(at::kFloat), x = x.to(at::kFloat);
+                                        if (b) b = b->to(at::kFloat);
+                                      }
+                                      at::Tensor yb = b ? at::addmm(*b, x, wb.t()) : at::mm(x, wb.t());
+                                      if (gelu_in_float) yb = at::gelu(yb);
+                                      y.narrow(1, r0, count).copy_(yb);
+                                    }
+                                    return Status::Ok();
+                                  }),
+                     op);
+    });
+    if (in.act == Activation::kReLU) y.relu_();  // exact: commutes with the rounding
+    if (in.act == Activation::kGELU && !gelu_in_float) y = at::gelu(y);
+    return y;
+  }
+  at::Tensor y = at::empty({n, in.p.rows}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
@@ -209,9 +256,28 @@ std::tuple<at::Tensor, at::Tensor> spmm_for_step(const at::Tensor& x, const at::
 at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, c10::string_view variant) {
   const char* op = "spmm_t";
   const SpmmTInputs in = spmm_t_inputs(dy, values, pattern, op);
-  spmm_variant_arg(variant, true, op);
+  const SpmmVariant v = spmm_variant_arg(variant, true, op);
   check_contents(in.p, op);
-  at::Tensor dx = at::empty({in.dy.size(0), in.p.cols}, values.options());
+  const int64_t n = in.dy.size(0);
+  if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kTransposed, v == SpmmVariant::kDenseBlocks,
+                       v == SpmmVariant::kAuto)) {
+    at::Tensor dx = at::zeros({n, in.p.cols}, values.options());
+    const int64_t block = cpu_block_rows(in.p.rows, n);
+    dispatch_value_type(values, op, [&](auto tag) {
+      using T = decltype(tag);
+      throw_if_error(with_pattern(in.p,
+                                  [&](auto w) {
+                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {  // blocks in order: a fixed sum
+                                      const int64_t count = std::min(block, w.rows - r0);
+                                      dx.addmm_(in.dy.narrow(1, r0, count), expanded_rows<T>(w, values, r0, count));
+                                    }
+                                    return Status::Ok();
+                                  }),
+                     op);
+    });
+    return dx;
+  }
+  at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
     const auto [storage, dy_tiles] = batch_tiles<T>(in.dy);
@@ -230,9 +296,32 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   return dx;
 }
 
-// dv = sddmm(dy, x) of checked inputs: dY and X in tiles once, then the slots split over threads.
-at::Tensor sddmm_of(const SddmmInputs& in, const char* op) {
+// dv = sddmm(dy, x) of checked inputs: dY and X in tiles once, then the slots split over threads;
+// or, on dense blocks, blocks of rows of dY^T X from ATen's GEMM, the stored slots read out of each.
+at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
   at::Tensor dv = at::empty({in.p.nnz}, in.dy.options());
+  const int64_t n = in.x.size(0);
+  if (cpu_dense_blocks(in.p, n, in.dy.scalar_type(), CpuProduct::kWeightGrad, v == SddmmVariant::kDenseBlocks,
+                       v == SddmmVariant::kAuto)) {
+    const int64_t block = cpu_block_rows(in.p.rows, n);
+    dispatch_value_type(in.dy, op, [&](auto tag) {
+      using T = decltype(tag);
+      throw_if_error(with_pattern(in.p,
+                                  [&](auto w) {
+                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {
+                                      const int64_t count = std::min(block, w.rows - r0);
+                                      const at::Tensor g = at::mm(in.dy.narrow(1, r0, count).t(), in.x);
+                                      SNACK_RETURN_IF_ERROR(parallel_chunks(count, 16, [&](int64_t a, int64_t b) {
+                                        return cpu::gather_rows(w, data_as<T>(g) + a * w.cols, r0 + a, b - a,
+                                                                data_as<T>(dv));
+                                      }));
+                                    }
+                                    return Status::Ok();
+                                  }),
+                     op);
+    });
+    return dv;
+  }
   dispatch_value_type(in.dy, op, [&](auto tag) {
     using T = decltype(tag);
     const auto [dy_storage, dy_tiles] = batch_tiles<T>(in.dy);
@@ -251,10 +340,10 @@ at::Tensor sddmm_of(const SddmmInputs& in, const char* op) {
 
 at::Tensor sddmm(const at::Tensor& dy, const at::Tensor& x, at::TensorList pattern, c10::string_view variant) {
   const char* op = "sddmm";
-  sddmm_variant_arg(variant, op);
+  const SddmmVariant v = sddmm_variant_arg(variant, op);
   const SddmmInputs in = sddmm_inputs(dy, x, pattern, dy, op);
   check_contents(in.p, op);
-  return sddmm_of(in, op);
+  return sddmm_of(in, v, op);
 }
 
 at::Tensor bias_grad_of(const at::Tensor& dyc, const char* op) {
@@ -293,13 +382,13 @@ void sddmm_adamw_(const at::Tensor& dy, const at::Tensor& x, at::TensorList patt
                   const std::optional<at::Tensor>& bias, at::ArrayRef<double> bias_hyper,
                   const std::optional<at::Tensor>& x_t, c10::string_view variant) {
   const char* op = "sddmm_adamw_";
-  sddmm_variant_arg(variant, op);
+  const SddmmVariant v = sddmm_variant_arg(variant, op);
   const SddmmAdamWInputs in =
       sddmm_adamw_inputs(dy, x, pattern, values, state, hyper, bias, bias_state, bias_hyper, op);
   (void)x_t;  // a GPU forward's copy: the CPU computes from x
   check_contents(in.s.p, op);
   advance_steps(in);
-  if (values.numel() > 0) adamw_step(sddmm_of(in.s, op), in.values, op);
+  if (values.numel() > 0) adamw_step(sddmm_of(in.s, v, op), in.values, op);
   if (in.bias && in.bias->param.numel() > 0) adamw_step(bias_grad_of(in.s.dy, op), *in.bias, op);
 }
 

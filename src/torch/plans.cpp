@@ -14,7 +14,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_plan.h"
 #include "op_args.h"
+#include "snack/batch_tiles.h"
 
 namespace snack::binding {
 
@@ -135,8 +137,29 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   const PatternArg p = pattern_arg(pattern, op, which == "forward" ? PatternNeeds::kForward : PatternNeeds::kAll);
   check_values(values, p, op);
   TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
-  if (!values.is_cuda())
-    return {"cpu", "cpu", 1, 1, 1, 1, 1, 0, 0, false, "cpu: reference loops (one output at a time, fixed order)"};
+  if (!values.is_cuda()) {
+    const CpuProduct product = which == "forward"      ? CpuProduct::kForward
+                               : which == "input_grad" ? CpuProduct::kTransposed
+                                                       : CpuProduct::kWeightGrad;
+    bool forced = false, automatic = false;
+    if (product == CpuProduct::kWeightGrad) {
+      const SddmmVariant v = sddmm_variant_arg(variant, op);
+      forced = v == SddmmVariant::kDenseBlocks, automatic = v == SddmmVariant::kAuto;
+    } else {
+      const SpmmVariant v = spmm_variant_arg(variant, product == CpuProduct::kTransposed, op);
+      forced = v == SpmmVariant::kDenseBlocks, automatic = v == SpmmVariant::kAuto;
+    }
+    const char* reason = automatic ? "cpu_rule" : "forced";
+    if (cpu_dense_blocks(p, n, values.scalar_type(), product, forced, automatic)) {
+      const int64_t rows = cpu_block_rows(p.rows, n);
+      return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, rows * p.cols * int64_t(values.element_size()), false,
+              "dense_blocks (cpu): W expanded " + std::to_string(rows) +
+                  " rows at a time, each block multiplied by ATen's GEMM"};
+    }
+    return {"cpu", reason, 1, 1, 1, 1, 1, 0, 0, false,
+            "cpu: sparse loops over the batch in tiles of " + std::to_string(cpu::batch_tile_width(n)) +
+                " rows, outputs split over threads, each summed in a fixed order"};
+  }
   const int device = values.device().index();
   const int value_bytes = int(values.element_size());
   if (which == "weight_grad") {

@@ -155,6 +155,38 @@ def test_cpu_results_do_not_depend_on_the_threads(dtype, n):
                   bias=bias)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("m,k,n,density", [(300, 260, 65, 0.6), (5, 9, 3, 1.0), (257, 33, 100, 0.3), (70, 40, 80, 0.9)])
+def test_cpu_dense_blocks(dtype, m, k, n, density):
+    """The CPU's dense blocks (W expanded a block of rows at a time, multiplied by ATen's GEMM), forced
+    by variant="dense_blocks", against float64: the forward with bias and both activations, dX and
+    dW. "auto" takes them for large batches at a high density on layers of 2^16 weights or more:
+    then its results are theirs bit for bit; otherwise the loops'."""
+    nnz = max(1, int(density * m * k))
+    p = Weight(m, k, nnz, device="cpu", dtype=dtype, empty_rows=2)
+    x, dy, bias = p.randn(n, k, seed=2), p.randn(n, m, seed=3), p.randn(m, seed=4)
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="dense_blocks")
+    assert_matmul(y, x, p.dense64.T, dtype, bias=bias)
+    z, scale = (t + b for t, b in zip(matmul_ref(x, p.dense64.T), (bias.double(), bias.double().abs())))
+    assert_close(ops.spmm(x, p.values, p.tensors, bias, activation="relu", variant="dense_blocks"), torch.relu(z),
+                 1.2 * scale, dtype)
+    assert_close(ops.spmm(x, p.values, p.tensors, bias, activation="gelu", variant="dense_blocks"),
+                 torch.nn.functional.gelu(z), 1.2 * scale, dtype)
+    if dtype != torch.bfloat16:  # 16-bit dX on dense blocks rounds each block's product (forced only)
+        assert_matmul(ops.spmm_t(dy, p.values, p.tensors, "dense_blocks"), dy, p.dense64, dtype)
+    ref, scale = p.slot_ref(dy, x)
+    assert_close(ops.sddmm(dy, x, p.tensors, "dense_blocks"), ref, scale, dtype)
+
+    blocks = n >= 64 and density >= 0.5 and m * k >= 1 << 16  # every rule's density is at most 0.5
+    auto = ops.spmm(x, p.values, p.tensors, bias)
+    assert torch.equal(auto, y if blocks else ops.spmm(x, p.values, p.tensors, bias, variant="warp_row"))
+    auto_dv = ops.sddmm(dy, x, p.tensors)
+    if blocks:
+        assert torch.equal(auto_dv, ops.sddmm(dy, x, p.tensors, "dense_blocks"))
+    elif n < 64:
+        assert torch.equal(auto_dv, ops.sddmm(dy, x, p.tensors, "slot"))
+
+
 def test_cpu_baseline_loops():
     """The CPU loops are built twice (baseline ISA, and AVX2 with FMA where the CPU has them); the
     threads test above runs the build this CPU takes, this one the baseline build, in a process

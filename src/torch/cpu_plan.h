@@ -1,0 +1,57 @@
+// How a CPU product runs: the sparse loops (src/cpu/) or dense blocks. Shared by the CPU operators
+// (ops_cpu.cpp) and explain (plans.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "op_args.h"
+
+namespace snack::binding {
+
+// Dense blocks on the CPU: at a high density and a large batch ATen's GEMM (vendor BLAS, many FLOPs
+// per byte) beats the sparse loops (one tile row read per multiply-add). W is then expanded a block
+// of rows at a time, never more than max(N, kCpuDenseBlockMinRows) rows of it at once, into a
+// dense block that ATen multiplies; no dense copy of the whole layer is kept. The products are then
+// ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep.
+enum class CpuProduct { kForward, kTransposed, kWeightGrad };
+constexpr int64_t kCpuDenseBlockMinBatch = 64;   // below it the sparse loops always win
+constexpr int64_t kCpuDenseBlockMinRows = 256;   // rows of W per block at least: smaller GEMMs run slowly
+constexpr int64_t kCpuDenseBlockMinWeights = 1 << 16;  // smaller layers: the loops' time is the calls'
+
+
+// The densities from which the dense blocks are faster, per product and value type: measured on
+// 3072x768 and 4096x4096 at N = 64 and 256 with both paths forced (bench/results/spmm_cpu.md has
+// the planner's choice beside dense). The 16-bit GEMMs of ATen's CPU backend ran at about twice
+// float32's rate there, so they pay from lower densities; a CPU with other GEMM rates moves the
+// crossings, which `variant=` lets a user force either way.
+inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t) {
+  const bool half = t == at::kBFloat16 || t == at::kHalf;
+  switch (product) {
+    case CpuProduct::kForward: return half ? 0.3 : 0.5;
+    case CpuProduct::kTransposed: return 0.3;  // float32 and float64 only: see cpu_dense_blocks
+    default: return half ? 0.1 : 0.25;
+  }
+}
+
+// Whether the product runs on dense blocks: forced by variant="dense_blocks", chosen by the rule
+// above for "auto", never for another named variant (the sparse loops).
+inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, CpuProduct product, bool forced,
+                             bool automatic, Activation act = Activation::kNone) {
+  if (forced) return true;
+  if (!automatic || n < kCpuDenseBlockMinBatch || p.rows * p.cols < kCpuDenseBlockMinWeights) return false;
+  // The forward with GELU on 16-bit values would run its blocks in float, at float's GEMM rate.
+  if (act == Activation::kGELU && (t == at::kBFloat16 || t == at::kHalf)) return false;
+  // dX on 16-bit values would add the blocks' rounded products (ATen's CPU GEMM returns 16 bits):
+  // the loops keep it at one rounding per output.
+  if (product == CpuProduct::kTransposed && (t == at::kBFloat16 || t == at::kHalf)) return false;
+  return double(p.nnz) >= cpu_dense_block_density(product, t) * double(p.rows) * double(p.cols);
+}
+
+inline int64_t cpu_block_rows(int64_t rows, int64_t n) {
+  return std::min<int64_t>(rows, std::max<int64_t>(n, kCpuDenseBlockMinRows));
+}
+
+}  // namespace snack::binding
