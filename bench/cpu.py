@@ -6,7 +6,8 @@
 For each weight shape (out x in), sparsity, batch size N and dtype: the forward Y = X W^T
 (`snack.ops.spmm` against `x @ w.T`), the input gradient dX = dY W (`snack.ops.spmm_t` against
 `dy @ w`) and the weight gradient (`snack.ops.sddmm`, at the stored positions only, against the dense
-`dy.T @ x`). The dense weight is a random dense matrix (its time does not depend on the values), the
+`dy.T @ x`). `snack` is the planner's choice; from N = 64, where it chooses between the CPU's sparse
+loops and its dense blocks, both are also forced (`snack_loops`, `snack_dense_blocks`). The dense weight is a random dense matrix (its time does not depend on the values), the
 sparse pattern uniform random. Times are medians of repeated calls after a warm-up, on
 torch.get_num_threads() threads; `gflops` is the useful rate, 2 x nnz x N (2 x M x K x N for dense)
 per second. Writes bench/results/spmm_cpu.csv, .md and .png.
@@ -48,16 +49,22 @@ def dense_runs(m: int, k: int, n: int, dtype: torch.dtype):
     return {"fwd": lambda: x @ w.T, "dx": lambda: dy @ w, "dw": lambda: dy.T @ x}
 
 
-def sparse_runs(m: int, k: int, n: int, sparsity: float, dtype: torch.dtype):
+# The CPU's two paths, forced: its sparse loops (any named variant but dense_blocks) and dense blocks.
+PATHS = {"snack": ("auto", "auto"), "snack_loops": ("warp_row", "slot"),
+         "snack_dense_blocks": ("dense_blocks", "dense_blocks")}
+
+
+def sparse_runs(m: int, k: int, n: int, sparsity: float, dtype: torch.dtype, impl: str):
     nnz = snack.ops.nnz_for_density(m, k, 1.0 - sparsity)
     gen = torch.Generator().manual_seed(0)
     pattern = snack.Pattern.random(m, k, nnz, generator=gen)
     values = torch.randn(nnz, generator=gen).to(dtype)
     x, dy = torch.randn(n, k, generator=gen).to(dtype), torch.randn(n, m, generator=gen).to(dtype)
     tensors = pattern.tensors
-    return nnz, {"fwd": lambda: snack.ops.spmm(x, values, tensors),
-                 "dx": lambda: snack.ops.spmm_t(dy, values, tensors),
-                 "dw": lambda: snack.ops.sddmm(dy, x, tensors)}
+    spmm_variant, sddmm_variant = PATHS[impl]
+    return nnz, {"fwd": lambda: snack.ops.spmm(x, values, tensors, variant=spmm_variant),
+                 "dx": lambda: snack.ops.spmm_t(dy, values, tensors, spmm_variant),
+                 "dw": lambda: snack.ops.sddmm(dy, x, tensors, sddmm_variant)}
 
 
 def grid(args):
@@ -88,6 +95,26 @@ def write_report(stem: Path, info: dict, rows: list[dict]) -> None:
                 us = snack_rows.get((m, k, n, dt, s))
                 cells.append(f"{us:.0f} ({d / us:.2f}x)" if us else "-")
             lines.append(f"| {m}x{k} | {dt} | {n} | {d:.0f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    forced = [r for r in rows if r["impl"] == "snack_loops"]
+    if forced:
+        us = {(r["op"], r["M"], r["K"], r["N"], r["dtype"], r["sparsity"], r["impl"]): r["median_us"] for r in rows}
+        lines += ["### The planner's choice between the CPU's paths", "",
+                  "Both paths forced at N >= 64 (`variant=\"warp_row\"` / `\"slot\"` run the loops, "
+                  "`\"dense_blocks\"` the dense blocks): how often the planner's choice is within 10% of the faster "
+                  "one, and its worst rows.", ""]
+        worst, within = [], 0
+        for r in forced:
+            key = (r["op"], r["M"], r["K"], r["N"], r["dtype"], r["sparsity"])
+            best = min(us[key + ("snack_loops",)], us[key + ("snack_dense_blocks",)])
+            ratio = us[key + ("snack",)] / best
+            within += ratio <= 1.1
+            worst.append((ratio, key, us[key + ("snack_loops",)], us[key + ("snack_dense_blocks",)], us[key + ("snack",)]))
+        lines.append(f"- within 10% of the faster path in {within} of {len(forced)} rows")
+        lines += ["", "| op | M x K | dtype | N | sparsity | loops us | dense blocks us | planner us | planner / best |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for ratio, (op, m, k, n, dt, sp), a, b, c in sorted(worst, reverse=True)[:8]:
+            lines.append(f"| {op} | {m}x{k} | {dt} | {n} | {sp:g} | {a:.0f} | {b:.0f} | {c:.0f} | {ratio:.2f}x |")
         lines.append("")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plt = benchmark.pyplot()
@@ -121,16 +148,22 @@ def write_report(stem: Path, info: dict, rows: list[dict]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4096x4096 at 90%%, N = 1, 16, 128, fp32")
+    parser.add_argument("--shapes", default="768x3072,3072x768,4096x4096", help="out x in, comma-separated")
+    parser.add_argument("--sparsities", default="0.5,0.7,0.9,0.95,0.99")
+    parser.add_argument("--batches", default="1,8,32,128,512")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="of " + ", ".join(DTYPES))
     parser.add_argument("--min-seconds", type=float, default=0.3, help="time each case for at least this long")
     parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     args = parser.parse_args(argv)
     if args.quick:
-        args.shapes, args.sparsities, args.batches, args.dtypes = [(4096, 4096)], [0.9], [1, 16, 128], ["fp32"]
-    else:
-        args.shapes = [(768, 3072), (3072, 768), (4096, 4096)]
-        args.sparsities = [0.5, 0.7, 0.9, 0.95, 0.99]
-        args.batches = [1, 8, 32, 128, 512]
-        args.dtypes = ["fp32", "bf16"]
+        args.shapes, args.sparsities, args.batches, args.dtypes = "4096x4096", "0.9", "1,16,128", "fp32"
+    args.shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+    args.sparsities = [float(v) for v in args.sparsities.split(",")]
+    args.batches = [int(v) for v in args.batches.split(",")]
+    args.dtypes = args.dtypes.split(",")
+    unknown = set(args.dtypes) - set(DTYPES)
+    if unknown:
+        parser.error(f"unknown dtypes {sorted(unknown)}: expected some of {', '.join(DTYPES)}")
     info = benchmark.provenance(torch.device("cpu"))
     info["cpu"] = benchmark.cpu_name()
     info["threads"] = str(torch.get_num_threads())
@@ -143,11 +176,13 @@ def main(argv=None) -> int:
             rows.append(dict(op=op, M=m, K=k, N=n, sparsity=0.0, dtype=dt, impl="dense", median_us=us,
                              gflops=2 * m * k * n / us / 1e3))
         for s in args.sparsities:
-            nnz, runs = sparse_runs(m, k, n, s, dtype)
-            for op, fn in runs.items():
-                us = median_us(fn, args.min_seconds)
-                rows.append(dict(op=op, M=m, K=k, N=n, sparsity=s, dtype=dt, impl="snack", median_us=us,
-                                 gflops=2 * nnz * n / us / 1e3))
+            # Each path forced where the planner chooses between them (N >= 64), beside its choice.
+            for impl in PATHS if n >= 64 else ("snack",):
+                nnz, runs = sparse_runs(m, k, n, s, dtype, impl)
+                for op, fn in runs.items():
+                    us = median_us(fn, args.min_seconds)
+                    rows.append(dict(op=op, M=m, K=k, N=n, sparsity=s, dtype=dt, impl=impl, median_us=us,
+                                     gflops=2 * nnz * n / us / 1e3))
     stem = args.out / "spmm_cpu"
     write_report(stem, info, rows)
     print(stem.with_suffix(".md").read_text())

@@ -3,7 +3,7 @@ target, and where the floor target is missed, the row-by-row evidence."""
 
 import pytest
 
-from bench import host, spmm, tile_view_splits
+from bench import cpu, host, spmm, tile_view_splits
 from snack import benchmark
 
 
@@ -150,3 +150,19 @@ def test_host_benchmark_runs_and_reports_every_phase(tmp_path):
         assert len(cells) == 5 and cells[-1].endswith("x"), row  # phase, three impls, snack / dense
     _, rows = benchmark.read_csv(tmp_path / "host_cpu.csv", int_columns=("layers", "features", "rows"))
     assert len(rows) == 7 and all(float(r["us_per_layer"]) > 0 for r in rows)
+
+
+def test_cpu_benchmark_runs_and_checks_the_planners_choice(tmp_path):
+    args = ["--shapes", "96x200", "--sparsities", "0.5,0.9", "--batches", "3,64", "--dtypes", "fp32,bf16",
+            "--min-seconds", "0", "--out", str(tmp_path)]
+    assert cpu.main(args) == 0
+    md = (tmp_path / "spmm_cpu.md").read_text()
+    for op in cpu.OPS:
+        assert f"### {op}" in md
+    rows = [line for line in md.splitlines() if line.startswith("| 96x200 |")]
+    assert len(rows) == 3 * 2 * 2  # ops x dtypes x batches, a cell per sparsity
+    assert all(row.count("x)") == 2 for row in rows), rows
+    assert "- within 10% of the faster path in" in md and "of 12 rows" in md  # 3 ops x 2 dtypes x 2 sparsities
+    _, results = benchmark.read_csv(tmp_path / "spmm_cpu.csv")
+    assert {r["impl"] for r in results} == {"dense", "snack", "snack_loops", "snack_dense_blocks"}
+    assert all(float(r["median_us"]) > 0 for r in results)
