@@ -16,6 +16,7 @@ namespace snack::binding {
 // of rows at a time, never more than max(N, kCpuDenseBlockMinRows) rows of it at once, into a
 // dense block that ATen multiplies; no dense copy of the whole layer is kept. The products are then
 // ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep.
+// dX, a sum over blocks, runs 16-bit operands in float (one rounding at the end, float's GEMM rate).
 enum class CpuProduct { kForward, kTransposed, kWeightGrad };
 constexpr int64_t kCpuDenseBlockMinBatch = 64;   // below it the sparse loops always win
 constexpr int64_t kCpuDenseBlockMinRows = 256;   // rows of W per block at least: smaller GEMMs run slowly
@@ -31,7 +32,7 @@ inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t) {
   const bool half = t == at::kBFloat16 || t == at::kHalf;
   switch (product) {
     case CpuProduct::kForward: return half ? 0.3 : 0.5;
-    case CpuProduct::kTransposed: return 0.3;  // float32 and float64 only: see cpu_dense_blocks
+    case CpuProduct::kTransposed: return 0.3;  // 16-bit operands too: their blocks run in float
     default: return half ? 0.1 : 0.25;
   }
 }
@@ -44,9 +45,6 @@ inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, C
   if (!automatic || n < kCpuDenseBlockMinBatch || p.rows * p.cols < kCpuDenseBlockMinWeights) return false;
   // The forward with GELU on 16-bit values would run its blocks in float, at float's GEMM rate.
   if (act == Activation::kGELU && (t == at::kBFloat16 || t == at::kHalf)) return false;
-  // dX on 16-bit values would add the blocks' rounded products (ATen's CPU GEMM returns 16 bits):
-  // the loops keep it at one rounding per output.
-  if (product == CpuProduct::kTransposed && (t == at::kBFloat16 || t == at::kHalf)) return false;
   return double(p.nnz) >= cpu_dense_block_density(product, t) * double(p.rows) * double(p.cols);
 }
 

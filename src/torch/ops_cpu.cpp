@@ -261,21 +261,26 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const int64_t n = in.dy.size(0);
   if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kTransposed, v == SpmmVariant::kDenseBlocks,
                        v == SpmmVariant::kAuto)) {
-    at::Tensor dx = at::zeros({n, in.p.cols}, values.options());
+    // The blocks' products are summed in place, blocks in order (a fixed sum); 16-bit operands are
+    // multiplied and summed in float, so that each output is rounded once, at the end.
+    const bool half = values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf;
+    const at::Tensor dy_sum = half ? in.dy.to(at::kFloat) : in.dy;
+    at::Tensor dx = at::zeros({n, in.p.cols}, dy_sum.options());
     const int64_t block = cpu_block_rows(in.p.rows, n);
     dispatch_value_type(values, op, [&](auto tag) {
       using T = decltype(tag);
       throw_if_error(with_pattern(in.p,
                                   [&](auto w) {
-                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {  // blocks in order: a fixed sum
+                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {
                                       const int64_t count = std::min(block, w.rows - r0);
-                                      dx.addmm_(in.dy.narrow(1, r0, count), expanded_rows<T>(w, values, r0, count));
+                                      const at::Tensor wb = expanded_rows<T>(w, values, r0, count);
+                                      dx.addmm_(dy_sum.narrow(1, r0, count), half ? wb.to(at::kFloat) : wb);
                                     }
                                     return Status::Ok();
                                   }),
                      op);
     });
-    return dx;
+    return half ? dx.to(values.scalar_type()) : dx;
   }
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
