@@ -13,13 +13,13 @@ namespace snack::binding {
 
 // Dense blocks on the CPU: at a high density and a large batch ATen's GEMM (vendor BLAS, many FLOPs
 // per byte) beats the sparse loops (one tile row read per multiply-add). W is then expanded a block
-// of rows at a time, never more than max(N, kCpuDenseBlockMinRows) rows of it at once, into a
+// of rows at a time (cpu_block_rows: never more than max(N, 2^20 / K) rows of it at once) into a
 // dense block that ATen multiplies; no dense copy of the whole layer is kept. The products are then
 // ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep.
 // dX, a sum over blocks, runs 16-bit operands in float (one rounding at the end, float's GEMM rate).
 enum class CpuProduct { kForward, kTransposed, kWeightGrad };
 constexpr int64_t kCpuDenseBlockMinBatch = 64;   // below it the sparse loops always win
-constexpr int64_t kCpuDenseBlockMinRows = 256;   // rows of W per block at least: smaller GEMMs run slowly
+constexpr int64_t kCpuDenseBlockMinValues = 1 << 20;  // per block at least: smaller GEMMs run slowly
 constexpr int64_t kCpuDenseBlockMinWeights = 1 << 16;  // smaller layers: the loops' time is the calls'
 
 
@@ -48,8 +48,11 @@ inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, C
   return double(p.nnz) >= cpu_dense_block_density(product, t) * double(p.rows) * double(p.cols);
 }
 
-inline int64_t cpu_block_rows(int64_t rows, int64_t n) {
-  return std::min<int64_t>(rows, std::max<int64_t>(n, kCpuDenseBlockMinRows));
+// Rows of W per dense block of a layer of `cols` inputs at a batch of n: as many as the batch's rows,
+// or enough for kCpuDenseBlockMinValues values, whichever is more.
+inline int64_t cpu_block_rows(int64_t rows, int64_t cols, int64_t n) {
+  const int64_t at_least = (kCpuDenseBlockMinValues + std::max<int64_t>(cols, 1) - 1) / std::max<int64_t>(cols, 1);
+  return std::max<int64_t>(1, std::min<int64_t>(rows, std::max<int64_t>(n, at_least)));
 }
 
 }  // namespace snack::binding

@@ -178,7 +178,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, v == SpmmVariant::kDenseBlocks,
                        v == SpmmVariant::kAuto, in.act)) {
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
-    const int64_t block = cpu_block_rows(in.p.rows, n);
+    const int64_t block = cpu_block_rows(in.p.rows, in.p.cols, n);
     // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
     const bool half = values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf;
     const bool gelu_in_float = half && in.act == Activation::kGELU;
@@ -266,7 +266,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
     const bool half = values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf;
     const at::Tensor dy_sum = half ? in.dy.to(at::kFloat) : in.dy;
     at::Tensor dx = at::zeros({n, in.p.cols}, dy_sum.options());
-    const int64_t block = cpu_block_rows(in.p.rows, n);
+    const int64_t block = cpu_block_rows(in.p.rows, in.p.cols, n);
     dispatch_value_type(values, op, [&](auto tag) {
       using T = decltype(tag);
       throw_if_error(with_pattern(in.p,
@@ -308,7 +308,7 @@ at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
   const int64_t n = in.x.size(0);
   if (cpu_dense_blocks(in.p, n, in.dy.scalar_type(), CpuProduct::kWeightGrad, v == SddmmVariant::kDenseBlocks,
                        v == SddmmVariant::kAuto)) {
-    const int64_t block = cpu_block_rows(in.p.rows, n);
+    const int64_t block = cpu_block_rows(in.p.rows, in.p.cols, n);
     dispatch_value_type(in.dy, op, [&](auto tag) {
       using T = decltype(tag);
       throw_if_error(with_pattern(in.p,

@@ -151,7 +151,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     }
     const char* reason = automatic ? "cpu_rule" : "forced";
     if (cpu_dense_blocks(p, n, values.scalar_type(), product, forced, automatic)) {
-      const int64_t rows = cpu_block_rows(p.rows, n);
+      const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
       return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, rows * p.cols * int64_t(values.element_size()), false,
               "dense_blocks (cpu): W expanded " + std::to_string(rows) +
                   " rows at a time, each block multiplied by ATen's GEMM"};
