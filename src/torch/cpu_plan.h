@@ -18,6 +18,8 @@ namespace snack::binding {
 // ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep.
 // dX, a sum over blocks, runs 16-bit operands in float (one rounding at the end, float's GEMM rate).
 enum class CpuProduct { kForward, kTransposed, kWeightGrad };
+
+inline bool is_16_bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 constexpr int64_t kCpuDenseBlockMinBatch = 64;   // below it the sparse loops always win
 constexpr int64_t kCpuDenseBlockMinValues = 1 << 20;  // per block at least: smaller GEMMs run slowly
 constexpr int64_t kCpuDenseBlockMinWeights = 1 << 16;  // smaller layers: the loops' time is the calls'
@@ -29,7 +31,7 @@ constexpr int64_t kCpuDenseBlockMinWeights = 1 << 16;  // smaller layers: the lo
 // float32's rate there, so they pay from lower densities; a CPU with other GEMM rates moves the
 // crossings, which `variant=` lets a user force either way.
 inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t) {
-  const bool half = t == at::kBFloat16 || t == at::kHalf;
+  const bool half = is_16_bit(t);
   switch (product) {
     case CpuProduct::kForward: return half ? 0.3 : 0.5;
     case CpuProduct::kTransposed: return 0.3;  // 16-bit operands too: their blocks run in float
@@ -44,7 +46,7 @@ inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, C
   if (forced) return true;
   if (!automatic || n < kCpuDenseBlockMinBatch || p.rows * p.cols < kCpuDenseBlockMinWeights) return false;
   // The forward with GELU on 16-bit values would run its blocks in float, at float's GEMM rate.
-  if (act == Activation::kGELU && (t == at::kBFloat16 || t == at::kHalf)) return false;
+  if (act == Activation::kGELU && is_16_bit(t)) return false;
   return double(p.nnz) >= cpu_dense_block_density(product, t) * double(p.rows) * double(p.cols);
 }
 

@@ -168,6 +168,24 @@ at::Tensor expanded_rows(const SlotPattern<Index>& w, const at::Tensor& values, 
   return block;
 }
 
+// fn(first, count, block) for each block of rows of W in order, `block` those rows dense.
+template <typename Fn>
+void for_each_dense_block(const PatternArg& p, const at::Tensor& values, int64_t n, const char* op, Fn&& fn) {
+  const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
+  dispatch_value_type(values, op, [&](auto tag) {
+    using T = decltype(tag);
+    throw_if_error(with_pattern(p,
+                                [&](auto w) {
+                                  for (int64_t r0 = 0; r0 < w.rows; r0 += rows) {
+                                    const int64_t count = std::min(rows, w.rows - r0);
+                                    fn(r0, count, expanded_rows<T>(w, values, r0, count));
+                                  }
+                                  return Status::Ok();
+                                }),
+                   op);
+  });
+}
+
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                 const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
   const char* op = "spmm";
@@ -178,30 +196,19 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, v == SpmmVariant::kDenseBlocks,
                        v == SpmmVariant::kAuto, in.act)) {
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
-    const int64_t block = cpu_block_rows(in.p.rows, in.p.cols, n);
     // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
-    const bool half = values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf;
-    const bool gelu_in_float = half && in.act == Activation::kGELU;
-    dispatch_value_type(values, op, [&](auto tag) {
-      using T = decltype(tag);
-      throw_if_error(with_pattern(in.p,
-                                  [&](auto w) {
-                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {
-                                      const int64_t count = std::min(block, w.rows - r0);
-                                      at::Tensor wb = expanded_rows<T>(w, values, r0, count), x = in.x;
-                                      std::optional<at::Tensor> b;
-                                      if (in.bias) b = in.bias->narrow(0, r0, count);
-                                      if (gelu_in_float) {
-                                        wb = wb.to(at::kFloat), x = x.to(at::kFloat);
-                                        if (b) b = b->to(at::kFloat);
-                                      }
-                                      at::Tensor yb = b ? at::addmm(*b, x, wb.t()) : at::mm(x, wb.t());
-                                      if (gelu_in_float) yb = at::gelu(yb);
-                                      y.narrow(1, r0, count).copy_(yb);
-                                    }
-                                    return Status::Ok();
-                                  }),
-                     op);
+    const bool gelu_in_float = is_16_bit(values.scalar_type()) && in.act == Activation::kGELU;
+    for_each_dense_block(in.p, values, n, op, [&](int64_t r0, int64_t count, at::Tensor wb) {
+      at::Tensor x = in.x;
+      std::optional<at::Tensor> b;
+      if (in.bias) b = in.bias->narrow(0, r0, count);
+      if (gelu_in_float) {
+        wb = wb.to(at::kFloat), x = x.to(at::kFloat);
+        if (b) b = b->to(at::kFloat);
+      }
+      at::Tensor yb = b ? at::addmm(*b, x, wb.t()) : at::mm(x, wb.t());
+      if (gelu_in_float) yb = at::gelu(yb);
+      y.narrow(1, r0, count).copy_(yb);
     });
     if (in.act == Activation::kReLU) y.relu_();  // exact: commutes with the rounding
     if (in.act == Activation::kGELU && !gelu_in_float) y = at::gelu(y);
@@ -263,22 +270,11 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
                        v == SpmmVariant::kAuto)) {
     // The blocks' products are summed in place, blocks in order (a fixed sum); 16-bit operands are
     // multiplied and summed in float, so that each output is rounded once, at the end.
-    const bool half = values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf;
+    const bool half = is_16_bit(values.scalar_type());
     const at::Tensor dy_sum = half ? in.dy.to(at::kFloat) : in.dy;
     at::Tensor dx = at::zeros({n, in.p.cols}, dy_sum.options());
-    const int64_t block = cpu_block_rows(in.p.rows, in.p.cols, n);
-    dispatch_value_type(values, op, [&](auto tag) {
-      using T = decltype(tag);
-      throw_if_error(with_pattern(in.p,
-                                  [&](auto w) {
-                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {
-                                      const int64_t count = std::min(block, w.rows - r0);
-                                      const at::Tensor wb = expanded_rows<T>(w, values, r0, count);
-                                      dx.addmm_(dy_sum.narrow(1, r0, count), half ? wb.to(at::kFloat) : wb);
-                                    }
-                                    return Status::Ok();
-                                  }),
-                     op);
+    for_each_dense_block(in.p, values, n, op, [&](int64_t r0, int64_t count, const at::Tensor& wb) {
+      dx.addmm_(dy_sum.narrow(1, r0, count), half ? wb.to(at::kFloat) : wb);
     });
     return half ? dx.to(values.scalar_type()) : dx;
   }
