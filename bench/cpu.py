@@ -7,8 +7,9 @@ For each weight shape (out x in), sparsity, batch size N and dtype: the forward 
 (`snack.ops.spmm` against `x @ w.T`), the input gradient dX = dY W (`snack.ops.spmm_t` against
 `dy @ w`) and the weight gradient (`snack.ops.sddmm`, at the stored positions only, against the dense
 `dy.T @ x`). `snack` is the planner's choice; from N = 64, where it chooses between the CPU's sparse
-loops and its dense blocks, both are also forced (`snack_loops`, `snack_dense_blocks`). The dense weight is a random dense matrix (its time does not depend on the values), the
-sparse pattern uniform random. Times are medians of repeated calls after a warm-up, on
+loops and its dense blocks, both are also forced (`snack_loops`, `snack_dense_blocks`). The dense
+weight is a random dense matrix (its time does not depend on the values), the sparse pattern
+uniform random. Times are medians of repeated calls after a warm-up, on
 torch.get_num_threads() threads; `gflops` is the useful rate, 2 x nnz x N (2 x M x K x N for dense)
 per second. Writes bench/results/spmm_cpu.csv, .md and .png.
 """
@@ -109,10 +110,11 @@ def write_report(stem: Path, info: dict, rows: list[dict]) -> None:
             best = min(us[key + ("snack_loops",)], us[key + ("snack_dense_blocks",)])
             ratio = us[key + ("snack",)] / best
             within += ratio <= 1.1
-            worst.append((ratio, key, us[key + ("snack_loops",)], us[key + ("snack_dense_blocks",)], us[key + ("snack",)]))
+            worst.append((ratio, key, us[key + ("snack_loops",)], us[key + ("snack_dense_blocks",)],
+                          us[key + ("snack",)]))
         lines.append(f"- within 10% of the faster path in {within} of {len(forced)} rows")
-        lines += ["", "| op | M x K | dtype | N | sparsity | loops us | dense blocks us | planner us | planner / best |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| op | M x K | dtype | N | sparsity | loops us | dense blocks us | planner us "
+                  "| planner / best |", "|---|---|---|---|---|---|---|---|---|"]
         for ratio, (op, m, k, n, dt, sp), a, b, c in sorted(worst, reverse=True)[:8]:
             lines.append(f"| {op} | {m}x{k} | {dt} | {n} | {sp:g} | {a:.0f} | {b:.0f} | {c:.0f} | {ratio:.2f}x |")
         lines.append("")

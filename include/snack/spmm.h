@@ -204,11 +204,13 @@ template <typename T, typename Index>
 Status spmm_forward_rows(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& x,
                          const T* bias, T* y, Activation act, int64_t row_begin, int64_t row_end);
 
-/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks the CSC view. One thread.
+/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks W's rows (CSR), scattering into dX's columns. One thread.
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx);
 
-/// Output columns [col_begin, col_end) of dX, from dY in tiles (dy.n batch rows of w.rows columns).
+/// Output columns [col_begin, col_end) of dX, from dY in tiles (dy.n batch rows of w.rows columns):
+/// every row of W adds its slots in those columns, rows in order, so the result does not depend on
+/// how the columns are split over threads. Needs the whole pattern, as every dX does.
 template <typename T, typename Index>
 Status spmm_transposed_columns(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& dy, T* dx,
                                int64_t col_begin, int64_t col_end);

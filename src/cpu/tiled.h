@@ -1,5 +1,5 @@
 // What the CPU products over batch tiles (snack/batch_tiles.h) share: the dispatch on the tile's
-// width, the check of a range of outputs, and the fixed-order sums.
+// width, the check of a range of outputs, the count of accumulator chains, and the CPU's ISA.
 #pragma once
 
 #include <cstdint>
@@ -38,9 +38,7 @@ inline Status check_range(int64_t begin, int64_t end, int64_t count, const char*
 template <int W>
 inline constexpr int kChains = W >= 4 ? 2 : 8 / W;
 
-}  // namespace snack::cpu::tiled
-
-namespace snack::cpu::tiled {
 // Whether this CPU runs AVX2 and FMA (asked once): loops.h then takes the loops built for them.
 bool has_avx2_fma();
+
 }  // namespace snack::cpu::tiled

@@ -84,8 +84,10 @@ std::pair<at::Tensor, cpu::BatchTiles<accum_t<T>>> batch_tiles(const at::Tensor&
   const int width = cpu::batch_tile_width(n);
   const int64_t tiles = (n + width - 1) / width;
   const cpu::BatchTiles<A> layout{data_as<A>(storage), n, cols, width};
-  at::parallel_for(0, tiles, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1)),
-                   [&](int64_t t0, int64_t t1) { cpu::to_batch_tiles(data_as<T>(x), n, cols, data_as<A>(storage), t0, t1); });
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    cpu::to_batch_tiles(data_as<T>(x), n, cols, data_as<A>(storage), t0, t1);
+  });
   return {storage, layout};
 }
 

@@ -142,7 +142,8 @@ TEST(CpuOps, SplitOutputsMatchTheWholeProduct) {
   for (const int64_t n : {1, 2, 6, 16, 23}) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     const auto x = cast<float>(random_dense(n * w.cols, 11)), dy = cast<float>(random_dense(n * w.rows, 12));
-    std::vector<float> x_tiles(size_t(cpu::batch_tiles_numel(n, w.cols))), dy_tiles(size_t(cpu::batch_tiles_numel(n, w.rows)));
+    std::vector<float> x_tiles(size_t(cpu::batch_tiles_numel(n, w.cols)));
+    std::vector<float> dy_tiles(size_t(cpu::batch_tiles_numel(n, w.rows)));
     const int64_t tiles = (n + cpu::batch_tile_width(n) - 1) / cpu::batch_tile_width(n);
     const auto xt = cpu::to_batch_tiles<float>(x.data(), n, w.cols, x_tiles.data(), 0, tiles);
     const auto dyt = cpu::to_batch_tiles<float>(dy.data(), n, w.rows, dy_tiles.data(), 0, tiles);
