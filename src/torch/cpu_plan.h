@@ -18,12 +18,11 @@ namespace snack::binding {
 // ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep.
 // dX, a sum over blocks, runs 16-bit operands in float (one rounding at the end, float's GEMM rate).
 enum class CpuProduct { kForward, kTransposed, kWeightGrad };
-
-inline bool is_16_bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
-constexpr int64_t kCpuDenseBlockMinBatch = 64;   // below it the sparse loops always win
-constexpr int64_t kCpuDenseBlockMinValues = 1 << 20;  // per block at least: smaller GEMMs run slowly
+constexpr int64_t kCpuDenseBlockMinBatch = 64;         // below it the sparse loops always win
+constexpr int64_t kCpuDenseBlockMinValues = 1 << 20;   // per block at least: smaller GEMMs run slowly
 constexpr int64_t kCpuDenseBlockMinWeights = 1 << 16;  // smaller layers: the loops' time is the calls'
 
+inline bool is_16_bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
 // The densities from which the dense blocks are faster, per product and value type: measured on
 // 3072x768 and 4096x4096 at N = 64 and 256 with both paths forced (bench/results/spmm_cpu.md has

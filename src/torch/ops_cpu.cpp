@@ -68,7 +68,8 @@ Status parallel_outputs(const int32_t* ptr, int64_t count, int64_t n, Fn&& fn, i
     return lo;
   };
   return parallel_chunks(chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) SNACK_RETURN_IF_ERROR(fn(first_of(c), c == chunks - 1 ? count : first_of(c + 1)));
+    for (int64_t c = c0; c < c1; ++c)
+      SNACK_RETURN_IF_ERROR(fn(first_of(c), c == chunks - 1 ? count : first_of(c + 1)));
     return Status::Ok();
   });
 }
@@ -200,15 +201,15 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
     // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
     const bool gelu_in_float = is_16_bit(values.scalar_type()) && in.act == Activation::kGELU;
+    const at::Tensor x_in = gelu_in_float ? in.x.to(at::kFloat) : in.x;
     for_each_dense_block(in.p, values, n, op, [&](int64_t r0, int64_t count, at::Tensor wb) {
-      at::Tensor x = in.x;
       std::optional<at::Tensor> b;
       if (in.bias) b = in.bias->narrow(0, r0, count);
       if (gelu_in_float) {
-        wb = wb.to(at::kFloat), x = x.to(at::kFloat);
+        wb = wb.to(at::kFloat);
         if (b) b = b->to(at::kFloat);
       }
-      at::Tensor yb = b ? at::addmm(*b, x, wb.t()) : at::mm(x, wb.t());
+      at::Tensor yb = b ? at::addmm(*b, x_in, wb.t()) : at::mm(x_in, wb.t());
       if (gelu_in_float) yb = at::gelu(yb);
       y.narrow(1, r0, count).copy_(yb);
     });
