@@ -186,6 +186,19 @@ def test_cpu_dense_blocks(dtype, m, k, n, density):
         assert torch.equal(auto_dv, ops.sddmm(dy, x, p.tensors, "slot"))
 
 
+def test_cpu_explain_names_the_path():
+    layer = snack.SparseLinear(512, 256, sparsity=0.4)  # 131072 weights, 60% of them stored
+    small, large = snack.explain(layer, 8), snack.explain(layer, 128)
+    assert (small.variant, small.reason) == ("cpu", "cpu_rule")
+    assert (large.variant, large.reason) == ("dense_blocks", "cpu_rule") and "256 rows at a time" in large.describe
+    forced = snack.explain(layer, 1, op="weight_grad", variant="dense_blocks")
+    assert (forced.variant, forced.reason) == ("dense_blocks", "forced")
+    loops = snack.explain(layer, 128, op="input_grad", variant="warp_row")
+    assert (loops.variant, loops.reason) == ("cpu", "forced")
+    sparse = snack.explain(snack.SparseLinear(512, 256, sparsity=0.95), 128)
+    assert sparse.variant == "cpu" and "tiles of 16 rows" in sparse.describe
+
+
 def test_cpu_baseline_loops():
     """The CPU loops are built twice (baseline ISA, and AVX2 with FMA where the CPU has them); the
     threads test above runs the build this CPU takes, this one the baseline build, in a process
