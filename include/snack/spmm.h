@@ -227,9 +227,10 @@ Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T
 template <typename T, typename Index>
 Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, int64_t count, T* block);
 
-/// Output channels [row_begin, row_end) of spmm_channels_first, for every image and pixel.
+/// Output channels [row_begin, row_end) of spmm_channels_first, for every image and pixel, from the
+/// images in T's accumulation type (16-bit images widened first, once for all the channels).
 template <typename T, typename Index>
-Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch,
+Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, const accum_t<T>* x, int64_t batch,
                                 int64_t pixels, const T* bias, T* y, Activation act, int64_t row_begin,
                                 int64_t row_end);
 

@@ -6,6 +6,7 @@
 // 16-bit types accumulate in float and round once per output.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../common/checks.h"
@@ -79,7 +80,7 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 }
 
 template <typename T, typename Index>
-Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch,
+Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, const accum_t<T>* x, int64_t batch,
                                 int64_t pixels, const T* bias, T* y, Activation act, int64_t row_begin,
                                 int64_t row_end) {
   if (pixels < 0) return InvalidArgument("pixels must be non-negative, got " + std::to_string(pixels));
@@ -97,7 +98,15 @@ Status spmm_channels_first_rows(const SlotPattern<Index>& w, const T* values, co
 template <typename T, typename Index>
 Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
                            const T* bias, T* y, Activation act) {
-  return spmm_channels_first_rows(w, values, x, batch, pixels, bias, y, act, 0, w.rows);
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return spmm_channels_first_rows(w, values, x, batch, pixels, bias, y, act, 0, w.rows);
+  } else {  // 16-bit images widened once
+    if (pixels < 0 || batch < 0) return InvalidArgument("batch and pixels must be non-negative");
+    if (x == nullptr && batch * w.cols * pixels > 0) return InvalidArgument("x must not be null");
+    std::vector<accum_t<T>> wide(size_t(batch * w.cols * pixels));
+    for (size_t i = 0; i < wide.size(); ++i) wide[i] = to_accum(x[i]);
+    return spmm_channels_first_rows(w, values, wide.data(), batch, pixels, bias, y, act, 0, w.rows);
+  }
 }
 
 template <typename T, typename Index>
@@ -122,8 +131,8 @@ Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, 
   template Status spmm_channels_first<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, int64_t,       \
                                                 const T*, T*, Activation);                                             \
   template Status expand_rows<T, Index>(const SlotPattern<Index>&, const T*, int64_t, int64_t, T*);                 \
-  template Status spmm_channels_first_rows<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, int64_t,  \
-                                                     const T*, T*, Activation, int64_t, int64_t);
+  template Status spmm_channels_first_rows<T, Index>(const SlotPattern<Index>&, const T*, const accum_t<T>*,         \
+                                                     int64_t, int64_t, const T*, T*, Activation, int64_t, int64_t);
 
 SNACK_INSTANTIATE_CPU_SPMM(float, uint16_t)
 SNACK_INSTANTIATE_CPU_SPMM(float, int32_t)

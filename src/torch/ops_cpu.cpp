@@ -243,14 +243,17 @@ at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at
   at::Tensor y = at::empty({batch, in.p.rows, pixels}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
+    using A = accum_t<T>;
     const T* b = in.bias ? data_as<T>(*in.bias) : nullptr;
+    // 16-bit images widened once, for all the output channels.
+    const at::Tensor images = std::is_same_v<T, A> ? in.x : in.x.to(at::kFloat);
     throw_if_error(with_pattern(in.p,
                                 [&](auto w) {
                                   return parallel_outputs(w.row_ptr, w.rows, batch * pixels,
                                                           [&](int64_t r0, int64_t r1) {
                                                             return cpu::spmm_channels_first_rows(
-                                                                w, data_as<T>(values), data_as<T>(in.x), batch, pixels,
-                                                                b, data_as<T>(y), in.act, r0, r1);
+                                                                w, data_as<T>(values), data_as<A>(images), batch,
+                                                                pixels, b, data_as<T>(y), in.act, r0, r1);
                                                           });
                                 }),
                    op);
