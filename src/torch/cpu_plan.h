@@ -15,7 +15,8 @@ namespace snack::binding {
 // per byte) beats the sparse loops (one tile row read per multiply-add). W is then expanded a block
 // of rows at a time (cpu_block_rows: never more than max(N, 2^20 / K) rows of it at once) into a
 // dense block that ATen multiplies; no dense copy of the whole layer is kept. The products are then
-// ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep.
+// ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep,
+// and a BLAS may sum in another order on another number of threads, which the loops never do.
 // dX, a sum over blocks, runs 16-bit operands in float (one rounding at the end, float's GEMM rate).
 enum class CpuProduct { kForward, kTransposed, kWeightGrad };
 constexpr int64_t kCpuDenseBlockMinBatch = 64;         // below it the sparse loops always win
