@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "snack/device_limits.h"
 #include "snack/batch_tiles.h"
+#include "snack/device_limits.h"
 #include "snack/optimizer_math.h"
 #include "snack/pattern.h"
 #include "snack/status.h"

@@ -204,7 +204,8 @@ template <typename T, typename Index>
 Status spmm_forward_rows(const SlotPattern<Index>& w, const T* values, const BatchTiles<accum_t<T>>& x,
                          const T* bias, T* y, Activation act, int64_t row_begin, int64_t row_end);
 
-/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks W's rows (CSR), scattering into dX's columns. One thread.
+/// dX = dY W. dy: [n, w.rows]; dx: [n, w.cols]. Walks W's rows (CSR), scattering into dX's
+/// columns. One thread.
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx);
 
@@ -221,6 +222,7 @@ Status spmm_transposed_columns(const SlotPattern<Index>& w, const T* values, con
 template <typename T, typename Index>
 Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T* x, int64_t batch, int64_t pixels,
                            const T* bias, T* y, Activation act = Activation::kNone);
+
 /// Dense blocks (large batches at a high density, where a GEMM beats the sparse loops): rows
 /// [first, first + count) of W written dense into `block` ([count, w.cols] row-major, zeros where no
 /// slot is stored). Rows are independent, so callers may fill a block from several threads.

@@ -10,10 +10,13 @@ namespace snack::cpu {
 
 namespace tiled {
 bool has_avx2_fma() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if SNACK_CPU_AVX2
   // SNACK_CPU_BASELINE=1 keeps the baseline build: what the tests run it with on CPUs that have both.
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          !(std::getenv("SNACK_CPU_BASELINE") && std::string(std::getenv("SNACK_CPU_BASELINE")) == "1");
+  static const bool yes = [] {
+    const char* baseline = std::getenv("SNACK_CPU_BASELINE");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           !(baseline != nullptr && std::string(baseline) == "1");
+  }();
   return yes;
 #else
   return false;

@@ -16,12 +16,6 @@
 #include "snack/value_types.h"
 #include "tiled.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define SNACK_CPU_AVX2 1
-#else
-#define SNACK_CPU_AVX2 0
-#endif
-
 namespace snack::cpu {
 namespace {
 

@@ -9,6 +9,13 @@
 #include "snack/batch_tiles.h"
 #include "snack/status.h"
 
+// Whether the loops are also built for AVX2 with FMA (GCC on x86-64: `#pragma GCC target`).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define SNACK_CPU_AVX2 1
+#else
+#define SNACK_CPU_AVX2 0
+#endif
+
 namespace snack::cpu::tiled {
 
 // f(std::integral_constant<int, W>{}) for the tile width W in {1, 2, 4, 8, 16}: the loops over a

@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "op_args.h"
+#include "snack/sddmm.h"
+#include "snack/spmm.h"
 
 namespace snack::binding {
 
@@ -39,12 +41,23 @@ inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t) {
   }
 }
 
-// Whether the product runs on dense blocks: forced by variant="dense_blocks", chosen by the rule
-// above for "auto", never for another named variant (the sparse loops).
-inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, CpuProduct product, bool forced,
-                             bool automatic, Activation act = Activation::kNone) {
-  if (forced) return true;
-  if (!automatic || n < kCpuDenseBlockMinBatch || p.rows * p.cols < kCpuDenseBlockMinWeights) return false;
+// How a variant name runs on the CPU: "auto" lets cpu_dense_blocks choose, "dense_blocks" forces
+// the dense blocks, every other name the sparse loops.
+enum class CpuPath { kChoose, kLoops, kDenseBlocks };
+inline CpuPath cpu_path(SpmmVariant v) {
+  return v == SpmmVariant::kAuto ? CpuPath::kChoose
+                                 : v == SpmmVariant::kDenseBlocks ? CpuPath::kDenseBlocks : CpuPath::kLoops;
+}
+inline CpuPath cpu_path(SddmmVariant v) {
+  return v == SddmmVariant::kAuto ? CpuPath::kChoose
+                                  : v == SddmmVariant::kDenseBlocks ? CpuPath::kDenseBlocks : CpuPath::kLoops;
+}
+
+// Whether the product runs on dense blocks.
+inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, CpuProduct product, CpuPath path,
+                             Activation act = Activation::kNone) {
+  if (path != CpuPath::kChoose) return path == CpuPath::kDenseBlocks;
+  if (n < kCpuDenseBlockMinBatch || p.rows * p.cols < kCpuDenseBlockMinWeights) return false;
   // The forward with GELU on 16-bit values would run its blocks in float, at float's GEMM rate.
   if (act == Activation::kGELU && is_16_bit(t)) return false;
   return double(p.nnz) >= cpu_dense_block_density(product, t) * double(p.rows) * double(p.cols);

@@ -223,6 +223,16 @@ torch::Tensor SparseLinearImpl::to_dense() const {
   return dense;
 }
 
+namespace {
+// fn(module) for `model` and every module below it (modules(true) would need the model to be held
+// by a shared_ptr).
+template <typename Fn>
+void for_each_module(torch::nn::Module& model, Fn&& fn) {
+  fn(&model);
+  for (const auto& module : model.modules(/*include_self=*/false)) fn(module.get());
+}
+}  // namespace
+
 void for_inference(torch::nn::Module& model, std::optional<bool> tile_view) {
   // Each pattern once, keeping its tile view if any layer that reads it holds 16-bit values.
   std::vector<std::pair<PatternImpl*, bool>> patterns;
@@ -231,22 +241,20 @@ void for_inference(torch::nn::Module& model, std::optional<bool> tile_view) {
       if (e.first == p) return e;
     return patterns.emplace_back(p, false);
   };
-  const auto visit = [&](torch::nn::Module* module) {
+  for_each_module(model, [&](torch::nn::Module* module) {
     if (auto* p = dynamic_cast<PatternImpl*>(module)) entry(p);
     if (auto* layer = dynamic_cast<SparseLinearImpl*>(module)) {
       const auto dtype = layer->values.scalar_type();
       entry(layer->pattern.get()).second |= dtype == torch::kBFloat16 || dtype == torch::kHalf;
     }
-  };
-  visit(&model);  // (modules(true) would need the model to be held by a shared_ptr)
-  for (const auto& module : model.modules(/*include_self=*/false)) visit(module.get());
+  });
   for (auto& [pattern, sixteen_bits] : patterns) pattern->for_inference(tile_view.value_or(sixteen_bits));
 }
 
 void for_training(torch::nn::Module& model, bool tile_view) {
-  if (auto* p = dynamic_cast<PatternImpl*>(&model)) p->for_training(tile_view);
-  for (const auto& module : model.modules(/*include_self=*/false))
-    if (auto* p = dynamic_cast<PatternImpl*>(module.get())) p->for_training(tile_view);
+  for_each_module(model, [&](torch::nn::Module* module) {
+    if (auto* p = dynamic_cast<PatternImpl*>(module)) p->for_training(tile_view);
+  });
 }
 
 }  // namespace snack

@@ -39,7 +39,8 @@ void check_pattern_needs(at::TensorList pattern, PatternNeeds needs, const char*
   if (pattern[kRowIdx].unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
       pattern[kColIdx].unsafeGetTensorImpl()->has_symbolic_sizes_strides())
     return;
-  TORCH_CHECK_VALUE(!kept_for_inference(pattern[kRowIdx], pattern[kColIdx]) || needs == PatternNeeds::kForward, "snack.", op,
+  TORCH_CHECK_VALUE(!kept_for_inference(pattern[kRowIdx], pattern[kColIdx]) || needs == PatternNeeds::kForward,
+                    "snack.", op,
                     ": the pattern holds only the forward's arrays (Pattern.for_inference dropped row_idx and "
                     "csc_perm), and the gradients need them: run it under torch.no_grad() or "
                     "torch.inference_mode(), or call Pattern.for_training()");

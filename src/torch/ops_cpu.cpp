@@ -171,18 +171,16 @@ at::Tensor expanded_rows(const SlotPattern<Index>& w, const at::Tensor& values, 
   return block;
 }
 
-// fn(first, count, block) for each block of rows of W in order, `block` those rows dense.
+// fn(T{}, w, first, count) for each block of rows of W in order (cpu_block_rows rows at a time), T
+// the value type of `like` and w the pattern's SlotPattern.
 template <typename Fn>
-void for_each_dense_block(const PatternArg& p, const at::Tensor& values, int64_t n, const char* op, Fn&& fn) {
+void for_each_row_block(const PatternArg& p, const at::Tensor& like, int64_t n, const char* op, Fn&& fn) {
   const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
-  dispatch_value_type(values, op, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_value_type(like, op, [&](auto tag) {
     throw_if_error(with_pattern(p,
                                 [&](auto w) {
-                                  for (int64_t r0 = 0; r0 < w.rows; r0 += rows) {
-                                    const int64_t count = std::min(rows, w.rows - r0);
-                                    fn(r0, count, expanded_rows<T>(w, values, r0, count));
-                                  }
+                                  for (int64_t r0 = 0; r0 < w.rows; r0 += rows)
+                                    SNACK_RETURN_IF_ERROR(fn(tag, w, r0, std::min(rows, w.rows - r0)));
                                   return Status::Ok();
                                 }),
                    op);
@@ -196,13 +194,13 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   const SpmmVariant v = spmm_variant_arg(variant, false, op);
   check_contents(in.p, op);
   const int64_t n = in.x.size(0);
-  if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, v == SpmmVariant::kDenseBlocks,
-                       v == SpmmVariant::kAuto, in.act)) {
+  if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, cpu_path(v), in.act)) {
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
     // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
     const bool gelu_in_float = is_16_bit(values.scalar_type()) && in.act == Activation::kGELU;
     const at::Tensor x_in = gelu_in_float ? in.x.to(at::kFloat) : in.x;
-    for_each_dense_block(in.p, values, n, op, [&](int64_t r0, int64_t count, at::Tensor wb) {
+    for_each_row_block(in.p, values, n, op, [&](auto tag, auto w, int64_t r0, int64_t count) {
+      at::Tensor wb = expanded_rows<decltype(tag)>(w, values, r0, count);
       std::optional<at::Tensor> b;
       if (in.bias) b = in.bias->narrow(0, r0, count);
       if (gelu_in_float) {
@@ -212,6 +210,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
       at::Tensor yb = b ? at::addmm(*b, x_in, wb.t()) : at::mm(x_in, wb.t());
       if (gelu_in_float) yb = at::gelu(yb);
       y.narrow(1, r0, count).copy_(yb);
+      return Status::Ok();
     });
     if (in.act == Activation::kReLU) y.relu_();  // exact: commutes with the rounding
     if (in.act == Activation::kGELU && !gelu_in_float) y = at::gelu(y);
@@ -272,15 +271,16 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   const SpmmVariant v = spmm_variant_arg(variant, true, op);
   check_contents(in.p, op);
   const int64_t n = in.dy.size(0);
-  if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kTransposed, v == SpmmVariant::kDenseBlocks,
-                       v == SpmmVariant::kAuto)) {
+  if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kTransposed, cpu_path(v))) {
     // The blocks' products are summed in place, blocks in order (a fixed sum); 16-bit operands are
     // multiplied and summed in float, so that each output is rounded once, at the end.
     const bool half = is_16_bit(values.scalar_type());
     const at::Tensor dy_sum = half ? in.dy.to(at::kFloat) : in.dy;
     at::Tensor dx = at::zeros({n, in.p.cols}, dy_sum.options());
-    for_each_dense_block(in.p, values, n, op, [&](int64_t r0, int64_t count, const at::Tensor& wb) {
+    for_each_row_block(in.p, values, n, op, [&](auto tag, auto w, int64_t r0, int64_t count) {
+      const at::Tensor wb = expanded_rows<decltype(tag)>(w, values, r0, count);
       dx.addmm_(dy_sum.narrow(1, r0, count), half ? wb.to(at::kFloat) : wb);
+      return Status::Ok();
     });
     return half ? dx.to(values.scalar_type()) : dx;
   }
@@ -308,24 +308,13 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
 at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
   at::Tensor dv = at::empty({in.p.nnz}, in.dy.options());
   const int64_t n = in.x.size(0);
-  if (cpu_dense_blocks(in.p, n, in.dy.scalar_type(), CpuProduct::kWeightGrad, v == SddmmVariant::kDenseBlocks,
-                       v == SddmmVariant::kAuto)) {
-    const int64_t block = cpu_block_rows(in.p.rows, in.p.cols, n);
-    dispatch_value_type(in.dy, op, [&](auto tag) {
+  if (cpu_dense_blocks(in.p, n, in.dy.scalar_type(), CpuProduct::kWeightGrad, cpu_path(v))) {
+    for_each_row_block(in.p, in.dy, n, op, [&](auto tag, auto w, int64_t r0, int64_t count) {
       using T = decltype(tag);
-      throw_if_error(with_pattern(in.p,
-                                  [&](auto w) {
-                                    for (int64_t r0 = 0; r0 < w.rows; r0 += block) {
-                                      const int64_t count = std::min(block, w.rows - r0);
-                                      const at::Tensor g = at::mm(in.dy.narrow(1, r0, count).t(), in.x);
-                                      SNACK_RETURN_IF_ERROR(parallel_chunks(count, 16, [&](int64_t a, int64_t b) {
-                                        return cpu::gather_rows(w, data_as<T>(g) + a * w.cols, r0 + a, b - a,
-                                                                data_as<T>(dv));
-                                      }));
-                                    }
-                                    return Status::Ok();
-                                  }),
-                     op);
+      const at::Tensor g = at::mm(in.dy.narrow(1, r0, count).t(), in.x);
+      return parallel_chunks(count, 16, [&](int64_t a, int64_t b) {
+        return cpu::gather_rows(w, data_as<T>(g) + a * w.cols, r0 + a, b - a, data_as<T>(dv));
+      });
     });
     return dv;
   }

@@ -141,16 +141,11 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     const CpuProduct product = which == "forward"      ? CpuProduct::kForward
                                : which == "input_grad" ? CpuProduct::kTransposed
                                                        : CpuProduct::kWeightGrad;
-    bool forced = false, automatic = false;
-    if (product == CpuProduct::kWeightGrad) {
-      const SddmmVariant v = sddmm_variant_arg(variant, op);
-      forced = v == SddmmVariant::kDenseBlocks, automatic = v == SddmmVariant::kAuto;
-    } else {
-      const SpmmVariant v = spmm_variant_arg(variant, product == CpuProduct::kTransposed, op);
-      forced = v == SpmmVariant::kDenseBlocks, automatic = v == SpmmVariant::kAuto;
-    }
-    const char* reason = automatic ? "cpu_rule" : "forced";
-    if (cpu_dense_blocks(p, n, values.scalar_type(), product, forced, automatic)) {
+    const CpuPath path = product == CpuProduct::kWeightGrad
+                             ? cpu_path(sddmm_variant_arg(variant, op))
+                             : cpu_path(spmm_variant_arg(variant, product == CpuProduct::kTransposed, op));
+    const char* reason = path == CpuPath::kChoose ? "cpu_rule" : "forced";
+    if (cpu_dense_blocks(p, n, values.scalar_type(), product, path)) {
       const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
       return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, rows * p.cols * int64_t(values.element_size()), false,
               "dense_blocks (cpu): W expanded " + std::to_string(rows) +

@@ -128,8 +128,8 @@ TORCH_LIBRARY(snack, m) {
   // snack.Pattern validates what it is built from, and this op checks a list assembled by hand.
   m.def("validate_pattern(Tensor[] pattern) -> ()");
   // The CSR row pointers, the CSC view and the tile view (snack/pattern.h; both empty for layers of
-  // more than 16384 inputs, or with tile_view false: not built) of sorted slots. On the CPU the slots are checked first
-  // (an error for invalid slots); on the GPU nothing synchronises and the slots are trusted (the
+  // more than 16384 inputs, or with tile_view false: not built) of sorted slots. On the CPU the slots
+  // are checked first (an error for invalid slots); on the GPU nothing synchronises and the slots are trusted (the
   // kernels stay within their buffers, the views of invalid slots are meaningless).
   m.def("build_views(Tensor row_idx, Tensor col_idx, int out_features, int in_features, bool tile_view=True)"
         " -> (Tensor row_ptr, Tensor col_ptr, Tensor csc_perm, Tensor tile_ptr, Tensor tile_entries)");
