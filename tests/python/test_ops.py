@@ -75,10 +75,12 @@ def test_sddmm_variant_names(device):
     p = Weight(9, 11, 40, device=device)
     dy, x = p.randn(5, 9), p.randn(5, 11)
     for variant in snack.SDDMM_VARIANTS:
-        if variant == "tensor_core" and device.type == "cuda":  # its kernel runs 16-bit operands
+        if variant in ("tensor_core", "tile_view") and device.type == "cuda":  # 16-bit operands only
             q = Weight(9, 11, 40, device=device, dtype=torch.bfloat16)
             a, b = q.randn(5, 9), q.randn(5, 11)
             assert_close(ops.sddmm(a, b, q.tensors, variant=variant), *q.slot_ref(a, b), torch.bfloat16, variant)
+            with pytest.raises(ValueError, match=f"{variant} runs 16-bit operands"):
+                ops.sddmm(dy, x, p.tensors, variant=variant)
             continue
         assert_close(ops.sddmm(dy, x, p.tensors, variant=variant), *p.slot_ref(dy, x), torch.float32, variant)
     with pytest.raises(ValueError, match="unknown variant 'tiles'.*rows"):
