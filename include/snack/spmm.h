@@ -111,6 +111,37 @@ const char* csc_read_name(CscRead r);
 /// Parses a name; returns false for an unknown name.
 bool parse_csc_read(const std::string& name, CscRead* out);
 
+/// How a 1x1 convolution on NCHW images (x [B, K, P] -> y [B, M, P], spmm_channels_first) runs on
+/// the GPU. The CPU reads the images in place whatever the path.
+enum class ChannelsFirstPath : int {
+  kAuto = 0,     ///< the planner chooses (plan_channels_first)
+  kInPlace,      ///< the images read in place: a warp per output channel and tile of pixels
+                 ///< (cuda::spmm_channels_first)
+  kPixelRows,    ///< the pixels as the batch rows of the forward product, between two transposes of the
+                 ///< activations (spmm's planner then picks the kernel)
+  kDenseBlocks,  ///< W expanded a block of output channels at a time into a workspace no larger than the
+                 ///< images, each block multiplied by the framework's dense 1x1 convolution (cuDNN)
+                 ///< over the images in place
+};
+/// "auto", "in_place", "pixel_rows", "dense_blocks".
+const char* channels_first_path_name(ChannelsFirstPath p);
+/// Parses a name; returns false for an unknown name.
+bool parse_channels_first_path(const std::string& name, ChannelsFirstPath* out);
+/// Every path but kAuto, in declaration order.
+const std::vector<ChannelsFirstPath>& channels_first_paths();
+
+/// A 1x1 convolution to plan: W is out_channels x in_channels with nnz slots; `batch` images of
+/// `pixels` pixels each.
+struct ChannelsFirstProblem {
+  int64_t out_channels = 0;
+  int64_t in_channels = 0;
+  int64_t nnz = 0;
+  int64_t batch = 0;
+  int64_t pixels = 0;
+  int value_bytes = 4;
+  bool tf32 = false;  ///< float32 convolutions may round to TF32 (torch.backends.cudnn.allow_tf32)
+};
+
 /// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the
 /// CSC view, is (K, M).
 struct SpmmProblem {
@@ -188,6 +219,15 @@ Status plan_spmm(const SpmmProblem& problem, const DeviceLimits& limits, SpmmPla
 bool plan_transposes_whole_input(const SpmmPlan& plan);
 /// One line: the variant, its launch shape and why.
 std::string describe(const SpmmPlan& plan);
+
+/// The path of a 1x1 convolution on NCHW images (never kAuto): the one of the three whose estimated
+/// time is least, from rates measured on the H200 and scaled by the SM count (docs/kernels.md, "1x1
+/// convolutions on NCHW images"). Pure: no device is queried.
+ChannelsFirstPath plan_channels_first(const ChannelsFirstProblem& problem, const DeviceLimits& limits);
+/// Output channels per block of kDenseBlocks: all of them where the dense W is no larger than the
+/// images (batch x pixels x in_channels values), else as many as that holds, a multiple of 64 and
+/// at least 64.
+int64_t channels_first_block_rows(const ChannelsFirstProblem& problem);
 
 namespace cpu {
 
@@ -267,15 +307,6 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
                     Stream stream, Activation act = Activation::kNone);
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx, Stream stream);
-
-/// Largest product (slots x pixels x images, i.e. multiply-adds) for which a CUDA 1x1 convolution on
-/// NCHW images runs spmm_channels_first rather than the row-major product over pixels between two
-/// transposes (snack.SparseConv2d). Each slot re-reads its input channel's pixels from L2, so the
-/// kernel's traffic grows with the slots while the transposes cost two launches and two passes over the
-/// activations: measured on the H200 (examples/mobilenet.py, MobileNetV1 at 90%), its layers of 2.4M-26M
-/// multiply-adds ran faster in place (one image, width 1: 307 against 397 us for the model in fp32)
-/// and those of 150M and more slower (64 images: 7992 against 6724 us).
-inline constexpr int64_t kChannelsFirstMaxProduct = int64_t(1) << 25;
 
 /// cpu::spmm_channels_first on the GPU (no plan, no workspace): a warp per output channel and tile of
 /// 32 x V pixels, each slot one coalesced load of V pixels of its input channel (V: the widest vector

@@ -8,7 +8,7 @@ CPU or with CUDA kernels. See the README for the design and the benchmarks.
 from pathlib import Path
 
 from ._ops import LIBRARY_PATH, PATTERN_FIELDS, default_index_dtype, ops
-from .kernels import (CHANNELS_FIRST_MAX_PRODUCT, CSC_READS, DENSE_BLOCK_MIN_ROWS, DETERMINISTIC_VARIANTS,
+from .kernels import (CHANNELS_FIRST_PATHS, CSC_READS, DENSE_BLOCK_MIN_ROWS, DETERMINISTIC_VARIANTS,
                       FORWARD_ONLY_VARIANTS, SDDMM_VARIANTS, SPMM_VARIANTS, TRANSPOSED_VARIANTS, Plan, csc_read,
                       explain, set_csc_read, set_spmm_variant, set_tile_view_splits, spmm_variant,
                       tile_view_splits)
@@ -29,5 +29,5 @@ __all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "d
            "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
            "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits", "CSC_READS",
            "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
-           "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "CHANNELS_FIRST_MAX_PRODUCT", "attention", "dst", "nn", "optim",
+           "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "CHANNELS_FIRST_PATHS", "attention", "dst", "nn", "optim",
            "sparsify", "prepare_ddp", "for_inference", "for_training"]

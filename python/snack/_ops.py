@@ -93,7 +93,7 @@ def _spmm_fake(x, values, pattern, bias=None, activation="none", variant="auto")
 
 
 @_register_fake("spmm_channels_first")
-def _spmm_channels_first_fake(x, values, pattern, bias=None, activation="none"):
+def _spmm_channels_first_fake(x, values, pattern, bias=None, activation="none", variant="auto"):
     return values.new_empty((x.shape[0], _shape(pattern)[0], x.shape[2]))
 
 

@@ -9,7 +9,6 @@ from torch import Tensor, nn
 
 from ._checks import integer
 from ._ops import ops
-from .kernels import CHANNELS_FIRST_MAX_PRODUCT
 from .layer import SparseLinear
 
 __all__ = ["SparseConv2d"]
@@ -45,12 +44,13 @@ class SparseConv2d(SparseLinear):
     It is a :class:`SparseLinear` over the channels of every pixel (its ``values``, ``pattern``,
     optimizers, DST and checkpoints are those of a SparseLinear with ``in_features = in_channels``),
     applied to inputs ``[N, C, H, W]`` (or unbatched ``[C, H, W]``) as ``nn.Conv2d`` takes them. A
-    ``channels_last`` input is read in place, its pixels being rows of channels. An NCHW input is
-    read in place too where nothing needs a gradient and the product is small (inference:
-    ``snack.ops.spmm_channels_first``, each output channel a sum of whole input channels, up to
-    ``snack.CHANNELS_FIRST_MAX_PRODUCT`` multiply-adds on CUDA); otherwise it is transposed into the
-    channels-last layout first (one copy) and, under autograd, trains as a SparseLinear. The output
-    has the input's memory format.
+    ``channels_last`` input is read in place, its pixels being rows of channels. Where nothing needs
+    a gradient (inference) an NCHW input goes to ``snack.ops.spmm_channels_first``, whose planner
+    reads the images in place (each output channel a sum of whole input channels; on the CPU always),
+    multiplies them by the weight expanded into blocks of output channels (one batched GEMM per block,
+    large products) or runs the product over pixels as rows between two transposes; under autograd
+    an NCHW input is transposed into the channels-last layout (one copy) and trains as a
+    SparseLinear. The output has the input's memory format.
 
     Args:
         in_channels, out_channels: channels of the input and the output.
@@ -147,7 +147,7 @@ class SparseConv2d(SparseLinear):
     def forward(self, x: Tensor) -> Tensor:
         pixels = self._pixels(x)
         channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        if not channels_last and not self._needs_grad(x) and self._in_place_pays(pixels):
+        if not channels_last and not self._needs_grad(x):
             images = pixels.movedim(-1, -3)  # [..., C, H', W'], x or its strided view
             images = images if images.dim() == 4 else images.unsqueeze(0)
             n, c, h, w = images.shape
@@ -159,12 +159,6 @@ class SparseConv2d(SparseLinear):
         if channels_last:
             return y  # already channels_last: [N, H', W', O] in memory
         return y.contiguous()
-
-    def _in_place_pays(self, pixels: Tensor) -> bool:
-        """Whether the NCHW product runs in place: on the CPU always, on CUDA up to
-        snack.CHANNELS_FIRST_MAX_PRODUCT multiply-adds (above it the product over pixels as rows,
-        between two transposes, re-reads less; include/snack/spmm.h says how it was measured)."""
-        return not pixels.is_cuda or self.nnz * pixels[..., 0].numel() <= CHANNELS_FIRST_MAX_PRODUCT
 
     def _needs_grad(self, x: Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or self.values.requires_grad

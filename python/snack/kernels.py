@@ -20,9 +20,9 @@ DETERMINISTIC_VARIANTS = tuple(v for v in SPMM_VARIANTS if v not in _nondetermin
 #: The smallest batch for which the planner considers dense_blocks (a dense GEMM over blocks of W
 #: expanded into a workspace of at most max(N, this) rows of W).
 DENSE_BLOCK_MIN_ROWS = ops.dense_block_min_rows()
-#: The largest product (slots x pixels x images) that a CUDA SparseConv2d computes in place on NCHW
-#: images (``snack.ops.spmm_channels_first``); larger ones transpose to pixels-as-rows and back.
-CHANNELS_FIRST_MAX_PRODUCT = ops.channels_first_max_product()
+#: The paths of a 1x1 convolution on NCHW images on CUDA (``snack.ops.spmm_channels_first``'s
+#: ``variant``, besides "auto"; ``snack.explain(..., op="channels_first")`` names the planner's).
+CHANNELS_FIRST_PATHS = tuple(ops.channels_first_paths())
 
 #: How the input-gradient product may read the weight's columns (see :func:`set_csc_read`).
 CSC_READS = ("auto", "in_place", "copied")
@@ -58,7 +58,9 @@ class Plan:
 
 def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=None) -> Plan:
     """The plan of one product of ``layer`` (a SparseLinear) for a batch of ``n`` rows: ``op`` is
-    "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM). ``dtype``: the dtype the product
+    "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM); "channels_first" is the path of a
+    SparseConv2d's inference on NCHW images (``variant`` "in_place", "pixel_rows" or "dense_blocks":
+    ``snack.ops.spmm_channels_first``), ``n`` their pixels in all (images x pixels per image). ``dtype``: the dtype the product
     runs in, where it is not the values' (``torch.bfloat16`` under ``torch.autocast(dtype=torch.bfloat16)``)."""
     values = layer.values.detach()
     if dtype is not None and dtype != values.dtype:

@@ -21,6 +21,10 @@ constexpr Named<Activation> kActivations[] = {
     {Activation::kNone, "none"}, {Activation::kReLU, "relu"}, {Activation::kGELU, "gelu"}};
 constexpr Named<CscRead> kCscReads[] = {
     {CscRead::kAuto, "auto"}, {CscRead::kInPlace, "in_place"}, {CscRead::kCopied, "copied"}};
+constexpr Named<ChannelsFirstPath> kChannelsFirstPaths[] = {{ChannelsFirstPath::kAuto, "auto"},
+                                                            {ChannelsFirstPath::kInPlace, "in_place"},
+                                                            {ChannelsFirstPath::kPixelRows, "pixel_rows"},
+                                                            {ChannelsFirstPath::kDenseBlocks, "dense_blocks"}};
 constexpr Named<SpmmVariant> kSpmmVariants[] = {{SpmmVariant::kAuto, "auto"},
                                                 {SpmmVariant::kWarpRow, "warp_row"},
                                                 {SpmmVariant::kGlobalXT, "global_xt"},
@@ -134,6 +138,14 @@ const std::vector<SpmmVariant>& spmm_variants() {
 }
 const char* csc_read_name(CscRead r) { return name_in(kCscReads, r); }
 bool parse_csc_read(const std::string& name, CscRead* out) { return parse_in(kCscReads, name, out); }
+const char* channels_first_path_name(ChannelsFirstPath p) { return name_in(kChannelsFirstPaths, p); }
+bool parse_channels_first_path(const std::string& name, ChannelsFirstPath* out) {
+  return parse_in(kChannelsFirstPaths, name, out);
+}
+const std::vector<ChannelsFirstPath>& channels_first_paths() {
+  static const std::vector<ChannelsFirstPath> all = all_but_auto(kChannelsFirstPaths);
+  return all;
+}
 const char* spmm_reason_name(SpmmReason r) { return name_in(kSpmmReasons, r); }
 const char* spmm_reason_text(SpmmReason r) { return text_in(kSpmmReasons, r); }
 

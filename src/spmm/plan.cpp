@@ -761,3 +761,70 @@ std::string describe(const SpmmPlan& plan) {
 }
 
 }  // namespace snack
+
+namespace snack {
+
+int64_t channels_first_block_rows(const ChannelsFirstProblem& p) {
+  const int64_t image_rows = p.batch * p.pixels;  // W's rows the images' values would hold
+  if (image_rows >= p.out_channels) return std::max<int64_t>(p.out_channels, 0);
+  return std::min(p.out_channels, std::max<int64_t>(64, image_rows / 64 * 64));
+}
+
+namespace {
+// The paths' costs on the H200 (132 SMs; bench/results/conv_paths_nvidia_h200.md: MobileNetV1's
+// pointwise layers at 90%, 1 and 64 images, each path forced, CUDA-graph replays), in microseconds,
+// scaled by the SM count. A launch in a graph costs ~8 us for the first kernel and ~3 for each one
+// after it (the dense path counts three: the expansion and cuDNN's, the pixel rows three: the
+// transposes and the product). In place: ~0.7 us per million multiply-adds where the pixels go two or more to a lane
+// (1.6 for odd pixel counts, one to a lane), and ~3 us per million outputs (a warp's fixed work per
+// output channel and tile of pixels; layers of 64-128 channels over many pixels). Dense: the
+// expansion (~1.2 TB/s written), cuDNN's read of W (~3 TB/s), its pass over the activations (~1.4
+// TB/s in fp32, ~0.9 in 16 bits on NCHW) and its arithmetic (~250 TFLOP/s in 16 bits, ~200 with
+// TF32, ~50 in fp32). Pixel rows: two transposes (~0.5 TB/s each way, strided) around the linear
+// product (dense_blocks.h's estimates, their ~10 us of launches counted here as the path's kernels).
+struct ChannelsFirstRates {
+  double first_kernel_us = 8.0;
+  double next_kernel_us = 3.0;
+  double in_place_us_per_mmac[2] = {0.7, 1.6};  // pixels even, odd
+  double in_place_us_per_moutput = 3.0;
+  double expand_gbs = 1200.0;
+  double weight_read_gbs = 3000.0;
+  double conv_activation_gbs[2] = {1400.0, 900.0};  // fp32, 16-bit
+  double conv_tflops_16bit = 250.0;
+  double conv_tflops_tf32 = 200.0;
+  double conv_tflops_fp32 = 50.0;
+  double transpose_gbs = 500.0;
+  int reference_sms = 132;
+};
+constexpr ChannelsFirstRates kChannelsFirstRates{};
+}  // namespace
+
+ChannelsFirstPath plan_channels_first(const ChannelsFirstProblem& p, const DeviceLimits& limits) {
+  const int64_t n = p.batch * p.pixels;
+  if (p.value_bytes == 8 || n == 0 || p.out_channels == 0 || p.in_channels == 0 || p.nnz == 0)
+    return ChannelsFirstPath::kInPlace;
+  const ChannelsFirstRates& r = kChannelsFirstRates;
+  const double scale = double(limits.sms) / r.reference_sms;
+  const double bytes = p.value_bytes, macs = double(p.nnz) * double(n), outputs = double(p.out_channels) * double(n);
+  const double weight_bytes = double(p.out_channels) * double(p.in_channels) * bytes;
+  const double activation_bytes = double(n) * double(p.in_channels + p.out_channels) * bytes;
+  const double in_place = r.first_kernel_us + (macs * r.in_place_us_per_mmac[p.pixels % 2] +
+                                               outputs * r.in_place_us_per_moutput) / (1e6 * scale);
+  const double conv_tflops = p.value_bytes == 2 ? r.conv_tflops_16bit : p.tf32 ? r.conv_tflops_tf32 : r.conv_tflops_fp32;
+  const double dense = r.first_kernel_us + 2.0 * r.next_kernel_us +  // the expansion, cuDNN's kernels
+                       (weight_bytes / r.expand_gbs + weight_bytes / r.weight_read_gbs +
+                        activation_bytes / r.conv_activation_gbs[p.value_bytes == 2]) / (1e3 * scale) +
+                       2.0 * weight_bytes / bytes * double(n) / (conv_tflops * 1e6 * scale);
+  const detail::DenseBlocksProblem product{detail::DenseBlocksOp::kForward, p.out_channels, p.in_channels, p.nnz, n,
+                                           p.value_bytes, false};
+  const double linear = n >= kDenseBlockMinRows ? std::min(detail::sparse_us(product, limits),
+                                                            detail::dense_blocks_us(product, limits))
+                                                : detail::sparse_us(product, limits);
+  const double pixel_rows = r.first_kernel_us + 2.0 * r.next_kernel_us +
+                            2.0 * activation_bytes / (r.transpose_gbs * 1e3 * scale) + linear -
+                            detail::kDenseBlocksRates.sparse_fixed_us;
+  if (in_place <= dense && in_place <= pixel_rows) return ChannelsFirstPath::kInPlace;
+  return dense <= pixel_rows ? ChannelsFirstPath::kDenseBlocks : ChannelsFirstPath::kPixelRows;
+}
+
+}  // namespace snack

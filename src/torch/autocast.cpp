@@ -48,12 +48,13 @@ at::Tensor spmm_autocast(const at::Tensor& x, const at::Tensor& values, at::Tens
 
 template <c10::DeviceType D>
 at::Tensor spmm_channels_first_autocast(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                                        const OptionalTensor& bias, c10::string_view activation) {
+                                        const OptionalTensor& bias, c10::string_view activation,
+                                        c10::string_view variant) {
   static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, at::TensorList, const OptionalTensor&,
-                                        c10::string_view)>("snack::spmm_channels_first");
+                                        c10::string_view, c10::string_view)>("snack::spmm_channels_first");
   BelowAutocast<D> below;
   return op.call(cached_cast(below.dtype, x, D), cached_cast(below.dtype, values, D), pattern,
-                 cached_cast(below.dtype, bias, D), activation);
+                 cached_cast(below.dtype, bias, D), activation, variant);
 }
 
 template <c10::DeviceType D>

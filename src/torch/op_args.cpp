@@ -123,6 +123,18 @@ SpmmVariant spmm_variant_arg(c10::string_view name, bool transposed, const char*
   return v;
 }
 
+ChannelsFirstPath channels_first_path_arg(c10::string_view name, const char* op) {
+  ChannelsFirstPath path = ChannelsFirstPath::kAuto;
+  TORCH_CHECK_VALUE(parse_channels_first_path(std::string(name), &path), "snack.", op, ": unknown variant '", name,
+                    "' (expected auto, ", [] {
+                      std::string names;
+                      for (ChannelsFirstPath p : channels_first_paths())
+                        names += std::string(names.empty() ? "" : ", ") + channels_first_path_name(p);
+                      return names;
+                    }(), ")");
+  return path;
+}
+
 void set_default_spmm_variant(c10::string_view name) {
   SpmmVariant v = SpmmVariant::kAuto;
   TORCH_CHECK_VALUE(parse_spmm_variant(std::string(name), &v), "snack.set_default_spmm_variant: unknown variant '",

@@ -87,6 +87,8 @@ Activation activation_arg(c10::string_view name, const char* op);
 // which the transposed product ignores where it names a forward-only kernel.
 SpmmVariant spmm_variant_arg(c10::string_view name, bool transposed, const char* op);
 SddmmVariant sddmm_variant_arg(c10::string_view name, const char* op);
+// The path spmm_channels_first's string names (kAuto: the planner chooses).
+ChannelsFirstPath channels_first_path_arg(c10::string_view name, const char* op);
 void set_default_spmm_variant(c10::string_view name);
 // How this process's transposed products read the CSC view (set_default_csc_read; auto: the planner).
 CscRead default_csc_read();

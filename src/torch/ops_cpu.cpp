@@ -234,8 +234,10 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 }
 
 at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                               const std::optional<at::Tensor>& bias, c10::string_view activation) {
+                               const std::optional<at::Tensor>& bias, c10::string_view activation,
+                               c10::string_view variant) {
   const char* op = "spmm_channels_first";
+  channels_first_path_arg(variant, op);  // a known name; the CPU has one path
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op, true);
   check_contents(in.p, op);
   const int64_t batch = in.x.size(0), pixels = in.x.size(2);

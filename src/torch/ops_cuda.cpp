@@ -136,12 +136,60 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   return std::get<0>(forward(in, values, spmm_variant_arg(variant, false, op), false, op));
 }
 
+// kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each
+// multiplied by cuDNN's 1x1 convolution over the images where they lie (as nn.Conv2d: float32 follows
+// torch.backends.cudnn.allow_tf32), written into y's channels; the activation over y last.
+at::Tensor channels_first_dense_blocks(const SpmmInputs& in, const at::Tensor& values,
+                                       const ChannelsFirstProblem& problem, const char* op) {
+  const int64_t rows = std::max<int64_t>(channels_first_block_rows(problem), 1), batch = problem.batch;
+  const at::Tensor images = in.x.view({batch, in.p.cols, problem.pixels, 1});
+  const at::Tensor block = at::empty({rows, in.p.cols, 1, 1}, values.options());
+  at::Tensor y;
+  for (int64_t first = 0; first < in.p.rows; first += rows) {
+    const int64_t count = std::min(rows, in.p.rows - first);
+    dispatch_value_type(values, op, [&](auto tag) {
+      using T = decltype(tag);
+      throw_if_error(with_pattern(in.p,
+                                  [&](auto w) {
+                                    return cuda::expand_block(w, data_as<T>(values), false, first, count,
+                                                              data_as<T>(block), current_stream());
+                                  }),
+                     op);
+    });
+    const std::optional<at::Tensor> b = in.bias ? std::optional<at::Tensor>(in.bias->narrow(0, first, count))
+                                                : std::nullopt;
+    const at::Tensor part = at::conv2d(images, block.narrow(0, 0, count), b).view({batch, count, problem.pixels});
+    if (count == in.p.rows) {
+      y = part.contiguous();
+    } else {
+      if (!y.defined()) y = at::empty({batch, in.p.rows, problem.pixels}, values.options());
+      y.narrow(1, first, count).copy_(part);
+    }
+  }
+  if (!y.defined()) y = at::empty({batch, in.p.rows, problem.pixels}, values.options());  // no outputs
+  if (in.act == Activation::kReLU) y.relu_();
+  if (in.act == Activation::kGELU) y.copy_(at::gelu(y));  // the exact (erf) GELU, as the kernels'
+  return y;
+}
+
 at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                               const std::optional<at::Tensor>& bias, c10::string_view activation) {
+                               const std::optional<at::Tensor>& bias, c10::string_view activation,
+                               c10::string_view variant) {
   const char* op = "spmm_channels_first";
+  ChannelsFirstPath path = channels_first_path_arg(variant, op);
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op, true);
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t batch = in.x.size(0), pixels = in.x.size(2);
+  const ChannelsFirstProblem problem{in.p.rows, in.p.cols, in.p.nnz, batch, pixels, int(values.element_size()),
+                                     at::globalContext().allowTF32CuDNN()};
+  if (path == ChannelsFirstPath::kAuto) path = plan_channels_first(problem, cuda_device_limits(in.p.device.index()));
+  if (path == ChannelsFirstPath::kPixelRows) {  // [B, K, P] -> [B P, K], the forward, and back
+    SpmmInputs rows = in;
+    rows.x = in.x.transpose(1, 2).reshape({batch * pixels, in.p.cols});
+    const at::Tensor y = std::get<0>(forward(rows, values, spmm_variant_arg("auto", false, op), false, op));
+    return y.view({batch, pixels, in.p.rows}).transpose(1, 2).contiguous();
+  }
+  if (path == ChannelsFirstPath::kDenseBlocks) return channels_first_dense_blocks(in, values, problem, op);
   at::Tensor y = at::empty({batch, in.p.rows, pixels}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);

@@ -1,6 +1,6 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
 // (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, tile_view_geometry,
-// channels_first_max_product, nnz_for_density, set_default_spmm_variant, set_default_csc_read,
+// channels_first_paths, nnz_for_density, set_default_spmm_variant, set_default_csc_read,
 // set_default_tile_view_splits):
 // they read metadata only, so they run for any device and under tracing.
 #include "plans.h"
@@ -128,15 +128,47 @@ namespace {
 using ExplainResult = std::tuple<std::string, std::string, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                                  int64_t, bool, std::string>;
 
+// A 1x1 convolution on NCHW images of n pixels in all (images x pixels per image).
+ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg& p, int64_t n,
+                                     c10::string_view variant) {
+  const ChannelsFirstPath forced = channels_first_path_arg(variant, "explain");
+  const char* reason = forced != ChannelsFirstPath::kAuto ? "forced" : values.is_cuda() ? "planner" : "cpu_rule";
+  if (!values.is_cuda())
+    return {"in_place", reason, 1, 1, 1, 1, 1, 0, 0, false,
+            "in_place (cpu): each output channel's slots summed over blocks of 16 pixels of the images"};
+  const ChannelsFirstProblem problem{p.rows, p.cols, p.nnz, n, 1, int(values.element_size()),
+                                    at::globalContext().allowTF32CuDNN()};
+  const ChannelsFirstPath path = forced != ChannelsFirstPath::kAuto
+                                     ? forced
+                                     : plan_channels_first(problem, cuda_device_limits(values.device().index()));
+  const int64_t bytes = int64_t(values.element_size());
+  if (path == ChannelsFirstPath::kDenseBlocks) {
+    const int64_t rows = channels_first_block_rows(problem);
+    return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, rows * p.cols * bytes, false,
+            "dense_blocks: W expanded " + std::to_string(rows) +
+                " output channels at a time, each block multiplied by cuDNN's 1x1 convolution over the images in "
+                "place"};
+  }
+  if (path == ChannelsFirstPath::kPixelRows)
+    return {"pixel_rows", reason, 1, 1, 1, 1, 1, 0, n * (p.rows + p.cols) * bytes, false,
+            "pixel_rows: the images transposed into rows of channels, the forward product as its planner runs it, "
+            "the result transposed back"};
+  return {"in_place", reason, 1, 1, 1, 1, 1, 0, 0, false,
+          "in_place: a warp per output channel and tile of pixels, each slot one coalesced read of its input "
+          "channel's pixels"};
+}
+
 ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
                       c10::string_view variant) {
   const char* op = "explain";
   const std::string which(op_name);
-  TORCH_CHECK_VALUE(which == "forward" || which == "input_grad" || which == "weight_grad", "snack.explain: op must "
-                    "be forward, input_grad or weight_grad, got '", which, "'");
-  const PatternArg p = pattern_arg(pattern, op, which == "forward" ? PatternNeeds::kForward : PatternNeeds::kAll);
+  TORCH_CHECK_VALUE(which == "forward" || which == "input_grad" || which == "weight_grad" || which == "channels_first",
+                    "snack.explain: op must be forward, input_grad, weight_grad or channels_first, got '", which, "'");
+  const bool forward_only = which == "forward" || which == "channels_first";
+  const PatternArg p = pattern_arg(pattern, op, forward_only ? PatternNeeds::kForward : PatternNeeds::kAll);
   check_values(values, p, op);
   TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
+  if (which == "channels_first") return explain_channels_first(values, p, n, variant);
   if (!values.is_cuda()) {
     const CpuProduct product = which == "forward"      ? CpuProduct::kForward
                                : which == "input_grad" ? CpuProduct::kTransposed
@@ -202,7 +234,11 @@ std::vector<std::string> pattern_fields() {
 
 int64_t dense_block_min_rows() { return kDenseBlockMinRows; }
 std::vector<int64_t> tile_view_geometry() { return {kTileViewRows, kTileViewCols, kTileViewMaxCols}; }
-int64_t channels_first_max_product() { return cuda::kChannelsFirstMaxProduct; }
+std::vector<std::string> channels_first_paths() {
+  std::vector<std::string> names;
+  for (ChannelsFirstPath path : snack::channels_first_paths()) names.emplace_back(channels_first_path_name(path));
+  return names;
+}
 
 int64_t index_bits(int64_t out_features, int64_t in_features) {
   check_features(out_features, in_features, "index_bits");
@@ -226,7 +262,7 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("index_bits", &snack::binding::index_bits);
   m.impl("dense_block_min_rows", &snack::binding::dense_block_min_rows);
   m.impl("tile_view_geometry", &snack::binding::tile_view_geometry);
-  m.impl("channels_first_max_product", &snack::binding::channels_first_max_product);
+  m.impl("channels_first_paths", &snack::binding::channels_first_paths);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
   m.impl("set_default_csc_read", &snack::binding::set_default_csc_read);

@@ -34,9 +34,11 @@ TORCH_LIBRARY(snack, m) {
   m.def("sddmm(Tensor dy, Tensor x, Tensor[] pattern, str variant=\"auto\") -> Tensor");
   // The forward on channels-first activations, a 1x1 convolution on NCHW images read in place:
   // x [B, K, P] -> y [B, M, P], y[b, r, p] = act(sum_{s in row r} values[s] x[b, col(s), p] (+ bias[r])).
-  // No autograd (inference; snack.SparseConv2d trains through spmm on pixels as rows).
+  // No autograd (inference; snack.SparseConv2d trains through spmm on pixels as rows). variant: "auto"
+  // (the planner), "in_place", "pixel_rows" or "dense_blocks" (snack/spmm.h, ChannelsFirstPath); the
+  // CPU reads the images in place whatever it names.
   m.def("spmm_channels_first(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, "
-        "str activation=\"none\") -> Tensor");
+        "str activation=\"none\", str variant=\"auto\") -> Tensor");
   // db = dy.sum(0): dy [N, M] -> [M].
   m.def("bias_grad(Tensor dy) -> Tensor");
   // One AdamW step (torch.optim.AdamW's arithmetic) of values from their gradient sddmm(dy, x), fused:
@@ -101,9 +103,8 @@ TORCH_LIBRARY(snack, m) {
   m.def("dense_block_min_rows() -> int");
   // The tile view's geometry (snack/pattern.h): rows and columns of a tile, the widest layer that has it.
   m.def("tile_view_geometry() -> int[]");
-  // The largest product (slots x pixels x images) a CUDA SparseConv2d runs as spmm_channels_first on
-  // NCHW images; larger ones go through the row-major product over pixels (snack/spmm.h).
-  m.def("channels_first_max_product() -> int");
+  // The paths spmm_channels_first may take on CUDA (snack/spmm.h, ChannelsFirstPath), but "auto".
+  m.def("channels_first_paths() -> str[]");
   m.def("nnz_for_density(int out_features, int in_features, float density) -> int");
 
   // ---- Topology: building patterns (validating, so they synchronise once with the device) ----

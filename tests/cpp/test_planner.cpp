@@ -973,5 +973,44 @@ TEST(Planner, DenseBlocksRules) {
   EXPECT_GT(tf32, fp32);
 }
 
+TEST(Planner, ChannelsFirstRules) {
+  const DeviceLimits h200 = DeviceLimits::h200();
+  const auto path = [&](int64_t out, int64_t in, double density, int64_t images, int64_t pixels, int bytes = 4,
+                        bool tf32 = true) {
+    const ChannelsFirstProblem p{out, in, int64_t(density * double(out * in)), images, pixels, bytes, tf32};
+    return plan_channels_first(p, h200);
+  };
+  // float64 (no measured rates) and empty problems: in place.
+  EXPECT_EQ(path(1024, 1024, 0.1, 64, 7 * 7, 8), ChannelsFirstPath::kInPlace);
+  EXPECT_EQ(path(1024, 1024, 0.1, 0, 7 * 7), ChannelsFirstPath::kInPlace);
+  EXPECT_EQ(path(1024, 1024, 0.0, 64, 7 * 7), ChannelsFirstPath::kInPlace);
+  // MobileNetV1's pointwise layers at 90% (bench/results/conv_paths_nvidia_h200.md): one image of
+  // width 1 in place; 64 images through cuDNN on the expanded W; the 7 x 7 layers of width 2 at one
+  // image as pixel rows (an expansion of 8-16 MiB costs more than the product).
+  EXPECT_EQ(path(512, 512, 0.1, 1, 14 * 14), ChannelsFirstPath::kInPlace);
+  EXPECT_EQ(path(256, 128, 0.1, 1, 28 * 28, 2), ChannelsFirstPath::kInPlace);
+  EXPECT_EQ(path(256, 256, 0.1, 64, 28 * 28), ChannelsFirstPath::kDenseBlocks);
+  EXPECT_EQ(path(256, 256, 0.1, 64, 56 * 56, 2), ChannelsFirstPath::kDenseBlocks);
+  EXPECT_EQ(path(2048, 2048, 0.1, 64, 7 * 7), ChannelsFirstPath::kDenseBlocks);
+  EXPECT_EQ(path(2048, 2048, 0.1, 1, 7 * 7), ChannelsFirstPath::kPixelRows);
+  EXPECT_EQ(path(2048, 1024, 0.1, 1, 7 * 7, 2), ChannelsFirstPath::kPixelRows);
+  // Without TF32 the fp32 convolution is slower, so dense blocks are taken less often.
+  int with_tf32 = 0, without = 0;
+  for (const int64_t c : {64, 128, 256, 512, 1024, 2048})
+    for (const int64_t side : {7, 14, 28, 56})
+      for (const int64_t images : {1, 8, 64}) {
+        with_tf32 += path(c, c, 0.1, images, side * side) == ChannelsFirstPath::kDenseBlocks;
+        without += path(c, c, 0.1, images, side * side, 4, false) == ChannelsFirstPath::kDenseBlocks;
+      }
+  EXPECT_GT(with_tf32, without);
+  // Blocks of dense W: all of it where the images hold as many values, else a multiple of 64 rows
+  // (at least 64, at most all) that they hold.
+  EXPECT_EQ(channels_first_block_rows({1024, 1024, 104858, 64, 49, 4, false}), 1024);
+  EXPECT_EQ(channels_first_block_rows({1024, 1024, 104858, 1, 49, 4, false}), 64);
+  EXPECT_EQ(channels_first_block_rows({1024, 1024, 104858, 2, 300, 4, false}), 576);
+  EXPECT_EQ(channels_first_block_rows({40, 16, 64, 1, 9, 4, false}), 40);
+  EXPECT_EQ(channels_first_block_rows({40, 16, 64, 0, 9, 4, false}), 40);
+}
+
 }  // namespace
 }  // namespace snack::test

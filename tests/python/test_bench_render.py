@@ -3,7 +3,7 @@ target, and where the floor target is missed, the row-by-row evidence."""
 
 import pytest
 
-from bench import cpu, host, spmm, tile_view_splits
+from bench import conv_paths, cpu, host, spmm, tile_view_splits
 from snack import benchmark
 
 
@@ -166,3 +166,21 @@ def test_cpu_benchmark_runs_and_checks_the_planners_choice(tmp_path):
     _, results = benchmark.read_csv(tmp_path / "spmm_cpu.csv")
     assert {r["impl"] for r in results} == {"dense", "snack", "snack_loops", "snack_dense_blocks"}
     assert all(float(r["median_us"]) > 0 for r in results)
+
+
+def test_conv_paths_report_names_the_planners_path_against_the_fastest(tmp_path):
+    # MobileNetV1's distinct pointwise layers at width 1 (the last five 512 -> 512 blocks are one row).
+    layers = conv_paths.pointwise_layers(1.0)
+    assert layers[0] == (32, 64, 112) and layers[-1] == (1024, 1024, 7) and len(layers) == 9
+    info = {"gpu": "Test GPU", "commit": "0123456789"}
+    rows = [dict(width=1.0, batch=64, dtype="fp32", in_channels=256, out_channels=256, side=28, plan="dense_blocks",
+                 snack_us=90.0, in_place_us=250.0, pixel_rows_us=330.0, dense_blocks_us=88.0, cudnn_us=85.0),
+            dict(width=1.0, batch=1, dtype="bf16", in_channels=1024, out_channels=1024, side=7, plan="in_place",
+                 snack_us=18.0, in_place_us=18.0, pixel_rows_us=12.0, dense_blocks_us=20.0, cudnn_us=15.0)]
+    conv_paths.write_report(tmp_path / "conv_paths_test_gpu", info, rows)
+    md = (tmp_path / "conv_paths_test_gpu.md").read_text()
+    assert "| 1 | 64 | fp32 | 256->256 | 28 | dense_blocks | 90.0 | 250.0 | 330.0 | 88.0 | 85.0 | 1.00 | 0.94x |" in md
+    assert "| 1.50 | 0.83x |" in md  # in place, 18 us, against the pixel rows' 12
+    assert "within 10% of the fastest in 1 of 2 rows" in md
+    _, back = benchmark.read_csv(tmp_path / "conv_paths_test_gpu.csv", int_columns=("batch",))
+    assert [r["plan"] for r in back] == ["dense_blocks", "in_place"]

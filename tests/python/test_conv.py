@@ -13,6 +13,15 @@ import snack
 from helpers import Weight, assert_close, assert_same_values, ops, poison_cache
 
 
+@pytest.fixture(autouse=True)
+def exact_float32_convolutions():
+    # The dense path of NCHW inference is cuDNN's convolution, which rounds float32 to TF32 where
+    # torch.backends.cudnn.allow_tf32 lets it (PyTorch's default), as nn.Conv2d does; the float64
+    # comparisons here want float32 products.
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield
+
+
 def conv_ref(layer, x):
     """F.conv2d with the layer's dense weight in float64 on the CPU, and the same with magnitudes (the scale)."""
     w = layer.to_dense().detach().double().cpu()[:, :, None, None]
@@ -58,6 +67,9 @@ CHANNELS_FIRST_CASES = [
 ]
 
 
+CHANNELS_FIRST_PATHS = ("auto",) + snack.CHANNELS_FIRST_PATHS
+
+
 def channels_first_ref(w, x, bias, activation):
     """act(W x + b) per image in float64 on the CPU, and its scale (the sum of the terms' magnitudes)."""
     x64, b64 = x.double().cpu(), bias.double().cpu()[None, :, None]
@@ -80,12 +92,15 @@ def test_spmm_channels_first(device, case, dtype, activation):
     x, bias = w.randn(images, k, pixels, seed=3), w.randn(m, seed=4)
     if device.type == "cuda":
         poison_cache(device)
-    y = ops.spmm_channels_first(x, w.values, w.tensors, bias, activation)
-    assert y.shape == (images, m, pixels) and y.dtype == dtype
     ref, scale = channels_first_ref(w, x, bias, activation)
-    assert_close(y, ref, scale, dtype, f"{case} {activation}")
-    for _ in range(2):
-        assert torch.equal(ops.spmm_channels_first(x, w.values, w.tensors, bias, activation), y), "not reproducible"
+    # Every path on CUDA (the CPU has one and ignores the name), each reproducible.
+    for variant in CHANNELS_FIRST_PATHS if device.type == "cuda" else ("auto", "dense_blocks"):
+        y = ops.spmm_channels_first(x, w.values, w.tensors, bias, activation, variant)
+        assert y.shape == (images, m, pixels) and y.dtype == dtype and y.is_contiguous()
+        assert_close(y, ref, scale, dtype, f"{case} {activation} {variant}")
+        for _ in range(2):
+            assert torch.equal(ops.spmm_channels_first(x, w.values, w.tensors, bias, activation, variant), y), \
+                f"{variant} not reproducible"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -95,11 +110,14 @@ def test_spmm_channels_first_unaligned_and_strided_inputs(device, dtype):
     w = Weight(24, 10, 90, device=device, dtype=dtype, seed=5)
     flat = w.randn(2 * 10 * 64 + 1, seed=6)
     x = flat[1:].view(2, 10, 64)
-    ref, scale = channels_first_ref(w, x, torch.zeros(24), "none")
-    assert_close(ops.spmm_channels_first(x, w.values, w.tensors), ref, scale, dtype, "unaligned")
     wide = w.randn(2, 10, 128, seed=7)
-    ref, scale = channels_first_ref(w, wide[:, :, ::2], torch.zeros(24), "none")
-    assert_close(ops.spmm_channels_first(wide[:, :, ::2], w.values, w.tensors), ref, scale, dtype, "strided")
+    for variant in CHANNELS_FIRST_PATHS:
+        ref, scale = channels_first_ref(w, x, torch.zeros(24), "none")
+        assert_close(ops.spmm_channels_first(x, w.values, w.tensors, variant=variant), ref, scale, dtype,
+                     f"unaligned {variant}")
+        ref, scale = channels_first_ref(w, wide[:, :, ::2], torch.zeros(24), "none")
+        assert_close(ops.spmm_channels_first(wide[:, :, ::2], w.values, w.tensors, variant=variant), ref, scale,
+                     dtype, f"strided {variant}")
 
 
 def test_spmm_channels_first_errors(device):
@@ -112,6 +130,8 @@ def test_spmm_channels_first_errors(device):
         ops.spmm_channels_first(w.randn(1, 6, 4).double(), w.values, w.tensors)
     with pytest.raises(ValueError, match="bias"):
         ops.spmm_channels_first(w.randn(1, 6, 4), w.values, w.tensors, w.randn(4))
+    with pytest.raises(ValueError, match="unknown variant 'dense'.*in_place, pixel_rows, dense_blocks"):
+        ops.spmm_channels_first(w.randn(1, 6, 4), w.values, w.tensors, variant="dense")
 
 
 @pytest.mark.parametrize("shape,stride", [((3, 13, 5, 7), 1), ((1, 5, 9, 4), 2), ((2, 8, 1, 1), 1),
@@ -137,18 +157,39 @@ def test_nchw_inference_reads_the_images_in_place(device, shape, stride, dtype):
     assert_close(trained, ref, scale, dtype, f"{shape} stride {stride} under autograd")
 
 
+def test_nchw_inference_path_is_the_planners(device):
+    # A SparseConv2d's NCHW inference runs the path snack.explain names: in place for a small product
+    # (always on the CPU), the dense blocks or the pixel rows for a large one on CUDA; each path is
+    # the convolution, in the contiguous format.
+    layer = snack.SparseConv2d(256, 96, density=0.1, generator=torch.Generator().manual_seed(4)).to(device)
+    for images, side in ((1, 3), (32, 28)):
+        plan = snack.explain(layer, images * side * side, op="channels_first")
+        assert plan.variant == "in_place" if device.type == "cpu" or images == 1 else plan.variant != "in_place"
+        assert plan.reason == ("cpu_rule" if device.type == "cpu" else "planner")
+        x = torch.randn(images, 256, side, side, device=device)
+        with torch.no_grad():
+            y = layer(x)
+        ref, scale = conv_ref(layer, x)
+        assert_close(y, ref, scale, torch.float32, f"{images} images of {side}x{side}, {plan.variant}")
+        assert y.is_contiguous()
+    forced = snack.explain(layer, 10, op="channels_first", variant="dense_blocks")
+    assert (forced.variant, forced.reason) == ("in_place" if device.type == "cpu" else "dense_blocks", "forced")
+
+
 @pytest.mark.cuda
-def test_nchw_inference_of_large_products_transposes():
-    # Above snack.CHANNELS_FIRST_MAX_PRODUCT multiply-adds a CUDA NCHW input takes the product over
-    # pixels as rows between two transposes: the same function.
-    layer = snack.SparseConv2d(256, 96, density=1.0, generator=torch.Generator().manual_seed(4)).cuda()
-    x = torch.randn(2, 256, 24, 30, device="cuda")
-    assert layer.nnz * 2 * 24 * 30 > snack.CHANNELS_FIRST_MAX_PRODUCT
-    with torch.no_grad():
-        y = layer(x)
-    ref, scale = conv_ref(layer, x)
-    assert_close(y, ref, scale, torch.float32, "large product")
-    assert y.is_contiguous()
+def test_dense_path_follows_cudnn_tf32():
+    # With TF32 allowed the dense path rounds float32 as nn.Conv2d does; the in-place kernel never does.
+    w = Weight(96, 512, 5000, device="cuda", seed=9)
+    x = w.randn(2, 512, 300, seed=10)
+    ref, scale = channels_first_ref(w, x, torch.zeros(96), "none")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        rounded = ops.spmm_channels_first(x, w.values, w.tensors, variant="dense_blocks")
+        in_place = ops.spmm_channels_first(x, w.values, w.tensors, variant="in_place")
+    exact = ops.spmm_channels_first(x, w.values, w.tensors, variant="dense_blocks")
+    assert_close(exact, ref, scale, torch.float32, "dense, TF32 off")
+    assert_close(in_place, ref, scale, torch.float32, "in place, TF32 on")
+    assert_close(rounded, ref, scale, torch.bfloat16, "dense, TF32 on")  # 10 mantissa bits: within bf16 tolerances
+    assert not torch.equal(rounded, exact)
 
 
 def test_unbatched_input_and_errors():
