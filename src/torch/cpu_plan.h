@@ -27,17 +27,19 @@ constexpr int64_t kCpuDenseBlockMinWeights = 1 << 16;  // smaller layers: the lo
 
 inline bool is_16_bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
-// The densities from which the dense blocks are faster, per product and value type: measured on
-// 3072x768 and 4096x4096 at N = 64 and 256 with both paths forced (bench/results/spmm_cpu.md has
-// the planner's choice beside dense). The 16-bit GEMMs of ATen's CPU backend ran at about twice
-// float32's rate there, so they pay from lower densities; a CPU with other GEMM rates moves the
-// crossings, which `variant=` lets a user force either way.
-inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t) {
-  const bool half = is_16_bit(t);
+// The densities from which the dense blocks are faster, per product, value type and batch: measured
+// on 768x3072, 3072x768 and 4096x4096 at N = 128 and 512 with both paths forced
+// (bench/results/spmm_cpu.md has the planner's choice beside dense). The loops gain on the GEMM as
+// the batch shrinks, so the forward and dX cross later below N = 256. ATen's 16-bit GEMMs on the
+// CPU ran at about twice float32's rate, so they pay from lower densities; dX runs its 16-bit blocks
+// in float. A CPU with other GEMM rates moves the crossings, which `variant=` lets a user force
+// either way.
+inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t, int64_t n) {
+  const bool half = is_16_bit(t), small = n < 256;
   switch (product) {
-    case CpuProduct::kForward: return half ? 0.3 : 0.5;
-    case CpuProduct::kTransposed: return 0.3;  // 16-bit operands too: their blocks run in float
-    default: return half ? 0.1 : 0.25;
+    case CpuProduct::kForward: return half ? 0.3 : small ? 0.6 : 0.5;
+    case CpuProduct::kTransposed: return small ? 0.4 : 0.3;
+    default: return half ? 0.2 : 0.4;
   }
 }
 
@@ -60,7 +62,7 @@ inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, C
   if (n < kCpuDenseBlockMinBatch || p.rows * p.cols < kCpuDenseBlockMinWeights) return false;
   // The forward with GELU on 16-bit values would run its blocks in float, at float's GEMM rate.
   if (act == Activation::kGELU && is_16_bit(t)) return false;
-  return double(p.nnz) >= cpu_dense_block_density(product, t) * double(p.rows) * double(p.cols);
+  return double(p.nnz) >= cpu_dense_block_density(product, t, n) * double(p.rows) * double(p.cols);
 }
 
 // Rows of W per dense block of a layer of `cols` inputs at a batch of n: as many as the batch's rows,
