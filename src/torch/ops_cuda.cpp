@@ -185,7 +185,7 @@ at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at
   if (path == ChannelsFirstPath::kAuto) path = plan_channels_first(problem, cuda_device_limits(in.p.device.index()));
   if (path == ChannelsFirstPath::kPixelRows) {  // [B, K, P] -> [B P, K], the forward, and back
     SpmmInputs rows = in;
-    rows.x = in.x.transpose(1, 2).reshape({batch * pixels, in.p.cols});
+    rows.x = in.x.transpose(1, 2).reshape({batch * pixels, in.p.cols}).contiguous();  // one image: a view
     const at::Tensor y = std::get<0>(forward(rows, values, spmm_variant_arg("auto", false, op), false, op));
     return y.view({batch, pixels, in.p.rows}).transpose(1, 2).contiguous();
   }
