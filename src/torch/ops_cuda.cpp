@@ -142,6 +142,9 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 at::Tensor channels_first_dense_blocks(const SpmmInputs& in, const at::Tensor& values,
                                        const ChannelsFirstProblem& problem, const char* op) {
   const int64_t rows = std::max<int64_t>(channels_first_block_rows(problem), 1), batch = problem.batch;
+  // GELU on 16-bit values: the convolution in float32, so that the output is rounded once, as the
+  // kernels' is (the planner does not take this path for it).
+  const bool widen = in.act == Activation::kGELU && values.element_size() == 2;
   const at::Tensor images = in.x.view({batch, in.p.cols, problem.pixels, 1});
   const at::Tensor block = at::empty({rows, in.p.cols, 1, 1}, values.options());
   at::Tensor y;
@@ -158,17 +161,20 @@ at::Tensor channels_first_dense_blocks(const SpmmInputs& in, const at::Tensor& v
     });
     const std::optional<at::Tensor> b = in.bias ? std::optional<at::Tensor>(in.bias->narrow(0, first, count))
                                                 : std::nullopt;
-    const at::Tensor part = at::conv2d(images, block.narrow(0, 0, count), b).view({batch, count, problem.pixels});
+    const at::Tensor w = block.narrow(0, 0, count);
+    at::Tensor part = widen ? at::conv2d(images.to(at::kFloat), w.to(at::kFloat), b ? b->to(at::kFloat) : b)
+                            : at::conv2d(images, w, b);
+    if (in.act == Activation::kReLU) part.relu_();
+    if (in.act == Activation::kGELU) part = at::gelu(part);  // the exact (erf) GELU, as the kernels'
+    part = part.view({batch, count, problem.pixels});
     if (count == in.p.rows) {
-      y = part.contiguous();
+      y = part.to(values.scalar_type()).contiguous();
     } else {
       if (!y.defined()) y = at::empty({batch, in.p.rows, problem.pixels}, values.options());
       y.narrow(1, first, count).copy_(part);
     }
   }
   if (!y.defined()) y = at::empty({batch, in.p.rows, problem.pixels}, values.options());  // no outputs
-  if (in.act == Activation::kReLU) y.relu_();
-  if (in.act == Activation::kGELU) y.copy_(at::gelu(y));  // the exact (erf) GELU, as the kernels'
   return y;
 }
 
@@ -182,7 +188,13 @@ at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at
   const int64_t batch = in.x.size(0), pixels = in.x.size(2);
   const ChannelsFirstProblem problem{in.p.rows, in.p.cols, in.p.nnz, batch, pixels, int(values.element_size()),
                                      at::globalContext().allowTF32CuDNN()};
-  if (path == ChannelsFirstPath::kAuto) path = plan_channels_first(problem, cuda_device_limits(in.p.device.index()));
+  if (path == ChannelsFirstPath::kAuto) {
+    path = plan_channels_first(problem, cuda_device_limits(in.p.device.index()));
+    // GELU on 16-bit values would take the dense blocks' convolution in float32: the product over
+    // pixel rows, which applies it to the float sums, instead.
+    if (path == ChannelsFirstPath::kDenseBlocks && in.act == Activation::kGELU && values.element_size() == 2)
+      path = ChannelsFirstPath::kPixelRows;
+  }
   if (path == ChannelsFirstPath::kPixelRows) {  // [B, K, P] -> [B P, K], the forward, and back
     SpmmInputs rows = in;
     rows.x = in.x.transpose(1, 2).reshape({batch * pixels, in.p.cols}).contiguous();  // one image: a view
