@@ -780,7 +780,8 @@ namespace {
 // output channel and tile of pixels; layers of 64-128 channels over many pixels). Dense: the
 // expansion (~1.2 TB/s written), cuDNN's read of W (~3 TB/s), its pass over the activations (~1.4
 // TB/s in fp32, ~0.9 in 16 bits on NCHW) and its arithmetic (~250 TFLOP/s in 16 bits, ~200 with
-// TF32, ~50 in fp32). Pixel rows: two transposes (~0.5 TB/s each way, strided) around the linear
+// TF32, ~50 in fp32), and ~12 us for each block of W after the first (one image of 7 x 7 pixels
+// holds the values of 49 of W's rows: a 1024 x 1024 layer then takes 16 blocks, ~200 us). Pixel rows: two transposes (~0.5 TB/s each way, strided) around the linear
 // product (dense_blocks.h's estimates, their ~10 us of launches counted here as the path's kernels).
 struct ChannelsFirstRates {
   double first_kernel_us = 8.0;
@@ -794,6 +795,7 @@ struct ChannelsFirstRates {
   double conv_tflops_tf32 = 200.0;
   double conv_tflops_fp32 = 50.0;
   double transpose_gbs = 500.0;
+  double dense_block_us = 12.0;  // each block after the first: its expansion and cuDNN's launches
   int reference_sms = 132;
 };
 constexpr ChannelsFirstRates kChannelsFirstRates{};
@@ -814,7 +816,8 @@ ChannelsFirstPath plan_channels_first(const ChannelsFirstProblem& p, const Devic
   const double dense = r.first_kernel_us + 2.0 * r.next_kernel_us +  // the expansion, cuDNN's kernels
                        (weight_bytes / r.expand_gbs + weight_bytes / r.weight_read_gbs +
                         activation_bytes / r.conv_activation_gbs[p.value_bytes == 2]) / (1e3 * scale) +
-                       2.0 * weight_bytes / bytes * double(n) / (conv_tflops * 1e6 * scale);
+                       2.0 * weight_bytes / bytes * double(n) / (conv_tflops * 1e6 * scale) +
+                       double(ceil_div(p.out_channels, channels_first_block_rows(p)) - 1) * r.dense_block_us;
   const detail::DenseBlocksProblem product{detail::DenseBlocksOp::kForward, p.out_channels, p.in_channels, p.nnz, n,
                                            p.value_bytes, false};
   const double linear = n >= kDenseBlockMinRows ? std::min(detail::sparse_us(product, limits),

@@ -97,7 +97,10 @@ def test_spmm_channels_first(device, case, dtype, activation):
     for variant in CHANNELS_FIRST_PATHS if device.type == "cuda" else ("auto", "dense_blocks"):
         y = ops.spmm_channels_first(x, w.values, w.tensors, bias, activation, variant)
         assert y.shape == (images, m, pixels) and y.dtype == dtype and y.is_contiguous()
-        assert_close(y, ref, scale, dtype, f"{case} {activation} {variant}")
+        # cuDNN's 16-bit convolution rounds its sums before the bias: nn.Conv2d's own error, up to twice
+        # the kernels' (one rounding).
+        wider = 2 if variant == "dense_blocks" and dtype in (torch.bfloat16, torch.float16) else 1
+        assert_close(y, ref, wider * scale, dtype, f"{case} {activation} {variant}")
         for _ in range(2):
             assert torch.equal(ops.spmm_channels_first(x, w.values, w.tensors, bias, activation, variant), y), \
                 f"{variant} not reproducible"
