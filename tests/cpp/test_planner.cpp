@@ -994,6 +994,10 @@ TEST(Planner, ChannelsFirstRules) {
   EXPECT_EQ(path(2048, 2048, 0.1, 64, 7 * 7), ChannelsFirstPath::kDenseBlocks);
   EXPECT_EQ(path(2048, 2048, 0.1, 1, 7 * 7), ChannelsFirstPath::kPixelRows);
   EXPECT_EQ(path(2048, 1024, 0.1, 1, 7 * 7, 2), ChannelsFirstPath::kPixelRows);
+  EXPECT_EQ(path(1024, 1024, 0.1, 64, 7 * 7, 2), ChannelsFirstPath::kPixelRows);  // cuDNN slow there in bf16
+  // One image of 7 x 7 holds 49 of W's rows: a dense path of many blocks is never taken.
+  EXPECT_NE(path(1024, 512, 0.1, 1, 7 * 7), ChannelsFirstPath::kDenseBlocks);
+  EXPECT_NE(path(1024, 1024, 0.1, 1, 14 * 14), ChannelsFirstPath::kDenseBlocks);
   // Without TF32 the fp32 convolution is slower, so dense blocks are taken less often.
   int with_tf32 = 0, without = 0;
   for (const int64_t c : {64, 128, 256, 512, 1024, 2048})
