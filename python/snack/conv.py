@@ -47,8 +47,8 @@ class SparseConv2d(SparseLinear):
     ``channels_last`` input is read in place, its pixels being rows of channels. Where nothing needs
     a gradient (inference) an NCHW input goes to ``snack.ops.spmm_channels_first``, whose planner
     reads the images in place (each output channel a sum of whole input channels; on the CPU always),
-    multiplies them by the weight expanded into blocks of output channels (one batched GEMM per block,
-    large products) or runs the product over pixels as rows between two transposes; under autograd
+    runs cuDNN's convolution on the weight expanded a block of output channels at a time (large
+    products) or runs the product over pixels as rows between two transposes; under autograd
     an NCHW input is transposed into the channels-last layout (one copy) and trains as a
     SparseLinear. The output has the input's memory format.
 

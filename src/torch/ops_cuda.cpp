@@ -138,15 +138,15 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 
 // kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each
 // multiplied by cuDNN's 1x1 convolution over the images where they lie (as nn.Conv2d: float32 follows
-// torch.backends.cudnn.allow_tf32), written into y's channels; the activation over y last.
+// torch.backends.cudnn.allow_tf32), its activation applied, written into y's channels.
 at::Tensor channels_first_dense_blocks(const SpmmInputs& in, const at::Tensor& values,
                                        const ChannelsFirstProblem& problem, const char* op) {
   const int64_t rows = std::max<int64_t>(channels_first_block_rows(problem), 1), batch = problem.batch;
   // GELU on 16-bit values: the convolution in float32, so that the output is rounded once, as the
   // kernels' is (the planner does not take this path for it).
   const bool widen = in.act == Activation::kGELU && values.element_size() == 2;
-  // The pixels as a near-square image (a 1x1 convolution does not see the shape): cuDNN's choice of
-  // algorithm for a 7 x 7 image in bf16 ran 3-4x faster than for the same 49 pixels in a column.
+  // The pixels as a near-square image (a 1x1 convolution does not see the shape): nn.Conv2d on 7 x 7
+  // bf16 images ran 3-4x faster than this convolution of the same 49 pixels as a column.
   int64_t height = 1;
   for (int64_t h = 1; h * h <= problem.pixels; ++h)
     if (problem.pixels % h == 0) height = h;

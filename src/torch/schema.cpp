@@ -32,7 +32,7 @@ TORCH_LIBRARY(snack, m) {
   // dv[s] = sum_n dy[n, row(s)] * x[n, col(s)]: -> [nnz], the weight gradient at the stored slots.
   // variant: "auto" or a CUDA kernel: slot, vector, rows (the CPU ignores it).
   m.def("sddmm(Tensor dy, Tensor x, Tensor[] pattern, str variant=\"auto\") -> Tensor");
-  // The forward on channels-first activations, a 1x1 convolution on NCHW images read in place:
+  // The forward on channels-first activations, a 1x1 convolution on NCHW images:
   // x [B, K, P] -> y [B, M, P], y[b, r, p] = act(sum_{s in row r} values[s] x[b, col(s), p] (+ bias[r])).
   // No autograd (inference; snack.SparseConv2d trains through spmm on pixels as rows). variant: "auto"
   // (the planner), "in_place", "pixel_rows" or "dense_blocks" (snack/spmm.h, ChannelsFirstPath); the
