@@ -140,6 +140,7 @@ struct ChannelsFirstProblem {
   int64_t pixels = 0;
   int value_bytes = 4;
   bool tf32 = false;  ///< float32 convolutions may round to TF32 (torch.backends.cudnn.allow_tf32)
+  Activation act = Activation::kNone;  ///< fused into the product
 };
 
 /// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the

@@ -60,14 +60,14 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
     """The plan of one product of ``layer`` (a SparseLinear) for a batch of ``n`` rows: ``op`` is
     "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM); "channels_first" is the path of a
     SparseConv2d's inference on NCHW images (``variant`` "in_place", "pixel_rows" or "dense_blocks":
-    ``snack.ops.spmm_channels_first``; GELU on 16-bit values takes the pixel rows where this names the
-    dense blocks), ``n`` their pixels in all (images x pixels per image). ``dtype``: the dtype the
-    product runs in, where it is not the values' (``torch.bfloat16`` under
-    ``torch.autocast(dtype=torch.bfloat16)``)."""
+    ``snack.ops.spmm_channels_first``), ``n`` their pixels in all (images x pixels per image). The
+    layer's fused activation is planned for as its forward plans it. ``dtype``: the dtype the product
+    runs in, where it is not the values' (``torch.bfloat16`` under ``torch.autocast(dtype=torch.bfloat16)``)."""
     values = layer.values.detach()
     if dtype is not None and dtype != values.dtype:
         values = values.new_empty(values.shape, dtype=dtype)  # the planner reads its dtype, not its contents
-    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant))
+    activation = getattr(layer, "activation", "none")
+    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant, activation))
 
 
 # The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).

@@ -827,6 +827,9 @@ ChannelsFirstPath plan_channels_first(const ChannelsFirstProblem& p, const Devic
                             2.0 * activation_bytes / (r.transpose_gbs * 1e3 * scale) + linear -
                             detail::kDenseBlocksRates.sparse_fixed_us;
   if (in_place <= dense && in_place <= pixel_rows) return ChannelsFirstPath::kInPlace;
+  // GELU on 16-bit values: the dense path would convolve in float32 to round once (cuDNN rounds its
+  // 16-bit sums); the pixel rows apply it to the float sums.
+  if (p.value_bytes == 2 && p.act == Activation::kGELU) return ChannelsFirstPath::kPixelRows;
   // 16-bit images of fewer than 64 pixels: cuDNN's convolution ran 2.3-4.2x slower than the pixel
   // rows there (bf16, 7 x 7, 64 images of 1024 channels: 166 against 52 us; measured with the pixels
   // passed as one column, before they were passed as a near-square image).

@@ -103,11 +103,14 @@ Activation activation_arg(c10::string_view name, const char* op) {
 namespace {
 std::atomic<int> g_default_variant{static_cast<int>(SpmmVariant::kAuto)};
 
-std::string spmm_variant_list() {
+// "auto, " and the names of `values` (an enum's values but kAuto), for the errors of unknown names.
+template <typename E>
+std::string names_with_auto(const std::vector<E>& values, const char* (*name)(E)) {
   std::string names = "auto";
-  for (SpmmVariant v : spmm_variants()) names += std::string(", ") + spmm_variant_name(v);
+  for (E v : values) names += std::string(", ") + name(v);
   return names;
 }
+std::string spmm_variant_list() { return names_with_auto(spmm_variants(), &spmm_variant_name); }
 }  // namespace
 
 SpmmVariant spmm_variant_arg(c10::string_view name, bool transposed, const char* op) {
@@ -126,12 +129,7 @@ SpmmVariant spmm_variant_arg(c10::string_view name, bool transposed, const char*
 ChannelsFirstPath channels_first_path_arg(c10::string_view name, const char* op) {
   ChannelsFirstPath path = ChannelsFirstPath::kAuto;
   TORCH_CHECK_VALUE(parse_channels_first_path(std::string(name), &path), "snack.", op, ": unknown variant '", name,
-                    "' (expected auto, ", [] {
-                      std::string names;
-                      for (ChannelsFirstPath p : channels_first_paths())
-                        names += std::string(names.empty() ? "" : ", ") + channels_first_path_name(p);
-                      return names;
-                    }(), ")");
+                    "' (expected ", names_with_auto(channels_first_paths(), &channels_first_path_name), ")");
   return path;
 }
 
@@ -172,7 +170,7 @@ void set_default_csc_read(c10::string_view name) {
 SddmmVariant sddmm_variant_arg(c10::string_view name, const char* op) {
   SddmmVariant variant = SddmmVariant::kAuto;
   TORCH_CHECK_VALUE(parse_sddmm_variant(std::string(name), &variant), "snack.", op, ": unknown variant '", name,
-                    "' (expected auto, slot, vector or rows)");
+                    "' (expected ", names_with_auto(sddmm_variants(), &sddmm_variant_name), ")");
   return variant;
 }
 

@@ -142,15 +142,16 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 at::Tensor channels_first_dense_blocks(const SpmmInputs& in, const at::Tensor& values,
                                        const ChannelsFirstProblem& problem, const char* op) {
   const int64_t rows = std::max<int64_t>(channels_first_block_rows(problem), 1), batch = problem.batch;
-  // GELU on 16-bit values: the convolution in float32, so that the output is rounded once, as the
-  // kernels' is (the planner does not take this path for it).
+  // GELU on 16-bit values (forced: the planner takes the pixel rows): the convolution in float32, so
+  // that the output is rounded once, as the kernels' is.
   const bool widen = in.act == Activation::kGELU && values.element_size() == 2;
   // The pixels as a near-square image (a 1x1 convolution does not see the shape): nn.Conv2d on 7 x 7
   // bf16 images ran 3-4x faster than this convolution of the same 49 pixels as a column.
   int64_t height = 1;
   for (int64_t h = 1; h * h <= problem.pixels; ++h)
     if (problem.pixels % h == 0) height = h;
-  const at::Tensor images = in.x.view({batch, in.p.cols, height, problem.pixels / std::max<int64_t>(height, 1)});
+  at::Tensor images = in.x.view({batch, in.p.cols, height, problem.pixels / std::max<int64_t>(height, 1)});
+  if (widen) images = images.to(at::kFloat);
   const at::Tensor block = at::empty({rows, in.p.cols, 1, 1}, values.options());
   at::Tensor y;
   for (int64_t first = 0; first < in.p.rows; first += rows) {
@@ -167,8 +168,7 @@ at::Tensor channels_first_dense_blocks(const SpmmInputs& in, const at::Tensor& v
     const std::optional<at::Tensor> b = in.bias ? std::optional<at::Tensor>(in.bias->narrow(0, first, count))
                                                 : std::nullopt;
     const at::Tensor w = block.narrow(0, 0, count);
-    at::Tensor part = widen ? at::conv2d(images.to(at::kFloat), w.to(at::kFloat), b ? b->to(at::kFloat) : b)
-                            : at::conv2d(images, w, b);
+    at::Tensor part = widen ? at::conv2d(images, w.to(at::kFloat), b ? b->to(at::kFloat) : b) : at::conv2d(images, w, b);
     if (in.act == Activation::kReLU) part.relu_();
     if (in.act == Activation::kGELU) part = at::gelu(part);  // the exact (erf) GELU, as the kernels'
     part = part.view({batch, count, problem.pixels});
@@ -192,14 +192,8 @@ at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t batch = in.x.size(0), pixels = in.x.size(2);
   const ChannelsFirstProblem problem{in.p.rows, in.p.cols, in.p.nnz, batch, pixels, int(values.element_size()),
-                                     at::globalContext().allowTF32CuDNN()};
-  if (path == ChannelsFirstPath::kAuto) {
-    path = plan_channels_first(problem, cuda_device_limits(in.p.device.index()));
-    // GELU on 16-bit values would take the dense blocks' convolution in float32: the product over
-    // pixel rows, which applies it to the float sums, instead.
-    if (path == ChannelsFirstPath::kDenseBlocks && in.act == Activation::kGELU && values.element_size() == 2)
-      path = ChannelsFirstPath::kPixelRows;
-  }
+                                     at::globalContext().allowTF32CuDNN(), in.act};
+  if (path == ChannelsFirstPath::kAuto) path = plan_channels_first(problem, cuda_device_limits(in.p.device.index()));
   if (path == ChannelsFirstPath::kPixelRows) {  // [B, K, P] -> [B P, K], the forward, and back
     SpmmInputs rows = in;
     rows.x = in.x.transpose(1, 2).reshape({batch * pixels, in.p.cols}).contiguous();  // one image: a view

@@ -130,14 +130,14 @@ using ExplainResult = std::tuple<std::string, std::string, int64_t, int64_t, int
 
 // A 1x1 convolution on NCHW images of n pixels in all (images x pixels per image).
 ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg& p, int64_t n,
-                                     c10::string_view variant) {
+                                     c10::string_view variant, Activation act) {
   const ChannelsFirstPath forced = channels_first_path_arg(variant, "explain");
   const char* reason = forced != ChannelsFirstPath::kAuto ? "forced" : values.is_cuda() ? "planner" : "cpu_rule";
   if (!values.is_cuda())
     return {"in_place", reason, 1, 1, 1, 1, 1, 0, 0, false,
             "in_place (cpu): each output channel's slots summed over blocks of 16 pixels of the images"};
   const ChannelsFirstProblem problem{p.rows, p.cols, p.nnz, n, 1, int(values.element_size()),
-                                    at::globalContext().allowTF32CuDNN()};
+                                    at::globalContext().allowTF32CuDNN(), act};
   const ChannelsFirstPath path = forced != ChannelsFirstPath::kAuto
                                      ? forced
                                      : plan_channels_first(problem, cuda_device_limits(values.device().index()));
@@ -159,8 +159,9 @@ ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg&
 }
 
 ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
-                      c10::string_view variant) {
+                      c10::string_view variant, c10::string_view activation) {
   const char* op = "explain";
+  const Activation act = activation_arg(activation, op);
   const std::string which(op_name);
   TORCH_CHECK_VALUE(which == "forward" || which == "input_grad" || which == "weight_grad" || which == "channels_first",
                     "snack.explain: op must be forward, input_grad, weight_grad or channels_first, got '", which, "'");
@@ -168,7 +169,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   const PatternArg p = pattern_arg(pattern, op, forward_only ? PatternNeeds::kForward : PatternNeeds::kAll);
   check_values(values, p, op);
   TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
-  if (which == "channels_first") return explain_channels_first(values, p, n, variant);
+  if (which == "channels_first") return explain_channels_first(values, p, n, variant, act);
   if (!values.is_cuda()) {
     const CpuProduct product = which == "forward"      ? CpuProduct::kForward
                                : which == "input_grad" ? CpuProduct::kTransposed
@@ -177,7 +178,8 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
                              ? cpu_path(sddmm_variant_arg(variant, op))
                              : cpu_path(spmm_variant_arg(variant, product == CpuProduct::kTransposed, op));
     const char* reason = path == CpuPath::kChoose ? "cpu_rule" : "forced";
-    if (cpu_dense_blocks(p, n, values.scalar_type(), product, path)) {
+    if (cpu_dense_blocks(p, n, values.scalar_type(), product, path, product == CpuProduct::kForward ? act
+                                                                                                 : Activation::kNone)) {
       const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
       return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, rows * p.cols * int64_t(values.element_size()), false,
               "dense_blocks (cpu): W expanded " + std::to_string(rows) +

@@ -976,8 +976,8 @@ TEST(Planner, DenseBlocksRules) {
 TEST(Planner, ChannelsFirstRules) {
   const DeviceLimits h200 = DeviceLimits::h200();
   const auto path = [&](int64_t out, int64_t in, double density, int64_t images, int64_t pixels, int bytes = 4,
-                        bool tf32 = true) {
-    const ChannelsFirstProblem p{out, in, int64_t(density * double(out * in)), images, pixels, bytes, tf32};
+                        bool tf32 = true, Activation act = Activation::kNone) {
+    const ChannelsFirstProblem p{out, in, int64_t(density * double(out * in)), images, pixels, bytes, tf32, act};
     return plan_channels_first(p, h200);
   };
   // float64 (no measured rates) and empty problems: in place.
@@ -998,6 +998,10 @@ TEST(Planner, ChannelsFirstRules) {
   // One image of 7 x 7 holds 49 of W's rows: a dense path of many blocks is never taken.
   EXPECT_NE(path(1024, 512, 0.1, 1, 7 * 7), ChannelsFirstPath::kDenseBlocks);
   EXPECT_NE(path(1024, 1024, 0.1, 1, 14 * 14), ChannelsFirstPath::kDenseBlocks);
+  // GELU on 16-bit values: the pixel rows apply it to float sums where the dense path would not.
+  EXPECT_EQ(path(256, 256, 0.1, 64, 56 * 56, 2, true, Activation::kGELU), ChannelsFirstPath::kPixelRows);
+  EXPECT_EQ(path(256, 256, 0.1, 64, 28 * 28, 4, true, Activation::kGELU), ChannelsFirstPath::kDenseBlocks);
+  EXPECT_EQ(path(256, 256, 0.1, 64, 56 * 56, 2, true, Activation::kReLU), ChannelsFirstPath::kDenseBlocks);
   // Without TF32 the fp32 convolution is slower, so dense blocks are taken less often.
   int with_tf32 = 0, without = 0;
   for (const int64_t c : {64, 128, 256, 512, 1024, 2048})

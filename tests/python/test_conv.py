@@ -180,6 +180,18 @@ def test_nchw_inference_path_is_the_planners(device):
 
 
 @pytest.mark.cuda
+def test_gelu_on_16_bit_images_takes_the_pixel_rows():
+    # The dense path would round cuDNN's 16-bit sums before GELU: the planner, and explain with it,
+    # takes the pixel rows, which apply it to the float sums (each path's GELU is checked against
+    # float64 in test_spmm_channels_first).
+    gen = torch.Generator().manual_seed(5)
+    plain = snack.SparseConv2d(256, 256, density=0.1, generator=gen, dtype=torch.bfloat16).cuda()
+    gelu = snack.SparseConv2d(256, 256, density=0.1, generator=gen, dtype=torch.bfloat16, activation="gelu").cuda()
+    assert snack.explain(plain, 64 * 56 * 56, op="channels_first").variant == "dense_blocks"
+    assert snack.explain(gelu, 64 * 56 * 56, op="channels_first").variant == "pixel_rows"
+
+
+@pytest.mark.cuda
 def test_dense_path_follows_cudnn_tf32():
     # With TF32 allowed the dense path rounds float32 as nn.Conv2d does; the in-place kernel never does.
     w = Weight(96, 512, 5000, device="cuda", seed=9)

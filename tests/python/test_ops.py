@@ -199,6 +199,12 @@ def test_cpu_explain_names_the_path():
     assert (loops.variant, loops.reason) == ("cpu", "forced")
     sparse = snack.explain(snack.SparseLinear(512, 256, sparsity=0.95), 128)
     assert sparse.variant == "cpu" and "tiles of 16 rows" in sparse.describe
+    # The layer's fused GELU on 16-bit values keeps the forward in the loops, and explain says so;
+    # the input gradient has no activation.
+    gelu = snack.SparseLinear(512, 256, sparsity=0.3, activation="gelu").to(torch.bfloat16)
+    assert snack.explain(gelu, 128).variant == "cpu"
+    assert snack.explain(gelu.to(torch.float32), 128).variant == "dense_blocks"
+    assert snack.explain(gelu, 128, op="input_grad").variant == "dense_blocks"
 
 
 def test_cpu_baseline_loops():
