@@ -80,5 +80,6 @@ template BatchTiles<float> to_batch_tiles<bfloat16>(const bfloat16*, int64_t, in
 template BatchTiles<float> to_batch_tiles<float16>(const float16*, int64_t, int64_t, float*, int64_t, int64_t);
 template Status check_batch_tiles<float>(const BatchTiles<float>&, int64_t, const char*);
 template Status check_batch_tiles<double>(const BatchTiles<double>&, int64_t, const char*);
+template Status check_batch_tiles<bfloat16>(const BatchTiles<bfloat16>&, int64_t, const char*);
 
 }  // namespace snack::cpu

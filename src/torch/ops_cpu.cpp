@@ -16,6 +16,7 @@
 #include "cpu_plan.h"
 #include "ops_common.h"
 #include "snack/batch_tiles.h"
+#include "snack/bf16_dot.h"
 #include "snack/sddmm.h"
 #include "snack/spmm.h"
 #include "snack/topology.h"
@@ -88,6 +89,21 @@ std::pair<at::Tensor, cpu::BatchTiles<accum_t<T>>> batch_tiles(const at::Tensor&
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     cpu::to_batch_tiles(data_as<T>(x), n, cols, data_as<A>(storage), t0, t1);
+  });
+  return {storage, layout};
+}
+
+// x [n, cols] (bfloat16, contiguous) in 16-bit tiles for the AVX512-BF16 dot products
+// (snack/bf16_dot.h), filled on the intra-op threads.
+std::pair<at::Tensor, cpu::BatchTiles<bfloat16>> batch_tiles16(const at::Tensor& x) {
+  const int64_t n = x.size(0), cols = x.size(1);
+  at::Tensor storage = at::empty({cpu::batch_tiles_numel(n, cols)}, x.options().dtype(at::kBFloat16));
+  const int width = cpu::batch_tile_width(n);
+  const int64_t tiles = (n + width - 1) / width;
+  const cpu::BatchTiles<bfloat16> layout{data_as<bfloat16>(storage), n, cols, width};
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    cpu::to_batch_tiles16(data_as<bfloat16>(x), n, cols, data_as<bfloat16>(storage), t0, t1);
   });
   return {storage, layout};
 }
@@ -318,6 +334,20 @@ at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
         return cpu::gather_rows(w, data_as<T>(g) + a * w.cols, r0 + a, b - a, data_as<T>(dv));
       });
     });
+    return dv;
+  }
+  if (in.dy.scalar_type() == at::kBFloat16 && cpu::has_bf16_dot() && cpu::batch_tile_width(n) >= cpu::kBf16DotMinTile) {
+    // bfloat16 pairs multiplied into float by the CPU's dot products, the tiles kept in 16 bits.
+    const auto [dy_storage, dy_tiles] = batch_tiles16(in.dy);
+    const auto [x_storage, x_tiles] = batch_tiles16(in.x);
+    const int64_t grain = std::max<int64_t>(1024, (int64_t(1) << 15) / std::max<int64_t>(x_tiles.n, 1));
+    throw_if_error(with_pattern(in.p,
+                                [&, &dy_tiles = dy_tiles, &x_tiles = x_tiles](auto w) {
+                                  return parallel_chunks(w.nnz, grain, [&](int64_t s0, int64_t s1) {
+                                    return cpu::sddmm_slots_bf16(w, dy_tiles, x_tiles, data_as<bfloat16>(dv), s0, s1);
+                                  });
+                                }),
+                   op);
     return dv;
   }
   dispatch_value_type(in.dy, op, [&](auto tag) {

@@ -207,6 +207,22 @@ def test_cpu_explain_names_the_path():
     assert snack.explain(gelu, 128, op="input_grad").variant == "dense_blocks"
 
 
+@pytest.mark.parametrize("n", [5, 8, 16, 33, 70])
+@pytest.mark.parametrize("index_dtype", [None, torch.int32], ids=["uint16", "int32"])
+def test_cpu_bf16_weight_gradient(n, index_dtype):
+    """bfloat16 dW on the CPU: where the CPU has AVX512-BF16 (snack/bf16_dot.h), 16-bit tiles of 8 or
+    16 rows and its dot products of bfloat16 pairs (one, three and five tiles: one group of four and
+    a partial one; a slot count that leaves a remainder after the blocks of 8); the loops over float
+    tiles elsewhere. Against float64, repeated bitwise; nnz = 0 writes nothing."""
+    p = Weight(203, 157, 3001, device="cpu", dtype=torch.bfloat16, index_dtype=index_dtype, empty_rows=5, seed=n)
+    dy, x = p.randn(n, 203, seed=1), p.randn(n, 157, seed=2)
+    dv = ops.sddmm(dy, x, p.tensors)
+    assert_close(dv, *p.slot_ref(dy, x), torch.bfloat16)
+    assert torch.equal(ops.sddmm(dy, x, p.tensors), dv)
+    empty = Weight(50, 40, 0, device="cpu", dtype=torch.bfloat16)
+    assert ops.sddmm(empty.randn(n, 50), empty.randn(n, 40), empty.tensors).numel() == 0
+
+
 def test_cpu_baseline_loops():
     """The CPU loops are built twice (baseline ISA, and AVX2 with FMA where the CPU has them); the
     threads test above runs the build this CPU takes, this one the baseline build, in a process
