@@ -17,6 +17,7 @@ per second. Writes bench/results/spmm_cpu.csv, .md and .png.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="fp32,bf16", help="of " + ", ".join(DTYPES))
     parser.add_argument("--min-seconds", type=float, default=0.3, help="time each case for at least this long")
     parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
+    parser.add_argument("--tag", default="", help="results in spmm_cpu_<tag>.* (a variant's run beside the main file)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shapes, args.sparsities, args.batches, args.dtypes = "4096x4096", "0.9", "1,16,128", "fp32"
@@ -169,6 +171,9 @@ def main(argv=None) -> int:
     info = benchmark.provenance(torch.device("cpu"))
     info["cpu"] = benchmark.cpu_name()
     info["threads"] = str(torch.get_num_threads())
+    knobs = [f"{name}={os.environ[name]}" for name in ("SNACK_CPU_BASELINE", "SNACK_CPU_BF16_DOT") if name in os.environ]
+    if knobs:
+        info["environment"] = " ".join(knobs)
     rows = []
     cases = list(grid(args))
     for m, k, n, dt in benchmark.progress(cases, len(cases), "cpu"):
@@ -185,7 +190,7 @@ def main(argv=None) -> int:
                     us = median_us(fn, args.min_seconds)
                     rows.append(dict(op=op, M=m, K=k, N=n, sparsity=s, dtype=dt, impl=impl, median_us=us,
                                      gflops=2 * nnz * n / us / 1e3))
-    stem = args.out / "spmm_cpu"
+    stem = args.out / ("spmm_cpu_" + args.tag if args.tag else "spmm_cpu")
     write_report(stem, info, rows)
     print(stem.with_suffix(".md").read_text())
     return 0

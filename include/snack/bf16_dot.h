@@ -12,7 +12,8 @@
 namespace snack::cpu {
 
 /// Whether this CPU runs AVX512-BF16 dot products (asked once; SNACK_CPU_BASELINE=1 says no, as it
-/// keeps the loops' baseline build).
+/// keeps the loops' baseline build, and SNACK_CPU_BF16_DOT=0 keeps the loops over float tiles, for
+/// measuring one against the other).
 bool has_bf16_dot();
 
 /// The narrowest batch tile sddmm_slots_bf16 runs: a tile row of 8 values is one 16-byte vector.

@@ -23,8 +23,9 @@ bool has_bf16_dot() {
 #if SNACK_CPU_BF16_DOT
   static const bool yes = [] {
     const char* baseline = std::getenv("SNACK_CPU_BASELINE");
+    const char* dot = std::getenv("SNACK_CPU_BF16_DOT");
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
-           !(baseline != nullptr && std::string(baseline) == "1");
+           !(baseline != nullptr && std::string(baseline) == "1") && !(dot != nullptr && std::string(dot) == "0");
   }();
   return yes;
 #else
