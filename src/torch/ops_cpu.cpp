@@ -321,6 +321,19 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   return dx;
 }
 
+// The SDDMM's slots split over the intra-op threads in chunks of at least 1024 (fewer slots per
+// chunk the larger the batch), each chunk's sums by slots(w, s0, s1) -> Status.
+template <typename Pattern, typename F>
+void sddmm_over_threads(const Pattern& p, int64_t n, const char* op, F&& slots) {
+  const int64_t grain = std::max<int64_t>(1024, (int64_t(1) << 15) / std::max<int64_t>(n, 1));
+  throw_if_error(with_pattern(p,
+                              [&](auto w) {
+                                return parallel_chunks(w.nnz, grain,
+                                                       [&](int64_t s0, int64_t s1) { return slots(w, s0, s1); });
+                              }),
+                 op);
+}
+
 // dv = sddmm(dy, x) of checked inputs: dY and X in tiles once, then the slots split over threads;
 // or, on dense blocks, blocks of rows of dY^T X from ATen's GEMM, the stored slots read out of each.
 at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
@@ -340,28 +353,18 @@ at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
     // bfloat16 pairs multiplied into float by the CPU's dot products, the tiles kept in 16 bits.
     const auto [dy_storage, dy_tiles] = batch_tiles16(in.dy);
     const auto [x_storage, x_tiles] = batch_tiles16(in.x);
-    const int64_t grain = std::max<int64_t>(1024, (int64_t(1) << 15) / std::max<int64_t>(x_tiles.n, 1));
-    throw_if_error(with_pattern(in.p,
-                                [&, &dy_tiles = dy_tiles, &x_tiles = x_tiles](auto w) {
-                                  return parallel_chunks(w.nnz, grain, [&](int64_t s0, int64_t s1) {
-                                    return cpu::sddmm_slots_bf16(w, dy_tiles, x_tiles, data_as<bfloat16>(dv), s0, s1);
-                                  });
-                                }),
-                   op);
+    sddmm_over_threads(in.p, n, op, [&, &dy_tiles = dy_tiles, &x_tiles = x_tiles](auto w, int64_t s0, int64_t s1) {
+      return cpu::sddmm_slots_bf16(w, dy_tiles, x_tiles, data_as<bfloat16>(dv), s0, s1);
+    });
     return dv;
   }
   dispatch_value_type(in.dy, op, [&](auto tag) {
     using T = decltype(tag);
     const auto [dy_storage, dy_tiles] = batch_tiles<T>(in.dy);
     const auto [x_storage, x_tiles] = batch_tiles<T>(in.x);
-    const int64_t grain = std::max<int64_t>(1024, (int64_t(1) << 15) / std::max<int64_t>(x_tiles.n, 1));
-    throw_if_error(with_pattern(in.p,
-                                [&, &dy_tiles = dy_tiles, &x_tiles = x_tiles](auto w) {
-                                  return parallel_chunks(w.nnz, grain, [&](int64_t s0, int64_t s1) {
-                                    return cpu::sddmm_slots(w, dy_tiles, x_tiles, data_as<T>(dv), s0, s1);
-                                  });
-                                }),
-                   op);
+    sddmm_over_threads(in.p, n, op, [&, &dy_tiles = dy_tiles, &x_tiles = x_tiles](auto w, int64_t s0, int64_t s1) {
+      return cpu::sddmm_slots(w, dy_tiles, x_tiles, data_as<T>(dv), s0, s1);
+    });
   });
   return dv;
 }
