@@ -270,6 +270,13 @@ Status spmm_channels_first(const SlotPattern<Index>& w, const T* values, const T
 template <typename T, typename Index>
 Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, int64_t count, T* block);
 
+/// Columns [first, first + count) of W, dense: rows [row_begin, row_end) of `block` ([w.rows, count]
+/// row-major, zeros where no slot is stored), each row's entries in the range found by a binary search
+/// of its sorted columns. Rows are independent, so callers may fill a block from several threads.
+template <typename T, typename Index>
+Status expand_columns(const SlotPattern<Index>& w, const T* values, int64_t first, int64_t count, int64_t row_begin,
+                      int64_t row_end, T* block);
+
 /// Output channels [row_begin, row_end) of spmm_channels_first, for every image and pixel, from the
 /// images in T's accumulation type (16-bit images widened first, once for all the channels).
 template <typename T, typename Index>

@@ -120,6 +120,23 @@ Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, 
   return Status::Ok();
 }
 
+template <typename T, typename Index>
+Status expand_columns(const SlotPattern<Index>& w, const T* values, int64_t first, int64_t count, int64_t row_begin,
+                      int64_t row_end, T* block) {
+  SNACK_RETURN_IF_ERROR(check_op(w, 0, values, {{"block", required_if(count * (row_end - row_begin) > 0, block)}},
+                                 PatternNeeds::kForward));
+  SNACK_RETURN_IF_ERROR(check_range(first, first + count, w.cols, "columns"));
+  SNACK_RETURN_IF_ERROR(check_range(row_begin, row_end, w.rows, "rows"));
+  std::fill(block + row_begin * count, block + row_end * count, from_accum<T>(accum_t<T>(0)));
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const Index* last = w.col_idx + w.row_ptr[r + 1];
+    for (const Index* c = std::lower_bound(w.col_idx + w.row_ptr[r], last, Index(first));
+         c < last && int64_t(*c) < first + count; ++c)
+      block[r * count + (int64_t(*c) - first)] = values[c - w.col_idx];
+  }
+  return Status::Ok();
+}
+
 #define SNACK_INSTANTIATE_CPU_SPMM(T, Index)                                                                      \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,        \
                                          Activation);                                                                 \
@@ -131,6 +148,8 @@ Status expand_rows(const SlotPattern<Index>& w, const T* values, int64_t first, 
   template Status spmm_channels_first<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, int64_t,       \
                                                 const T*, T*, Activation);                                             \
   template Status expand_rows<T, Index>(const SlotPattern<Index>&, const T*, int64_t, int64_t, T*);                 \
+  template Status expand_columns<T, Index>(const SlotPattern<Index>&, const T*, int64_t, int64_t, int64_t, int64_t,  \
+                                           T*);                                                                       \
   template Status spmm_channels_first_rows<T, Index>(const SlotPattern<Index>&, const T*, const accum_t<T>*,         \
                                                      int64_t, int64_t, const T*, T*, Activation, int64_t, int64_t);
 

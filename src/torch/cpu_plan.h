@@ -19,7 +19,7 @@ namespace snack::binding {
 // dense block that ATen multiplies; no dense copy of the whole layer is kept. The products are then
 // ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep,
 // and a BLAS may sum in another order on another number of threads, which the loops never do.
-// dX, a sum over blocks, runs 16-bit operands in float (one rounding at the end, float's GEMM rate).
+// dX runs over blocks of W's columns instead, each block of dX one GEMM over all of W's rows.
 enum class CpuProduct { kForward, kTransposed, kWeightGrad };
 constexpr int64_t kCpuDenseBlockMinBatch = 64;         // below it the sparse loops always win
 constexpr int64_t kCpuDenseBlockMinValues = 1 << 20;   // per block at least: smaller GEMMs run slowly

@@ -187,16 +187,30 @@ at::Tensor expanded_rows(const SlotPattern<Index>& w, const at::Tensor& values, 
   return block;
 }
 
-// fn(T{}, w, first, count) for each block of rows of W in order (cpu_block_rows rows at a time), T
-// the value type of `like` and w the pattern's SlotPattern.
+// Columns [first, first + count) of W, dense ([rows, count]), filled on the intra-op threads.
+template <typename T, typename Index>
+at::Tensor expanded_columns(const SlotPattern<Index>& w, const at::Tensor& values, int64_t first, int64_t count) {
+  at::Tensor block = at::empty({w.rows, count}, values.options());
+  throw_if_error(parallel_chunks(w.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(count / 64, 1)),
+                                 [&](int64_t r0, int64_t r1) {
+                                   return cpu::expand_columns(w, data_as<T>(values), first, count, r0, r1,
+                                                              data_as<T>(block));
+                                 }),
+                 "dense block");
+  return block;
+}
+
+// fn(T{}, w, first, count) for each block of rows of W in order (cpu_block_rows rows at a time), or
+// with `columns` of W's columns, T the value type of `like` and w the pattern's SlotPattern.
 template <typename Fn>
-void for_each_row_block(const PatternArg& p, const at::Tensor& like, int64_t n, const char* op, Fn&& fn) {
-  const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
+void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, const char* op, bool columns, Fn&& fn) {
+  const int64_t lines = columns ? p.cols : p.rows;
+  const int64_t per_block = columns ? cpu_block_rows(p.cols, p.rows, n) : cpu_block_rows(p.rows, p.cols, n);
   dispatch_value_type(like, op, [&](auto tag) {
     throw_if_error(with_pattern(p,
                                 [&](auto w) {
-                                  for (int64_t r0 = 0; r0 < w.rows; r0 += rows)
-                                    SNACK_RETURN_IF_ERROR(fn(tag, w, r0, std::min(rows, w.rows - r0)));
+                                  for (int64_t i0 = 0; i0 < lines; i0 += per_block)
+                                    SNACK_RETURN_IF_ERROR(fn(tag, w, i0, std::min(per_block, lines - i0)));
                                   return Status::Ok();
                                 }),
                    op);
@@ -215,7 +229,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
     // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
     const bool gelu_in_float = is_16_bit(values.scalar_type()) && in.act == Activation::kGELU;
     const at::Tensor x_in = gelu_in_float ? in.x.to(at::kFloat) : in.x;
-    for_each_row_block(in.p, values, n, op, [&](auto tag, auto w, int64_t r0, int64_t count) {
+    for_each_block(in.p, values, n, op, false, [&](auto tag, auto w, int64_t r0, int64_t count) {
       at::Tensor wb = expanded_rows<decltype(tag)>(w, values, r0, count);
       std::optional<at::Tensor> b;
       if (in.bias) b = in.bias->narrow(0, r0, count);
@@ -290,17 +304,14 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
   check_contents(in.p, op);
   const int64_t n = in.dy.size(0);
   if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kTransposed, cpu_path(v))) {
-    // The blocks' products are summed in place, blocks in order (a fixed sum); 16-bit operands are
-    // multiplied and summed in float, so that each output is rounded once, at the end.
-    const bool half = is_16_bit(values.scalar_type());
-    const at::Tensor dy_sum = half ? in.dy.to(at::kFloat) : in.dy;
-    at::Tensor dx = at::zeros({n, in.p.cols}, dy_sum.options());
-    for_each_row_block(in.p, values, n, op, [&](auto tag, auto w, int64_t r0, int64_t count) {
-      const at::Tensor wb = expanded_rows<decltype(tag)>(w, values, r0, count);
-      dx.addmm_(dy_sum.narrow(1, r0, count), half ? wb.to(at::kFloat) : wb);
+    // Blocks of W's columns: each block of dX is one GEMM over all of W's rows, in the operands'
+    // dtype (a 16-bit GEMM at its own rate, each output rounded once).
+    at::Tensor dx = at::empty({n, in.p.cols}, values.options());
+    for_each_block(in.p, values, n, op, true, [&](auto tag, auto w, int64_t c0, int64_t count) {
+      dx.narrow(1, c0, count).copy_(at::mm(in.dy, expanded_columns<decltype(tag)>(w, values, c0, count)));
       return Status::Ok();
     });
-    return half ? dx.to(values.scalar_type()) : dx;
+    return dx;
   }
   at::Tensor dx = at::empty({n, in.p.cols}, values.options());
   dispatch_value_type(values, op, [&](auto tag) {
@@ -340,7 +351,7 @@ at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
   at::Tensor dv = at::empty({in.p.nnz}, in.dy.options());
   const int64_t n = in.x.size(0);
   if (cpu_dense_blocks(in.p, n, in.dy.scalar_type(), CpuProduct::kWeightGrad, cpu_path(v))) {
-    for_each_row_block(in.p, in.dy, n, op, [&](auto tag, auto w, int64_t r0, int64_t count) {
+    for_each_block(in.p, in.dy, n, op, false, [&](auto tag, auto w, int64_t r0, int64_t count) {
       using T = decltype(tag);
       const at::Tensor g = at::mm(in.dy.narrow(1, r0, count).t(), in.x);
       return parallel_chunks(count, 16, [&](int64_t a, int64_t b) {

@@ -158,11 +158,12 @@ def test_cpu_results_do_not_depend_on_the_threads(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("m,k,n,density", [(300, 260, 65, 0.6), (5, 9, 3, 1.0), (257, 33, 100, 0.3), (70, 40, 80, 0.9)])
+@pytest.mark.parametrize("m,k,n,density", [(300, 260, 65, 0.6), (5, 9, 3, 1.0), (257, 33, 100, 0.3), (70, 40, 80, 0.9),
+                                            (300, 5000, 20, 0.05)])
 def test_cpu_dense_blocks(dtype, m, k, n, density):
-    """The CPU's dense blocks (W expanded a block of rows at a time, multiplied by ATen's GEMM), forced
-    by variant="dense_blocks", against float64: the forward with bias and both activations, dX and
-    dW. "auto" takes them for large batches at a high density on layers of 2^16 weights or more:
+    """The CPU's dense blocks (W expanded a block of rows at a time, for dX of columns, multiplied by
+    ATen's GEMM), forced by variant="dense_blocks", against float64: the forward with bias and both
+    activations, dX (two blocks of columns where K = 5000) and dW. "auto" takes them for large batches at a high density on layers of 2^16 weights or more:
     then its results are theirs bit for bit; otherwise the loops'."""
     nnz = max(1, int(density * m * k))
     p = Weight(m, k, nnz, device="cpu", dtype=dtype, empty_rows=2)
@@ -195,6 +196,8 @@ def test_cpu_explain_names_the_path():
     assert (large.variant, large.reason) == ("dense_blocks", "cpu_rule") and "256 rows at a time" in large.describe
     forced = snack.explain(layer, 1, op="weight_grad", variant="dense_blocks")
     assert (forced.variant, forced.reason) == ("dense_blocks", "forced")
+    blocks_dx = snack.explain(layer, 128, op="input_grad", variant="dense_blocks")
+    assert "512 columns at a time" in blocks_dx.describe, blocks_dx  # 2^20 / 256 rows of W
     loops = snack.explain(layer, 128, op="input_grad", variant="warp_row")
     assert (loops.variant, loops.reason) == ("cpu", "forced")
     sparse = snack.explain(snack.SparseLinear(512, 256, sparsity=0.95), 128)
