@@ -31,14 +31,15 @@ inline bool is_16_bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::
 // on 768x3072, 3072x768 and 4096x4096 at N = 128 and 512 with both paths forced
 // (bench/results/spmm_cpu.md has the planner's choice beside dense). The loops gain on the GEMM as
 // the batch shrinks, so the forward and dX cross later below N = 256. ATen's 16-bit GEMMs on the
-// CPU ran at about twice float32's rate, so they pay from lower densities; dX runs its 16-bit blocks
-// in float. A CPU with other GEMM rates moves the crossings, which `variant=` lets a user force
-// either way.
+// CPU ran at about twice float32's rate, so they pay from lower densities (16-bit dX over blocks of
+// W's columns: blocks faster in all six rows at 30% density, N = 128 and 512; loops as fast or faster
+// at 10% and N = 128, level at N = 512). A CPU with other GEMM rates moves the crossings, which
+// `variant=` lets a user force either way.
 inline double cpu_dense_block_density(CpuProduct product, at::ScalarType t, int64_t n) {
   const bool half = is_16_bit(t), small = n < 256;
   switch (product) {
     case CpuProduct::kForward: return half ? 0.3 : small ? 0.6 : 0.5;
-    case CpuProduct::kTransposed: return small ? 0.4 : 0.3;
+    case CpuProduct::kTransposed: return half ? 0.3 : small ? 0.4 : 0.3;
     default: return half ? 0.2 : 0.4;
   }
 }
