@@ -75,37 +75,35 @@ Status parallel_outputs(const int32_t* ptr, int64_t count, int64_t n, Fn&& fn, i
   });
 }
 
-// x [n, cols] (contiguous) in the CPU products' tiles, in T's accumulation type, filled on the
-// intra-op threads. The returned tensor owns the tiles' storage.
-template <typename T>
-std::pair<at::Tensor, cpu::BatchTiles<accum_t<T>>> batch_tiles(const at::Tensor& x) {
-  using A = accum_t<T>;
+// x [n, cols] (contiguous) in the CPU products' batch tiles of S values (snack/batch_tiles.h), stored
+// as `type`, each range of tiles written by fill(tiles, t0, t1) on the intra-op threads. The returned
+// tensor owns the tiles' storage.
+template <typename S, typename Fill>
+std::pair<at::Tensor, cpu::BatchTiles<S>> tiles_of(const at::Tensor& x, at::ScalarType type, Fill&& fill) {
   const int64_t n = x.size(0), cols = x.size(1);
-  at::Tensor storage = at::empty({cpu::batch_tiles_numel(n, cols)},
-                                 x.options().dtype(std::is_same_v<A, double> ? at::kDouble : at::kFloat));
+  at::Tensor storage = at::empty({cpu::batch_tiles_numel(n, cols)}, x.options().dtype(type));
   const int width = cpu::batch_tile_width(n);
   const int64_t tiles = (n + width - 1) / width;
-  const cpu::BatchTiles<A> layout{data_as<A>(storage), n, cols, width};
+  const cpu::BatchTiles<S> layout{data_as<S>(storage), n, cols, width};
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    cpu::to_batch_tiles(data_as<T>(x), n, cols, data_as<A>(storage), t0, t1);
-  });
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) { fill(data_as<S>(storage), t0, t1); });
   return {storage, layout};
 }
 
-// x [n, cols] (bfloat16, contiguous) in 16-bit tiles for the AVX512-BF16 dot products
-// (snack/bf16_dot.h), filled on the intra-op threads.
-std::pair<at::Tensor, cpu::BatchTiles<bfloat16>> batch_tiles16(const at::Tensor& x) {
-  const int64_t n = x.size(0), cols = x.size(1);
-  at::Tensor storage = at::empty({cpu::batch_tiles_numel(n, cols)}, x.options().dtype(at::kBFloat16));
-  const int width = cpu::batch_tile_width(n);
-  const int64_t tiles = (n + width - 1) / width;
-  const cpu::BatchTiles<bfloat16> layout{data_as<bfloat16>(storage), n, cols, width};
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols * width, 1));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    cpu::to_batch_tiles16(data_as<bfloat16>(x), n, cols, data_as<bfloat16>(storage), t0, t1);
+// x in tiles of T's accumulation type (16-bit values widened once).
+template <typename T>
+std::pair<at::Tensor, cpu::BatchTiles<accum_t<T>>> batch_tiles(const at::Tensor& x) {
+  using A = accum_t<T>;
+  return tiles_of<A>(x, std::is_same_v<A, double> ? at::kDouble : at::kFloat, [&](A* out, int64_t t0, int64_t t1) {
+    cpu::to_batch_tiles(data_as<T>(x), x.size(0), x.size(1), out, t0, t1);
   });
-  return {storage, layout};
+}
+
+// x (bfloat16) in 16-bit tiles for the AVX512-BF16 dot products (snack/bf16_dot.h).
+std::pair<at::Tensor, cpu::BatchTiles<bfloat16>> batch_tiles16(const at::Tensor& x) {
+  return tiles_of<bfloat16>(x, at::kBFloat16, [&](bfloat16* out, int64_t t0, int64_t t1) {
+    cpu::to_batch_tiles16(data_as<bfloat16>(x), x.size(0), x.size(1), out, t0, t1);
+  });
 }
 
 // The CPU loops read every index of the pattern, so its contents are checked (cpu::check_pattern,
