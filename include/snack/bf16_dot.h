@@ -29,8 +29,8 @@ BatchTiles<bfloat16> to_batch_tiles16(const bfloat16* x, int64_t n, int64_t cols
 /// slot_end), from 16-bit tiles of 8 or 16 rows: per slot and group of four tiles, one AVX512-BF16 dot
 /// product per tile row (each float lane adds the products of two batch rows), the lanes added by a
 /// fixed tree, the groups in order, rounded once to bfloat16. Deterministic whatever the split of the
-/// slots; the dot products treat subnormal inputs as zero. Unsupported where !has_bf16_dot() or the
-/// tiles are narrower than kBf16DotMinTile.
+/// slots; the dot products flush subnormal inputs and results to zero. Unsupported where
+/// !has_bf16_dot() or the tiles are narrower than kBf16DotMinTile.
 template <typename Index>
 Status sddmm_slots_bf16(const SlotPattern<Index>& w, const BatchTiles<bfloat16>& dy, const BatchTiles<bfloat16>& x,
                         bfloat16* dvalues, int64_t slot_begin, int64_t slot_end);
