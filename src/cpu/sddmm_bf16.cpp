@@ -60,63 +60,56 @@ BatchTiles<bfloat16> to_batch_tiles16(const bfloat16* x, int64_t n, int64_t cols
 #pragma GCC target("avx512f,avx512vl,avx512bf16")
 namespace {
 
-// The slots' sums of one group of tiles, L slots at a time (L the float lanes of a tile row's dot
-// product: 8 for tiles of 16 rows, 4 for 8), each slot's lanes added as ((0+1)+(2+3))+((4+5)+(6+7))
-// whether it is folded with others or alone.
+// A tile row of W batch rows as one vector of bfloat16 pairs: its dot product into float lanes, and
+// four slots' lanes folded into one vector of their sums, each slot's lanes added as ((0+1)+(2+3))
+// (+((4+5)+(6+7)) for 8 lanes) whether it is folded with others or alone.
+template <int W>
+struct Dot;
+template <>
+struct Dot<16> {
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V dot(V acc, const bfloat16* a, const bfloat16* b) {
+    return _mm256_dpbf16_ps(acc, (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                            (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  }
+  static __m128 fold4(V v0, V v1, V v2, V v3) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+  }
+};
+template <>
+struct Dot<8> {
+  using V = __m128;
+  static V zero() { return _mm_setzero_ps(); }
+  static V dot(V acc, const bfloat16* a, const bfloat16* b) {
+    return _mm_dpbf16_ps(acc, (__m128bh)_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                         (__m128bh)_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  }
+  static __m128 fold4(V v0, V v1, V v2, V v3) { return _mm_hadd_ps(_mm_hadd_ps(v0, v1), _mm_hadd_ps(v2, v3)); }
+};
+
+// The slots' sums of one group of tiles of W rows, four slots folded at a time.
 template <int W, typename Index>
-void group_sums(const SlotPattern<Index>& w, const bfloat16* dy_tiles, int64_t dy_tile_size,
-                                      const bfloat16* x_tiles, int64_t x_tile_size, int64_t group, int64_t s0,
-                                      int64_t s1, float* sums) {
-  static_assert(W == 8 || W == 16, "tile rows of one 16- or 32-byte vector");
-  if constexpr (W == 16) {
-    const auto products = [&](int64_t s) {
-      const bfloat16* a = dy_tiles + int64_t(w.row_idx[s]) * W;
-      const bfloat16* b = x_tiles + int64_t(w.col_idx[s]) * W;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < group; ++g)
-        acc = _mm256_dpbf16_ps(acc, (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + g * dy_tile_size)),
-                               (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + g * x_tile_size)));
-      return acc;
-    };
-    const auto fold4 = [](__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
-      const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
-      return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-    };
-    int64_t s = s0;
-    for (; s + 8 <= s1; s += 8) {
-      const __m128 lo = fold4(products(s), products(s + 1), products(s + 2), products(s + 3));
-      const __m128 hi = fold4(products(s + 4), products(s + 5), products(s + 6), products(s + 7));
-      float* out = sums + (s - s0);
-      _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), lo));
-      _mm_storeu_ps(out + 4, _mm_add_ps(_mm_loadu_ps(out + 4), hi));
-    }
-    for (; s < s1; ++s) {
-      const __m256 v = products(s);
-      sums[s - s0] += _mm_cvtss_f32(fold4(v, v, v, v));
-    }
-  } else {
-    const auto products = [&](int64_t s) {
-      const bfloat16* a = dy_tiles + int64_t(w.row_idx[s]) * W;
-      const bfloat16* b = x_tiles + int64_t(w.col_idx[s]) * W;
-      __m128 acc = _mm_setzero_ps();
-      for (int64_t g = 0; g < group; ++g)
-        acc = _mm_dpbf16_ps(acc, (__m128bh)_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + g * dy_tile_size)),
-                            (__m128bh)_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g * x_tile_size)));
-      return acc;
-    };
-    const auto fold4 = [](__m128 v0, __m128 v1, __m128 v2, __m128 v3) {
-      return _mm_hadd_ps(_mm_hadd_ps(v0, v1), _mm_hadd_ps(v2, v3));
-    };
-    int64_t s = s0;
-    for (; s + 4 <= s1; s += 4) {
-      float* out = sums + (s - s0);
-      _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), fold4(products(s), products(s + 1), products(s + 2),
-                                                              products(s + 3))));
-    }
-    for (; s < s1; ++s) {
-      const __m128 v = products(s);
-      sums[s - s0] += _mm_cvtss_f32(fold4(v, v, v, v));
-    }
+void group_sums(const SlotPattern<Index>& w, const bfloat16* dy_tiles, int64_t dy_tile_size, const bfloat16* x_tiles,
+                int64_t x_tile_size, int64_t group, int64_t s0, int64_t s1, float* sums) {
+  using D = Dot<W>;
+  const auto products = [&](int64_t s) {
+    const bfloat16* a = dy_tiles + int64_t(w.row_idx[s]) * W;
+    const bfloat16* b = x_tiles + int64_t(w.col_idx[s]) * W;
+    typename D::V acc = D::zero();
+    for (int64_t g = 0; g < group; ++g) acc = D::dot(acc, a + g * dy_tile_size, b + g * x_tile_size);
+    return acc;
+  };
+  int64_t s = s0;
+  for (; s + 4 <= s1; s += 4) {
+    float* out = sums + (s - s0);
+    _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out),
+                                  D::fold4(products(s), products(s + 1), products(s + 2), products(s + 3))));
+  }
+  for (; s < s1; ++s) {
+    const typename D::V v = products(s);
+    sums[s - s0] += _mm_cvtss_f32(D::fold4(v, v, v, v));
   }
 }
 
