@@ -198,12 +198,13 @@ at::Tensor expanded_columns(const SlotPattern<Index>& w, const at::Tensor& value
   return block;
 }
 
-// fn(T{}, w, first, count) for each block of rows of W in order (cpu_block_rows rows at a time), or
-// with `columns` of W's columns, T the value type of `like` and w the pattern's SlotPattern.
+// fn(T{}, w, first, count) for each of the product's dense blocks in order (cpu_block_lines rows of W
+// at a time, columns for dX), T the value type of `like` and w the pattern's SlotPattern.
 template <typename Fn>
-void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, const char* op, bool columns, Fn&& fn) {
-  const int64_t lines = columns ? p.cols : p.rows;
-  const int64_t per_block = columns ? cpu_block_rows(p.cols, p.rows, n) : cpu_block_rows(p.rows, p.cols, n);
+void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, const char* op, CpuProduct product,
+                    Fn&& fn) {
+  const int64_t lines = cpu_blocks_of_columns(product) ? p.cols : p.rows;
+  const int64_t per_block = cpu_block_lines(p, n, product);
   dispatch_value_type(like, op, [&](auto tag) {
     throw_if_error(with_pattern(p,
                                 [&](auto w) {
@@ -227,7 +228,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
     // GELU on a rounded 16-bit product would round twice: such blocks run in float (forced only).
     const bool gelu_in_float = is_16_bit(values.scalar_type()) && in.act == Activation::kGELU;
     const at::Tensor x_in = gelu_in_float ? in.x.to(at::kFloat) : in.x;
-    for_each_block(in.p, values, n, op, false, [&](auto tag, auto w, int64_t r0, int64_t count) {
+    for_each_block(in.p, values, n, op, CpuProduct::kForward, [&](auto tag, auto w, int64_t r0, int64_t count) {
       at::Tensor wb = expanded_rows<decltype(tag)>(w, values, r0, count);
       std::optional<at::Tensor> b;
       if (in.bias) b = in.bias->narrow(0, r0, count);
@@ -305,7 +306,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
     // Blocks of W's columns: each block of dX is one GEMM over all of W's rows, in the operands'
     // dtype (a 16-bit GEMM at its own rate, each output rounded once).
     at::Tensor dx = at::empty({n, in.p.cols}, values.options());
-    for_each_block(in.p, values, n, op, true, [&](auto tag, auto w, int64_t c0, int64_t count) {
+    for_each_block(in.p, values, n, op, CpuProduct::kTransposed, [&](auto tag, auto w, int64_t c0, int64_t count) {
       dx.narrow(1, c0, count).copy_(at::mm(in.dy, expanded_columns<decltype(tag)>(w, values, c0, count)));
       return Status::Ok();
     });
@@ -349,7 +350,7 @@ at::Tensor sddmm_of(const SddmmInputs& in, SddmmVariant v, const char* op) {
   at::Tensor dv = at::empty({in.p.nnz}, in.dy.options());
   const int64_t n = in.x.size(0);
   if (cpu_dense_blocks(in.p, n, in.dy.scalar_type(), CpuProduct::kWeightGrad, cpu_path(v))) {
-    for_each_block(in.p, in.dy, n, op, false, [&](auto tag, auto w, int64_t r0, int64_t count) {
+    for_each_block(in.p, in.dy, n, op, CpuProduct::kWeightGrad, [&](auto tag, auto w, int64_t r0, int64_t count) {
       using T = decltype(tag);
       const at::Tensor g = at::mm(in.dy.narrow(1, r0, count).t(), in.x);
       return parallel_chunks(count, 16, [&](int64_t a, int64_t b) {

@@ -180,16 +180,12 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     const char* reason = path == CpuPath::kChoose ? "cpu_rule" : "forced";
     if (cpu_dense_blocks(p, n, values.scalar_type(), product, path, product == CpuProduct::kForward ? act
                                                                                                  : Activation::kNone)) {
-      if (product == CpuProduct::kTransposed) {  // blocks of W's columns, each block of dX one GEMM
-        const int64_t cols = cpu_block_rows(p.cols, p.rows, n);
-        return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, cols * p.rows * int64_t(values.element_size()), false,
-                "dense_blocks (cpu): W expanded " + std::to_string(cols) +
-                    " columns at a time, each block of dX one ATen GEMM"};
-      }
-      const int64_t rows = cpu_block_rows(p.rows, p.cols, n);
-      return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, rows * p.cols * int64_t(values.element_size()), false,
-              "dense_blocks (cpu): W expanded " + std::to_string(rows) +
-                  " rows at a time, each block multiplied by ATen's GEMM"};
+      const bool columns = cpu_blocks_of_columns(product);
+      const int64_t lines = cpu_block_lines(p, n, product);
+      return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0,
+              lines * (columns ? p.rows : p.cols) * int64_t(values.element_size()), false,
+              "dense_blocks (cpu): W expanded " + std::to_string(lines) + (columns ? " columns" : " rows") +
+                  " at a time, each block multiplied by ATen's GEMM"};
     }
     return {"cpu", reason, 1, 1, 1, 1, 1, 0, 0, false,
             "cpu: sparse loops over the batch in tiles of " + std::to_string(cpu::batch_tile_width(n)) +
