@@ -15,7 +15,7 @@ namespace snack::binding {
 
 // Dense blocks on the CPU: at a high density and a large batch ATen's GEMM (vendor BLAS, many FLOPs
 // per byte) beats the sparse loops (one tile row read per multiply-add). W is then expanded a block
-// of rows at a time (cpu_block_lines: never more than max(N, 2^20 / K) rows of it at once) into a
+// of rows at a time (cpu_blocks: never more than max(N, 2^20 / K) rows of it at once) into a
 // dense block that ATen multiplies; no dense copy of the whole layer is kept. The products are then
 // ATen's: its 16-bit GEMMs round each output once but may flush subnormals, which the loops keep,
 // and a BLAS may sum in another order on another number of threads, which the loops never do.
@@ -66,17 +66,20 @@ inline bool cpu_dense_blocks(const PatternArg& p, int64_t n, at::ScalarType t, C
   return double(p.nnz) >= cpu_dense_block_density(product, t, n) * double(p.rows) * double(p.cols);
 }
 
-// Whether a product's dense blocks are blocks of W's columns (dX: each block of dX one GEMM over all of
-// W's rows) rather than of its rows (the forward, dW).
-inline bool cpu_blocks_of_columns(CpuProduct product) { return product == CpuProduct::kTransposed; }
-
-// Rows of W per dense block at a batch of n (columns for dX): as many as the batch's rows, or enough
-// for kCpuDenseBlockMinValues values, whichever is more, and at most all of them.
-inline int64_t cpu_block_lines(const PatternArg& p, int64_t n, CpuProduct product) {
-  const bool columns = cpu_blocks_of_columns(product);
-  const int64_t lines = columns ? p.cols : p.rows, width = std::max<int64_t>(columns ? p.rows : p.cols, 1);
-  const int64_t at_least = (kCpuDenseBlockMinValues + width - 1) / width;
-  return std::max<int64_t>(1, std::min<int64_t>(lines, std::max<int64_t>(n, at_least)));
+// How a product's dense blocks cut W: blocks of its columns for dX (each block of dX one GEMM over all
+// of W's rows), of its rows for the forward and dW.
+struct CpuBlocks {
+  bool columns;       // blocks of W's columns
+  int64_t lines;      // W's columns (columns) or rows, all the blocks together
+  int64_t width;      // values per line: W's rows (columns) or columns
+  int64_t per_block;  // lines per block: as many as the batch's rows, or enough for
+                      // kCpuDenseBlockMinValues values, whichever is more, and at most all of them
+};
+inline CpuBlocks cpu_blocks(const PatternArg& p, int64_t n, CpuProduct product) {
+  const bool columns = product == CpuProduct::kTransposed;
+  const int64_t lines = columns ? p.cols : p.rows, width = columns ? p.rows : p.cols;
+  const int64_t at_least = (kCpuDenseBlockMinValues + std::max<int64_t>(width, 1) - 1) / std::max<int64_t>(width, 1);
+  return {columns, lines, width, std::max<int64_t>(1, std::min<int64_t>(lines, std::max<int64_t>(n, at_least)))};
 }
 
 }  // namespace snack::binding

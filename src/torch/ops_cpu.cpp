@@ -198,13 +198,13 @@ at::Tensor expanded_columns(const SlotPattern<Index>& w, const at::Tensor& value
   return block;
 }
 
-// fn(T{}, w, first, count) for each of the product's dense blocks in order (cpu_block_lines rows of W
-// at a time, columns for dX), T the value type of `like` and w the pattern's SlotPattern.
+// fn(T{}, w, first, count) for each of the product's dense blocks in order (cpu_blocks: rows of W, or
+// columns for dX), T the value type of `like` and w the pattern's SlotPattern.
 template <typename Fn>
 void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, const char* op, CpuProduct product,
                     Fn&& fn) {
-  const int64_t lines = cpu_blocks_of_columns(product) ? p.cols : p.rows;
-  const int64_t per_block = cpu_block_lines(p, n, product);
+  const CpuBlocks blocks = cpu_blocks(p, n, product);
+  const int64_t lines = blocks.lines, per_block = blocks.per_block;
   dispatch_value_type(like, op, [&](auto tag) {
     throw_if_error(with_pattern(p,
                                 [&](auto w) {

@@ -180,12 +180,11 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     const char* reason = path == CpuPath::kChoose ? "cpu_rule" : "forced";
     if (cpu_dense_blocks(p, n, values.scalar_type(), product, path, product == CpuProduct::kForward ? act
                                                                                                  : Activation::kNone)) {
-      const bool columns = cpu_blocks_of_columns(product);
-      const int64_t lines = cpu_block_lines(p, n, product);
-      return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0,
-              lines * (columns ? p.rows : p.cols) * int64_t(values.element_size()), false,
-              "dense_blocks (cpu): W expanded " + std::to_string(lines) + (columns ? " columns" : " rows") +
-                  " at a time, each block multiplied by ATen's GEMM"};
+      const CpuBlocks blocks = cpu_blocks(p, n, product);
+      return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, blocks.per_block * blocks.width * int64_t(values.element_size()),
+              false,
+              "dense_blocks (cpu): W expanded " + std::to_string(blocks.per_block) +
+                  (blocks.columns ? " columns" : " rows") + " at a time, each block multiplied by ATen's GEMM"};
     }
     return {"cpu", reason, 1, 1, 1, 1, 1, 0, 0, false,
             "cpu: sparse loops over the batch in tiles of " + std::to_string(cpu::batch_tile_width(n)) +
