@@ -5,7 +5,9 @@
     python examples/mobilenet.py --tiny            # seconds on a CPU (what the tests run)
     python examples/mobilenet.py --weights         # the weight memory alone, any device, no timing
 
-Inference: the latency of a forward at 224 x 224 (on a GPU replayed from a CUDA graph, median), the
+Inference: both models as served, batch norms folded into the convolutions before them and each snack
+layer's ReLU computed in its epilogue (snack.fuse_for_inference; the dense model keeps its ReLUs).
+The latency of a forward at 224 x 224 (on a GPU replayed from a CUDA graph, median), the
 weight memory (parameters and buffers: for snack the values and what its patterns keep for inference,
 snack.for_inference: column indices and row pointers, and the tile view of 16-bit layers) and the
 inference peak (the weights plus what a forward allocates). Each impl runs on NCHW and on channels_last inputs;
@@ -115,7 +117,9 @@ def inference_rows(args, device, rows: list[dict], save) -> None:
         sparse = make_sparse(copy.deepcopy(dense), args.sparsity, args.seed)
         x = torch.randn(batch, 3, args.resolution, args.resolution, device=device).to(dtype=dtype, memory_format=fmt)
         for impl, model in (("snack", sparse), ("dense", dense)):
-            model = model.to(dtype=dtype, memory_format=fmt)
+            # Both models as served: batch norms folded into the convolutions before them, and the
+            # ReLU after each snack layer computed in its epilogue (the dense model keeps its ReLUs).
+            model = snack.fuse_for_inference(model.to(dtype=dtype, memory_format=fmt))
             if impl == "snack":
                 snack.for_inference(model)  # after the cast: 16-bit layers keep their tile view
             rows.append(dict(impl=impl, width=width, batch=batch, dtype=dtype_name, layout=layout,
@@ -126,15 +130,16 @@ def inference_rows(args, device, rows: list[dict], save) -> None:
 
 
 def print_weights(args, device) -> None:
-    """The weight memory of every width and dtype: dense, snack with every array of its patterns, kept
-    for inference (snack.for_inference's default) and kept without the tile view. Bytes do not depend
+    """The weight memory of every width and dtype, both models with their batch norms folded: dense, snack
+    with every array of its patterns, kept for inference (snack.for_inference's default) and kept without the tile view. Bytes do not depend
     on the device."""
     print(f"{'width':>6}{'dtype':>6}{'dense MiB':>11}{'snack MiB':>11}{'inference':>11}{'no tiles':>10}"
           f"{'smaller':>9}{'no tiles':>10}")
     for width in args.widths:
         torch.manual_seed(args.seed)
         dense = mobilenet_v1(width).to(device).eval()
-        sparse = make_sparse(copy.deepcopy(dense), args.sparsity, args.seed)
+        sparse = snack.fuse_for_inference(make_sparse(copy.deepcopy(dense), args.sparsity, args.seed))
+        snack.fuse_for_inference(dense)
         for dtype_name in args.dtypes:
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
             whole = copy.deepcopy(sparse).to(dtype)
@@ -257,7 +262,9 @@ def main(argv=None) -> int:
 
 def _report(stem: Path, rows, info, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse MobileNetV1", info)
-    lines += ["Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers (snack's "
+    lines += ["Both models with their batch norms folded (snack.fuse_for_inference; snack's layers also take their "
+              "ReLU into the product). "
+              "Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers (snack's "
               "patterns kept for inference, snack.for_inference). Peak: the weights plus what the forward allocates.",
               "",
               "| width | batch | dtype | layout | snack us | dense us | speedup | snack weights MiB | dense weights MiB | "

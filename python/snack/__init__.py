@@ -17,7 +17,7 @@ from .layer import SparseLinear, nnz_for_density, prepare_ddp, sparse_linear
 from .conv import SparseConv2d
 from . import attention, dst, nn, optim
 from .sparsify import sparsify
-from .inference import for_inference, for_training
+from .inference import for_inference, for_training, fuse_for_inference
 
 __version__ = "0.1.0"
 
@@ -30,4 +30,4 @@ __all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "d
            "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits", "CSC_READS",
            "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
            "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "CHANNELS_FIRST_PATHS", "attention", "dst", "nn", "optim",
-           "sparsify", "prepare_ddp", "for_inference", "for_training"]
+           "sparsify", "prepare_ddp", "for_inference", "for_training", "fuse_for_inference"]

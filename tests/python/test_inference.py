@@ -339,3 +339,94 @@ def test_build_views_without_the_tile_view(device):
     for field, (a, b) in enumerate(zip(views, whole, strict=True)):
         assert a.numel() == 0 if field >= 3 else torch.equal(a, b)
     torch.library.opcheck(ops.build_views.default, (w.row_idx, w.col_idx, 70, 130, False))
+
+
+def _batch_norm(channels: int, cls=torch.nn.BatchNorm2d, affine: bool = True, seed: int = 0, **kw):
+    """An eval-mode batch norm with running statistics and affine parameters far from their defaults."""
+    gen = torch.Generator().manual_seed(seed)
+    bn = cls(channels, affine=affine, **kw)
+    bn.running_mean.copy_(torch.randn(channels, generator=gen))
+    bn.running_var.copy_(torch.rand(channels, generator=gen) * 2 + 0.1)
+    if affine:
+        with torch.no_grad():
+            bn.weight.copy_(torch.randn(channels, generator=gen))
+            bn.bias.copy_(torch.randn(channels, generator=gen))
+    return bn.eval()
+
+
+def _mobile_block(cin: int, cout: int, stride: int, seed: int) -> torch.nn.Sequential:
+    """A depthwise-separable block as MobileNet's: depthwise 3x3 + BN + ReLU, sparse 1x1 + BN + ReLU."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), _batch_norm(cin, seed=seed),
+        torch.nn.ReLU(inplace=True),
+        snack.SparseConv2d(cin, cout, 1, bias=False, density=0.3, generator=gen), _batch_norm(cout, seed=seed + 1),
+        torch.nn.ReLU(inplace=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fuse_for_inference_keeps_the_outputs(device, dtype, channels_last):
+    if device.type == "cuda" and dtype == torch.float64:
+        pytest.skip("the CUDA products run float32 and 16-bit values")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_mobile_block(6, 13, 2, seed=1), _mobile_block(13, 9, 1, seed=3),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                snack.SparseLinear(9, 5, density=0.5), _batch_norm(5, torch.nn.BatchNorm1d, seed=7),
+                                torch.nn.GELU())
+    model = model.to(device=device, dtype=dtype).eval()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(3, 6, 11, 10, device=device, dtype=dtype).to(memory_format=fmt)
+    reference = copy.deepcopy(model).double()
+    with torch.no_grad():
+        expected = reference(x.double())
+        values = model[0][3].values
+        assert snack.fuse_for_inference(model) is model
+        y = model(x)
+    assert model[0][3].values is values  # scaled in place
+    for block in model[:2]:
+        kinds = [type(m) for m in block]
+        assert kinds == [torch.nn.Conv2d, torch.nn.Identity, torch.nn.ReLU, snack.SparseConv2d, torch.nn.Identity,
+                         torch.nn.Identity], kinds
+        assert block[3].activation == "relu" and block[3].bias is not None and block[0].bias is not None
+    assert model[4].activation == "gelu" and isinstance(model[5], torch.nn.Identity)
+    assert isinstance(model[6], torch.nn.Identity)
+    # the folded weights round once more than the reference's: torch's own rounding of the model's ops
+    rtol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(y.double(), expected, rtol=rtol, atol=rtol * expected.abs().max().item())
+
+
+def test_fuse_for_inference_folds_only_what_it_can():
+    gen = torch.Generator().manual_seed(0)
+    with_act = snack.SparseLinear(8, 6, density=0.5, activation="relu", generator=gen)
+    no_stats = torch.nn.BatchNorm1d(6, track_running_stats=False).eval()
+    model = torch.nn.Sequential(
+        with_act, _batch_norm(6, torch.nn.BatchNorm1d),       # the activation comes before the batch norm
+        torch.nn.Linear(6, 6), no_stats,                       # nothing to fold
+        snack.SparseLinear(6, 7, density=0.5, generator=gen), torch.nn.GELU(approximate="tanh"),  # not fused
+        snack.SparseLinear(7, 7, density=0.5, generator=gen), torch.nn.ReLU(),                   # fused, no BN
+        torch.nn.Linear(7, 4), _batch_norm(4, torch.nn.BatchNorm1d, affine=False), torch.nn.ReLU())  # dense: BN only
+    model.eval()
+    x = torch.randn(5, 8, dtype=torch.float64)
+    model.double()
+    with torch.no_grad():
+        expected = model(x)
+        snack.fuse_for_inference(model)
+        y = model(x)
+    kinds = [type(m).__name__ for m in model]
+    assert kinds == ["SparseLinear", "BatchNorm1d", "Linear", "BatchNorm1d", "SparseLinear", "GELU", "SparseLinear",
+                     "Identity", "Linear", "Identity", "ReLU"], kinds
+    assert model[6].activation == "relu" and model[4].activation == "none"
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_fuse_for_inference_refuses_training_batch_norms():
+    model = torch.nn.Sequential(snack.SparseLinear(8, 6, density=0.5), torch.nn.BatchNorm1d(6), torch.nn.ReLU(),
+                                snack.SparseLinear(6, 6, density=0.5), torch.nn.ReLU())
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match="training mode"):
+        snack.fuse_for_inference(model)
+    assert [type(m).__name__ for m in model] == ["SparseLinear", "BatchNorm1d", "ReLU", "SparseLinear", "ReLU"]
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())  # nothing changed
+    assert model[3].activation == "none"
