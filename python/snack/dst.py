@@ -47,6 +47,7 @@ class DenseMaskLinear(nn.Module):
         return nn.functional.linear(x, self.weight * self.mask_, self.bias)
 
     product_rows = SparseLinear.product_rows  # the same product: rows of x against rows of dy
+    gradient_rows = SparseLinear.product_rows  # no fused activation
 
     def _active(self) -> torch.Tensor:
         return self.mask_.flatten().nonzero().flatten()  # ascending = the slot order of SparseLinear
@@ -123,12 +124,17 @@ def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor
     scores are recomputed in registers (``block_rows`` does not matter); otherwise they are computed
     ``block_rows`` output rows at a time (0: blocks of about 2^23 scores, 32 MiB in fp32).
 
+    ``x`` and ``dy``: the rows of the product, ``[rows, in_features]`` and ``[rows, out_features]``,
+    with ``dy`` the gradient at the product's output, before the layer's fused activation if it has
+    one: what ``layer.gradient_rows(input, output_gradient)`` returns and the scheduler passes. Other
+    shapes (a SparseConv2d's images, a 3-D batch) are taken to rows by ``layer.product_rows``.
+
     A 16-bit ``dy`` (a layer run under autocast) keeps the scores in that precision's operands: ``x``
     is cast to it, as the layer's product cast it, and on the GPU the blocks are tensor-core GEMMs
     accumulated and ranked in fp32. Otherwise both are taken in the layer's values' dtype."""
     half = (torch.bfloat16, torch.float16)
     dtype = dy.dtype if dy.dtype in half else layer.values.dtype
-    x2, dy2 = layer.product_rows(x, dy)
+    x2, dy2 = (x, dy) if x.dim() == 2 and dy.dim() == 2 else layer.product_rows(x, dy)
     return ops.topk_absent_gradient(dy2.to(dtype), x2.to(dtype), layer.row_idx, layer.col_idx, k, block_rows)
 
 
@@ -136,9 +142,12 @@ class DSTRule:
     """A prune-and-grow rule. Subclass and override ``prune`` and/or ``grow``.
 
     ``needs_gradient``: on the step before an update, the scheduler calls ``grow`` during the backward
-    pass, as soon as the layer's output gradient is known, with the layer's input as ``x`` and that
-    gradient as ``dy`` (so that only one layer's are alive at a time); ``prune`` runs at the
-    optimizer step, after the weights moved. Rules without it have both called at the step."""
+    pass, as soon as the layer's output gradient is known (so that only one layer's are alive at a
+    time), with the rows of the layer's product: ``x`` ``[rows, in_features]`` and ``dy``
+    ``[rows, out_features]``, the gradient at the product's output (before a fused activation), so
+    that ``dy^T x`` is the dense gradient of the weight (``layer.gradient_rows``). A layer called
+    several times in one forward gets every call's rows, concatenated in call order. ``prune`` runs
+    at the optimizer step, after the weights moved. Rules without it have both called at the step."""
 
     needs_gradient = False
 
@@ -240,6 +249,8 @@ class DSTScheduler:
         self.steps = 0
         self.last_moved = {name: 0 for name in self.layers}
         self._grown = {}  # layer name -> grow decision (or its error) made during the backward pass
+        self._calls = {}  # layer name -> its calls of this forward: {"count": n, "rows": {call: (x, dy)}}
+        self._warned_accumulation = False
         self._early_generator_states = []
         self._hooks = [optimizer.register_step_post_hook(lambda opt, args, kwargs: self.step())]
         if self.rule.needs_gradient:
@@ -299,32 +310,60 @@ class DSTScheduler:
         # The rule's grow runs as soon as the layer's output gradient arrives, so that X and dY of one
         # layer at a time are alive, not those of every layer until the optimizer step. The topology
         # does not change before the step, so the decision is the one the step would make; an error
-        # is raised by the step.
+        # is raised by the step. A layer called n times in one forward (a shared layer) is decided
+        # when the n-th gradient arrives, from every call's rows: dY^T X of their concatenation is the
+        # sum of the calls' gradients.
         def hook(module, args, kwargs, output):
             step = self.steps + 1
             key = self._input_key(args, kwargs)
             if key is None or not self.is_update_step(step) or not torch.is_grad_enabled():
                 return
+            if name in self._grown:  # decided by an earlier backward of this step: a later micro-batch
+                if not self._warned_accumulation:
+                    self._warned_accumulation = True
+                    warnings.warn(f"DSTScheduler: layer {name!r} ran forward again after its backward in the step "
+                                  f"before a {type(self.rule).__name__} update (gradient accumulation?): its growth "
+                                  "is scored on the gradient of the last backward pass, not on the accumulated one",
+                                  stacklevel=2)
+                del self._grown[name]
+                self._calls.pop(name, None)
+            calls = self._calls.setdefault(name, {"count": 0, "rows": {}})
+            call = calls["count"]
+            calls["count"] += 1
             # Handed over once: the graph's nodes keep this hook (and what it holds) for as long as
             # the caller keeps the loss, usually until the next step.
             held = [(args[0] if key == 0 else kwargs["x"]).detach()]
 
             def grow_now(grad):
-                if not held:  # a second backward through a retained graph: decided by the first
+                if not held or self._calls.get(name) is not calls:  # a second backward through a retained graph
                     return
                 x = held.pop()
                 k = self._count(module, step)
                 if k <= 0:
                     return
-                if not self._early_generator_states:  # the first draw of this update: kept for a rollback
-                    self._early_generator_states = self._save_generators()
                 try:
-                    self._grown[name] = self.rule.grow(module, k, generator=self.generator, x=x, dy=grad.detach())
-                except Exception as exc:  # raised by the step, which restores the generators
+                    calls["rows"][call] = module.gradient_rows(x, grad.detach())
+                except Exception as exc:  # raised by the step
                     self._grown[name] = exc
+                    return
+                if len(calls["rows"]) == calls["count"]:
+                    self._decide(name, module, k)
 
             output.register_hook(grow_now)
         return hook
+
+    def _decide(self, name: str, module, k: int) -> None:
+        """The rule's growth of ``module`` from the rows its calls left (or its error, raised by the step)."""
+        calls = self._calls.pop(name)
+        rows = [calls["rows"][c] for c in sorted(calls["rows"])]
+        x = rows[0][0] if len(rows) == 1 else torch.cat([r[0] for r in rows])
+        dy = rows[0][1] if len(rows) == 1 else torch.cat([r[1] for r in rows])
+        if not self._early_generator_states:  # the first draw of this update: kept for a rollback
+            self._early_generator_states = self._save_generators()
+        try:
+            self._grown[name] = self.rule.grow(module, k, generator=self.generator, x=x, dy=dy)
+        except Exception as exc:  # raised by the step, which restores the generators
+            self._grown[name] = exc
 
     def _save_generators(self) -> list:
         # (A CUDA generator cannot report its state while a graph is captured; nothing is retried there.)
@@ -343,8 +382,13 @@ class DSTScheduler:
         if not self.is_update_step(step):
             self.steps = step
             self._grown.clear()
+            self._calls.clear()
             self._early_generator_states = []
             return False
+        for name in [n for n, calls in self._calls.items() if calls["rows"] and n not in self._grown]:
+            # Some calls' outputs took no part in the loss: decided from those that did.
+            self._decide(name, self.layers[name], self._count(self.layers[name], step))
+        self._calls.clear()
         saved = self._early_generator_states or self._save_generators()
         grown, self._grown, self._early_generator_states = self._grown, {}, []
         try:

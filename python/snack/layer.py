@@ -224,6 +224,23 @@ class SparseLinear(nn.Module):
         ``[rows, in_features]`` and ``[rows, out_features]`` (RigL's scores are their ``dY^T X``)."""
         return x.reshape(-1, self.in_features), dy.reshape(-1, self.out_features)
 
+    def gradient_rows(self, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+        """The matrices whose ``dZ^T X`` is the dense gradient of the layer's weight for one call:
+        :meth:`product_rows` of ``x`` and of ``dy`` (the gradient at the layer's output) taken back
+        through the fused activation to the product's output Z. Z is recomputed from ``x`` (one
+        product without autograd) where the layer has an activation; ``x`` in a 16-bit dtype (a layer
+        run under autocast) computes in it, as autocast does. RigL scores growth from these."""
+        x2, dy2 = self.product_rows(x, dy)
+        if self.activation == "none":
+            return x2, dy2
+        with torch.no_grad():
+            cast = (lambda t: t.to(x2.dtype)) if x2.dtype != self.values.dtype else (lambda t: t)
+            bias = cast(self.bias) if self.bias is not None else None
+            z = ops.sparse_linear(x2, cast(self.values), bias, self._modules["pattern"].tensors, "none")
+            if self.activation == "relu":
+                return x2, torch.ops.aten.threshold_backward(dy2, z, 0)
+            return x2, torch.ops.aten.gelu_backward(dy2, z)
+
     def attach_fused_update(self, update) -> None:
         """Runs ``update``'s optimizer step of ``values`` inside the layer's backward from now on, in
         place of returning their gradient (None: detach, the backward returns gradients again).

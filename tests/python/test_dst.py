@@ -721,3 +721,105 @@ def test_sample_absent_is_uniform(device, m, k, nnz, grow):
     assert counts.sum() == trials * grow and counts[list(present)].sum() == 0
     mean = trials * grow / absent.numel()
     assert torch.all((counts[absent] - mean).abs() < 5 * mean ** 0.5), counts[absent]
+
+
+# ---- RigL's growth scores the whole dense gradient of the weight ------------------------------------
+def _rigl_growth(model: nn.Module, layer, loss_of, k_fraction: float = 0.3, forwards: int = 1) -> list[int]:
+    """The positions RigL grows in ``layer`` after ``forwards`` backward passes of loss_of(model) and one
+    step (SGD at lr 0: the weights do not move)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = snack.dst.DSTScheduler(model, opt, algorithm="rigl", update_every=1, drop_fraction=k_fraction,
+                                   drop_schedule="constant", generator=torch.Generator().manual_seed(0))
+    before = layer.mask().bool()
+    for i in range(forwards):
+        loss_of(model, i).backward()
+    opt.step()
+    sched.remove()
+    return (layer.mask().bool() & ~before).flatten().nonzero().flatten().tolist()
+
+
+def _top_absent(dense_grad: torch.Tensor, mask: torch.Tensor, k: int) -> list[int]:
+    """The k absent positions of largest |gradient|, ties to the smaller position."""
+    scores = dense_grad.abs().flatten().tolist()
+    absent = [p for p, present in enumerate(mask.flatten().tolist()) if not present]
+    return sorted(sorted(absent, key=lambda p: (-scores[p], p))[:k])
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("conv", [False, True])
+def test_rigl_grows_from_the_gradient_before_a_fused_activation(device, activation, conv):
+    if device.type == "cuda":
+        pytest.skip("float64 reference: the CPU products")
+    gen = torch.Generator().manual_seed(1)
+    if conv:
+        layer = snack.SparseConv2d(6, 10, density=0.3, activation=activation, dtype=torch.float64, generator=gen)
+        x = torch.randn(2, 6, 5, 4, dtype=torch.float64, generator=gen)
+    else:
+        layer = snack.SparseLinear(32, 24, density=0.2, activation=activation, dtype=torch.float64, generator=gen)
+        x = torch.randn(3, 5, 32, dtype=torch.float64, generator=gen)  # 3-D: rows of every batch
+    target = torch.randn(layer(x).shape, dtype=torch.float64, generator=gen)
+    weight = layer.to_dense().detach().clone().requires_grad_()
+    act = torch.relu if activation == "relu" else nn.functional.gelu
+    z = (nn.functional.conv2d(x, weight[:, :, None, None], layer.bias) if conv
+         else nn.functional.linear(x, weight, layer.bias))
+    (act(z) * target).sum().backward()
+    k = int(0.3 * layer.nnz)
+    expected = _top_absent(weight.grad, layer.mask(), k)
+    grown = _rigl_growth(nn.Sequential(layer), layer, lambda m, i: (m(x) * target).sum())
+    assert grown == expected
+
+
+def test_rigl_sums_the_gradient_of_every_call_of_a_shared_layer():
+    gen = torch.Generator().manual_seed(2)
+    layer = snack.SparseLinear(16, 16, density=0.25, dtype=torch.float64, generator=gen)
+    model = nn.Sequential(layer, nn.Tanh(), layer)  # one layer, called twice
+    x = torch.randn(7, 16, dtype=torch.float64, generator=gen)
+    weight = layer.to_dense().detach().clone().requires_grad_()
+    lin = lambda t: nn.functional.linear(t, weight, layer.bias)  # noqa: E731
+    lin(torch.tanh(lin(x))).square().sum().backward()
+    expected = _top_absent(weight.grad, layer.mask(), int(0.3 * layer.nnz))
+    assert _rigl_growth(model, layer, lambda m, i: m(x).square().sum()) == expected
+
+
+def test_rigl_decides_from_the_calls_that_reach_the_loss():
+    gen = torch.Generator().manual_seed(3)
+    layer = snack.SparseLinear(16, 12, density=0.25, dtype=torch.float64, generator=gen)
+    x, unused = torch.randn(5, 16, dtype=torch.float64, generator=gen), torch.randn(4, 16, dtype=torch.float64)
+    weight = layer.to_dense().detach().clone().requires_grad_()
+    nn.functional.linear(x, weight, layer.bias).square().sum().backward()
+    expected = _top_absent(weight.grad, layer.mask(), int(0.3 * layer.nnz))
+
+    def loss(model, i):
+        model(unused)  # a call whose output takes no part in the loss
+        return model(x).square().sum()
+    assert _rigl_growth(nn.Sequential(layer), layer, loss) == expected
+
+
+def test_rigl_under_gradient_accumulation_warns_and_scores_the_last_pass():
+    gen = torch.Generator().manual_seed(4)
+    layer = snack.SparseLinear(16, 12, density=0.25, dtype=torch.float64, generator=gen)
+    batches = [torch.randn(5, 16, dtype=torch.float64, generator=gen) for _ in range(2)]
+    weight = layer.to_dense().detach().clone().requires_grad_()
+    nn.functional.linear(batches[1], weight, layer.bias).square().sum().backward()
+    expected = _top_absent(weight.grad, layer.mask(), int(0.3 * layer.nnz))
+    with pytest.warns(UserWarning, match="gradient accumulation"):
+        grown = _rigl_growth(nn.Sequential(layer), layer, lambda m, i: m(batches[i]).square().sum(), forwards=2)
+    assert grown == expected
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_rigl_with_a_fused_activation_under_autocast_grows_as_with_the_activation_apart(device, activation):
+    # The product's output is recomputed in the autocast dtype, as the layer computed it: the growth is
+    # the one of a twin whose activation is a module of its own.
+    torch.manual_seed(5)
+    fused = snack.SparseLinear(64, 48, density=0.2, activation=activation, device=device)
+    twin = copy.deepcopy(fused)
+    twin.activation = "none"
+    act = nn.ReLU() if activation == "relu" else nn.GELU()
+    x = torch.randn(40, 64, device=device)
+
+    def loss(model, i):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return model(x).float().square().sum()
+    grown = _rigl_growth(nn.Sequential(fused), fused, loss)
+    assert grown and grown == _rigl_growth(nn.Sequential(twin, act), twin, loss)
