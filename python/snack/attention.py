@@ -247,6 +247,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise TypeError(f"sparse_attention: q, k and v must share one floating dtype, got {q.dtype}, {k.dtype}, "
                         f"{v.dtype}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"sparse_attention: q and k need a head dimension of at least 1, got {tuple(q.shape)}")
     patterns = _head_patterns(pattern, q.shape[1])
     for p in patterns:
         if (p.out_features, p.in_features) != (q.shape[2], k.shape[2]):
@@ -255,6 +257,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
         if p.col_idx.device != q.device:
             raise ValueError(f"sparse_attention: pattern on {p.col_idx.device}, q on {q.device}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if q.shape[0] * q.shape[1] == 0:  # no batch or no head: an empty output, still part of the graph
+        return torch.einsum("bhqd,bhkd,bhke->bhqe", q, k, v)
     fused = _fused(q, k, v, patterns)
     if any(p.forward_only for p in patterns):
         if not fused:

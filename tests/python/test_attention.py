@@ -198,6 +198,19 @@ def test_errors():
         snack.nn.functional.sparse_attention(q, q.double(), q, pattern)
     with pytest.raises(ValueError, match="4-D"):
         snack.nn.functional.sparse_attention(q[0], q, q, pattern)
+    with pytest.raises(ValueError, match="head dimension"):
+        snack.nn.functional.sparse_attention(q[..., :0], q[..., :0], q, pattern)
+
+
+@pytest.mark.parametrize("batch,heads", [(0, 2), (2, 0)])
+def test_no_batch_or_no_head_gives_an_empty_output_and_gradients(device, batch, heads):
+    pattern = sa.local_pattern(8, 1, device=device)
+    q, k = (torch.randn(batch, heads, 8, 4, device=device, requires_grad=True) for _ in range(2))
+    v = torch.randn(batch, heads, 8, 6, device=device, requires_grad=True)
+    out = snack.nn.functional.sparse_attention(q, k, v, pattern, causal=True)
+    assert out.shape == (batch, heads, 8, 6) and out.dtype == q.dtype
+    out.sum().backward()
+    assert q.grad.shape == q.shape and v.grad.shape == v.shape
 
 
 def test_compile_runs_it_eagerly_with_its_gradients(device):
