@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from typing import Callable, Iterable, Optional, Union
 
 import torch
@@ -128,6 +129,11 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
         shapes[name] = (w.shape[1], w.shape[0]) if _is_hf_conv1d(module) else (w.shape[0], w.shape[1])
     densities = erk_densities(shapes, density) if distribution == "erk" else {n: float(density) for n in shapes}
     counts = _nnz_per_layer(shapes, densities, density)
+    empty = [name for name in shapes if counts[name] == 0]
+    if empty and density > 0:
+        warnings.warn(f"snack.sparsify: at density {density:g} ({distribution}) the layers {', '.join(empty)} keep no "
+                      "connection, so their outputs are their biases alone; raise the density or keep them dense "
+                      "with exclude=", stacklevel=2)
     result = {}
     for name, module in targets.items():
         out_f, in_f = shapes[name]

@@ -589,6 +589,13 @@ def test_sparsify_meets_the_budget_exactly(distribution):
     assert model(torch.randn(3, 64)).shape == (3, 10)
 
 
+def test_sparsify_warns_of_a_layer_left_without_connections():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1000))
+    with pytest.warns(UserWarning, match="the layers 0 keep no connection"):
+        densities = snack.sparsify(model, 0.01, generator=torch.Generator().manual_seed(0))
+    assert densities["0"] == 0.0 and model[0].nnz == 0
+
+
 def test_sparsify_filters_and_errors():
     model = mlp()
     out = snack.sparsify(model, 0.2, exclude="4")
