@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -181,13 +183,16 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
     if (cpu_dense_blocks(p, n, values.scalar_type(), product, path, product == CpuProduct::kForward ? act
                                                                                                  : Activation::kNone)) {
       const CpuBlocks blocks = cpu_blocks(p, n, product);
-      return {"dense_blocks", reason, 1, 1, 1, 1, 1, 0, blocks.per_block * blocks.width * int64_t(values.element_size()),
+      // Each block's GEMM takes the whole batch.
+      const int whole_batch = int(std::min<int64_t>(n, std::numeric_limits<int>::max()));
+      return {"dense_blocks", reason, whole_batch, 1, 1, 1, 1, 0, blocks.per_block * blocks.width * int64_t(values.element_size()),
               false,
               "dense_blocks (cpu): W expanded " + std::to_string(blocks.per_block) +
                   (blocks.columns ? " columns" : " rows") + " at a time, each block multiplied by ATen's GEMM"};
     }
-    return {"cpu", reason, 1, 1, 1, 1, 1, 0, 0, false,
-            "cpu: sparse loops over the batch in tiles of " + std::to_string(cpu::batch_tile_width(n)) +
+    const int tile = cpu::batch_tile_width(n);
+    return {"cpu", reason, tile, 1, 1, 1, 1, 0, 0, false,
+            "cpu: sparse loops over the batch in tiles of " + std::to_string(tile) +
                 " rows, outputs split over threads, each summed in a fixed order"};
   }
   const int device = values.device().index();

@@ -193,7 +193,9 @@ def test_cpu_explain_names_the_path():
     layer = snack.SparseLinear(512, 256, sparsity=0.3)  # 131072 weights, 70% of them stored
     small, large = snack.explain(layer, 8), snack.explain(layer, 128)
     assert (small.variant, small.reason) == ("cpu", "cpu_rule")
+    assert small.batch_tile == 8 and "tiles of 8 rows" in small.describe
     assert (large.variant, large.reason) == ("dense_blocks", "cpu_rule") and "256 rows at a time" in large.describe
+    assert large.batch_tile == 128  # each block's GEMM takes the whole batch
     forced = snack.explain(layer, 1, op="weight_grad", variant="dense_blocks")
     assert (forced.variant, forced.reason) == ("dense_blocks", "forced")
     blocks_dx = snack.explain(layer, 128, op="input_grad", variant="dense_blocks")
@@ -201,7 +203,7 @@ def test_cpu_explain_names_the_path():
     loops = snack.explain(layer, 128, op="input_grad", variant="warp_row")
     assert (loops.variant, loops.reason) == ("cpu", "forced")
     sparse = snack.explain(snack.SparseLinear(512, 256, sparsity=0.95), 128)
-    assert sparse.variant == "cpu" and "tiles of 16 rows" in sparse.describe
+    assert sparse.variant == "cpu" and "tiles of 16 rows" in sparse.describe and sparse.batch_tile == 16
     # The layer's fused GELU on 16-bit values keeps the forward in the loops, and explain says so;
     # the input gradient has no activation.
     gelu = snack.SparseLinear(512, 256, sparsity=0.3, activation="gelu").to(torch.bfloat16)
