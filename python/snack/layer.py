@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -26,8 +27,13 @@ def sparse_linear(x: Tensor, values: Tensor, bias: Optional[Tensor], pattern: Un
     """Functional form of :class:`SparseLinear`: ``act(x W^T + b)``, ``x [..., K] -> [..., M]``,
     differentiable in x, values and bias. ``pattern``: a :class:`Pattern` or its ``tensors``.
     ``activation``: "none", "relu" or "gelu" (exact), fused into the kernel's epilogue (GELU is fused
-    at inference; under autograd it keeps its pre-activation)."""
+    at inference; under autograd it keeps its pre-activation). ``values`` and ``bias`` may be strided
+    views, as for ``F.linear`` (the kernels read contiguous copies of them)."""
     tensors = pattern.tensors if isinstance(pattern, Pattern) else pattern
+    if isinstance(values, Tensor):
+        values = values.contiguous()
+    if isinstance(bias, Tensor):
+        bias = bias.contiguous()
     return ops.sparse_linear(x, values, bias, tensors, activation)
 
 
@@ -97,8 +103,12 @@ class SparseLinear(nn.Module):
         out_features = integer(out_features, "out_features", "SparseLinear", minimum=1)
         value_dtype(dtype, "SparseLinear")
         density = _resolve_density(density, sparsity)
-        pattern = Pattern.random(out_features, in_features, nnz_for_density(out_features, in_features, density),
-                                 generator=generator, device=device, index_dtype=index_dtype)
+        nnz = nnz_for_density(out_features, in_features, density)
+        if nnz == 0 and density > 0:
+            warnings.warn(f"{type(self).__name__}: density {density:g} of a {out_features} x {in_features} weight "
+                          "keeps no connection: the layer's output is its bias alone", stacklevel=2)
+        pattern = Pattern.random(out_features, in_features, nnz, generator=generator, device=device,
+                                 index_dtype=index_dtype)
         factory = {"device": device, "dtype": dtype}
         self._setup(pattern, torch.empty(pattern.nnz, **factory),
                     torch.empty(out_features, **factory) if bias else None, activation)

@@ -68,6 +68,28 @@ def test_density_and_sparsity():
     assert snack.SparseLinear(10, 10, density=1.0).nnz == 100
 
 
+def test_functional_form_takes_strided_values_and_bias(device):
+    layer = snack.SparseLinear(20, 12, density=0.3, device=device, dtype=torch.float64)
+    values = torch.zeros(2 * layer.nnz, device=device, dtype=torch.float64)[::2]
+    values.copy_(layer.values.detach())
+    bias = torch.zeros(12, 2, device=device, dtype=torch.float64)[:, 1]
+    bias.copy_(layer.bias.detach())
+    values.requires_grad_()
+    x = torch.randn(3, 20, device=device, dtype=torch.float64)
+    y = snack.sparse_linear(x, values, bias, layer.pattern)
+    with torch.no_grad():
+        assert torch.equal(y, layer(x))
+    y.sum().backward()
+    assert values.grad.shape == values.shape and values.grad.abs().sum() > 0
+
+
+def test_a_density_that_keeps_no_connection_warns():
+    with pytest.warns(UserWarning, match="keeps no connection"):
+        layer = snack.SparseLinear(16, 8, density=1e-4)
+    assert layer.nnz == 0
+    torch.testing.assert_close(layer(torch.randn(3, 16)), layer.bias.expand(3, 8))
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"density": 0.1, "sparsity": 0.9}, {"density": 0.0}, {"density": 1.5},
                                     {"sparsity": 1.0}, {"sparsity": -0.1}])
 def test_bad_density(kwargs):
