@@ -27,7 +27,7 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None) -> nn.M
         model: any module; its Patterns are found among its submodules (a pattern shared by several
             layers is kept once).
         tile_view: keep the tile view. None (default): kept for the patterns of layers whose values are
-            16-bit (their tensor-core forward reads it at batches of 16 to 128 rows), dropped for the
+            16-bit (their tensor-core forward reads it at batches of 17 to 128 rows), dropped for the
             others (float32 and float64 values, sparse attention's patterns).
     """
     keep: dict[int, tuple[Pattern, bool]] = {}

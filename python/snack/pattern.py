@@ -165,7 +165,7 @@ class Pattern(nn.Module):
 
         Drops the slots' rows (``row_idx``, 2 or 4 bytes per slot) and the CSC permutation
         (``csc_perm``, 4 bytes per slot), and the tile view (4 bytes per slot) unless ``tile_view``:
-        the 16-bit tensor-core forward reads it at batches of 16 to 128 rows, and without it the
+        the 16-bit tensor-core forward reads it at batches of 17 to 128 rows, and without it the
         planner takes another kernel. Kept: ``col_idx``, ``row_ptr``, ``col_ptr``.
 
         The forward products run as before: the layer's forward where no gradient is needed
