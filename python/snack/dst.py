@@ -343,8 +343,9 @@ class DSTScheduler:
                     return
                 try:
                     calls["rows"][call] = module.gradient_rows(x, grad.detach())
-                except Exception as exc:  # raised by the step
+                except Exception as exc:  # raised by the step; the layer's other calls are not decided
                     self._grown[name] = exc
+                    self._calls.pop(name, None)
                     return
                 if len(calls["rows"]) == calls["count"]:
                     self._decide(name, module, k)

@@ -35,7 +35,8 @@ class Plan:
     ``variant``: the kernel ("cpu" for a CPU layer's loops, "dense_blocks" for its dense blocks);
     ``reason``: why, as a token ("cpu_rule" or "forced" on the CPU; ``describe`` has the
     sentence); ``batch_tile``: batch rows per pass (the SDDMM: the batch padded to a multiple of
-    4; on the CPU the loops' batch tile, or the whole batch for ``dense_blocks``' GEMMs); ``lanes_per_row``: lanes that split one row's entries; ``rows_per_warp``: wide_rows' rows per
+    4; on the CPU the loops' batch tile, or the whole batch for ``dense_blocks``' GEMMs);
+    ``lanes_per_row``: lanes that split one row's entries; ``rows_per_warp``: wide_rows' rows per
     warp group (the SDDMM: its batch lanes); ``grid`` and ``threads``: the launch; ``smem_bytes``,
     ``workspace_bytes``: memory per block and for the call; ``prefetch_l2``: operands requested into
     L2 first."""

@@ -244,9 +244,8 @@ class SparseLinear(nn.Module):
         if self.activation == "none":
             return x2, dy2
         with torch.no_grad():
-            cast = (lambda t: t.to(x2.dtype)) if x2.dtype != self.values.dtype else (lambda t: t)
-            bias = cast(self.bias) if self.bias is not None else None
-            z = ops.sparse_linear(x2, cast(self.values), bias, self._modules["pattern"].tensors, "none")
+            bias = self.bias.to(x2.dtype) if self.bias is not None else None
+            z = ops.sparse_linear(x2, self.values.to(x2.dtype), bias, self._modules["pattern"].tensors, "none")
             if self.activation == "relu":
                 return x2, torch.ops.aten.threshold_backward(dy2, z, 0)
             return x2, torch.ops.aten.gelu_backward(dy2, z)
