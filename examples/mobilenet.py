@@ -117,8 +117,6 @@ def inference_rows(args, device, rows: list[dict], save) -> None:
         sparse = make_sparse(copy.deepcopy(dense), args.sparsity, args.seed)
         x = torch.randn(batch, 3, args.resolution, args.resolution, device=device).to(dtype=dtype, memory_format=fmt)
         for impl, model in (("snack", sparse), ("dense", dense)):
-            # Both models as served: batch norms folded into the convolutions before them, and the
-            # ReLU after each snack layer computed in its epilogue (the dense model keeps its ReLUs).
             model = snack.fuse_for_inference(model.to(dtype=dtype, memory_format=fmt))
             if impl == "snack":
                 snack.for_inference(model)  # after the cast: 16-bit layers keep their tile view
@@ -130,9 +128,9 @@ def inference_rows(args, device, rows: list[dict], save) -> None:
 
 
 def print_weights(args, device) -> None:
-    """The weight memory of every width and dtype, both models with their batch norms folded: dense, snack
-    with every array of its patterns, kept for inference (snack.for_inference's default) and kept without the tile view. Bytes do not depend
-    on the device."""
+    """The weight memory of every width and dtype, both models with their batch norms folded: dense,
+    snack with every array of its patterns, kept for inference (snack.for_inference's default) and
+    kept without the tile view. Bytes do not depend on the device."""
     print(f"{'width':>6}{'dtype':>6}{'dense MiB':>11}{'snack MiB':>11}{'inference':>11}{'no tiles':>10}"
           f"{'smaller':>9}{'no tiles':>10}")
     for width in args.widths:

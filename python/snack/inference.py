@@ -82,7 +82,8 @@ def _fold(layer: nn.Module, bn: nn.Module) -> None:
     """layer(x) then bn, in eval mode, as one layer: each output channel's weights times s and its bias
     (b - mean) * s + beta, with s = gamma / sqrt(var + eps), computed in float32 at least and rounded
     once into the layer's dtype. The weight and bias tensors are updated in place (an optimizer's
-    references to them hold); a layer without a bias gets one."""
+    references to them hold); a layer without a bias gets one. (torch.nn.utils.fusion computes in the
+    weight's dtype, bf16 for a bf16 model, and has no path for a snack layer's stored values.)"""
     weight = layer.values if isinstance(layer, SparseLinear) else layer.weight
     compute = torch.promote_types(weight.dtype, torch.float32)
     mean, var = bn.running_mean.to(compute), bn.running_var.to(compute)

@@ -104,7 +104,7 @@ class SparseLinear(nn.Module):
         value_dtype(dtype, "SparseLinear")
         density = _resolve_density(density, sparsity)
         nnz = nnz_for_density(out_features, in_features, density)
-        if nnz == 0 and density > 0:
+        if nnz == 0:  # density is in (0, 1]: a rounding to nothing
             warnings.warn(f"{type(self).__name__}: density {density:g} of a {out_features} x {in_features} weight "
                           "keeps no connection: the layer's output is its bias alone", stacklevel=2)
         pattern = Pattern.random(out_features, in_features, nnz, generator=generator, device=device,

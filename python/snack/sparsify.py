@@ -130,7 +130,7 @@ def sparsify(model: nn.Module, density: float, *, distribution: str = "erk", inc
     densities = erk_densities(shapes, density) if distribution == "erk" else {n: float(density) for n in shapes}
     counts = _nnz_per_layer(shapes, densities, density)
     empty = [name for name in shapes if counts[name] == 0]
-    if empty and density > 0:
+    if empty:
         warnings.warn(f"snack.sparsify: at density {density:g} ({distribution}) the layers {', '.join(empty)} keep no "
                       "connection, so their outputs are their biases alone; raise the density or keep them dense "
                       "with exclude=", stacklevel=2)
