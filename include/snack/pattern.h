@@ -66,6 +66,15 @@ inline constexpr int kTileViewSlotShift = 12;
 inline constexpr int64_t kTileViewMaxCols = int64_t(1) << (32 - kTileViewSlotShift) >> 6;
 static_assert(kTileViewRows * kTileViewCols == int64_t(1) << kTileViewSlotShift, "a position addresses a whole tile");
 
+/// Packed tile values: the tile view's entries with the 16-bit values of their slots in place of the
+/// slot offsets, entry e of tile_entries becoming
+///   (bits of the value of e's slot) << kTilePackedValueShift | e's position in the tile,
+/// so that a kernel reads a tile's values with its entries instead of gathering them from the slots
+/// (pack_tile_values in snack/topology.h builds them; kTileView's forward reads them where given).
+/// They hold a copy of the values: packed again whenever the values or the pattern change.
+inline constexpr int kTilePackedValueShift = 16;
+static_assert(kTileViewSlotShift <= kTilePackedValueShift, "a packed value leaves the position's bits alone");
+
 /// The tile view's bands (of kTileViewRows rows) and chunks (tiles per band, of kTileViewCols columns).
 inline int64_t tile_view_bands(int64_t rows) { return (rows + kTileViewRows - 1) / kTileViewRows; }
 inline int64_t tile_view_chunks(int64_t cols) { return (cols + kTileViewCols - 1) / kTileViewCols; }

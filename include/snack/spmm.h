@@ -293,9 +293,14 @@ namespace cuda {
 /// plan.workspace_bytes bytes (may be null when that is 0) and stays in use until the work on
 /// `stream` is done. A non-ok Status means the launch failed; errors raised asynchronously by a
 /// kernel surface at the next synchronisation.
+///
+/// packed_tiles (spmm_forward, 16-bit values): the weight's packed tile values (snack/pattern.h,
+/// pack_tile_values), packed from `values` and this pattern, on a 16-byte boundary; where the plan runs
+/// kTileView its kernel reads them instead of gathering the values. nullptr: the values alone.
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
-                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act = Activation::kNone);
+                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act = Activation::kNone,
+                    const uint32_t* packed_tiles = nullptr);
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
                        const SpmmPlan& plan, void* workspace, Stream stream);

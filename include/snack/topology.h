@@ -70,6 +70,15 @@ template <typename Index>
 Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                        const int32_t* row_ptr, int32_t* tile_ptr, uint32_t* tile_entries);
 
+/// Packs the 16-bit values of a pattern's slots into its tile view's entries (packed tile values,
+/// snack/pattern.h): packed[e] = value_bits[slot of e] << kTilePackedValueShift | position of e, for
+/// the entries e < nnz, and 0 for the padding after them.
+///   row_ptr: [m + 1]; tile_entries and packed: [tile_view_entries_length(m, k, nnz)];
+///   value_bits: [nnz], the bits of bfloat16 or float16 values, in slot order.
+/// Reads the view as built (build_tile_view); kInvalidArgument where the pattern has no tile view.
+Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
+                        const uint16_t* value_bits, uint32_t* packed);
+
 /// Positions of the `count` entries of largest magnitude in a dense row-major `m x k` matrix,
 /// written ascending to positions[count]. Ties go to the smaller position, so the result is
 /// deterministic. Non-finite entries are rejected (kInvalidArgument).
@@ -98,6 +107,10 @@ Status build_views(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, cons
 template <typename Index>
 Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,
                        const int32_t* row_ptr, int32_t* tile_ptr, uint32_t* tile_entries, Stream stream);
+
+/// As cpu::pack_tile_values, on `stream`; never synchronises.
+Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
+                        const uint16_t* value_bits, uint32_t* packed, Stream stream);
 
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,

@@ -88,8 +88,13 @@ def _register_fake(name: str):
 
 
 @_register_fake("spmm")
-def _spmm_fake(x, values, pattern, bias=None, activation="none", variant="auto"):
+def _spmm_fake(x, values, pattern, bias=None, activation="none", variant="auto", tiles=None):
     return values.new_empty((x.shape[0], _shape(pattern)[0]))
+
+
+@_register_fake("pack_tile_values")
+def _pack_tile_values_fake(values, pattern):
+    return values.new_empty((pattern[PATTERN_FIELDS.index("tile_entries")].shape[0], 2))
 
 
 @_register_fake("spmm_channels_first")

@@ -12,7 +12,7 @@ from .layer import SparseLinear
 from .pattern import Pattern
 
 
-def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None) -> nn.Module:
+def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_tiles: bool = False) -> nn.Module:
     """Keeps every :class:`Pattern` of ``model`` for inference (:meth:`Pattern.for_inference`), in
     place, and returns the model: each drops the slots' rows and the CSC permutation, the arrays of
     dX and dW, and the tile view unless kept. A float32 layer with uint16 indices then
@@ -29,6 +29,11 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None) -> nn.M
         tile_view: keep the tile view. None (default): kept for the patterns of layers whose values are
             16-bit (their tensor-core forward reads it at batches of 17 to 128 rows), dropped for the
             others (float32 and float64 values, sparse attention's patterns).
+        pack_tiles: the :class:`SparseLinear` layers with 16-bit values and a tile view also hold
+            their values packed into the view's entries (``snack.ops.pack_tile_values``, 4 bytes a
+            connection more), which the tile view's forward reads instead of gathering each value;
+            packed by the first forward and again whenever the values or the pattern change. Off by
+            default: not yet timed on a GPU (docs/kernels.md, "Packed tile values").
     """
     keep: dict[int, tuple[Pattern, bool]] = {}
     for module in model.modules():
@@ -40,13 +45,18 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None) -> nn.M
             keep[id(pattern)] = (pattern, kept or sixteen_bits)
     for pattern, sixteen_bits in keep.values():
         pattern.for_inference(tile_view=sixteen_bits if tile_view is None else bool(tile_view))
+    for module in model.modules():
+        if isinstance(module, SparseLinear):
+            module.pack_tiles = bool(pack_tiles) and module.pattern.has_tile_view and \
+                module.values.dtype in (torch.bfloat16, torch.float16)
+            module._packed = None
     return model
 
 
 def for_training(model: nn.Module, *, tile_view: bool = True) -> nn.Module:
     """Holds every array the training products read in every :class:`Pattern` of ``model``
     (:meth:`Pattern.for_training`, in place; the connections and values stay): rebuilds what
-    :func:`for_inference` dropped. Returns the model.
+    :func:`for_inference` dropped, and drops the packed tile values. Returns the model.
 
     Args:
         tile_view: hold the tile view (default). ``False`` leaves it out, for a model whose products
@@ -56,6 +66,8 @@ def for_training(model: nn.Module, *, tile_view: bool = True) -> nn.Module:
     for module in model.modules():
         if isinstance(module, Pattern):
             module.for_training(tile_view=tile_view)
+        if isinstance(module, SparseLinear):
+            module.pack_tiles, module._packed = False, None
     return model
 
 

@@ -12,10 +12,11 @@ from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ._checks import checkpoint_tensor, integer, real_number, unexpected_keys as unexpected_keys_of, value_dtype
-from ._ops import ops
+from ._ops import PATTERN_FIELDS, ops
 from .pattern import REFUSE, Pattern
 
 ACTIVATIONS = ("none", "relu", "gelu")
+_TILE_PTR, _TILE_ENTRIES = PATTERN_FIELDS.index("tile_ptr"), PATTERN_FIELDS.index("tile_entries")
 
 # values Parameter -> its SparseLinear (weak both ways): how snack.optim.AdamW finds the layers whose
 # values it is given, to attach its update to them (SparseLinear.attach_fused_update).
@@ -121,17 +122,23 @@ class SparseLinear(nn.Module):
         self.values = nn.Parameter(values)
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.fused_update = None
+        self.pack_tiles = False
+        self._packed = None
         _LAYER_OF_VALUES[self.values] = self
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        return {**state, "fused_update": None}  # an optimizer's, not the layer's: it holds the optimizer weakly
+        # fused_update: an optimizer's, not the layer's (it holds the optimizer weakly); the packed
+        # tiles: a copy of the values, packed again by the next forward that reads them.
+        return {**state, "fused_update": None, "_packed": None}
 
     def __setstate__(self, state) -> None:
         # A copy (copy.deepcopy, pickle) is a layer of its own: no optimizer's update comes with it,
         # and an optimizer given its values finds it (a copy of that optimizer attaches its own).
         super().__setstate__(state)
         self.fused_update = None
+        self.__dict__.setdefault("pack_tiles", False)  # a layer pickled before the packed tiles existed
+        self._packed = None
         _LAYER_OF_VALUES[self.values] = self
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
@@ -227,7 +234,38 @@ class SparseLinear(nn.Module):
                 and not torch.compiler.is_compiling()):
             return ops.sparse_linear_adamw(x, values, bias, tensors, **update.arguments(self),
                                            activation=self.activation)
+        if self.pack_tiles:
+            tiles = self._tiles_for(x, values, bias, tensors)
+            if tiles is not None:
+                y = ops.spmm(x.reshape(-1, self.in_features), values, tensors, bias, self.activation, tiles=tiles)
+                return y.reshape(*x.shape[:-1], self.out_features)
         return ops.sparse_linear(x, values, bias, tensors, self.activation)
+
+    def _tiles_for(self, x: Tensor, values: Tensor, bias: Optional[Tensor], tensors: list) -> Optional[Tensor]:
+        """The packed tile values this forward reads (``pack_tiles``), packed again whenever the
+        values or the pattern changed since; None where the forward runs without them: under
+        autograd or ``torch.compile``, values that are not 16-bit or computed in another dtype
+        (autocast), a pattern without the tile view, an input the layer would refuse."""
+        if torch.compiler.is_compiling() or values.dtype not in (torch.bfloat16, torch.float16):
+            return None
+        if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
+            return None
+        if torch.is_grad_enabled() and (x.requires_grad or values.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return None
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != values.dtype:
+            return None
+        tile_ptr, entries = tensors[_TILE_PTR], tensors[_TILE_ENTRIES]
+        if tile_ptr.numel() == 0:
+            return None
+        # What the packing copied: the values and the view, each by storage and in-place version.
+        key = (values.data_ptr(), values._version, values.dtype, values.device,
+               entries.data_ptr(), entries._version, tile_ptr.data_ptr(), tile_ptr._version)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = None  # the old copy goes before the new one is made
+            self._packed = (key, ops.pack_tile_values(values.detach(), tensors))
+        return self._packed[1]
 
     def product_rows(self, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
         """The layer's input and output gradient of one call as the matrices of its product,
@@ -300,10 +338,13 @@ class SparseLinear(nn.Module):
         return linear
 
     def nbytes(self) -> dict[str, int]:
-        """Bytes the layer holds: values, bias and its pattern (slots and views), and their total."""
+        """Bytes the layer holds: values, bias, its pattern (slots and views), the packed tile values
+        where it holds them (``pack_tiles``), and their total."""
+        tiles = self._packed[1] if self._packed is not None else None
         sizes = {"values": self.values.numel() * self.values.element_size(),
                  "bias": self.bias.numel() * self.bias.element_size() if self.bias is not None else 0,
-                 "pattern": self.pattern.nbytes()["total"]}
+                 "pattern": self.pattern.nbytes()["total"],
+                 "tiles": tiles.numel() * tiles.element_size() if tiles is not None else 0}
         sizes["total"] = sum(sizes.values())
         return sizes
 

@@ -191,6 +191,21 @@ Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, 
   return Status::Ok();
 }
 
+Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
+                        const uint16_t* value_bits, uint32_t* packed) {
+  SNACK_RETURN_IF_ERROR(detail::check_pack_tile_values(m, k, nnz, row_ptr, tile_entries, value_bits, packed));
+  for (int64_t b = 0; b < tile_view_bands(m); ++b) {
+    const int32_t first = row_ptr[b * kTileViewRows], last = row_ptr[std::min(m, (b + 1) * kTileViewRows)];
+    for (int32_t e = first; e < last; ++e) {
+      const uint32_t entry = tile_entries[e];
+      packed[e] = uint32_t(value_bits[first + int64_t(entry >> kTileViewSlotShift)]) << kTilePackedValueShift |
+                  (entry & ((1u << kTileViewSlotShift) - 1));
+    }
+  }
+  std::fill(packed + nnz, packed + tile_view_entries_length(m, k, nnz), 0u);
+  return Status::Ok();
+}
+
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions) {
   SNACK_RETURN_IF_ERROR(detail::check_topk(m, k, count, dense, positions));

@@ -162,11 +162,11 @@ Status launch_tensor_core(const SpmmPlan& plan, View view, int64_t out_dim, int6
   }
 }
 
-template <typename T, int NT, bool kTransposed>
+template <typename T, int NT, bool kTransposed, bool kPacked>
 Status launch_tile_view_tile(const SpmmPlan& plan, const detail::TileView& view, const T* values, int64_t out_dim,
                              int64_t in_dim, const T* in, int64_t n, const T* bias, T* out, Activation act,
                              Stream stream) {
-  auto kernel = detail::spmm_tile_view_kernel<T, NT, kTransposed>;
+  auto kernel = detail::spmm_tile_view_kernel<T, NT, kTransposed, kPacked>;
   if (plan.smem_bytes > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
@@ -179,24 +179,30 @@ Status launch_tile_view_tile(const SpmmPlan& plan, const detail::TileView& view,
 }
 
 // The product over the pattern's tile view, batch tiles of 16-64 rows: the forward (y = act(x W^T +
-// bias)), or with kTransposed dX = dY W (in = dY, out = dX, no bias).
-template <typename T, typename Index, bool kTransposed>
+// bias)), or with kTransposed dX = dY W (in = dY, out = dX, no bias). kPacked (the forward): the
+// kernel reads `packed` (packed tile values) in place of the view's entries and the values.
+template <typename T, typename Index, bool kTransposed, bool kPacked = false>
 Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* values, const T* in, int64_t n,
-                        const T* bias, T* out, Activation act, Stream stream) {
+                        const T* bias, T* out, Activation act, Stream stream, const uint32_t* packed = nullptr) {
   if constexpr (kIsHalfType<T>) {
     detail::TileView view;
     SNACK_RETURN_IF_ERROR(detail::tile_view_of(w, "tile_view", &view));
+    if constexpr (kPacked) {
+      if (reinterpret_cast<uintptr_t>(packed) % 16 != 0)
+        return InvalidArgument("tile_view: packed tile values must start on a 16-byte boundary");
+      view.entries = packed;
+    }
     const int64_t out_dim = kTransposed ? w.cols : w.rows, in_dim = kTransposed ? w.rows : w.cols;
     switch (plan.batch_tile) {
       case 16:
-        return launch_tile_view_tile<T, 16, kTransposed>(plan, view, values, out_dim, in_dim, in, n, bias, out, act,
-                                                         stream);
+        return launch_tile_view_tile<T, 16, kTransposed, kPacked>(plan, view, values, out_dim, in_dim, in, n, bias,
+                                                                  out, act, stream);
       case 32:
-        return launch_tile_view_tile<T, 32, kTransposed>(plan, view, values, out_dim, in_dim, in, n, bias, out, act,
-                                                         stream);
+        return launch_tile_view_tile<T, 32, kTransposed, kPacked>(plan, view, values, out_dim, in_dim, in, n, bias,
+                                                                  out, act, stream);
       case 64:
-        return launch_tile_view_tile<T, 64, kTransposed>(plan, view, values, out_dim, in_dim, in, n, bias, out, act,
-                                                         stream);
+        return launch_tile_view_tile<T, 64, kTransposed, kPacked>(plan, view, values, out_dim, in_dim, in, n, bias,
+                                                                  out, act, stream);
       default: return InvalidArgument("tile_view: unsupported batch tile " + std::to_string(plan.batch_tile));
     }
   } else {
@@ -338,7 +344,8 @@ Status run_over_csc_copy(const SlotPattern<Index>& w, const T* values, const T* 
 
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
-                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act) {
+                    const SpmmPlan& plan, void* workspace, Stream stream, Activation act,
+                    const uint32_t* packed_tiles) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, values, {{"x", required_if(n * w.cols > 0, x)}, {"y", required_if(n * w.rows > 0, y)}},
@@ -346,6 +353,8 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
   SNACK_RETURN_IF_ERROR(check_plan_matches(plan, problem_of<T>(w.rows, w.cols, w.nnz, n, false)));
   if (plan.variant == SpmmVariant::kCooAtomic && w.forward_only())
     return InvalidArgument("coo_atomic reads the slots' rows, which a forward-only pattern does not hold");
+  if (packed_tiles != nullptr && !kIsHalfType<T>)
+    return InvalidArgument("packed tile values hold 16-bit values (bfloat16, float16) only");
   if (n == 0 || w.rows == 0) return Status::Ok();
   if (plan.variant == SpmmVariant::kCooAtomic) {
     detail::fill_rows_kernel<T><<<detail::grid_for(n * w.rows, 256, 4096), 256, 0, stream>>>(y, bias, n, w.rows);
@@ -364,8 +373,11 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return Status::Ok();
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
-  if (plan.variant == SpmmVariant::kTileView)
+  if (plan.variant == SpmmVariant::kTileView) {
+    if (packed_tiles != nullptr)
+      return launch_tile_view<T, Index, false, true>(plan, w, values, x, n, bias, y, act, stream, packed_tiles);
     return launch_tile_view<T, Index, false>(plan, w, values, x, n, bias, y, act, stream);
+  }
   CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
   return run_plan<T>(plan, view, w.nnz, w.rows, w.cols, x, n, bias, y, workspace, stream, act);
 }
@@ -463,7 +475,7 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
 
 #define SNACK_INSTANTIATE_SPMM(T, Index)                                                                         \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
-                                         const SpmmPlan&, void*, Stream, Activation);                            \
+                                         const SpmmPlan&, void*, Stream, Activation, const uint32_t*);           \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*,          \
                                             const SpmmPlan&, void*, Stream);                                     \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \

@@ -18,6 +18,9 @@
 // multiplies tile i and zeroes the buffer of tile i - 1, which every warp finished before the barrier.
 // A step's entries are loaded three steps ahead and its values gathered two steps ahead, in registers,
 // so that their latency runs under the steps between.
+//
+// The forward also reads packed tile values (snack/pattern.h) in place of the entries where the caller
+// holds them: the values then arrive with the entries' 16-byte loads, and no slot is gathered.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,14 +41,19 @@ namespace snack::cuda::detail {
 
 static_assert(kTcBandRows == kTileViewRows && kTcChunk == kTileViewCols, "the kernel's tiles are the view's");
 
-template <typename T>
+// The share's values: gathered from the slots the entries name, or, with kPacked, taken from the
+// entries themselves (packed tile values, snack/pattern.h), which the share's load already brought.
+template <bool kPacked, typename T>
 __device__ __forceinline__ void gather_share_values(const TileShare<1>& s, uint16_t (&bits)[4],
                                                     const T* __restrict__ band_values, int32_t begin, int32_t end) {
   const uint16_t* raw = reinterpret_cast<const uint16_t*>(band_values);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int32_t e = s.at(j);
-    bits[j] = e >= begin && e < end ? raw[s.entry[j] >> kTileViewSlotShift] : uint16_t(0);
+    if constexpr (kPacked)
+      bits[j] = e >= begin && e < end ? uint16_t(s.entry[j] >> kTilePackedValueShift) : uint16_t(0);
+    else
+      bits[j] = e >= begin && e < end ? raw[s.entry[j] >> kTileViewSlotShift] : uint16_t(0);
   }
 }
 
@@ -75,14 +83,16 @@ __device__ __forceinline__ void zero_block_tile(uint16_t* tile) {
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
 // batch tile of blockIdx.y; the cluster's blocks split the band's chunks. kTransposed: dX = dY W, out
-// and in being dX [n][cols of W] and dY [n][rows of W].
-template <typename T, int NT, bool kTransposed>
+// and in being dX [n][cols of W] and dY [n][rows of W]. kPacked: view.entries are packed tile values
+// (the forward only), and `values` is not read.
+template <typename T, int NT, bool kTransposed, bool kPacked = false>
 __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView view, const T* __restrict__ values,
                                                                     int64_t out_dim, int64_t in_dim,
                                                                     const T* __restrict__ in, int64_t n,
                                                                     const T* __restrict__ bias, T* __restrict__ out,
                                                                     Activation act, int splits, bool vec) {
   static_assert(NT % 16 == 0 && NT <= 64, "batch tiles of 16 to 64 rows");
+  static_assert(!(kPacked && kTransposed), "packed tile values serve the forward");
   constexpr int CW = kTcChunk;
   constexpr int kStride = tensor_core_stride(CW);
   constexpr int kTileValues = kTcBandRows * kStride;
@@ -113,7 +123,7 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
       tp[2 * steps + i] = view.row_ptr[(c_begin + i) * kTcBandRows];
     }
   } else {
-    band_values = values + view.row_ptr[o0];
+    if constexpr (!kPacked) band_values = values + view.row_ptr[o0];
     for (int i = t; i <= steps; i += kTcThreads) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
   }
   __syncthreads();
@@ -133,10 +143,10 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
   if (steps > 1) load_tile_share(s1, view.entries, step_begin(1) & ~3, step_end(1), t);
   if (steps > 2) load_tile_share(s2, view.entries, step_begin(2) & ~3, step_end(2), t);
   if (steps > 0) {
-    gather_share_values(s0, b0, step_values(0), step_begin(0), step_end(0));
+    gather_share_values<kPacked>(s0, b0, step_values(0), step_begin(0), step_end(0));
     stage_input_chunk<T, NT, CW>(xs, in, n, in_dim, n0, c_begin * CW, vec);
   }
-  if (steps > 1) gather_share_values(s1, b1, step_values(1), step_begin(1), step_end(1));
+  if (steps > 1) gather_share_values<kPacked>(s1, b1, step_values(1), step_begin(1), step_end(1));
   cp_async_commit();
   zero_block_tile(tiles);
   zero_block_tile(tiles + kTileValues);
@@ -152,14 +162,14 @@ __global__ void __launch_bounds__(kTcThreads) spmm_tile_view_kernel(TileView vie
       TileShare<1> more;
       uint16_t bits[4];
       load_tile_share(more, view.entries, round, end, t);
-      gather_share_values(more, bits, step_values(i), begin, end);
+      gather_share_values<kPacked>(more, bits, step_values(i), begin, end);
       scatter_share<kTransposed>(more, bits, tile, begin, end);
     }
     s0 = s1;
 #pragma unroll
     for (int j = 0; j < 4; ++j) b0[j] = b1[j];
     s1 = s2;
-    if (i + 2 < steps) gather_share_values(s1, b1, step_values(i + 2), step_begin(i + 2), step_end(i + 2));
+    if (i + 2 < steps) gather_share_values<kPacked>(s1, b1, step_values(i + 2), step_begin(i + 2), step_end(i + 2));
     if (i + 3 < steps) load_tile_share(s2, view.entries, step_begin(i + 3) & ~3, step_end(i + 3), t);
     if (vec) cp_async_wait_all();
     __syncthreads();  // tile i and X's chunk i are in place; every warp is done with tile i - 1 and X's i - 1

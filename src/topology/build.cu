@@ -315,7 +315,40 @@ __global__ void __launch_bounds__(kTileViewThreads)
     for (int64_t e = nnz + threadIdx.x; e < padded; e += blockDim.x) tile_entries[e] = 0;
 }
 
+constexpr int kPackThreads = 256;
+
+// Band blockIdx.x's entries with their slots' values (snack/pattern.h, packed tile values): each
+// thread reads consecutive entries, so the entries and the packed words move coalesced and the
+// values come from the band's own slots. An entry whose slot lies outside the band (a view that is
+// not the pattern's) packs a zero value, so nothing is read out of bounds.
+__global__ void __launch_bounds__(kPackThreads)
+    pack_tile_values_kernel(int64_t m, int64_t nnz, const int32_t* __restrict__ row_ptr,
+                            const uint32_t* __restrict__ tile_entries, const uint16_t* __restrict__ value_bits,
+                            uint32_t* __restrict__ packed) {
+  const int64_t r0 = int64_t(blockIdx.x) * kTileViewRows;
+  const int64_t r1 = r0 + kTileViewRows < m ? r0 + kTileViewRows : m;
+  const int32_t first = row_ptr[r0], last = row_ptr[r1];
+  for (int64_t e = first + int64_t(threadIdx.x); e < last && e < nnz; e += kPackThreads) {
+    const uint32_t entry = tile_entries[e];
+    const int64_t slot = int64_t(first) + (entry >> kTileViewSlotShift);
+    const uint32_t bits = slot < last ? value_bits[slot] : 0u;
+    packed[e] = bits << kTilePackedValueShift | (entry & ((1u << kTileViewSlotShift) - 1));
+  }
+  const int64_t padded = (nnz + 3) / 4 * 4;
+  if (blockIdx.x == gridDim.x - 1)
+    for (int64_t e = nnz + threadIdx.x; e < padded; e += kPackThreads) packed[e] = 0;
+}
+
 }  // namespace
+
+Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
+                        const uint16_t* value_bits, uint32_t* packed, Stream stream) {
+  SNACK_RETURN_IF_ERROR(
+      snack::detail::check_pack_tile_values(m, k, nnz, row_ptr, tile_entries, value_bits, packed));
+  pack_tile_values_kernel<<<unsigned(tile_view_bands(m)), kPackThreads, 0, stream>>>(m, nnz, row_ptr, tile_entries,
+                                                                                      value_bits, packed);
+  return check_launch("pack_tile_values_kernel");
+}
 
 template <typename Index>
 Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, const Index* col_idx,

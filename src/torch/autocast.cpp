@@ -38,12 +38,14 @@ c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
 
 template <c10::DeviceType D>
 at::Tensor spmm_autocast(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                         const OptionalTensor& bias, c10::string_view activation, c10::string_view variant) {
+                         const OptionalTensor& bias, c10::string_view activation, c10::string_view variant,
+                         const OptionalTensor& tiles) {
   static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, at::TensorList, const OptionalTensor&,
-                                        c10::string_view, c10::string_view)>("snack::spmm");
+                                        c10::string_view, c10::string_view, const OptionalTensor&)>("snack::spmm");
   BelowAutocast<D> below;
+  // The packed tiles are bits, never cast: the op checks them against the values it receives.
   return op.call(cached_cast(below.dtype, x, D), cached_cast(below.dtype, values, D), pattern,
-                 cached_cast(below.dtype, bias, D), activation, variant);
+                 cached_cast(below.dtype, bias, D), activation, variant, tiles);
 }
 
 template <c10::DeviceType D>

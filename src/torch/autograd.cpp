@@ -21,8 +21,8 @@ at::Tensor call_spmm(const at::Tensor& x, const at::Tensor& values, at::TensorLi
                      c10::string_view activation) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("snack::spmm", "").typed<at::Tensor(
       const at::Tensor&, const at::Tensor&, at::TensorList, const OptionalTensor&, c10::string_view,
-      c10::string_view)>();
-  return op.call(x, values, pattern, bias, activation, "auto");
+      c10::string_view, const OptionalTensor&)>();
+  return op.call(x, values, pattern, bias, activation, "auto", std::nullopt);
 }
 
 std::tuple<at::Tensor, at::Tensor> call_spmm_for_step(const at::Tensor& x, const at::Tensor& values,

@@ -21,6 +21,36 @@ SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::Tensor
   return in;
 }
 
+namespace {
+void check_packable(const at::Tensor& values, const PatternArg& p, const char* op) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf, "snack.", op,
+                   ": packed tile values hold bfloat16 or float16 values, got ", values.scalar_type());
+  TORCH_CHECK_VALUE(p.has_tile_view(), "snack.", op, ": the pattern holds no tile view (its layer is wider than ",
+                    kTileViewMaxCols, " inputs, empty, or kept without it: Pattern.for_inference(tile_view=True))");
+}
+}  // namespace
+
+const uint32_t* packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Tensor& values, const PatternArg& p,
+                                 const char* op) {
+  if (!tiles) return nullptr;
+  check_packable(values, p, op);
+  const int64_t entries = tile_view_entries_length(p.rows, p.cols, p.nnz);
+  TORCH_CHECK_TYPE(tiles->scalar_type() == values.scalar_type(), "snack.", op, ": tiles dtype ", tiles->scalar_type(),
+                   " differs from the weight dtype ", values.scalar_type(), " (pack them from these values)");
+  TORCH_CHECK_VALUE(tiles->dim() == 2 && tiles->size(0) == entries && tiles->size(1) == 2, "snack.", op,
+                    ": tiles must have shape [", entries, ", 2] (snack.ops.pack_tile_values), got ", tiles->sizes());
+  TORCH_CHECK_VALUE(tiles->is_contiguous() && reinterpret_cast<uintptr_t>(tiles->data_ptr()) % 16 == 0, "snack.", op,
+                    ": tiles must be contiguous and start on a 16-byte boundary");
+  check_same_device(*tiles, p.device, "tiles", op);
+  return reinterpret_cast<const uint32_t*>(tiles->data_ptr());
+}
+
+at::Tensor empty_packed_tiles(const at::Tensor& values, const PatternArg& p, const char* op) {
+  check_values(values, p, op);
+  check_packable(values, p, op);
+  return at::empty({tile_view_entries_length(p.rows, p.cols, p.nnz), 2}, values.options());
+}
+
 SpmmTInputs spmm_t_inputs(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, const char* op) {
   SpmmTInputs in{pattern_arg(pattern, op), at::Tensor()};
   check_values(values, in.p, op);

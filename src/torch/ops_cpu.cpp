@@ -216,12 +216,39 @@ void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, cons
   });
 }
 
+// The packed tile values of `values` over a checked pattern that holds the tile view.
+void pack_tiles_into(const PatternArg& p, const at::Tensor& values, at::Tensor& packed, const char* op) {
+  throw_if_error(cpu::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                       reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
+                                       static_cast<const uint16_t*>(values.data_ptr()),
+                                       static_cast<uint32_t*>(packed.data_ptr())),
+                 op);
+}
+
+at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
+  const char* op = "pack_tile_values";
+  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
+  at::Tensor packed = empty_packed_tiles(values, p, op);
+  check_contents(p, op);
+  pack_tiles_into(p, values, packed, op);
+  return packed;
+}
+
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
+                const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant,
+                const std::optional<at::Tensor>& tiles) {
   const char* op = "spmm";
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
   const SpmmVariant v = spmm_variant_arg(variant, false, op);
   check_contents(in.p, op);
+  if (const uint32_t* given = packed_tiles_arg(tiles, values, in.p, op)) {
+    // The CPU reads the values; the packing it is given must still be theirs, as the GPU reads it.
+    at::Tensor expected = at::empty_like(*tiles);
+    pack_tiles_into(in.p, values, expected, op);
+    TORCH_CHECK_VALUE(std::equal(given, given + expected.numel() / 2, static_cast<const uint32_t*>(expected.data_ptr())),
+                      "snack.", op, ": tiles are not the packing of these values over this pattern (pack them again "
+                      "with snack.ops.pack_tile_values after the values or the pattern change)");
+  }
   const int64_t n = in.x.size(0);
   if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, cpu_path(v), in.act)) {
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
@@ -293,7 +320,7 @@ at::Tensor spmm_channels_first(const at::Tensor& x, const at::Tensor& values, at
 
 std::tuple<at::Tensor, at::Tensor> spmm_for_step(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                                                  const std::optional<at::Tensor>& bias, c10::string_view activation) {
-  return {spmm(x, values, pattern, bias, activation, "auto"), at::empty({0, 0}, values.options())};
+  return {spmm(x, values, pattern, bias, activation, "auto", std::nullopt), at::empty({0, 0}, values.options())};
 }
 
 at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, c10::string_view variant) {
@@ -502,6 +529,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_vie
 TORCH_LIBRARY_IMPL(snack, CPU, m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
+  m.impl("pack_tile_values", &pack_tile_values);
   m.impl("spmm_for_step", &spmm_for_step);
   m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);

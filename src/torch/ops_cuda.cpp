@@ -96,8 +96,9 @@ void dense_blocks_weight_grad(const PatternArg& p, const at::Tensor& dy, const a
 // The forward. keep_x_t: where the plan transposes the whole batch, its workspace is allocated as
 // that copy, [K + 1, batch tile] in the values' dtype (cuda::TransposedInput), and returned; else
 // an empty tensor.
+// packed: the packed tile values (packed_tiles_arg), read where the plan runs kTileView.
 std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tensor& values, SpmmVariant variant,
-                                           bool keep_x_t, const char* op) {
+                                           bool keep_x_t, const char* op, const uint32_t* packed = nullptr) {
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.x.size(0);
   const SpmmPlan plan = spmm_plan(forward_problem(in.p, n, values, variant), in.p.device.index(), op);
@@ -122,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
                                 [&](auto w) {
                                   return cuda::spmm_forward(w, data_as<T>(values), data_as<T>(in.x), n, b,
                                                             data_as<T>(y), plan, data_or_null(ws), current_stream(),
-                                                            in.act);
+                                                            in.act, packed);
                                 }),
                    op);
   });
@@ -130,10 +131,25 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
 }
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
-                const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant) {
+                const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant,
+                const std::optional<at::Tensor>& tiles) {
   const char* op = "spmm";
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
-  return std::get<0>(forward(in, values, spmm_variant_arg(variant, false, op), false, op));
+  const uint32_t* packed = packed_tiles_arg(tiles, values, in.p, op);
+  return std::get<0>(forward(in, values, spmm_variant_arg(variant, false, op), false, op, packed));
+}
+
+at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
+  const char* op = "pack_tile_values";
+  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
+  at::Tensor packed = empty_packed_tiles(values, p, op);
+  const c10::cuda::CUDAGuard guard(p.device);
+  throw_if_error(cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                        reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
+                                        static_cast<const uint16_t*>(values.data_ptr()),
+                                        static_cast<uint32_t*>(packed.data_ptr()), current_stream()),
+                 op);
+  return packed;
 }
 
 // kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each
@@ -481,6 +497,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_vie
 TORCH_LIBRARY_IMPL(snack, CUDA, m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
+  m.impl("pack_tile_values", &pack_tile_values);
   m.impl("spmm_for_step", &spmm_for_step);
   m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);

@@ -21,8 +21,14 @@ TORCH_LIBRARY(snack, m) {
   // ---- Products ----
   // Y = act(X W^T (+ bias)): x [N, K] -> [N, M]. activation: none, relu, gelu (exact). variant: "auto"
   // (the process default, see set_default_spmm_variant) or a CUDA kernel (kernel_variants()).
+  // tiles: the weight's packed tile values (pack_tile_values of these values and pattern), which the
+  // tile_view kernel then reads in place of the values; the CPU checks that they are the values' packing.
   m.def("spmm(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\", "
-        "str variant=\"auto\") -> Tensor");
+        "str variant=\"auto\", Tensor? tiles=None) -> Tensor");
+  // The packed tile values of 16-bit values over a pattern that holds the tile view (snack/pattern.h):
+  // [tile_view_entries_length, 2] in the values' dtype, each entry's position in its tile and its
+  // value as one 32-bit word. A copy of the values: pack again after they or the pattern change.
+  m.def("pack_tile_values(Tensor values, Tensor[] pattern) -> Tensor");
   // The forward as a fused training step runs it: y as spmm computes it, and x_t, X transposed where
   // the CUDA plan made that copy of the whole batch (else an empty tensor), for sddmm_adamw_.
   m.def("spmm_for_step(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\")"

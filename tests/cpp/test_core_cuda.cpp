@@ -394,6 +394,19 @@ TEST(CudaTopology, MatchesCpu) {
   EXPECT_EQ(tp.host(), want_ptr);
   EXPECT_EQ(te.host(), want_entries);
 
+  // The packed tile values: the same words as the host's packing.
+  std::vector<uint16_t> bits(static_cast<size_t>(nnz));
+  for (int64_t i = 0; i < nnz; ++i) bits[size_t(i)] = uint16_t(0x3c00u + 3u * uint32_t(i));
+  DeviceArray<uint16_t> dbits(bits);
+  DeviceArray<uint32_t> packed(entries_len);
+  s = cuda::pack_tile_values(300, 211, nnz, rp.ptr, te.ptr, dbits.ptr, packed.ptr, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<uint32_t> want_packed(entries_len);
+  ASSERT_TRUE(cpu::pack_tile_values(300, 211, nnz, p.row_ptr.data(), want_entries.data(), bits.data(),
+                                    want_packed.data())
+                  .ok());
+  EXPECT_EQ(packed.host(), want_packed);
+
   srows[7] = srows[3];
   scols[7] = scols[3];
   DeviceArray<int64_t> dup_rows(srows), dup_cols(scols);

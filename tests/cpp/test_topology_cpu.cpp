@@ -174,6 +174,35 @@ TEST(BuildTileView, ListsEveryTileRowMajorAndChecksWithThePattern) {
   EXPECT_TRUE(cpu::build_tile_view<int32_t>(4, kTileViewMaxCols + 1, 0, nullptr, nullptr, nullptr, nullptr, nullptr).ok());
 }
 
+TEST(PackTileValues, EachEntryCarriesItsSlotsValueAndKeepsItsPosition) {
+  const int64_t m = 130, k = 150;
+  const auto p = random_pattern<uint16_t>(m, k, 6000, 11, {3, 64});
+  const int64_t nnz = int64_t(p.row_idx.size());
+  std::vector<int32_t> tile_ptr(size_t(tile_view_ptr_length(m, k)));
+  std::vector<uint32_t> entries(size_t(tile_view_entries_length(m, k, nnz)));
+  ASSERT_TRUE(cpu::build_tile_view<uint16_t>(m, k, nnz, p.row_idx.data(), p.col_idx.data(), p.row_ptr.data(),
+                                             tile_ptr.data(), entries.data())
+                  .ok());
+  std::vector<uint16_t> bits(static_cast<size_t>(nnz));
+  for (int64_t s = 0; s < nnz; ++s) bits[size_t(s)] = uint16_t(0x8001u + 7u * uint32_t(s));  // every value told apart
+  std::vector<uint32_t> packed(entries.size(), 0xdeadbeefu);
+  ASSERT_TRUE(cpu::pack_tile_values(m, k, nnz, p.row_ptr.data(), entries.data(), bits.data(), packed.data()).ok());
+  for (int64_t b = 0; b < tile_view_bands(m); ++b) {
+    const int32_t first = p.row_ptr[b * kTileViewRows], last = p.row_ptr[std::min(m, (b + 1) * kTileViewRows)];
+    for (int32_t e = first; e < last; ++e) {
+      const uint32_t slot = uint32_t(first) + (entries[size_t(e)] >> kTileViewSlotShift);
+      EXPECT_EQ(packed[size_t(e)] >> kTilePackedValueShift, bits[slot]) << "entry " << e;
+      EXPECT_EQ(packed[size_t(e)] & 0xffffu, entries[size_t(e)] & 4095u) << "entry " << e;
+    }
+  }
+  for (size_t e = size_t(nnz); e < packed.size(); ++e) EXPECT_EQ(packed[e], 0u) << "padding";
+  // A pattern without the view (wider than kTileViewMaxCols, or empty) has nothing to pack into.
+  const Status wide = cpu::pack_tile_values(4, kTileViewMaxCols + 1, 0, p.row_ptr.data(), nullptr, nullptr, nullptr);
+  EXPECT_EQ(wide.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wide.message().find("no tile view"), std::string::npos) << wide.message();
+  EXPECT_FALSE(cpu::pack_tile_values(m, k, nnz, p.row_ptr.data(), entries.data(), nullptr, packed.data()).ok());
+}
+
 TEST(BuildViews, EmptyPattern) {
   std::vector<int32_t> rp(4, -1), cp(3, -1);
   ASSERT_TRUE(cpu::build_views<int32_t>(3, 2, 0, nullptr, nullptr, rp.data(), cp.data(), nullptr).ok());

@@ -334,6 +334,52 @@ def test_tile_view_paths(shape, n, dtype):
     assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "tile_view"), dx), "not bitwise reproducible"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", TILE_VIEW_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n", [16, 40, 100])
+def test_tile_view_reads_packed_tile_values(shape, n, dtype):
+    # The forward over the tile view reading the packed tile values instead of gathering the values:
+    # the same tiles in shared memory, so bitwise the result of the gathering kernel, and float64's
+    # within tolerance; with a bias and an activation, three blocks per band, and the planner's own
+    # choice (which reads the tiles only where it runs the tile view).
+    m, k, nnz, empty = shape
+    p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty, seed=n + 1)
+    x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
+    tiles = ops.pack_tile_values(p.values, p.tensors)
+    poison_cache(torch.device("cuda"))
+    y = ops.spmm(x, p.values, p.tensors, bias, variant="tile_view", tiles=tiles)
+    assert_matmul(y, x, p.dense64.T, dtype, bias=bias, what="packed")
+    assert torch.equal(y, ops.spmm(x, p.values, p.tensors, bias, variant="tile_view")), "differs from the gathers"
+    gelu = ops.spmm(x, p.values, p.tensors, bias, "gelu", variant="tile_view", tiles=tiles)
+    assert torch.equal(gelu, ops.spmm(x, p.values, p.tensors, bias, "gelu", variant="tile_view"))
+    with snack.tile_view_splits(3):
+        assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="tile_view", tiles=tiles), y)
+    assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, tiles=tiles), ops.spmm(x, p.values, p.tensors, bias))
+
+
+def test_packed_tile_values_replay_in_a_cuda_graph_and_stay_in_bounds_of_a_foreign_view():
+    # A layer packed for inference captured in a CUDA graph replays its forward; tiles packed over a
+    # view that lists slots outside their band (not the pattern's) pack zeros, never a read past it.
+    layer = snack.SparseLinear(300, 200, density=0.1, device="cuda", dtype=torch.bfloat16)
+    snack.for_inference(layer, pack_tiles=True)
+    x = torch.randn(48, 300, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = layer(x)
+        out = {}
+        graph = capture_graph(lambda: out.update(y=layer(x)))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out["y"], layer(x)) and not torch.equal(out["y"], expected)
+    p = Weight(64, 64, 100, device="cuda", dtype=torch.bfloat16)
+    tensors = list(p.tensors)
+    entries = tensors[snack.PATTERN_FIELDS.index("tile_entries")].clone()
+    entries[0] = entries[0] | (4000 << 12)  # slot offset far past the band's 100 slots
+    tensors[snack.PATTERN_FIELDS.index("tile_entries")] = entries
+    words = ops.pack_tile_values(p.values, tensors).view(torch.int32).flatten()
+    torch.cuda.synchronize()
+    assert int(words[0]) >> 16 == 0
+
+
 @pytest.mark.parametrize("splits", [1, 3, 5, 8])
 def test_tile_view_runs_every_count_of_blocks_per_band(splits):
     # snack.tile_view_splits(k) sets the blocks per band of the forward, dX and dW over the tile view

@@ -26,6 +26,10 @@ def test_opcheck_compute_ops(device, itype):
     torch.library.opcheck(ops.spmm_channels_first.default, (images, p.values, p.tensors, None))
     torch.library.opcheck(ops.sddmm.default, (dy, x, p.tensors))
     torch.library.opcheck(ops.bias_grad.default, (dy,))
+    half = sample_weight(device, dtype=torch.bfloat16, itype=itype)
+    tiles = ops.pack_tile_values(half.values, half.tensors)
+    torch.library.opcheck(ops.pack_tile_values.default, (half.values, half.tensors))
+    torch.library.opcheck(ops.spmm.default, (x.bfloat16(), half.values, half.tensors, None), {"tiles": tiles})
     # The forward of a fused step and its update: the copy of X^T it may hand over has a shape only
     # the device's plan knows, so only the schema and the autograd registration are checked.
     utils = ("test_schema", "test_autograd_registration")
