@@ -340,8 +340,8 @@ def test_tile_view_paths(shape, n, dtype):
 def test_tile_view_reads_packed_tile_values(shape, n, dtype):
     # The forward over the tile view reading the packed tile values instead of gathering the values:
     # the same tiles in shared memory, so bitwise the result of the gathering kernel, and float64's
-    # within tolerance; with a bias and an activation, three blocks per band, and the planner's own
-    # choice (which reads the tiles only where it runs the tile view).
+    # within tolerance; with a bias and an activation, the planner's clusters (up to 8 blocks per band
+    # on the wide layers) and its own choice (which reads the tiles only where it runs the tile view).
     m, k, nnz, empty = shape
     p = Weight(m, k, nnz, device="cuda", dtype=dtype, empty_rows=empty, seed=n + 1)
     x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
@@ -352,8 +352,6 @@ def test_tile_view_reads_packed_tile_values(shape, n, dtype):
     assert torch.equal(y, ops.spmm(x, p.values, p.tensors, bias, variant="tile_view")), "differs from the gathers"
     gelu = ops.spmm(x, p.values, p.tensors, bias, "gelu", variant="tile_view", tiles=tiles)
     assert torch.equal(gelu, ops.spmm(x, p.values, p.tensors, bias, "gelu", variant="tile_view"))
-    with snack.tile_view_splits(3):
-        assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, variant="tile_view", tiles=tiles), y)
     assert torch.equal(ops.spmm(x, p.values, p.tensors, bias, tiles=tiles), ops.spmm(x, p.values, p.tensors, bias))
 
 
