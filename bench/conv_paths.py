@@ -59,7 +59,7 @@ def measure(width, batch, dtype, cin, cout, side, sparsity, reps) -> dict:
     x = torch.randn(batch, cin, side, side, device="cuda", dtype=DTYPES[dtype])
     images = x.view(batch, cin, side * side)
     row = dict(width=width, batch=batch, dtype=dtype, in_channels=cin, out_channels=cout, side=side,
-               plan=snack.explain(layer, batch * side * side, op="channels_first").variant)
+               plan=snack.explain(layer, batch * side * side, op="channels_first", pixels=side * side).variant)
     with torch.no_grad():
         row["snack_us"] = replay_us(lambda: layer(x), reps)
         for path in PATHS:

@@ -5,7 +5,8 @@
     python bench/spmm.py --variants      # also each snack kernel variant, forced (impl snack_<variant>)
     python bench/spmm.py --variants dense_blocks,global_xt   # ... or the variants named
                                          # (tile_view in 16 bits adds snack_tile_view_packed: the
-                                         # kernel reading packed tile values, snack.ops.pack_tile_values)
+                                         # kernel reading packed tile values, snack.ops.pack_tile_values;
+                                         # 16 bits also times snack_packed, the planner given them)
     python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
     python bench/spmm.py --large         # training batches, N = 256-16384: spmm_<gpu>[_bf16]_large.*
 
@@ -78,11 +79,14 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
     }
     for v in variants:
         impls[f"snack_{v}"] = (lambda v: lambda: snack.ops.spmm(x, values, tensors, None, variant=v))(v)
-    if "tile_view" in variants and values.dtype in (torch.bfloat16, torch.float16) and pattern.has_tile_view:
-        # The same kernel reading the values packed into the view's entries (packed once, untimed).
+    if values.dtype in (torch.bfloat16, torch.float16) and pattern.has_tile_view:
+        # Given the values packed into the view's entries (packed once, untimed): the planner's choice
+        # then (snack_packed), and the tile view's kernel reading them (snack_tile_view_packed).
         tiles = snack.ops.pack_tile_values(values, tensors)
-        impls["snack_tile_view_packed"] = lambda: snack.ops.spmm(x, values, tensors, None, variant="tile_view",
-                                                                 tiles=tiles)
+        impls["snack_packed"] = lambda: snack.ops.spmm(x, values, tensors, None, tiles=tiles)
+        if "tile_view" in variants:
+            impls["snack_tile_view_packed"] = lambda: snack.ops.spmm(x, values, tensors, None, variant="tile_view",
+                                                                     tiles=tiles)
     return impls
 
 

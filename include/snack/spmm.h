@@ -164,10 +164,14 @@ struct SpmmProblem {
   /// kTileView: blocks per band (one cluster that splits the band's chunks), 1 to 8 and at most the
   /// band's chunks of 64 inputs; 0 lets the planner choose. Other variants ignore it.
   int tile_view_splits = 0;
+  /// The forward is given the weight's packed tile values (snack/pattern.h): kTileView reads them
+  /// instead of gathering the values, and the planner takes it over a wider range.
+  bool packed_tiles = false;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
-           csc == o.csc && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits;
+           csc == o.csc && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits &&
+           packed_tiles == o.packed_tiles;
   }
 };
 

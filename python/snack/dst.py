@@ -326,7 +326,7 @@ class DSTScheduler:
                                   "is scored on the gradient of the last backward pass, not on the accumulated one",
                                   stacklevel=2)
                 del self._grown[name]
-                self._calls.pop(name, None)
+                self._drop_calls(name)
             calls = self._calls.setdefault(name, {"count": 0, "rows": {}})
             call = calls["count"]
             calls["count"] += 1
@@ -345,7 +345,7 @@ class DSTScheduler:
                     calls["rows"][call] = module.gradient_rows(x, grad.detach())
                 except Exception as exc:  # raised by the step; the layer's other calls are not decided
                     self._grown[name] = exc
-                    self._calls.pop(name, None)
+                    self._drop_calls(name)
                     return
                 if len(calls["rows"]) == calls["count"]:
                     self._decide(name, module, k)
@@ -353,10 +353,20 @@ class DSTScheduler:
             output.register_hook(grow_now)
         return hook
 
+    def _drop_calls(self, name=None) -> None:
+        """Forgets the calls of layer ``name`` (None: of every layer) and the rows they hold: the hooks
+        on the graph still reach each calls' dict for as long as the caller keeps the loss."""
+        for calls in [self._calls.pop(name, None)] if name is not None else list(self._calls.values()):
+            if calls is not None:
+                calls["rows"].clear()
+        if name is None:
+            self._calls.clear()
+
     def _decide(self, name: str, module, k: int) -> None:
         """The rule's growth of ``module`` from the rows its calls left (or its error, raised by the step)."""
-        calls = self._calls.pop(name)
+        calls = self._calls[name]
         rows = [calls["rows"][c] for c in sorted(calls["rows"])]
+        self._drop_calls(name)
         x = rows[0][0] if len(rows) == 1 else torch.cat([r[0] for r in rows])
         dy = rows[0][1] if len(rows) == 1 else torch.cat([r[1] for r in rows])
         if not self._early_generator_states:  # the first draw of this update: kept for a rollback
@@ -383,13 +393,13 @@ class DSTScheduler:
         if not self.is_update_step(step):
             self.steps = step
             self._grown.clear()
-            self._calls.clear()
+            self._drop_calls()
             self._early_generator_states = []
             return False
         for name in [n for n, calls in self._calls.items() if calls["rows"] and n not in self._grown]:
             # Some calls' outputs took no part in the loss: decided from those that did.
             self._decide(name, self.layers[name], self._count(self.layers[name], step))
-        self._calls.clear()
+        self._drop_calls()
         saved = self._early_generator_states or self._save_generators()
         grown, self._grown, self._early_generator_states = self._grown, {}, []
         try:

@@ -57,18 +57,21 @@ class Plan:
         return self.describe
 
 
-def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=None) -> Plan:
+def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=None, pixels: int = 1) -> Plan:
     """The plan of one product of ``layer`` (a SparseLinear) for a batch of ``n`` rows: ``op`` is
     "forward", "input_grad" (dX) or "weight_grad" (dW, the SDDMM); "channels_first" is the path of a
     SparseConv2d's inference on NCHW images (``variant`` "in_place", "pixel_rows" or "dense_blocks":
-    ``snack.ops.spmm_channels_first``), ``n`` their pixels in all (images x pixels per image). The
-    layer's fused activation is planned for as its forward plans it. ``dtype``: the dtype the product
-    runs in, where it is not the values' (``torch.bfloat16`` under ``torch.autocast(dtype=torch.bfloat16)``)."""
+    ``snack.ops.spmm_channels_first``), ``n`` their pixels in all and ``pixels`` those of one image
+    (height x width, a divisor of ``n``). The layer's fused activation is planned for as its forward
+    plans it, and the forward of a layer that holds packed tile values (``pack_tiles``) as given them.
+    ``dtype``: the dtype the product runs in, where it is not the values' (``torch.bfloat16`` under
+    ``torch.autocast(dtype=torch.bfloat16)``)."""
     values = layer.values.detach()
     if dtype is not None and dtype != values.dtype:
         values = values.new_empty(values.shape, dtype=dtype)  # the planner reads its dtype, not its contents
     activation = getattr(layer, "activation", "none")
-    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant, activation))
+    packed = bool(getattr(layer, "pack_tiles", False))
+    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant, activation, pixels, packed))
 
 
 # The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).

@@ -248,9 +248,26 @@ bool tile_view_pays_transposed(const SpmmProblem& p) {
 //     against 22.6) and at 7.5-12% density (4096x4096, 90%: 51.6 against 59.8).
 // At N <= 16 wide_rows and the row kernels stay ahead; above 25% density (not measured) tensor_core
 // keeps it.
+// With packed tile values (the forward given them; no value is gathered), measured on the H100 in
+// bf16 with every variant forced (spmm_nvidia_h100_80gb_hbm3_bf16_packed.md, commit baf1bee, 768x3072
+// to 16384x4096 at 80-95%, N = 16-128): 1.14x the gathering kernel in geometric mean (1.04-1.34x) and
+// the fastest variant in 40 of 48 rows, so it takes
+//   - 17-128 rows at 4-25% density (16384x4096, 80%, N = 32: 63.5 against 81.3 us for the planner's
+//     choice without them; 11008x4096, 80%, N = 64: 68.1 against 86.0), within 5% of the best
+//     elsewhere (4096x4096, 95%, N = 128: 47.3 against 45.2 for global_xt);
+//   - 16 rows at 7.5-25% density from 4096 inputs (11008x4096, 90%: 31.5 against 35.5 for
+//     wide_rows), but not sparser, where wide_rows streams fewer bytes (16384x4096, 95%: 40.3
+//     against 32.6), nor on narrower layers (768x3072, 80%: 14.6 against 12.6).
+bool packed_tile_view_pays(const SpmmProblem& p) {
+  const double density = density_of(p);
+  if (p.n < 16 || p.n > 128 || density < 0.04 || density > 0.25) return false;
+  return p.n > 16 || (density >= 0.075 && p.in_dim >= 4096);
+}
+
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view) return false;
   if (p.transposed) return tile_view_pays_transposed(p);
+  if (p.packed_tiles) return packed_tile_view_pays(p);
   if (p.n < 17 || p.n > 128) return false;
   const double density = density_of(p);
   const bool small = p.out_dim * p.in_dim < (int64_t(1) << 23), tall = p.out_dim >= 8192;
@@ -740,6 +757,8 @@ std::string describe(const SpmmPlan& plan) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
+    if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles && !plan.problem.transposed)
+      s += ", values from the packed tile values";
   } else if (plan.variant == SpmmVariant::kSharedX) {
     s += ", bands of " + std::to_string(cuda::detail::shared_x_band_rows(size_t(plan.problem.value_bytes))) +
          " rows, chunks of " +

@@ -41,9 +41,12 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 }
 void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant) {
-  return binding_problem(SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant},
-                         p.has_tile_view());
+SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant,
+                            bool packed_tiles = false) {
+  SpmmProblem problem = binding_problem(
+      SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant}, p.has_tile_view());
+  problem.packed_tiles = packed_tiles;
+  return problem;
 }
 
 // kDenseBlocks, the GEMM side (cuBLAS through ATen, on the current stream): out[:, o:o+b] = in
@@ -101,7 +104,8 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
                                            bool keep_x_t, const char* op, const uint32_t* packed = nullptr) {
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.x.size(0);
-  const SpmmPlan plan = spmm_plan(forward_problem(in.p, n, values, variant), in.p.device.index(), op);
+  const SpmmPlan plan =
+      spmm_plan(forward_problem(in.p, n, values, variant, packed != nullptr), in.p.device.index(), op);
   at::Tensor ws, x_t = at::empty({0, 0}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {  // its workspace is the block dense_blocks_product takes
     at::Tensor y = at::empty({n, in.p.rows}, values.options());

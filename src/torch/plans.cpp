@@ -78,7 +78,7 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
-    mix(uint64_t(p.csc) << 1 | uint64_t(p.tile_view));
+    mix(uint64_t(p.csc) << 2 | uint64_t(p.tile_view) << 1 | uint64_t(p.packed_tiles));
     mix(uint64_t(p.tile_view_splits));
   }
   template <typename Mix>
@@ -131,14 +131,14 @@ using ExplainResult = std::tuple<std::string, std::string, int64_t, int64_t, int
                                  int64_t, bool, std::string>;
 
 // A 1x1 convolution on NCHW images of n pixels in all (images x pixels per image).
-ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg& p, int64_t n,
+ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg& p, int64_t n, int64_t pixels,
                                      c10::string_view variant, Activation act) {
   const ChannelsFirstPath forced = channels_first_path_arg(variant, "explain");
   const char* reason = forced != ChannelsFirstPath::kAuto ? "forced" : values.is_cuda() ? "planner" : "cpu_rule";
   if (!values.is_cuda())
     return {"in_place", reason, 1, 1, 1, 1, 1, 0, 0, false,
             "in_place (cpu): each output channel's slots summed over blocks of 16 pixels of the images"};
-  const ChannelsFirstProblem problem{p.rows, p.cols, p.nnz, n, 1, int(values.element_size()),
+  const ChannelsFirstProblem problem{p.rows, p.cols, p.nnz, n / pixels, pixels, int(values.element_size()),
                                     at::globalContext().allowTF32CuDNN(), act};
   const ChannelsFirstPath path = forced != ChannelsFirstPath::kAuto
                                      ? forced
@@ -161,7 +161,7 @@ ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg&
 }
 
 ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
-                      c10::string_view variant, c10::string_view activation) {
+                      c10::string_view variant, c10::string_view activation, int64_t pixels, bool packed) {
   const char* op = "explain";
   const Activation act = activation_arg(activation, op);
   const std::string which(op_name);
@@ -171,7 +171,9 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
   const PatternArg p = pattern_arg(pattern, op, forward_only ? PatternNeeds::kForward : PatternNeeds::kAll);
   check_values(values, p, op);
   TORCH_CHECK_VALUE(n >= 0, "snack.explain: n must be non-negative, got ", n);
-  if (which == "channels_first") return explain_channels_first(values, p, n, variant, act);
+  TORCH_CHECK_VALUE(pixels >= 1 && n % pixels == 0, "snack.explain: pixels per image must be positive and divide n (",
+                    n, " pixels in all), got ", pixels);
+  if (which == "channels_first") return explain_channels_first(values, p, n, pixels, variant, act);
   if (!values.is_cuda()) {
     const CpuProduct product = which == "forward"      ? CpuProduct::kForward
                                : which == "input_grad" ? CpuProduct::kTransposed
@@ -212,10 +214,12 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
             describe(plan)};
   }
   const bool transposed = which == "input_grad";
-  const SpmmProblem problem = binding_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols,
-                                                          p.nnz, n, value_bytes, transposed,
-                                                          spmm_variant_arg(variant, transposed, op)},
-                                              p.has_tile_view());
+  SpmmProblem problem = binding_problem(SpmmProblem{transposed ? p.cols : p.rows, transposed ? p.rows : p.cols, p.nnz,
+                                                    n, value_bytes, transposed,
+                                                    spmm_variant_arg(variant, transposed, op)},
+                                        p.has_tile_view());
+  // Packed tile values serve the forward's 16-bit products over the tile view (spmm checks the same).
+  problem.packed_tiles = packed && !transposed && value_bytes == 2 && p.has_tile_view();
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),

@@ -89,8 +89,10 @@ TORCH_LIBRARY(snack, m) {
   // The plan of the CUDA product `op` (forward, input_grad, weight_grad) for a batch of n rows on
   // this weight: (variant, reason, batch_tile, lanes_per_row, rows_per_warp, grid, threads,
   // smem_bytes, workspace_bytes, prefetch_l2, description). A CPU weight: variant "cpu".
+  // op channels_first: the path of spmm_channels_first on n pixels in all, `pixels` per image (a
+  // divisor of n). packed: the forward as spmm plans it when given packed tile values.
   m.def("explain(Tensor values, Tensor[] pattern, int n, str op=\"forward\", str variant=\"auto\", "
-        "str activation=\"none\") -> "
+        "str activation=\"none\", int pixels=1, bool packed=False) -> "
         "(str, str, int, int, int, int, int, int, int, bool, str)");
   // Sets the variant that "auto" means for this process (for A/B runs); "auto" restores the planner.
   m.def("set_default_spmm_variant(str variant) -> ()");

@@ -166,7 +166,7 @@ def test_nchw_inference_path_is_the_planners(device):
     # the convolution, in the contiguous format.
     layer = snack.SparseConv2d(256, 96, density=0.3, generator=torch.Generator().manual_seed(4)).to(device)
     for images, side in ((1, 3), (32, 20)):
-        plan = snack.explain(layer, images * side * side, op="channels_first")
+        plan = snack.explain(layer, images * side * side, op="channels_first", pixels=side * side)
         assert plan.variant == "in_place" if device.type == "cpu" or images == 1 else plan.variant != "in_place"
         assert plan.reason == ("cpu_rule" if device.type == "cpu" else "planner")
         x = torch.randn(images, 256, side, side, device=device)
@@ -187,8 +187,10 @@ def test_gelu_on_16_bit_images_takes_the_pixel_rows():
     gen = torch.Generator().manual_seed(5)
     plain = snack.SparseConv2d(256, 256, density=0.1, generator=gen, dtype=torch.bfloat16).cuda()
     gelu = snack.SparseConv2d(256, 256, density=0.1, generator=gen, dtype=torch.bfloat16, activation="gelu").cuda()
-    assert snack.explain(plain, 64 * 56 * 56, op="channels_first").variant == "dense_blocks"
-    assert snack.explain(gelu, 64 * 56 * 56, op="channels_first").variant == "pixel_rows"
+    assert snack.explain(plain, 64 * 56 * 56, op="channels_first", pixels=56 * 56).variant == "dense_blocks"
+    assert snack.explain(gelu, 64 * 56 * 56, op="channels_first", pixels=56 * 56).variant == "pixel_rows"
+    # As many pixels in images of one pixel: the planner's rule for images under 64 pixels.
+    assert snack.explain(plain, 64 * 56 * 56, op="channels_first").variant == "pixel_rows"
 
 
 @pytest.mark.cuda

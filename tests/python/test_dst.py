@@ -2,6 +2,7 @@
 RigL against a Dense+Mask reference of the same rules, sparsify, checkpoint/resume."""
 
 import copy
+import gc
 import math
 
 import pytest
@@ -496,6 +497,31 @@ def test_rigl_under_autocast_computes_as_without_the_scheduler(device):
     assert torch.equal(layer.values.grad, twin.values.grad) and torch.equal(layer.bias.grad, twin.bias.grad)
     opt.step()
     assert sched.steps == 1 and sched.report()[0]["moved"] > 0
+
+
+def test_rigl_update_leaves_no_rows_alive_with_the_loss(device):
+    # The graph's hooks outlive the update while the caller keeps the loss: what they held for the
+    # growth (each layer's input and output gradient) goes with the decision, so an update step ends
+    # with as many live activations as a plain one (counted among the objects the collector tracks).
+    def live_activations():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if torch.is_tensor(o) and tuple(o.shape) == (96, 64))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(3) for m in (snack.SparseLinear(64, 64, density=0.2, device=device),
+                                                          nn.LayerNorm(64, device=device))])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = snack.dst.DSTScheduler(model, opt, algorithm="rigl", update_every=2, drop_fraction=0.3)
+    x = torch.randn(96, 64, device=device)
+    counts = []
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        counts.append(live_activations())  # the loss, and so its graph and hooks, still alive
+    assert sched.steps == 2 and sum(r["moved"] for r in sched.report()) > 0
+    assert counts[1] == counts[0], f"live activations after a plain step {counts[0]}, after the update {counts[1]}"
 
 
 @pytest.mark.cuda
