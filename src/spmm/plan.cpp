@@ -249,15 +249,17 @@ bool tile_view_pays_transposed(const SpmmProblem& p) {
 // At N <= 16 wide_rows and the row kernels stay ahead; above 25% density (not measured) tensor_core
 // keeps it.
 // With packed tile values (the forward given them; no value is gathered), measured on the H100 in
-// bf16 with every variant forced (spmm_nvidia_h100_80gb_hbm3_bf16_packed.md, commit baf1bee, 768x3072
-// to 16384x4096 at 80-95%, N = 16-128): 1.14x the gathering kernel in geometric mean (1.04-1.34x) and
+// bf16 with every variant forced (spmm_nvidia_h100_80gb_hbm3_bf16_packed.md, commit 3402f88, 768x3072
+// to 16384x4096 at 80-95%, N = 16-128): 1.14x the gathering kernel in geometric mean (1.04-1.33x) and
 // the fastest variant in 40 of 48 rows, so it takes
-//   - 17-128 rows at 4-25% density (16384x4096, 80%, N = 32: 63.5 against 81.3 us for the planner's
-//     choice without them; 11008x4096, 80%, N = 64: 68.1 against 86.0), within 5% of the best
-//     elsewhere (4096x4096, 95%, N = 128: 47.3 against 45.2 for global_xt);
-//   - 16 rows at 7.5-25% density from 4096 inputs (11008x4096, 90%: 31.5 against 35.5 for
-//     wide_rows), but not sparser, where wide_rows streams fewer bytes (16384x4096, 95%: 40.3
-//     against 32.6), nor on narrower layers (768x3072, 80%: 14.6 against 12.6).
+//   - 17-128 rows at 4-25% density (16384x4096, 80%, N = 32: 63.7 against 81.5 us for the planner's
+//     choice without them; 11008x4096, 80%, N = 64: 68.6 against 86.0), within 6% of the best
+//     elsewhere (4096x4096, 95%, N = 128: 47.9 against 45.5 for the planner's choice without them);
+//   - 16 rows at 7.5-25% density from 4096 inputs (11008x4096, 90%: 31.8 against 35.5 for
+//     wide_rows), but not sparser, where wide_rows streams fewer bytes (16384x4096, 95%: 40.6
+//     against 32.7), nor on narrower layers (768x3072, 80%: 14.3 against 12.6).
+// Over those 48 rows the planner given the tiles is 1.10x faster than without them in geometric mean
+// (0.95-1.80x) and within 0.4% of the fastest forced kernel (at most 5.3%).
 bool packed_tile_view_pays(const SpmmProblem& p) {
   const double density = density_of(p);
   if (p.n < 16 || p.n > 128 || density < 0.04 || density > 0.25) return false;
