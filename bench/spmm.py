@@ -339,24 +339,32 @@ def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
         print("matplotlib missing: no plot")
         return
     t = index(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, base in zip(axes, ["dense_mask", "cusparse_csr"]):
-        for n in sorted({r["N"] for r in rows}):
-            xs, ys = [], []
-            for s in sorted({r["sparsity"] for r in rows}):
-                keys = [k for k in t if k[2] == n and k[3] == s and k[4] == "uniform" and k[5] == "snack"]
-                sp = [t[k[:5] + (base,)]["median_us"] / t[k]["median_us"] for k in keys if (k[:5] + (base,)) in t]
-                if sp:
-                    xs.append(s)
-                    ys.append(benchmark.geomean(sp))
-            ax.plot(xs, ys, marker="o", label=f"N={n}")
+    present = {r["impl"] for r in rows}
+    # Two of the baselines a run timed (--impls may leave some out); the planner given packed tile
+    # values (snack_packed) dashed beside its choice without them.
+    bases = [b for b in ("dense_mask", "cusparse_csr", "dense") if b in present][:2] or ["dense"]
+    fig, axes = plt.subplots(1, len(bases), figsize=(max(9, 6 * len(bases)), 4.5), squeeze=False)
+    for ax, base in zip(axes[0], bases):
+        for i, n in enumerate(sorted({r["N"] for r in rows})):
+            for impl, style in (("snack", "-"), ("snack_packed", "--")):
+                if impl not in present:
+                    continue
+                xs, ys = [], []
+                for s in sorted({r["sparsity"] for r in rows}):
+                    keys = [k for k in t if k[2] == n and k[3] == s and k[4] == "uniform" and k[5] == impl]
+                    sp = [t[k[:5] + (base,)]["median_us"] / t[k]["median_us"] for k in keys if (k[:5] + (base,)) in t]
+                    if sp:
+                        xs.append(s)
+                        ys.append(benchmark.geomean(sp))
+                ax.plot(xs, ys, marker="o", linestyle=style, color=f"C{i}",
+                        label=f"N={n}" + (", packed tiles" if impl == "snack_packed" else ""))
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_yscale("log")
         ax.set_xlabel("sparsity")
         ax.set_ylabel(f"speedup of snack over {base} (geomean over shapes)")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"snack forward SpMM, {dtype}, uniform pattern - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.suptitle(f"snack forward SpMM, {dtype}, uniform pattern - {info['gpu']}, commit {info['commit'][:10]}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
