@@ -29,7 +29,7 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_ti
         tile_view: keep the tile view. None (default): kept for the patterns of layers whose values are
             16-bit (their tensor-core forward reads it at batches of 17 to 128 rows), dropped for the
             others (float32 and float64 values, sparse attention's patterns).
-        pack_tiles: the :class:`SparseLinear` layers with 16-bit values and a tile view also hold
+        pack_tiles: the :class:`SparseLinear` layers on a GPU with 16-bit values and a tile view hold
             their values packed into the view's entries (``snack.ops.pack_tile_values``, 4 bytes a
             connection more), which the tile view's forward reads instead of gathering each value
             (1.14x faster at 17-128 rows on an H100; the planner then takes it from 16 rows);
@@ -49,7 +49,8 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_ti
         pattern.for_inference(tile_view=sixteen_bits if tile_view is None else bool(tile_view))
     for module in model.modules():
         if isinstance(module, SparseLinear):
-            module.pack_tiles = bool(pack_tiles) and module.pattern.has_tile_view and \
+            # Where the tile view's kernel reads them: the CPU would only check them.
+            module.pack_tiles = bool(pack_tiles) and module.values.is_cuda and module.pattern.has_tile_view and \
                 module.values.dtype in (torch.bfloat16, torch.float16)
             module._packed = None
     return model

@@ -93,10 +93,11 @@ class SparseLinear(nn.Module):
     under autograd runs the op whose backward applies that update at once, and ``values.grad`` stays
     ``None``. See :meth:`attach_fused_update`.
 
-    ``pack_tiles`` is False unless :func:`snack.for_inference` was asked to pack: then a forward
-    without gradients on 16-bit values reads them packed into the pattern's tile view (a copy made by
-    the first such forward and again after any change of the values or the pattern, counted in
-    :meth:`nbytes`; never part of a checkpoint).
+    ``pack_tiles`` is False unless :func:`snack.for_inference` was asked to pack (on a GPU): then a
+    forward without gradients on 16-bit values reads them packed into the pattern's tile view (a copy
+    made by the first such forward and again after any change of the values or the pattern, counted
+    in :meth:`nbytes`; never part of a checkpoint). Set on a CPU layer, the CPU checks the copy
+    instead of reading it (no faster there).
     """
 
     __constants__ = ["in_features", "out_features"]
