@@ -75,6 +75,14 @@ static_assert(kTileViewRows * kTileViewCols == int64_t(1) << kTileViewSlotShift,
 inline constexpr int kTilePackedValueShift = 16;
 static_assert(kTileViewSlotShift <= kTilePackedValueShift, "a packed value leaves the position's bits alone");
 
+/// The bits of a tile-view entry (plain or packed) that hold its position in the tile.
+inline constexpr uint32_t kTileViewPositionMask = (uint32_t(1) << kTileViewSlotShift) - 1;
+
+/// The packed word of tile-view entry `entry` whose slot holds the 16-bit value `value_bits`.
+constexpr uint32_t packed_tile_entry(uint32_t entry, uint16_t value_bits) {
+  return uint32_t(value_bits) << kTilePackedValueShift | (entry & kTileViewPositionMask);
+}
+
 /// The tile view's bands (of kTileViewRows rows) and chunks (tiles per band, of kTileViewCols columns).
 inline int64_t tile_view_bands(int64_t rows) { return (rows + kTileViewRows - 1) / kTileViewRows; }
 inline int64_t tile_view_chunks(int64_t cols) { return (cols + kTileViewCols - 1) / kTileViewCols; }

@@ -14,6 +14,7 @@ from torch import Tensor
 
 #: The value dtypes of a sparse weight (the 16-bit ones are computed in float32).
 VALUE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+SIXTEEN_BIT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def real_number(value, name: str, owner: str) -> float:

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import nn
 
-from ._checks import integer, real_number
+from ._checks import SIXTEEN_BIT_DTYPES, integer, real_number
 from ._ops import ops
 from .layer import SparseLinear, check_grow_init
 
@@ -132,8 +132,7 @@ def grow_gradient(layer: SparseLinear, k: int, x: torch.Tensor, dy: torch.Tensor
     A 16-bit ``dy`` (a layer run under autocast) keeps the scores in that precision's operands: ``x``
     is cast to it, as the layer's product cast it, and on the GPU the blocks are tensor-core GEMMs
     accumulated and ranked in fp32. Otherwise both are taken in the layer's values' dtype."""
-    half = (torch.bfloat16, torch.float16)
-    dtype = dy.dtype if dy.dtype in half else layer.values.dtype
+    dtype = dy.dtype if dy.dtype in SIXTEEN_BIT_DTYPES else layer.values.dtype
     x2, dy2 = (x, dy) if x.dim() == 2 and dy.dim() == 2 else layer.product_rows(x, dy)
     return ops.topk_absent_gradient(dy2.to(dtype), x2.to(dtype), layer.row_idx, layer.col_idx, k, block_rows)
 

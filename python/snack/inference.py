@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._checks import SIXTEEN_BIT_DTYPES
 from .layer import SparseLinear
 from .pattern import Pattern
 
@@ -42,7 +43,7 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_ti
         if isinstance(module, Pattern):
             keep.setdefault(id(module), (module, False))
         if isinstance(module, SparseLinear):
-            sixteen_bits = module.values.dtype in (torch.bfloat16, torch.float16)
+            sixteen_bits = module.values.dtype in SIXTEEN_BIT_DTYPES
             pattern, kept = keep.get(id(module.pattern), (module.pattern, False))
             keep[id(pattern)] = (pattern, kept or sixteen_bits)
     for pattern, sixteen_bits in keep.values():
@@ -51,7 +52,7 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_ti
         if isinstance(module, SparseLinear):
             # Where the tile view's kernel reads them: the CPU would only check them.
             module.pack_tiles = bool(pack_tiles) and module.values.is_cuda and module.pattern.has_tile_view and \
-                module.values.dtype in (torch.bfloat16, torch.float16)
+                module.values.dtype in SIXTEEN_BIT_DTYPES
             module._packed = None
     return model
 

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ._checks import checkpoint_tensor, integer, real_number, unexpected_keys as unexpected_keys_of, value_dtype
+from ._checks import (SIXTEEN_BIT_DTYPES, checkpoint_tensor, integer, real_number,
+                      unexpected_keys as unexpected_keys_of, value_dtype)
 from ._ops import PATTERN_FIELDS, ops
 from .pattern import REFUSE, Pattern
 
@@ -252,7 +253,7 @@ class SparseLinear(nn.Module):
         values or the pattern changed since; None where the forward runs without them: under
         autograd or ``torch.compile``, values that are not 16-bit or computed in another dtype
         (autocast), a pattern without the tile view, an input the layer would refuse."""
-        if torch.compiler.is_compiling() or values.dtype not in (torch.bfloat16, torch.float16):
+        if torch.compiler.is_compiling() or values.dtype not in SIXTEEN_BIT_DTYPES:
             return None
         if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
             return None

@@ -198,8 +198,7 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
     const int32_t first = row_ptr[b * kTileViewRows], last = row_ptr[std::min(m, (b + 1) * kTileViewRows)];
     for (int32_t e = first; e < last; ++e) {
       const uint32_t entry = tile_entries[e];
-      packed[e] = uint32_t(value_bits[first + int64_t(entry >> kTileViewSlotShift)]) << kTilePackedValueShift |
-                  (entry & ((1u << kTileViewSlotShift) - 1));
+      packed[e] = packed_tile_entry(entry, value_bits[first + int64_t(entry >> kTileViewSlotShift)]);
     }
   }
   std::fill(packed + nnz, packed + tile_view_entries_length(m, k, nnz), 0u);

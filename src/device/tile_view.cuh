@@ -13,8 +13,6 @@
 
 namespace snack::cuda::detail {
 
-constexpr uint32_t kTilePositionMask = (1u << kTileViewSlotShift) - 1;
-
 // What a kernel reads of the pattern: the tile view, and row_ptr for each band's first slot.
 struct TileView {
   const int32_t* __restrict__ tile_ptr;

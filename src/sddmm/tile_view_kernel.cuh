@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (s.at(j) < end) {
-        const uint32_t pos = s.entry[j] & kTilePositionMask;
+        const uint32_t pos = s.entry[j] & kTileViewPositionMask;
         const int64_t slot = band_first + int64_t(s.entry[j] >> kTileViewSlotShift);
         out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
       }

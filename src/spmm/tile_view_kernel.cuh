@@ -66,7 +66,7 @@ __device__ __forceinline__ void scatter_share(const TileShare<1>& s, const uint1
   for (int j = 0; j < 4; ++j) {
     const int32_t e = s.at(j);
     if (e >= begin && e < end) {
-      const uint32_t pos = s.entry[j] & kTilePositionMask;
+      const uint32_t pos = s.entry[j] & kTileViewPositionMask;
       const uint32_t row = pos / kTcChunk, col = pos % kTcChunk;
       if constexpr (kTransposed)
         tile[col * kStride + row] = bits[j];

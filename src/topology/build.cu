@@ -331,8 +331,7 @@ __global__ void __launch_bounds__(kPackThreads)
   for (int64_t e = first + int64_t(threadIdx.x); e < last && e < nnz; e += kPackThreads) {
     const uint32_t entry = tile_entries[e];
     const int64_t slot = int64_t(first) + (entry >> kTileViewSlotShift);
-    const uint32_t bits = slot < last ? value_bits[slot] : 0u;
-    packed[e] = bits << kTilePackedValueShift | (entry & ((1u << kTileViewSlotShift) - 1));
+    packed[e] = packed_tile_entry(entry, slot < last ? value_bits[slot] : uint16_t(0));
   }
   const int64_t padded = (nnz + 3) / 4 * 4;
   if (blockIdx.x == gridDim.x - 1)

@@ -218,8 +218,7 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
                                                     n, value_bytes, transposed,
                                                     spmm_variant_arg(variant, transposed, op)},
                                         p.has_tile_view());
-  // Packed tile values serve the forward's 16-bit products over the tile view (spmm checks the same).
-  problem.packed_tiles = packed && !transposed && value_bytes == 2 && p.has_tile_view();
+  problem.packed_tiles = packed;  // the planner reads it for the forward's 16-bit products over the view
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
