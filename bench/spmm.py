@@ -4,9 +4,11 @@
     python bench/spmm.py --quick         # a few rows, to check the set-up
     python bench/spmm.py --variants      # also each snack kernel variant, forced (impl snack_<variant>)
     python bench/spmm.py --variants dense_blocks,global_xt   # ... or the variants named
-                                         # (tile_view in 16 bits adds snack_tile_view_packed: the
-                                         # kernel reading packed tile values, snack.ops.pack_tile_values;
-                                         # 16 bits also times snack_packed, the planner given them)
+                                         # (tile_view in 16 bits adds snack_tile_view_packed and
+                                         # snack_tile_view_fragments: its kernels reading packed tile
+                                         # values or tile fragments, snack.ops.pack_tile_values /
+                                         # pack_tile_fragments; 16 bits also times snack_packed and
+                                         # snack_fragments, the planner given them)
     python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
     python bench/spmm.py --large         # training batches, N = 256-16384: spmm_<gpu>[_bf16]_large.*
 
@@ -80,13 +82,16 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
     for v in variants:
         impls[f"snack_{v}"] = (lambda v: lambda: snack.ops.spmm(x, values, tensors, None, variant=v))(v)
     if values.dtype in (torch.bfloat16, torch.float16) and pattern.has_tile_view:
-        # Given the values packed into the view's entries (packed once, untimed): the planner's choice
-        # then (snack_packed), and the tile view's kernel reading them (snack_tile_view_packed).
-        tiles = snack.ops.pack_tile_values(values, tensors)
-        impls["snack_packed"] = lambda: snack.ops.spmm(x, values, tensors, None, tiles=tiles)
-        if "tile_view" in variants:
-            impls["snack_tile_view_packed"] = lambda: snack.ops.spmm(x, values, tensors, None, variant="tile_view",
-                                                                     tiles=tiles)
+        # Given the values in tile order (packed once, untimed): the values packed into the view's
+        # entries or laid out as tile fragments, the planner's choice then (snack_packed,
+        # snack_fragments), and the tile view's kernels reading them (snack_tile_view_packed,
+        # snack_tile_view_fragments).
+        for name, pack in (("packed", snack.ops.pack_tile_values), ("fragments", snack.ops.pack_tile_fragments)):
+            tiles = pack(values, tensors)
+            impls[f"snack_{name}"] = (lambda t: lambda: snack.ops.spmm(x, values, tensors, None, tiles=t))(tiles)
+            if "tile_view" in variants:
+                impls[f"snack_tile_view_{name}"] = (lambda t: lambda: snack.ops.spmm(
+                    x, values, tensors, None, variant="tile_view", tiles=t))(tiles)
     return impls
 
 
@@ -341,12 +346,13 @@ def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
     t = index(rows)
     present = {r["impl"] for r in rows}
     # Two of the baselines a run timed (--impls may leave some out); the planner given packed tile
-    # values (snack_packed) dashed beside its choice without them.
+    # values (snack_packed, dashed) or tile fragments (snack_fragments, dotted) beside its choice
+    # without them.
     bases = [b for b in ("dense_mask", "cusparse_csr", "dense") if b in present][:2] or ["dense"]
     fig, axes = plt.subplots(1, len(bases), figsize=(max(9, 6 * len(bases)), 4.5), squeeze=False)
     for ax, base in zip(axes[0], bases):
         for i, n in enumerate(sorted({r["N"] for r in rows})):
-            for impl, style in (("snack", "-"), ("snack_packed", "--")):
+            for impl, style in (("snack", "-"), ("snack_packed", "--"), ("snack_fragments", ":")):
                 if impl not in present:
                     continue
                 xs, ys = [], []
@@ -357,7 +363,7 @@ def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
                         xs.append(s)
                         ys.append(benchmark.geomean(sp))
                 ax.plot(xs, ys, marker="o", linestyle=style, color=f"C{i}",
-                        label=f"N={n}" + (", packed tiles" if impl == "snack_packed" else ""))
+                        label=f"N={n}" + {"snack_packed": ", packed tiles", "snack_fragments": ", fragments"}.get(impl, ""))
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_yscale("log")
         ax.set_xlabel("sparsity")

@@ -98,6 +98,64 @@ inline int64_t tile_view_entries_length(int64_t rows, int64_t cols, int64_t nnz)
   return tile_view_ptr_length(rows, cols) == 0 ? 0 : (nnz + 3) / 4 * 4;
 }
 
+/// Tile fragments: the 16-bit values of the tile view's tiles laid out as the A operands of
+/// mma.sync m16n8k16, so that a kernel loads each register of a fragment whole instead of expanding
+/// the tile in shared memory (pack_tile_fragments in snack/topology.h builds them; kTileView's
+/// forward reads them where given). A 64 x 64 tile is four groups, one per 16 columns (the k-step a
+/// warp multiplies); in group g = col / 16, lane (row % 8) * 4 + (col % 8) / 2 holds 16 registers of
+/// two values, register (row / 16) * 4 + (row % 16) / 8 + 2 * ((col % 16) / 8), the even column in
+/// its low half. Only the registers that hold a slot are stored. The words (int32) of the layout:
+///   [0, 2 * tiles)                   per tile: its first value word (counted from the values part) and
+///                                    its value words (a multiple of 4; 0 for a tile without slots)
+///   [headers, headers + 128 * tiles) per tile, per (group, lane): the 16-bit mask of the registers
+///                                    stored | their first word's offset from the tile's first << 16
+///   [values, ...)                    each tile's stored registers, (group, lane, register) ascending,
+///                                    zero-padded to a multiple of 4 words; band b's tiles from word
+///                                    values + tile_fragment_band_base(b, ...), so that the length is
+///                                    known from the sizes alone.
+/// They hold a copy of the values: packed again whenever the values or the pattern change.
+inline constexpr int kFragmentGroups = 4;        // k-steps of 16 columns per tile
+inline constexpr int kFragmentLanes = 32;
+inline constexpr int kFragmentRegisters = 16;    // registers of two values per lane and group
+inline constexpr int64_t kFragmentHeaderWords = kFragmentGroups * kFragmentLanes;
+static_assert(kFragmentGroups * 16 == kTileViewCols && kFragmentRegisters / 4 * 16 == kTileViewRows,
+              "four k-steps of four row blocks of 16 make a tile");
+
+/// Where position (row, col) of a tile lies in its fragments: group, lane, register, and which half.
+struct FragmentPlace {
+  int group, lane, reg, half;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr FragmentPlace fragment_place(int row, int col) {
+  return FragmentPlace{col / 16, (row % 8) * 4 + (col % 8) / 2, (row / 16) * 4 + (row % 16) / 8 + 2 * ((col % 16) / 8),
+                       col % 2};
+}
+
+/// Words of the tile fragments' parts for a `rows x cols` pattern of nnz slots (see above): the
+/// per-tile pairs (rounded up to 4 words), the headers, the values; all 0 where the tile view is absent.
+struct FragmentLayout {
+  int64_t tiles = 0, headers = 0, values = 0, words = 0;
+};
+inline FragmentLayout tile_fragment_layout(int64_t rows, int64_t cols, int64_t nnz) {
+  FragmentLayout l;
+  if (tile_view_ptr_length(rows, cols) == 0) return l;
+  l.tiles = tile_view_bands(rows) * tile_view_chunks(cols);
+  l.headers = (2 * l.tiles + 3) / 4 * 4;
+  l.values = l.headers + kFragmentHeaderWords * l.tiles;
+  // Each stored register holds a slot; a tile pads at most 3 words, a band's start at most 3.
+  l.words = l.values + (nnz + 3) / 4 * 4 + (4 * tile_view_chunks(cols) + 4) * tile_view_bands(rows);
+  return l;
+}
+/// The first value word of band b (from FragmentLayout::values), whose first slot is `first_slot`.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int64_t tile_fragment_band_base(int64_t band, int64_t first_slot, int64_t chunks) {
+  return (first_slot + 3) / 4 * 4 + (4 * chunks + 4) * band;
+}
+
 /// Read-only view of a slot pattern: which positions of a `rows x cols` matrix are stored.
 ///
 /// The slots are kept sorted row-major (by row, then column), so slot s of row r lies in

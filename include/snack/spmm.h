@@ -143,6 +143,13 @@ struct ChannelsFirstProblem {
   Activation act = Activation::kNone;  ///< fused into the product
 };
 
+/// How the forward is given the weight's 16-bit values besides the slots (snack/pattern.h).
+enum class TileValues : int {
+  kNone = 0,   ///< the values alone, in slot order
+  kPacked,     ///< packed tile values (pack_tile_values): kTileView reads them with the view's entries
+  kFragments,  ///< tile fragments (pack_tile_fragments): kTileView loads them as mma operands
+};
+
 /// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the
 /// CSC view, is (K, M).
 struct SpmmProblem {
@@ -164,9 +171,10 @@ struct SpmmProblem {
   /// kTileView: blocks per band (one cluster that splits the band's chunks), 1 to 8 and at most the
   /// band's chunks of 64 inputs; 0 lets the planner choose. Other variants ignore it.
   int tile_view_splits = 0;
-  /// The forward is given the weight's packed tile values (snack/pattern.h): kTileView reads them
-  /// instead of gathering the values, and the planner takes it over a wider range.
-  bool packed_tiles = false;
+  /// What the forward is given of the weight's values in tile order (snack/pattern.h): kTileView reads
+  /// them instead of gathering the values, and the planner takes it over a wider range. The
+  /// transposed product ignores it.
+  TileValues packed_tiles = TileValues::kNone;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
@@ -222,6 +230,11 @@ Status plan_spmm(const SpmmProblem& problem, const DeviceLimits& limits, SpmmPla
 /// TransposedInput (sddmm.h) describes it (stride plan.batch_tile): a global_xt plan whose one batch
 /// tile holds the whole batch.
 bool plan_transposes_whole_input(const SpmmPlan& plan);
+/// Whether the plan runs the forward over tile fragments (kTileView given them, TileValues::kFragments).
+inline bool plan_reads_fragments(const SpmmPlan& plan) {
+  return plan.variant == SpmmVariant::kTileView && !plan.problem.transposed &&
+         plan.problem.packed_tiles == TileValues::kFragments;
+}
 /// One line: the variant, its launch shape and why.
 std::string describe(const SpmmPlan& plan);
 
@@ -298,9 +311,11 @@ namespace cuda {
 /// `stream` is done. A non-ok Status means the launch failed; errors raised asynchronously by a
 /// kernel surface at the next synchronisation.
 ///
-/// packed_tiles (spmm_forward, 16-bit values): the weight's packed tile values (snack/pattern.h,
-/// pack_tile_values), packed from `values` and this pattern, on a 16-byte boundary; where the plan runs
-/// kTileView its kernel reads them instead of gathering the values. nullptr: the values alone.
+/// packed_tiles (spmm_forward, 16-bit values): the weight's values in tile order, as
+/// plan.problem.packed_tiles says (snack/pattern.h): packed tile values (pack_tile_values) or tile
+/// fragments (pack_tile_fragments, int32 words), made from `values` and this pattern, on a 16-byte
+/// boundary; where the plan runs kTileView its kernel reads them instead of the values. nullptr (and
+/// TileValues::kNone): the values alone.
 template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
                     const SpmmPlan& plan, void* workspace, Stream stream, Activation act = Activation::kNone,

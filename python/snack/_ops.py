@@ -97,6 +97,13 @@ def _pack_tile_values_fake(values, pattern):
     return values.new_empty((pattern[PATTERN_FIELDS.index("tile_entries")].shape[0], 2))
 
 
+@_register_fake("pack_tile_fragments")
+def _pack_tile_fragments_fake(values, pattern):
+    rows, cols = _shape(pattern)
+    words = ops.tile_fragment_words(rows, cols, _nnz(pattern))
+    return values.new_empty((words,), dtype=torch.int32)
+
+
 @_register_fake("spmm_channels_first")
 def _spmm_channels_first_fake(x, values, pattern, bias=None, activation="none", variant="auto"):
     return values.new_empty((x.shape[0], _shape(pattern)[0], x.shape[2]))

@@ -14,6 +14,7 @@
 #include "rows_kernel.cuh"
 #include "shared_x_kernel.cuh"
 #include "tensor_core_kernel.cuh"
+#include "fragment_kernel.cuh"
 #include "tile_view_kernel.cuh"
 #include "snack/spmm.h"
 #include "wgmma.h"
@@ -210,6 +211,47 @@ Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const
   }
 }
 
+template <typename T, int NT>
+Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& view, int64_t out_dim, int64_t in_dim,
+                             const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  auto kernel = detail::spmm_fragment_kernel<T, NT>;
+  if (plan.smem_bytes > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
+  const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
+                                                       unsigned(plan.k_splits), view, out_dim, in_dim, in, n, bias,
+                                                       out, act, plan.k_splits, stage_words, vec));
+  return check_launch("spmm_fragment_kernel");
+}
+
+// The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
+// values and this pattern), batch tiles of 16 or 32 rows.
+template <typename T, typename Index>
+Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* in, int64_t n, const T* bias,
+                        T* out, Activation act, Stream stream, const uint32_t* fragments) {
+  if constexpr (kIsHalfType<T>) {
+    if (tile_view_ptr_length(w.rows, w.cols) == 0)
+      return InvalidArgument("tile_view: tile fragments need a pattern with the tile view");
+    if (reinterpret_cast<uintptr_t>(fragments) % 16 != 0)
+      return InvalidArgument("tile_view: tile fragments must start on a 16-byte boundary");
+    const FragmentLayout layout = tile_fragment_layout(w.rows, w.cols, w.nnz);
+    const detail::FragmentView view{reinterpret_cast<const int2*>(fragments), fragments + layout.headers,
+                                    fragments + layout.values, tile_view_chunks(w.cols)};
+    switch (plan.batch_tile) {
+      case 16: return launch_fragments_tile<T, 16>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
+      case 32: return launch_fragments_tile<T, 32>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
+      default:
+        return InvalidArgument("tile_view over tile fragments: unsupported batch tile " +
+                               std::to_string(plan.batch_tile));
+    }
+  } else {
+    return InvalidArgument("tile fragments hold 16-bit values (bfloat16, float16) only");
+  }
+}
+
 // The shared_x kernel over the transposed tiles of the input (16-byte vectors of fp32 or 16-bit values).
 template <typename T, typename View>
 Status launch_shared_x(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in_t, int64_t n,
@@ -355,6 +397,11 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return InvalidArgument("coo_atomic reads the slots' rows, which a forward-only pattern does not hold");
   if (packed_tiles != nullptr && !kIsHalfType<T>)
     return InvalidArgument("packed tile values hold 16-bit values (bfloat16, float16) only");
+  if ((packed_tiles != nullptr) != (plan.problem.packed_tiles != TileValues::kNone))
+    return InvalidArgument(packed_tiles != nullptr
+                               ? "spmm: values in tile order given to a plan made without them (set "
+                                 "SpmmProblem::packed_tiles)"
+                               : "spmm: the plan was made for values in tile order, and none are given");
   if (n == 0 || w.rows == 0) return Status::Ok();
   if (plan.variant == SpmmVariant::kCooAtomic) {
     detail::fill_rows_kernel<T><<<detail::grid_for(n * w.rows, 256, 4096), 256, 0, stream>>>(y, bias, n, w.rows);
@@ -374,6 +421,8 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
   if (plan.variant == SpmmVariant::kTileView) {
+    if (plan_reads_fragments(plan))
+      return launch_fragments<T, Index>(plan, w, x, n, bias, y, act, stream, packed_tiles);
     if (packed_tiles != nullptr)
       return launch_tile_view<T, Index, false, true>(plan, w, values, x, n, bias, y, act, stream, packed_tiles);
     return launch_tile_view<T, Index, false>(plan, w, values, x, n, bias, y, act, stream);

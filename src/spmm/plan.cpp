@@ -266,10 +266,15 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
   return p.n > 16 || (density >= 0.075 && p.in_dim >= 4096);
 }
 
+// With tile fragments the forward loads W's operands whole (no expansion on chip). Not yet measured:
+// taken from 9 rows up to 128, at densities up to 50% (the caller chose to hold them).
+bool fragments_pay(const SpmmProblem& p) { return p.n >= 9 && p.n <= 128 && density_of(p) <= 0.5; }
+
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view) return false;
   if (p.transposed) return tile_view_pays_transposed(p);
-  if (p.packed_tiles) return packed_tile_view_pays(p);
+  if (p.packed_tiles == TileValues::kFragments) return fragments_pay(p);
+  if (p.packed_tiles == TileValues::kPacked) return packed_tile_view_pays(p);
   if (p.n < 17 || p.n > 128) return false;
   const double density = density_of(p);
   const bool small = p.out_dim * p.in_dim < (int64_t(1) << 23), tall = p.out_dim >= 8192;
@@ -417,7 +422,7 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 //   - 16384x4096, N = 16-64: 2 splits (3.9 blocks per SM), against 1.04-1.36x longer with 4 (two
 //     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
 int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
-                     const DeviceLimits& limits) {
+                     const DeviceLimits& limits, int fragment_words) {
   using namespace cuda::detail;
   static_assert(kTcMaxSplits == 8, "the counts tried below");
   const double wanted = batch_tile == 16 ? 4.0 : 3.0;  // blocks per SM
@@ -425,7 +430,8 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
-    const size_t block = tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed) +
+    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
+                                             : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
     const int64_t per_sm = std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
     const int64_t blocks = blocks_unsplit * splits;
@@ -450,6 +456,8 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
     return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
                            std::to_string(p.n) + " rows");
   int splits = 1;
+  const bool fragments = plan_reads_fragments(*plan);
+  const int fragment_words = fragments ? fragment_stage_words(p.out_dim, p.in_dim, p.nnz) : 0;
   if (plan->variant == SpmmVariant::kTileView) {
     const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
     const int64_t most = std::min<int64_t>(kTcMaxSplits, std::max<int64_t>(1, chunks));  // 0 asks the planner
@@ -457,8 +465,9 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
       return InvalidArgument("tile_view: " + std::to_string(p.tile_view_splits) + " blocks per band asked; 1 to " +
                              std::to_string(most) + " run this product (" + std::to_string(chunks) + " chunks of " +
                              std::to_string(kTcChunk) + " inputs per band)");
-    splits = p.tile_view_splits != 0 ? p.tile_view_splits
-                                     : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits);
+    splits = p.tile_view_splits != 0
+                 ? p.tile_view_splits
+                 : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits, fragment_words);
   } else {
     while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
            p.in_dim >= kTcSplitMinColumns * splits)
@@ -468,10 +477,11 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
   plan->threads = kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
-  plan->smem_bytes =
-      plan->variant == SpmmVariant::kTileView
-          ? tile_view_smem_bytes(plan->batch_tile, ceil_div(ceil_div(p.in_dim, kTcChunk), splits), p.transposed)
-          : tensor_core_smem_bytes(plan->batch_tile);
+  const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
+  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, steps)
+                     : plan->variant == SpmmVariant::kTileView
+                         ? tile_view_smem_bytes(plan->batch_tile, steps, p.transposed)
+                         : tensor_core_smem_bytes(plan->batch_tile);
   if (plan->smem_bytes > limits.smem_per_block)
     return InvalidArgument(std::string(spmm_variant_name(plan->variant)) + ": " + std::to_string(plan->smem_bytes) +
                            " B of shared memory per block exceed the device's " +
@@ -603,8 +613,9 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
         return InvalidArgument("tile_view: the pattern holds no tile view (it is built for layers of at most " +
                                std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
       plan.chunk = cuda::detail::kTcChunk;
-      plan.batch_tile =
-          int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile, cuda::detail::kTileViewMaxTile));
+      plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile,
+                                                plan_reads_fragments(plan) ? cuda::detail::kFragmentMaxTile
+                                                                      : cuda::detail::kTileViewMaxTile));
       break;
     case SpmmVariant::kDenseBlocks:
       if (!p.gemm)
@@ -759,7 +770,12 @@ std::string describe(const SpmmPlan& plan) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
-    if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles && !plan.problem.transposed)
+    if (plan_reads_fragments(plan))
+      s += ", operands loaded from the tile fragments, " +
+           std::to_string(cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz)) +
+           " register words a stage";
+    else if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles == TileValues::kPacked &&
+             !plan.problem.transposed)
       s += ", values from the packed tile values";
   } else if (plan.variant == SpmmVariant::kSharedX) {
     s += ", bands of " + std::to_string(cuda::detail::shared_x_band_rows(size_t(plan.problem.value_bytes))) +

@@ -2,9 +2,11 @@
 // (rows_kernel.cuh, wide_rows_kernel.cuh) and by the planner (plan.cpp, compiled without CUDA).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "snack/pattern.h"
 #include "snack/value_types.h"
 
 namespace snack::cuda::detail {
@@ -136,6 +138,32 @@ SNACK_HOST_DEVICE constexpr size_t tile_view_smem_bytes(int tile, int64_t steps,
 static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMinTile) &&
                   sizeof(float) * kTcMaxTile * kTcPartialStride <= tensor_core_smem_bytes(kTcMaxTile),
               "the partial tile fits in the staging buffers");
+
+// ---- the tile fragments' kernel (fragment_kernel.cuh) ----
+constexpr int kFragmentStages = 4;      // tiles (and chunks of X) in flight through shared memory
+constexpr int kFragmentMaxTile = 32;    // batch rows per block: 16 or 32
+
+// Dynamic shared memory of one block: the stages (a chunk of X, a tile's header and up to
+// `stage_words` of its registers) and where its `steps` tiles lie; the partial tile of the epilogue
+// reuses the stages.
+SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps) {
+  return size_t(kFragmentStages) * (sizeof(uint16_t) * size_t(tile) * size_t(tensor_core_stride(kTcChunk)) +
+                                    sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words)) +
+         2 * sizeof(int32_t) * size_t(steps);
+}
+// Register words a stage holds: those of a tile of the layer's mean density (a register holds two
+// positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A
+// denser tile is read from global memory in place.
+inline int fragment_stage_words(int64_t out_dim, int64_t in_dim, int64_t nnz) {
+  const double density = out_dim * in_dim > 0 ? double(nnz) / (double(out_dim) * double(in_dim)) : 0.0;
+  const double filled = 1.0 - (1.0 - density) * (1.0 - density);
+  const int all = int(kFragmentHeaderWords) * kFragmentRegisters;
+  const int words = int(std::ceil((1.25 * filled * all + 64.0) / 4.0)) * 4;
+  return words < all ? words : all;
+}
+static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= fragment_smem_bytes(kTcMinTile, 0, 0) &&
+                  sizeof(float) * kFragmentMaxTile * kTcPartialStride <= fragment_smem_bytes(kFragmentMaxTile, 0, 0),
+              "the partial tile fits in the stages");
 
 // ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----
 constexpr int kWgBandRows = 128;     // output rows per block: two consumer warpgroups of 64

@@ -2,6 +2,7 @@
 // tile view.
 #include <cuda_runtime.h>
 
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cstdint>
 #include <limits>
@@ -338,6 +339,57 @@ __global__ void __launch_bounds__(kPackThreads)
     for (int64_t e = nnz + threadIdx.x; e < padded; e += kPackThreads) packed[e] = 0;
 }
 
+// Band blockIdx.x's tiles as tile fragments (snack/pattern.h), one tile after the other: the block
+// ORs each entry's value into its register in shared memory (the two values of a register may come
+// from two threads), then thread t, owner of (group, lane) t, writes its header word and its stored
+// registers at the offset a block scan gives it. The output was zeroed before.
+constexpr int kFragmentPackThreads = int(kFragmentHeaderWords);
+__global__ void __launch_bounds__(kFragmentPackThreads)
+    pack_tile_fragments_kernel(int64_t m, int64_t chunks, const int32_t* __restrict__ row_ptr,
+                               const int32_t* __restrict__ tile_ptr, const uint32_t* __restrict__ tile_entries,
+                               const uint16_t* __restrict__ value_bits, int32_t* __restrict__ fragments,
+                               FragmentLayout layout) {
+  using Scan = cub::BlockScan<int, kFragmentPackThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ uint32_t regs[kFragmentHeaderWords * kFragmentRegisters];
+  __shared__ uint32_t masks[kFragmentHeaderWords];
+  const int t = int(threadIdx.x);
+  const int64_t band = blockIdx.x, r0 = band * kTileViewRows;
+  const int64_t r1 = r0 + kTileViewRows < m ? r0 + kTileViewRows : m;
+  const int32_t first = row_ptr[r0], last = row_ptr[r1];
+  int64_t at = tile_fragment_band_base(band, first, chunks);  // from layout.values
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t tile = band * chunks + c;
+    for (int i = t; i < kFragmentHeaderWords * kFragmentRegisters; i += kFragmentPackThreads) regs[i] = 0;
+    masks[t] = 0;
+    __syncthreads();
+    for (int32_t e = tile_ptr[tile] + t; e < tile_ptr[tile + 1]; e += kFragmentPackThreads) {
+      const uint32_t entry = tile_entries[e], pos = entry & kTileViewPositionMask;
+      const FragmentPlace f = fragment_place(int(pos / kTileViewCols), int(pos % kTileViewCols));
+      const int owner = f.group * kFragmentLanes + f.lane;
+      const int64_t slot = int64_t(first) + (entry >> kTileViewSlotShift);
+      const uint32_t bits = slot < last ? value_bits[slot] : 0u;  // a foreign view reads nothing out of bounds
+      atomicOr(&regs[owner * kFragmentRegisters + f.reg], bits << (16 * f.half));
+      atomicOr(&masks[owner], 1u << f.reg);
+    }
+    __syncthreads();
+    const uint32_t mask = masks[t];
+    int offset = 0, stored = 0;
+    Scan(scan).ExclusiveSum(__popc(mask), offset, stored);
+    fragments[layout.headers + kFragmentHeaderWords * tile + t] = int32_t(mask | uint32_t(offset) << 16);
+    int32_t* out = fragments + layout.values + at + offset;
+    for (int r = 0, k = 0; r < kFragmentRegisters; ++r)
+      if (mask >> r & 1u) out[k++] = int32_t(regs[t * kFragmentRegisters + r]);
+    const int64_t words = (stored + 3) / 4 * 4;
+    if (t == 0) {
+      fragments[2 * tile] = stored > 0 ? int32_t(at) : 0;
+      fragments[2 * tile + 1] = int32_t(words);
+    }
+    at += words;
+    __syncthreads();  // the registers are read before the next tile zeroes them
+  }
+}
+
 }  // namespace
 
 Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
@@ -347,6 +399,18 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
   pack_tile_values_kernel<<<unsigned(tile_view_bands(m)), kPackThreads, 0, stream>>>(m, nnz, row_ptr, tile_entries,
                                                                                       value_bits, packed);
   return check_launch("pack_tile_values_kernel");
+}
+
+Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
+                           const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
+                           Stream stream) {
+  SNACK_RETURN_IF_ERROR(snack::detail::check_pack_tile_fragments(m, k, nnz, row_ptr, tile_ptr, tile_entries,
+                                                                 value_bits, fragments));
+  const FragmentLayout layout = tile_fragment_layout(m, k, nnz);
+  SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(fragments, 0, sizeof(int32_t) * size_t(layout.words), stream));
+  pack_tile_fragments_kernel<<<unsigned(tile_view_bands(m)), kFragmentPackThreads, 0, stream>>>(
+      m, tile_view_chunks(k), row_ptr, tile_ptr, tile_entries, value_bits, fragments, layout);
+  return check_launch("pack_tile_fragments_kernel");
 }
 
 template <typename Index>

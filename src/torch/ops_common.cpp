@@ -30,25 +30,41 @@ void check_packable(const at::Tensor& values, const PatternArg& p, const char* o
 }
 }  // namespace
 
-const uint32_t* packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Tensor& values, const PatternArg& p,
-                                 const char* op) {
-  if (!tiles) return nullptr;
+GivenTiles packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Tensor& values, const PatternArg& p,
+                            const char* op) {
+  if (!tiles) return {};
   check_packable(values, p, op);
+  if (tiles->scalar_type() == at::kInt) {
+    const int64_t words = tile_fragment_layout(p.rows, p.cols, p.nnz).words;
+    TORCH_CHECK_VALUE(tiles->dim() == 1 && tiles->size(0) == words, "snack.", op, ": tile fragments must have shape [",
+                      words, "] (snack.ops.pack_tile_fragments), got ", tiles->sizes());
+    TORCH_CHECK_VALUE(tiles->is_contiguous() && reinterpret_cast<uintptr_t>(tiles->data_ptr()) % 16 == 0, "snack.", op,
+                      ": tiles must be contiguous and start on a 16-byte boundary");
+    check_same_device(*tiles, p.device, "tiles", op);
+    return {reinterpret_cast<const uint32_t*>(tiles->data_ptr()), TileValues::kFragments};
+  }
   const int64_t entries = tile_view_entries_length(p.rows, p.cols, p.nnz);
   TORCH_CHECK_TYPE(tiles->scalar_type() == values.scalar_type(), "snack.", op, ": tiles dtype ", tiles->scalar_type(),
-                   " differs from the weight dtype ", values.scalar_type(), " (pack them from these values)");
+                   " is neither the weight dtype ", values.scalar_type(),
+                   " (snack.ops.pack_tile_values) nor int32 (snack.ops.pack_tile_fragments)");
   TORCH_CHECK_VALUE(tiles->dim() == 2 && tiles->size(0) == entries && tiles->size(1) == 2, "snack.", op,
                     ": tiles must have shape [", entries, ", 2] (snack.ops.pack_tile_values), got ", tiles->sizes());
   TORCH_CHECK_VALUE(tiles->is_contiguous() && reinterpret_cast<uintptr_t>(tiles->data_ptr()) % 16 == 0, "snack.", op,
                     ": tiles must be contiguous and start on a 16-byte boundary");
   check_same_device(*tiles, p.device, "tiles", op);
-  return reinterpret_cast<const uint32_t*>(tiles->data_ptr());
+  return {reinterpret_cast<const uint32_t*>(tiles->data_ptr()), TileValues::kPacked};
 }
 
 at::Tensor empty_packed_tiles(const at::Tensor& values, const PatternArg& p, const char* op) {
   check_values(values, p, op);
   check_packable(values, p, op);
   return at::empty({tile_view_entries_length(p.rows, p.cols, p.nnz), 2}, values.options());
+}
+
+at::Tensor empty_tile_fragments(const at::Tensor& values, const PatternArg& p, const char* op) {
+  check_values(values, p, op);
+  check_packable(values, p, op);
+  return at::empty({tile_fragment_layout(p.rows, p.cols, p.nnz).words}, values.options().dtype(at::kInt));
 }
 
 SpmmTInputs spmm_t_inputs(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, const char* op) {

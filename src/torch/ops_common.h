@@ -23,15 +23,22 @@ SpmmInputs spmm_inputs(const at::Tensor& x, const at::Tensor& values, at::Tensor
                        const std::optional<at::Tensor>& bias, c10::string_view activation, const char* op,
                        bool channels_first = false);
 
-// spmm's packed tile values, `tiles` (pack_tile_values of these values and pattern): [entries, 2] in
-// the values' dtype (16-bit), on their device, contiguous. Returns the words the kernels read, or
-// nullptr where none is given.
-const uint32_t* packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Tensor& values, const PatternArg& p,
-                                 const char* op);
+// spmm's values in tile order, `tiles`, made from these values and pattern, on their device,
+// contiguous: packed tile values (pack_tile_values: [entries, 2] in the values' 16-bit dtype) or tile
+// fragments (pack_tile_fragments: int32 [tile_fragment_layout(...).words]). What the kernels read
+// and which of the two (words nullptr and kind kNone where none is given).
+struct GivenTiles {
+  const uint32_t* words = nullptr;
+  TileValues kind = TileValues::kNone;
+};
+GivenTiles packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Tensor& values, const PatternArg& p,
+                            const char* op);
 
 // pack_tile_values: 16-bit values of a pattern that holds a tile view; returns the empty packed
 // tiles, [tile_view_entries_length, 2] in the values' dtype.
 at::Tensor empty_packed_tiles(const at::Tensor& values, const PatternArg& p, const char* op);
+// pack_tile_fragments: as empty_packed_tiles; returns the empty words, int32 [tile_fragment_layout(...).words].
+at::Tensor empty_tile_fragments(const at::Tensor& values, const PatternArg& p, const char* op);
 
 // spmm_t: dy [N, M] (contiguous), values, pattern.
 struct SpmmTInputs {

@@ -225,6 +225,25 @@ void pack_tiles_into(const PatternArg& p, const at::Tensor& values, at::Tensor& 
                  op);
 }
 
+// The tile fragments of `values` over a checked pattern that holds the tile view.
+void pack_fragments_into(const PatternArg& p, const at::Tensor& values, at::Tensor& fragments, const char* op) {
+  throw_if_error(cpu::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                          p.tile_ptr.data_ptr<int32_t>(),
+                                          reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
+                                          static_cast<const uint16_t*>(values.data_ptr()),
+                                          fragments.data_ptr<int32_t>()),
+                 op);
+}
+
+at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
+  const char* op = "pack_tile_fragments";
+  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
+  at::Tensor fragments = empty_tile_fragments(values, p, op);
+  check_contents(p, op);
+  pack_fragments_into(p, values, fragments, op);
+  return fragments;
+}
+
 at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
   const char* op = "pack_tile_values";
   const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
@@ -241,13 +260,19 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
   const SpmmVariant v = spmm_variant_arg(variant, false, op);
   check_contents(in.p, op);
-  if (const uint32_t* given = packed_tiles_arg(tiles, values, in.p, op)) {
+  if (const GivenTiles given = packed_tiles_arg(tiles, values, in.p, op); given.words != nullptr) {
     // The CPU reads the values; the packing it is given must still be theirs, as the GPU reads it.
+    const bool fragments = given.kind == TileValues::kFragments;
     at::Tensor expected = at::empty_like(*tiles);
-    pack_tiles_into(in.p, values, expected, op);
-    TORCH_CHECK_VALUE(std::equal(given, given + expected.numel() / 2, static_cast<const uint32_t*>(expected.data_ptr())),
+    if (fragments)
+      pack_fragments_into(in.p, values, expected, op);
+    else
+      pack_tiles_into(in.p, values, expected, op);
+    const int64_t words = int64_t(expected.nbytes() / sizeof(uint32_t));
+    TORCH_CHECK_VALUE(std::equal(given.words, given.words + words, static_cast<const uint32_t*>(expected.data_ptr())),
                       "snack.", op, ": tiles are not the packing of these values over this pattern (pack them again "
-                      "with snack.ops.pack_tile_values after the values or the pattern change)");
+                      "with snack.ops.", fragments ? "pack_tile_fragments" : "pack_tile_values",
+                      " after the values or the pattern change)");
   }
   const int64_t n = in.x.size(0);
   if (cpu_dense_blocks(in.p, n, values.scalar_type(), CpuProduct::kForward, cpu_path(v), in.act)) {
@@ -530,6 +555,7 @@ TORCH_LIBRARY_IMPL(snack, CPU, m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
   m.impl("pack_tile_values", &pack_tile_values);
+  m.impl("pack_tile_fragments", &pack_tile_fragments);
   m.impl("spmm_for_step", &spmm_for_step);
   m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);

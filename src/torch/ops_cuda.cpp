@@ -42,7 +42,7 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 SpmmProblem forward_problem(const PatternArg& p, int64_t n, const at::Tensor& values, SpmmVariant variant,
-                            bool packed_tiles = false) {
+                            TileValues packed_tiles = TileValues::kNone) {
   SpmmProblem problem = binding_problem(
       SpmmProblem{p.rows, p.cols, p.nnz, n, int(values.element_size()), false, variant}, p.has_tile_view());
   problem.packed_tiles = packed_tiles;
@@ -99,13 +99,13 @@ void dense_blocks_weight_grad(const PatternArg& p, const at::Tensor& dy, const a
 // The forward. keep_x_t: where the plan transposes the whole batch, its workspace is allocated as
 // that copy, [K + 1, batch tile] in the values' dtype (cuda::TransposedInput), and returned; else
 // an empty tensor.
-// packed: the packed tile values (packed_tiles_arg), read where the plan runs kTileView.
+// tiles: the values in tile order (packed_tiles_arg), read where the plan runs kTileView.
 std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tensor& values, SpmmVariant variant,
-                                           bool keep_x_t, const char* op, const uint32_t* packed = nullptr) {
+                                           bool keep_x_t, const char* op, GivenTiles tiles = {}) {
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.x.size(0);
   const SpmmPlan plan =
-      spmm_plan(forward_problem(in.p, n, values, variant, packed != nullptr), in.p.device.index(), op);
+      spmm_plan(forward_problem(in.p, n, values, variant, tiles.kind), in.p.device.index(), op);
   at::Tensor ws, x_t = at::empty({0, 0}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {  // its workspace is the block dense_blocks_product takes
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
@@ -127,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tenso
                                 [&](auto w) {
                                   return cuda::spmm_forward(w, data_as<T>(values), data_as<T>(in.x), n, b,
                                                             data_as<T>(y), plan, data_or_null(ws), current_stream(),
-                                                            in.act, packed);
+                                                            in.act, tiles.words);
                                 }),
                    op);
   });
@@ -139,8 +139,8 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
                 const std::optional<at::Tensor>& tiles) {
   const char* op = "spmm";
   const SpmmInputs in = spmm_inputs(x, values, pattern, bias, activation, op);
-  const uint32_t* packed = packed_tiles_arg(tiles, values, in.p, op);
-  return std::get<0>(forward(in, values, spmm_variant_arg(variant, false, op), false, op, packed));
+  return std::get<0>(
+      forward(in, values, spmm_variant_arg(variant, false, op), false, op, packed_tiles_arg(tiles, values, in.p, op)));
 }
 
 at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
@@ -154,6 +154,20 @@ at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
                                         static_cast<uint32_t*>(packed.data_ptr()), current_stream()),
                  op);
   return packed;
+}
+
+at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
+  const char* op = "pack_tile_fragments";
+  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
+  at::Tensor fragments = empty_tile_fragments(values, p, op);
+  const c10::cuda::CUDAGuard guard(p.device);
+  throw_if_error(cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                           p.tile_ptr.data_ptr<int32_t>(),
+                                           reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
+                                           static_cast<const uint16_t*>(values.data_ptr()),
+                                           fragments.data_ptr<int32_t>(), current_stream()),
+                 op);
+  return fragments;
 }
 
 // kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each
@@ -502,6 +516,7 @@ TORCH_LIBRARY_IMPL(snack, CUDA, m) {
   using namespace snack::binding;
   m.impl("spmm", &spmm);
   m.impl("pack_tile_values", &pack_tile_values);
+  m.impl("pack_tile_fragments", &pack_tile_fragments);
   m.impl("spmm_for_step", &spmm_for_step);
   m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);

@@ -1,5 +1,5 @@
 // Plans, kernel names and the shared counting rules, and the operators that report them
-// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, tile_view_geometry,
+// (explain, kernel_variants, pattern_fields, index_bits, dense_block_min_rows, tile_view_geometry, tile_fragment_words,
 // channels_first_paths, nnz_for_density, set_default_spmm_variant, set_default_csc_read,
 // set_default_tile_view_splits):
 // they read metadata only, so they run for any device and under tracing.
@@ -78,7 +78,7 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
-    mix(uint64_t(p.csc) << 2 | uint64_t(p.tile_view) << 1 | uint64_t(p.packed_tiles));
+    mix(uint64_t(p.csc) << 3 | uint64_t(p.tile_view) << 2 | uint64_t(p.packed_tiles));
     mix(uint64_t(p.tile_view_splits));
   }
   template <typename Mix>
@@ -161,7 +161,8 @@ ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg&
 }
 
 ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
-                      c10::string_view variant, c10::string_view activation, int64_t pixels, bool packed) {
+                      c10::string_view variant, c10::string_view activation, int64_t pixels, bool packed,
+                      bool fragments) {
   const char* op = "explain";
   const Activation act = activation_arg(activation, op);
   const std::string which(op_name);
@@ -218,7 +219,9 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
                                                     n, value_bytes, transposed,
                                                     spmm_variant_arg(variant, transposed, op)},
                                         p.has_tile_view());
-  problem.packed_tiles = packed;  // the planner reads it for the forward's 16-bit products over the view
+  TORCH_CHECK_VALUE(!(packed && fragments), "snack.explain: give packed or fragments, not both");
+  // The planner reads it for the forward's 16-bit products over the view.
+  problem.packed_tiles = fragments ? TileValues::kFragments : packed ? TileValues::kPacked : TileValues::kNone;
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
@@ -245,6 +248,11 @@ std::vector<std::string> pattern_fields() {
 
 int64_t dense_block_min_rows() { return kDenseBlockMinRows; }
 std::vector<int64_t> tile_view_geometry() { return {kTileViewRows, kTileViewCols, kTileViewMaxCols}; }
+int64_t tile_fragment_words(int64_t rows, int64_t cols, int64_t nnz) {
+  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0 && nnz >= 0 && nnz <= rows * cols, "snack.tile_fragment_words: ", rows, "x",
+                    cols, " with nnz=", nnz, " is not a pattern's size");
+  return tile_fragment_layout(rows, cols, nnz).words;
+}
 std::vector<std::string> channels_first_paths() {
   std::vector<std::string> names;
   for (ChannelsFirstPath path : snack::channels_first_paths()) names.emplace_back(channels_first_path_name(path));
@@ -273,6 +281,7 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("index_bits", &snack::binding::index_bits);
   m.impl("dense_block_min_rows", &snack::binding::dense_block_min_rows);
   m.impl("tile_view_geometry", &snack::binding::tile_view_geometry);
+  m.impl("tile_fragment_words", &snack::binding::tile_fragment_words);
   m.impl("channels_first_paths", &snack::binding::channels_first_paths);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);

@@ -21,14 +21,19 @@ TORCH_LIBRARY(snack, m) {
   // ---- Products ----
   // Y = act(X W^T (+ bias)): x [N, K] -> [N, M]. activation: none, relu, gelu (exact). variant: "auto"
   // (the process default, see set_default_spmm_variant) or a CUDA kernel (kernel_variants()).
-  // tiles: the weight's packed tile values (pack_tile_values of these values and pattern), which the
-  // tile_view kernel then reads in place of the values; the CPU checks that they are the values' packing.
+  // tiles: the weight's values in tile order, made from these values and pattern: packed tile values
+  // (pack_tile_values) or tile fragments (pack_tile_fragments), which the tile_view kernels then read
+  // in place of the values; the CPU checks that they are the values' packing.
   m.def("spmm(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\", "
         "str variant=\"auto\", Tensor? tiles=None) -> Tensor");
   // The packed tile values of 16-bit values over a pattern that holds the tile view (snack/pattern.h):
   // [tile_view_entries_length, 2] in the values' dtype, each entry's position in its tile and its
   // value as one 32-bit word. A copy of the values: pack again after they or the pattern change.
   m.def("pack_tile_values(Tensor values, Tensor[] pattern) -> Tensor");
+  // The tile fragments of 16-bit values over a pattern that holds the tile view (snack/pattern.h):
+  // int32 [tile_fragment_layout(...).words], the A operands of mma.sync tile by tile, only the
+  // registers that hold a slot. A copy of the values: pack again after they or the pattern change.
+  m.def("pack_tile_fragments(Tensor values, Tensor[] pattern) -> Tensor");
   // The forward as a fused training step runs it: y as spmm computes it, and x_t, X transposed where
   // the CUDA plan made that copy of the whole batch (else an empty tensor), for sddmm_adamw_.
   m.def("spmm_for_step(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\")"
@@ -90,9 +95,10 @@ TORCH_LIBRARY(snack, m) {
   // this weight: (variant, reason, batch_tile, lanes_per_row, rows_per_warp, grid, threads,
   // smem_bytes, workspace_bytes, prefetch_l2, description). A CPU weight: variant "cpu".
   // op channels_first: the path of spmm_channels_first on n pixels in all, `pixels` per image (a
-  // divisor of n). packed: the forward as spmm plans it when given packed tile values.
+  // divisor of n). packed / fragments: the forward as spmm plans it when given packed tile values /
+  // tile fragments.
   m.def("explain(Tensor values, Tensor[] pattern, int n, str op=\"forward\", str variant=\"auto\", "
-        "str activation=\"none\", int pixels=1, bool packed=False) -> "
+        "str activation=\"none\", int pixels=1, bool packed=False, bool fragments=False) -> "
         "(str, str, int, int, int, int, int, int, int, bool, str)");
   // Sets the variant that "auto" means for this process (for A/B runs); "auto" restores the planner.
   m.def("set_default_spmm_variant(str variant) -> ()");
@@ -112,6 +118,9 @@ TORCH_LIBRARY(snack, m) {
   m.def("dense_block_min_rows() -> int");
   // The tile view's geometry (snack/pattern.h): rows and columns of a tile, the widest layer that has it.
   m.def("tile_view_geometry() -> int[]");
+  // Words of the tile fragments (pack_tile_fragments) of a rows x cols pattern of nnz slots; 0 where
+  // it has no tile view.
+  m.def("tile_fragment_words(int rows, int cols, int nnz) -> int");
   // The paths spmm_channels_first may take on CUDA (snack/spmm.h, ChannelsFirstPath), but "auto".
   m.def("channels_first_paths() -> str[]");
   m.def("nnz_for_density(int out_features, int in_features, float density) -> int");

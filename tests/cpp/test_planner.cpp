@@ -502,7 +502,7 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
                           bool transposed = false) {
     SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
     problem.tile_view = true;
-    problem.packed_tiles = packed;
+    problem.packed_tiles = packed ? TileValues::kPacked : TileValues::kNone;
     SpmmPlan p;
     const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
     EXPECT_TRUE(s.ok()) << s.message();
@@ -529,6 +529,39 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
   EXPECT_NE(dx.variant, SpmmVariant::kTileView);
   const SpmmPlan packed = planned(16384, 4096, 0.1, 32, true);
   EXPECT_NE(describe(packed).find("values from the packed tile values"), std::string::npos) << describe(packed);
+}
+
+TEST(Planner, TileFragmentsRunTheirKernel) {
+  // Given tile fragments the forward takes the tile view from 9 to 128 rows up to 50% density, in
+  // batch tiles of 16 or 32, with the stages sized from the density; never dX, fp32, or a single row.
+  const auto planned = [](int64_t out, int64_t in, double density, int64_t n, int value_bytes = 2,
+                          bool transposed = false) {
+    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
+    problem.tile_view = true;
+    problem.packed_tiles = TileValues::kFragments;
+    SpmmPlan p;
+    const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  };
+  for (const int64_t n : {9, 16, 32, 64, 128}) {
+    const SpmmPlan p = planned(16384, 4096, 0.1, n);
+    EXPECT_TRUE(plan_reads_fragments(p)) << n;
+    EXPECT_EQ(p.batch_tile, n <= 16 ? 16 : 32) << n;
+    EXPECT_NE(describe(p).find("operands loaded from the tile fragments"), std::string::npos) << describe(p);
+  }
+  EXPECT_FALSE(plan_reads_fragments(planned(16384, 4096, 0.1, 1)));
+  EXPECT_FALSE(plan_reads_fragments(planned(16384, 4096, 0.1, 129)));
+  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.6, 32)));
+  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, 4)));
+  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, 2, true)));
+  // A stage holds the registers of a tile of the mean density and a quarter more, at most a whole tile.
+  const SpmmPlan sparse = planned(16384, 4096, 0.1, 32), dense = planned(4096, 4096, 0.5, 32);
+  EXPECT_LT(sparse.smem_bytes, dense.smem_bytes);
+  // Four stages of a chunk of X (32 rows of 72 values) and a tile's header (128 words) and registers.
+  const size_t x_and_header = 4 * (32 * 72 * 2 + 128 * 4);
+  EXPECT_GE(sparse.smem_bytes, x_and_header + 4 * 4 * size_t(1.25 * 0.19 * 2048));
+  EXPECT_LE(dense.smem_bytes, x_and_header + 4 * 4 * 2048 + 8 * 64);
 }
 
 TEST(Planner, TileViewSplits) {

@@ -30,6 +30,9 @@ def test_opcheck_compute_ops(device, itype):
     tiles = ops.pack_tile_values(half.values, half.tensors)
     torch.library.opcheck(ops.pack_tile_values.default, (half.values, half.tensors))
     torch.library.opcheck(ops.spmm.default, (x.bfloat16(), half.values, half.tensors, None), {"tiles": tiles})
+    fragments = ops.pack_tile_fragments(half.values, half.tensors)
+    torch.library.opcheck(ops.pack_tile_fragments.default, (half.values, half.tensors))
+    torch.library.opcheck(ops.spmm.default, (x.bfloat16(), half.values, half.tensors, None), {"tiles": fragments})
     # The forward of a fused step and its update: the copy of X^T it may hand over has a shape only
     # the device's plan knows, so only the schema and the autograd registration are checked.
     utils = ("test_schema", "test_autograd_registration")

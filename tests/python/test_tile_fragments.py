@@ -1,0 +1,180 @@
+"""Tile fragments (snack.ops.pack_tile_fragments): the 16-bit values of the tile view's tiles laid out
+as the A operands of mma.sync, only the registers that hold a slot (snack/pattern.h). The format
+decoded here against the slots, both backends' packing, the forward that reads them (the CUDA
+fragment kernel, against float64 on odd shapes, empty tiles, dense tiles read in place) and the
+checks spmm makes of them."""
+
+import copy
+
+import pytest
+import torch
+
+import snack
+from helpers import ODD_SHAPES, Weight, assert_matmul, poison_cache, skewed_positions
+
+ops = snack.ops
+SIXTEEN_BITS = [torch.bfloat16, torch.float16]
+TILE_ROWS, TILE_COLS, _ = ops.tile_view_geometry()
+HEADER_WORDS, REGISTERS = 128, 16
+CUDA = torch.cuda.is_available()
+
+
+def slot_bits(w: Weight) -> dict:
+    bits = w.values.cpu().view(torch.int16).long() & 0xFFFF
+    rows, cols = w.row_idx.long().cpu(), w.col_idx.long().cpu()
+    return {(int(r), int(c)): int(b) for r, c, b in zip(rows, cols, bits, strict=True)}
+
+
+def register_positions(group: int, lane: int, reg: int) -> tuple[int, int]:
+    """(row, col) in the tile of the register's low half (its high half is col + 1): the m16n8k16
+    A fragment's layout, written out independently of the library."""
+    block, which = divmod(reg, 4)
+    row = block * 16 + (which % 2) * 8 + lane // 4
+    col = group * 16 + (which // 2) * 8 + (lane % 4) * 2
+    return row, col
+
+
+def decode(fragments: torch.Tensor, m: int, k: int, slots: dict) -> dict:
+    """{(row, col): value bits} of tile fragments; checks the layout's invariants on the way."""
+    words = fragments.cpu().long() & 0xFFFFFFFF
+    bands, chunks = -(-m // TILE_ROWS), -(-k // TILE_COLS)
+    tiles = bands * chunks
+    headers = (2 * tiles + 3) // 4 * 4
+    values = headers + HEADER_WORDS * tiles
+    assert words.numel() == ops.tile_fragment_words(m, k, len(slots))
+    found = {}
+    for tile in range(tiles):
+        band, chunk = divmod(tile, chunks)
+        start, count = int(words[2 * tile]), int(words[2 * tile + 1])
+        assert start % 4 == 0 and count % 4 == 0, "16-byte aligned tiles"
+        stored = 0
+        for owner in range(HEADER_WORDS):
+            head = int(words[headers + HEADER_WORDS * tile + owner])
+            mask, offset = head & 0xFFFF, head >> 16
+            assert offset == stored, f"tile {tile}, owner {owner}: registers not in (group, lane) order"
+            group, lane = divmod(owner, 32)
+            for reg in range(REGISTERS):
+                if not mask >> reg & 1:
+                    continue
+                word = int(words[values + start + stored])
+                stored += 1
+                row, col = register_positions(group, lane, reg)
+                held = 0
+                for half in range(2):
+                    key = (band * TILE_ROWS + row, chunk * TILE_COLS + col + half)
+                    bits = word >> (16 * half) & 0xFFFF
+                    if key in slots:
+                        assert key not in found, f"{key} stored twice"
+                        found[key] = bits
+                        held += 1
+                    else:
+                        assert bits == 0, f"{key}: a value where no slot is"
+                assert held, f"tile {tile}: a register stored without a slot"
+        assert count == (stored + 3) // 4 * 4, f"tile {tile}: {count} words for {stored} registers"
+        if count:
+            assert not bool(words[values + start + stored:values + start + count].any()), "zero padding"
+    return found
+
+
+@pytest.mark.parametrize("m,k,n,nnz,empty_rows", ODD_SHAPES + [(64, 64, 1, 4096, 0), (130, 200, 1, 0, 0)])
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_every_slot_in_its_register(device, m, k, n, nnz, empty_rows, dtype):
+    w = Weight(m, k, nnz, device=device, dtype=dtype, empty_rows=empty_rows, seed=m + k)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    assert fragments.dtype == torch.int32 and fragments.device == w.values.device
+    slots = slot_bits(w)
+    assert decode(fragments, m, k, slots) == slots
+    if device.type == "cuda":  # both backends pack the same words
+        cpu = copy.deepcopy(w.pattern).to("cpu")
+        assert torch.equal(ops.pack_tile_fragments(w.values.cpu(), cpu.tensors), fragments.cpu())
+
+
+def test_packing_refuses_what_it_cannot_pack(device):
+    w = Weight(70, 130, 900, device=device, dtype=torch.float32)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        ops.pack_tile_fragments(w.values, w.tensors)
+    half = w.values.to(torch.bfloat16)
+    without = copy.deepcopy(w.pattern).for_inference(tile_view=False)
+    with pytest.raises(ValueError, match="no tile view"):
+        ops.pack_tile_fragments(half, without.tensors)
+    with pytest.raises(ValueError, match="nnz"):
+        ops.pack_tile_fragments(half[:-1], w.tensors)
+    kept = copy.deepcopy(w.pattern).for_inference(tile_view=True)
+    assert torch.equal(ops.pack_tile_fragments(half, kept.tensors), ops.pack_tile_fragments(half, w.tensors))
+
+
+def test_spmm_checks_the_fragments_it_is_given(device):
+    w = Weight(130, 200, 3000, device=device, dtype=torch.bfloat16, seed=5)
+    x = w.randn(20, 200)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    with pytest.raises(ValueError, match="tile fragments must have shape"):
+        ops.spmm(x, w.values, w.tensors, tiles=fragments[:-4])
+    with pytest.raises(TypeError, match="int32"):
+        ops.spmm(x, w.values, w.tensors, tiles=fragments.float())
+    if device.type == "cpu":
+        # The CPU reads the values but checks the fragments it is given, as the GPU would read them.
+        with pytest.raises(ValueError, match="pack_tile_fragments"):
+            ops.spmm(x, w.values * 2, w.tensors, tiles=fragments)
+
+
+# The forward over the fragments: batch tiles of 16 and 32 (N = 1 to 100, partial tiles), inputs that
+# are not a multiple of 8 (X staged without 16-byte copies), empty rows and tiles, tiles with more
+# registers than a stage holds (read in place).
+FORWARD_CASES = {
+    "partial_band_and_chunk": dict(m=70, k=90, nnz=3000, empty_rows=6),
+    "empty_rows": dict(m=130, k=257, nnz=1700, empty_rows=30),
+    "one_full_tile": dict(m=64, k=64, nnz=4096),
+    "dense_band_read_in_place": dict(m=640, k=300, positions=skewed_positions(640, 300, 64, 3000)),
+    "no_slots": dict(m=128, k=192, nnz=0),
+    "several_blocks_per_band": dict(m=300, k=1024, nnz=12000),
+}
+
+
+def forward_weight(case: str, dtype, seed: int) -> Weight:
+    args = dict(FORWARD_CASES[case])
+    m, k, nnz = args.pop("m"), args.pop("k"), args.pop("nnz", 0)
+    return Weight(m, k, nnz, device="cuda", dtype=dtype, seed=seed, **args)
+
+
+@pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
+@pytest.mark.parametrize("case", list(FORWARD_CASES))
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33, 100])
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_forward_reads_fragments(case, n, dtype):
+    w = forward_weight(case, dtype, seed=n)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    x, bias = w.randn(n, w.k, seed=n), w.randn(w.m, seed=3)
+    poison_cache(torch.device("cuda"))  # an output left unwritten shows as NaN
+    y = ops.spmm(x, w.values, w.tensors, bias, variant="tile_view", tiles=fragments)
+    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"fragments, {case}")
+    assert torch.equal(ops.spmm(x, w.values, w.tensors, bias, variant="tile_view", tiles=fragments), y), \
+        "deterministic"
+    relu = ops.spmm(x, w.values, w.tensors, bias, "relu", variant="tile_view", tiles=fragments)
+    assert torch.equal(relu, torch.relu(y))
+
+
+@pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_forward_reads_fragments_in_clusters(splits):
+    w = Weight(192, 512, 9000, device="cuda", dtype=torch.bfloat16, seed=splits)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    x = w.randn(40, 512, seed=2)
+    snack.set_tile_view_splits(splits)
+    try:
+        y = ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments)
+    finally:
+        snack.set_tile_view_splits(0)
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"{splits} blocks per band")
+
+
+@pytest.mark.skipif(not CUDA, reason="the planner's CUDA plan")
+def test_planner_reads_fragments_where_given():
+    w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=1)
+    plan = snack.Plan(*ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, False, True))
+    assert plan.variant == "tile_view" and plan.batch_tile == 32 and "tile fragments" in plan.description
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    x = w.randn(32, 4096)
+    assert torch.equal(ops.spmm(x, w.values, w.tensors, tiles=fragments),
+                       ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments))
+    with pytest.raises(ValueError, match="not both"):
+        ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, True, True)
