@@ -221,9 +221,9 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
   const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
   const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
-                                                       unsigned(plan.k_splits), view, out_dim, in_dim, in, n, bias,
-                                                       out, act, plan.k_splits, stage_words, vec));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kFragmentThreads), plan.smem_bytes,
+                                                       stream, unsigned(plan.k_splits), view, out_dim, in_dim, in, n,
+                                                       bias, out, act, plan.k_splits, stage_words, vec));
   return check_launch("spmm_fragment_kernel");
 }
 
@@ -397,11 +397,12 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return InvalidArgument("coo_atomic reads the slots' rows, which a forward-only pattern does not hold");
   if (packed_tiles != nullptr && !kIsHalfType<T>)
     return InvalidArgument("packed tile values hold 16-bit values (bfloat16, float16) only");
-  if ((packed_tiles != nullptr) != (plan.problem.packed_tiles != TileValues::kNone))
-    return InvalidArgument(packed_tiles != nullptr
-                               ? "spmm: values in tile order given to a plan made without them (set "
-                                 "SpmmProblem::packed_tiles)"
-                               : "spmm: the plan was made for values in tile order, and none are given");
+  // (Packed tile values of a pattern without slots are empty: null, and nothing to read.)
+  if (packed_tiles != nullptr && plan.problem.packed_tiles == TileValues::kNone)
+    return InvalidArgument("spmm: values in tile order given to a plan made without them (set "
+                           "SpmmProblem::packed_tiles)");
+  if (packed_tiles == nullptr && plan.problem.packed_tiles == TileValues::kFragments)
+    return InvalidArgument("spmm: the plan was made for tile fragments, and none are given");
   if (n == 0 || w.rows == 0) return Status::Ok();
   if (plan.variant == SpmmVariant::kCooAtomic) {
     detail::fill_rows_kernel<T><<<detail::grid_for(n * w.rows, 256, 4096), 256, 0, stream>>>(y, bias, n, w.rows);

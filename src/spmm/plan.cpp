@@ -422,7 +422,7 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 //   - 16384x4096, N = 16-64: 2 splits (3.9 blocks per SM), against 1.04-1.36x longer with 4 (two
 //     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
 int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
-                     const DeviceLimits& limits, int fragment_words) {
+                     const DeviceLimits& limits) {
   using namespace cuda::detail;
   static_assert(kTcMaxSplits == 8, "the counts tried below");
   const double wanted = batch_tile == 16 ? 4.0 : 3.0;  // blocks per SM
@@ -430,14 +430,33 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
-    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
-                                             : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
+    const size_t block = tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed) +
                          limits.reserved_smem_per_block;
     const int64_t per_sm = std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
     const int64_t blocks = blocks_unsplit * splits;
     if (splits > 1 && blocks > per_sm * limits.sms) break;
     const double miss = std::fabs(std::log(double(blocks) / double(limits.sms) / wanted));
     if (splits == 1 || miss < best_miss) best = splits, best_miss = miss;
+  }
+  return best;
+}
+
+// Blocks per band of the fragment kernel, one cluster that splits the band's tiles: of 1, 2, 4, 6 and
+// 8, the most that keep the launch within one wave of the blocks an SM holds (its registers allow
+// fragment_blocks_per_sm, and shared memory), at least one chunk a block.
+int fragment_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, int stage_words,
+                    const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  int best = 1;
+  for (const int splits : {2, 4, 6, 8}) {
+    if (chunks < splits) break;
+    const size_t block =
+        fragment_smem_bytes(batch_tile, stage_words, ceil_div(chunks, splits)) + limits.reserved_smem_per_block;
+    const int64_t per_sm = std::min<int64_t>({int64_t(limits.smem_per_sm / block),
+                                              int64_t(limits.max_threads_per_sm / kFragmentThreads),
+                                              int64_t(fragment_blocks_per_sm(batch_tile))});
+    if (blocks_unsplit * splits > per_sm * limits.sms) break;
+    best = splits;
   }
   return best;
 }
@@ -465,9 +484,9 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
       return InvalidArgument("tile_view: " + std::to_string(p.tile_view_splits) + " blocks per band asked; 1 to " +
                              std::to_string(most) + " run this product (" + std::to_string(chunks) + " chunks of " +
                              std::to_string(kTcChunk) + " inputs per band)");
-    splits = p.tile_view_splits != 0
-                 ? p.tile_view_splits
-                 : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits, fragment_words);
+    splits = p.tile_view_splits != 0 ? p.tile_view_splits
+             : fragments ? fragment_splits(bands * tiles, chunks, plan->batch_tile, fragment_words, limits)
+                         : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits);
   } else {
     while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
            p.in_dim >= kTcSplitMinColumns * splits)
@@ -475,7 +494,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   }
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
-  plan->threads = kTcThreads;
+  plan->threads = fragments ? kFragmentThreads : kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
   plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, steps)

@@ -548,6 +548,7 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
     const SpmmPlan p = planned(16384, 4096, 0.1, n);
     EXPECT_TRUE(plan_reads_fragments(p)) << n;
     EXPECT_EQ(p.batch_tile, n <= 16 ? 16 : 32) << n;
+    EXPECT_EQ(p.threads, 256) << n;
     EXPECT_NE(describe(p).find("operands loaded from the tile fragments"), std::string::npos) << describe(p);
   }
   EXPECT_FALSE(plan_reads_fragments(planned(16384, 4096, 0.1, 1)));

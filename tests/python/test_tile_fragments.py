@@ -171,7 +171,7 @@ def test_forward_reads_fragments_in_clusters(splits):
 def test_planner_reads_fragments_where_given():
     w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=1)
     plan = snack.Plan(*ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, False, True))
-    assert plan.variant == "tile_view" and plan.batch_tile == 32 and "tile fragments" in plan.description
+    assert plan.variant == "tile_view" and plan.batch_tile == 32 and "tile fragments" in plan.describe
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     x = w.randn(32, 4096)
     assert torch.equal(ops.spmm(x, w.values, w.tensors, tiles=fragments),
