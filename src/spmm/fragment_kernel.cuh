@@ -4,7 +4,7 @@
 // ldmatrix of W. Per lane and k-step a header word says which of its 16 registers are stored and where
 // they start; a register's word is the popcount of the mask below it past that start.
 //
-// A block owns a band of 64 output rows and a batch tile of 16 or 32 rows, and walks the band's tiles
+// A block owns a band of 64 output rows and a batch tile of 16, 32 or 64 rows, and walks the band's tiles
 // (a thread-block cluster splits them and sums the partial tiles as the other tensor-core kernels do).
 // Its eight warps split each tile: warp (g, h) multiplies the tile's k-step g (16 columns) for rows
 // 32 h .. 32 h + 31, so each warp loads an eighth of the tile and a quarter of the chunk of X (one
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) 
                                                                    const T* __restrict__ bias, T* __restrict__ out,
                                                                    Activation act, int splits, int stage_words,
                                                                    bool vec) {
-  static_assert(NT == 16 || NT == 32, "batch tiles of 16 or 32 rows");
+  static_assert(NT == 16 || NT == 32 || NT == 64, "batch tiles of 16 to 64 rows");
   constexpr int CW = kTcChunk;
   constexpr int kStride = tensor_core_stride(CW);
   constexpr int S = kFragmentStages;

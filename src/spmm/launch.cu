@@ -228,7 +228,7 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
 }
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
-// values and this pattern), batch tiles of 16 or 32 rows.
+// values and this pattern), batch tiles of 16 to 64 rows.
 template <typename T, typename Index>
 Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* in, int64_t n, const T* bias,
                         T* out, Activation act, Stream stream, const uint32_t* fragments) {
@@ -243,6 +243,7 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
     switch (plan.batch_tile) {
       case 16: return launch_fragments_tile<T, 16>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       case 32: return launch_fragments_tile<T, 32>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
+      case 64: return launch_fragments_tile<T, 64>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       default:
         return InvalidArgument("tile_view over tile fragments: unsupported batch tile " +
                                std::to_string(plan.batch_tile));

@@ -533,7 +533,7 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
 
 TEST(Planner, TileFragmentsRunTheirKernel) {
   // Given tile fragments the forward takes the tile view from 9 to 128 rows up to 50% density, in
-  // batch tiles of 16 or 32, with the stages sized from the density; never dX, fp32, or a single row.
+  // batch tiles of 16 to 64, with the stages sized from the density; never dX, fp32, or a single row.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n, int value_bytes = 2,
                           bool transposed = false) {
     SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
@@ -547,7 +547,7 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
   for (const int64_t n : {9, 16, 32, 64, 128}) {
     const SpmmPlan p = planned(16384, 4096, 0.1, n);
     EXPECT_TRUE(plan_reads_fragments(p)) << n;
-    EXPECT_EQ(p.batch_tile, n <= 16 ? 16 : 32) << n;
+    EXPECT_EQ(p.batch_tile, n <= 16 ? 16 : n <= 32 ? 32 : 64) << n;
     EXPECT_EQ(p.threads, 256) << n;
     EXPECT_NE(describe(p).find("operands loaded from the tile fragments"), std::string::npos) << describe(p);
   }
