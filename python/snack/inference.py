@@ -3,7 +3,7 @@ what training reads, with or without the tile view of the 16-bit products."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -13,7 +13,8 @@ from .layer import SparseLinear
 from .pattern import Pattern
 
 
-def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_tiles: bool = False) -> nn.Module:
+def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
+                  pack_tiles: Union[bool, str] = False) -> nn.Module:
     """Keeps every :class:`Pattern` of ``model`` for inference (:meth:`Pattern.for_inference`), in
     place, and returns the model: each drops the slots' rows and the CSC permutation, the arrays of
     dX and dW, and the tile view unless kept. A float32 layer with uint16 indices then
@@ -31,12 +32,13 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_ti
             16-bit (their tensor-core forward reads it at batches of 17 to 128 rows), dropped for the
             others (float32 and float64 values, sparse attention's patterns).
         pack_tiles: the :class:`SparseLinear` layers on a GPU with 16-bit values and a tile view hold
-            their values packed into the view's entries (``snack.ops.pack_tile_values``, 4 bytes a
-            connection more), which the tile view's forward reads instead of gathering each value
-            (1.14x faster at 17-128 rows on an H100; the planner then takes it from 16 rows);
-            packed by the first forward and again whenever the values or the pattern change. Off by
-            default: it trades memory for speed at 16-128 batch rows only (docs/kernels.md, "Packed
-            tile values").
+            a copy of their values in tile order, which the tile view's forward reads instead of the
+            values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
+            cores' operands (``snack.ops.pack_tile_fragments``: about 5 bytes a connection at 90%
+            sparsity, the fragment kernel, from 9 to 128 rows), "entries" packs them into the view's
+            entries (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by
+            the first forward and again whenever the values or the pattern change. Off by default:
+            it trades memory for speed at 9-128 batch rows only (docs/kernels.md, "Tile fragments").
     """
     keep: dict[int, tuple[Pattern, bool]] = {}
     for module in model.modules():
@@ -48,11 +50,16 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None, pack_ti
             keep[id(pattern)] = (pattern, kept or sixteen_bits)
     for pattern, sixteen_bits in keep.values():
         pattern.for_inference(tile_view=sixteen_bits if tile_view is None else bool(tile_view))
+    tile_format = "fragments" if pack_tiles is True else pack_tiles
+    if pack_tiles is not False and tile_format not in ("fragments", "entries"):
+        raise ValueError(f"for_inference: pack_tiles is True, False, 'fragments' or 'entries', got {pack_tiles!r}")
     for module in model.modules():
         if isinstance(module, SparseLinear):
-            # Where the tile view's kernel reads them: the CPU would only check them.
-            module.pack_tiles = bool(pack_tiles) and module.values.is_cuda and module.pattern.has_tile_view and \
-                module.values.dtype in SIXTEEN_BIT_DTYPES
+            # Where the tile view's kernels read them: the CPU would only check them.
+            module.pack_tiles = pack_tiles is not False and module.values.is_cuda and \
+                module.pattern.has_tile_view and module.values.dtype in SIXTEEN_BIT_DTYPES
+            if module.pack_tiles:
+                module.tile_format = tile_format
             module._packed = None
     return model
 

@@ -63,15 +63,16 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
     SparseConv2d's inference on NCHW images (``variant`` "in_place", "pixel_rows" or "dense_blocks":
     ``snack.ops.spmm_channels_first``), ``n`` their pixels in all and ``pixels`` those of one image
     (height x width, a divisor of ``n``). The layer's fused activation is planned for as its forward
-    plans it, and the forward of a layer that holds packed tile values (``pack_tiles``) as given them.
+    plans it, and the forward of a layer that holds its values in tile order (``pack_tiles``) as given them.
     ``dtype``: the dtype the product runs in, where it is not the values' (``torch.bfloat16`` under
     ``torch.autocast(dtype=torch.bfloat16)``)."""
     values = layer.values.detach()
     if dtype is not None and dtype != values.dtype:
         values = values.new_empty(values.shape, dtype=dtype)  # the planner reads its dtype, not its contents
     activation = getattr(layer, "activation", "none")
-    packed = bool(getattr(layer, "pack_tiles", False))
-    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant, activation, pixels, packed))
+    tiles = getattr(layer, "tile_format", "entries") if getattr(layer, "pack_tiles", False) else None
+    return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant, activation, pixels, tiles == "entries",
+                             tiles == "fragments"))
 
 
 # The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).

@@ -63,6 +63,10 @@ def nnz_for_density(out_features: int, in_features: int, density: float) -> int:
     return int(ops.nnz_for_density(out_features, in_features, float(density)))
 
 
+#: What SparseLinear.pack_tiles holds, by its tile_format: the op that lays the values out.
+_TILE_FORMATS = {"fragments": ops.pack_tile_fragments, "entries": ops.pack_tile_values}
+
+
 class SparseLinear(nn.Module):
     r"""Applies ``y = x W^T + b`` with a sparse ``W`` of shape ``(out_features, in_features)``.
 
@@ -95,10 +99,12 @@ class SparseLinear(nn.Module):
     ``None``. See :meth:`attach_fused_update`.
 
     ``pack_tiles`` is False unless :func:`snack.for_inference` was asked to pack (on a GPU): then a
-    forward without gradients on 16-bit values reads them packed into the pattern's tile view (a copy
-    made by the first such forward and again after any change of the values or the pattern, counted
-    in :meth:`nbytes`; never part of a checkpoint). Set on a CPU layer, the CPU checks the copy
-    instead of reading it (no faster there).
+    forward without gradients on 16-bit values reads them in tile order, laid out as ``tile_format``
+    says: "fragments" (``snack.ops.pack_tile_fragments``, the tensor cores' operands) or "entries"
+    (``snack.ops.pack_tile_values``, packed into the tile view's entries). The copy is made by the
+    first such forward and again after any change of the values or the pattern, counted in
+    :meth:`nbytes`, never part of a checkpoint. Set on a CPU layer, the CPU checks the copy instead of
+    reading it (no faster there).
     """
 
     __constants__ = ["in_features", "out_features"]
@@ -130,6 +136,7 @@ class SparseLinear(nn.Module):
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.fused_update = None
         self.pack_tiles = False
+        self.tile_format = "fragments"
         self._packed = None
         _LAYER_OF_VALUES[self.values] = self
 
@@ -145,6 +152,7 @@ class SparseLinear(nn.Module):
         super().__setstate__(state)
         self.fused_update = None
         self.__dict__.setdefault("pack_tiles", False)  # a layer pickled before the packed tiles existed
+        self.__dict__.setdefault("tile_format", "entries")  # ... or before the tile fragments
         self._packed = None
         _LAYER_OF_VALUES[self.values] = self
 
@@ -249,8 +257,9 @@ class SparseLinear(nn.Module):
         return ops.sparse_linear(x, values, bias, tensors, self.activation)
 
     def _tiles_for(self, x: Tensor, values: Tensor, bias: Optional[Tensor], tensors: list) -> Optional[Tensor]:
-        """The packed tile values this forward reads (``pack_tiles``), packed again whenever the
-        values or the pattern changed since; None where the forward runs without them: under
+        """The values in tile order this forward reads (``pack_tiles``, as ``tile_format`` lays them
+        out), packed again whenever the values or the pattern changed since; None where the forward
+        runs without them: under
         autograd or ``torch.compile``, values that are not 16-bit or computed in another dtype
         (autocast), a pattern without the tile view, an input the layer would refuse."""
         if torch.compiler.is_compiling() or values.dtype not in SIXTEEN_BIT_DTYPES:
@@ -268,10 +277,14 @@ class SparseLinear(nn.Module):
             return None
         # What the packing copied: the values and the view, each by storage and in-place version.
         key = (values.data_ptr(), values._version, values.dtype, values.device,
-               entries.data_ptr(), entries._version, tile_ptr.data_ptr(), tile_ptr._version)
+               entries.data_ptr(), entries._version, tile_ptr.data_ptr(), tile_ptr._version, self.tile_format)
         if self._packed is None or self._packed[0] != key:
             self._packed = None  # the old copy goes before the new one is made
-            self._packed = (key, ops.pack_tile_values(values.detach(), tensors))
+            pack = _TILE_FORMATS.get(self.tile_format)
+            if pack is None:
+                raise ValueError(f"SparseLinear.tile_format must be one of {sorted(_TILE_FORMATS)}, "
+                                 f"got {self.tile_format!r}")
+            self._packed = (key, pack(values.detach(), tensors))
         return self._packed[1]
 
     def product_rows(self, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
@@ -345,7 +358,7 @@ class SparseLinear(nn.Module):
         return linear
 
     def nbytes(self) -> dict[str, int]:
-        """Bytes the layer holds: values, bias, its pattern (slots and views), the packed tile values
+        """Bytes the layer holds: values, bias, its pattern (slots and views), the values in tile order
         where it holds them (``pack_tiles``), and their total."""
         tiles = self._packed[1] if self._packed is not None else None
         sizes = {"values": self.values.numel() * self.values.element_size(),

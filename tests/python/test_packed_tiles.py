@@ -1,6 +1,6 @@
 """Packed tile values (snack.ops.pack_tile_values): each entry of the tile view with its slot's 16-bit
 value; the format decoded here against the slots, the checks spmm makes of them, and the layer that
-holds them for inference (snack.for_inference(pack_tiles=True)), packed again whenever its values or
+holds them for inference (snack.for_inference(pack_tiles="entries")), packed again whenever its values or
 pattern change. The CUDA kernel that reads them: test_kernels_cuda.py."""
 
 import copy
@@ -115,9 +115,10 @@ def test_layer_packs_for_inference_and_again_after_changes(device, dtype):
     torch.manual_seed(0)
     layer = snack.SparseLinear(200, 130, density=0.2, device=device, dtype=dtype, activation="gelu")
     reference = copy.deepcopy(layer)
-    snack.for_inference(layer, pack_tiles=True)
+    snack.for_inference(layer, pack_tiles="entries")
     assert layer.pack_tiles == (device.type == "cuda"), "packed where the tile view's kernel reads them"
-    layer.pack_tiles = True  # on the CPU too: its product checks the copy it is given, so a stale one fails
+    layer.pack_tiles, layer.tile_format = True, "entries"  # on the CPU too: its product checks the copy it
+    # is given, so a stale one fails
     assert layer.nbytes()["tiles"] == 0, "packed by the first forward, not before"
     x = torch.randn(3, 33, 200, device=device, dtype=dtype)
     with torch.no_grad():
@@ -164,7 +165,7 @@ def test_layer_packs_only_where_the_forward_reads_the_tiles(device):
 def test_packed_layer_copies_and_pickles_without_its_tiles(device):
     layer = snack.SparseLinear(100, 70, density=0.3, device=device, dtype=torch.bfloat16)
     snack.for_inference(layer)
-    layer.pack_tiles = True
+    layer.pack_tiles, layer.tile_format = True, "entries"
     x = torch.randn(20, 100, device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         y = layer(x)

@@ -178,3 +178,36 @@ def test_planner_reads_fragments_where_given():
                        ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments))
     with pytest.raises(ValueError, match="not both"):
         ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, True, True)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_layer_holds_fragments_for_inference_and_packs_again_after_changes(device, dtype):
+    torch.manual_seed(0)
+    layer = snack.SparseLinear(200, 130, density=0.2, device=device, dtype=dtype, activation="gelu")
+    reference = copy.deepcopy(layer)
+    snack.for_inference(layer, pack_tiles=True)
+    assert layer.pack_tiles == (device.type == "cuda") and layer.tile_format == "fragments"
+    layer.pack_tiles = True  # on the CPU too: its product checks the copy it is given, so a stale one fails
+    x = torch.randn(3, 33, 200, device=device, dtype=dtype)  # a 3-D input
+    with torch.no_grad():
+        y = layer(x)
+        assert y.shape == (3, 33, 130)
+        assert torch.allclose(y.float(), reference(x).float(), rtol=2e-2, atol=2e-2)
+        words = ops.tile_fragment_words(130, 200, layer.pattern.nnz)
+        assert layer.nbytes()["tiles"] == 4 * words
+        first = layer._packed[1]
+        assert torch.equal(layer(x), y) and layer._packed[1] is first, "unchanged values: packed once"
+        layer.values.mul_(-0.5)  # in place: the copy is stale
+        reference.values.mul_(-0.5)
+        assert layer._packed[1] is first and not torch.equal(layer(x), y)
+        assert layer._packed[1] is not first
+        assert torch.allclose(layer(x).float(), reference(x).float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="tile_format"):
+        layer.tile_format = "bitmaps"
+        with torch.no_grad():
+            layer(x)
+    layer.tile_format = "fragments"
+    with pytest.raises(ValueError, match="pack_tiles"):
+        snack.for_inference(layer, pack_tiles="bitmaps")
+    snack.for_training(layer)
+    assert not layer.pack_tiles and layer.nbytes()["tiles"] == 0
