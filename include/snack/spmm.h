@@ -213,6 +213,9 @@ struct SpmmPlan {
   int k_splits = 1;            ///< kTensorCore, kWgmma: blocks (one cluster) that split each band's columns
   int chunk = 0;               ///< kTensorCore, kWgmma: input columns per expanded tile (64); kSharedX: per stage
   int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
+  /// kTileView's forward runs the fragment kernel over the tile fragments it is given (forced, or
+  /// where they pay); otherwise the view's kernel reads the values (or the packed tile values).
+  bool reads_fragments = false;
   /// Transposed product: the CSC view is first copied into the workspace (CscRead::kCopied) and the
   /// variant runs as the forward over the copy, whose row indices (csc_copy_index_bytes each) start
   /// at byte copy_offset and whose values follow at the next 16-byte boundary.
@@ -230,11 +233,8 @@ Status plan_spmm(const SpmmProblem& problem, const DeviceLimits& limits, SpmmPla
 /// TransposedInput (sddmm.h) describes it (stride plan.batch_tile): a global_xt plan whose one batch
 /// tile holds the whole batch.
 bool plan_transposes_whole_input(const SpmmPlan& plan);
-/// Whether the plan runs the forward over tile fragments (kTileView given them, TileValues::kFragments).
-inline bool plan_reads_fragments(const SpmmPlan& plan) {
-  return plan.variant == SpmmVariant::kTileView && !plan.problem.transposed &&
-         plan.problem.packed_tiles == TileValues::kFragments;
-}
+/// Whether the plan runs the forward over tile fragments (SpmmPlan::reads_fragments).
+inline bool plan_reads_fragments(const SpmmPlan& plan) { return plan.reads_fragments; }
 /// One line: the variant, its launch shape and why.
 std::string describe(const SpmmPlan& plan);
 

@@ -4,16 +4,14 @@
 // ldmatrix of W. Per lane and k-step a header word says which of its 16 registers are stored and where
 // they start; a register's word is the popcount of the mask below it past that start.
 //
-// A block owns a band of 64 output rows and a batch tile of 16, 32 or 64 rows, and walks the band's tiles
+// A block owns a band of 64 output rows and a batch tile of 16 or 32 rows, and walks the band's tiles
 // (a thread-block cluster splits them and sums the partial tiles as the other tensor-core kernels do).
-// Its eight warps split each tile: warp (g, h) multiplies the tile's k-step g (16 columns) for rows
-// 32 h .. 32 h + 31, so each warp loads an eighth of the tile and a quarter of the chunk of X (one
-// ldmatrix per 16 batch rows), and the warps' partial tiles are summed once at the end, in k-step
-// order (deterministic). Eight warps of few registers keep more of them resident, which is what the
-// chain of a step (header, registers, products) needs to hide its latencies. The tiles' headers and
-// registers and the chunks of X move with cp.async through kFragmentStages stages, one barrier per
-// tile. A tile with more registers than a stage holds (denser than the launch planned for) is read
-// from global memory in place.
+// Its warps split each tile's 64 columns: warp g multiplies the tile's k-step g (16 columns) for all
+// 64 rows, so each warp loads a quarter of the chunk of X (one ldmatrix per 16 batch rows) instead of
+// all of it, and the four warps' partial tiles are summed once at the end, in warp order
+// (deterministic). The tiles' headers and registers and the chunks of X move with cp.async through
+// kFragmentStages stages, one barrier per tile. A tile with more registers than a stage holds (denser
+// than the launch planned for) is read from global memory in place.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,8 +30,8 @@
 
 namespace snack::cuda::detail {
 
-static_assert(kTcBandRows == kTileViewRows && kTcChunk == kTileViewCols && kFragmentWarps == 2 * kFragmentGroups,
-              "two warps per k-step of the view's tiles");
+static_assert(kTcBandRows == kTileViewRows && kTcChunk == kTileViewCols && kTcWarps == kFragmentGroups,
+              "a warp per k-step of the view's tiles");
 
 // What the kernel reads of the tile fragments (pack_tile_fragments).
 struct FragmentView {
@@ -43,14 +41,14 @@ struct FragmentView {
   int64_t chunks;  // tiles per band
 };
 
-// acc[m] += the warp's k-step of the tile (its two row blocks m) x the chunk of X (b: the k-step's B
-// fragments, two n-tiles of 8 per entry). `mask` and `regs`: the lane's stored registers of those
-// row blocks (8 bits) and where they start, in shared memory or (kInPlace) in global memory.
+// acc[m] += the warp's k-step of the tile (row blocks m = 0..3) x the chunk of X (b: the k-step's B
+// fragments, two n-tiles of 8 per entry). `mask` and `regs`: the lane's stored registers and where
+// they start, in shared memory or (kInPlace) in global memory.
 template <typename T, int NT, bool kInPlace>
-__device__ __forceinline__ void multiply_fragments(float (&acc)[2][NT / 8][4], const uint32_t (&b)[NT / 16][4],
+__device__ __forceinline__ void multiply_fragments(float (&acc)[4][NT / 8][4], const uint32_t (&b)[NT / 16][4],
                                                    uint32_t mask, const uint32_t* regs) {
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < 4; ++m) {
     uint32_t a[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -71,12 +69,12 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[2][NT / 8][4], c
 // batch tile of blockIdx.y; the cluster's blocks split the band's tiles. stage_words: the value words
 // a stage holds (fragment_smem_bytes).
 template <typename T, int NT>
-__global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) spmm_fragment_kernel(FragmentView view, int64_t out_dim, int64_t in_dim,
+__global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(FragmentView view, int64_t out_dim, int64_t in_dim,
                                                                    const T* __restrict__ in, int64_t n,
                                                                    const T* __restrict__ bias, T* __restrict__ out,
                                                                    Activation act, int splits, int stage_words,
                                                                    bool vec) {
-  static_assert(NT == 16 || NT == 32 || NT == 64, "batch tiles of 16 to 64 rows");
+  static_assert(NT == 16 || NT == 32, "batch tiles of 16 or 32 rows");
   constexpr int CW = kTcChunk;
   constexpr int kStride = tensor_core_stride(CW);
   constexpr int S = kFragmentStages;
@@ -88,7 +86,6 @@ __global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) 
   float* partial = reinterpret_cast<float*>(smem);                                   // [NT][kTcPartialStride], at the end
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
-  const int group = warp % kFragmentGroups, half = warp / kFragmentGroups;  // its k-step, its half of the rows
   const int split = int(blockIdx.x % unsigned(splits));
   const int64_t band = blockIdx.x / unsigned(splits);
   const int64_t o0 = band * kTcBandRows;
@@ -96,7 +93,7 @@ __global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) 
   const int64_t c_begin = view.chunks * split / splits, c_end = view.chunks * (split + 1) / splits;
   const int steps = int(c_end - c_begin);
   const int64_t first_tile = band * view.chunks + c_begin;
-  for (int i = t; i < steps; i += kFragmentThreads) step_tiles[i] = view.tiles[first_tile + i];
+  for (int i = t; i < steps; i += kTcThreads) step_tiles[i] = view.tiles[first_tile + i];
   __syncthreads();
 
   // Step i's header, registers (those that fit a stage) and chunk of X into stage i % S.
@@ -109,15 +106,14 @@ __global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) 
     uint32_t* dst = words + s * stage_stride;
     constexpr int kHeaderVectors = int(kFragmentHeaderWords) / 4;
     const int vectors = kHeaderVectors + (at.y <= stage_words ? at.y / 4 : 0);
-    for (int v = t; v < vectors; v += kFragmentThreads)
+    for (int v = t; v < vectors; v += kTcThreads)
       cp_async_16(dst + 4 * v, v < kHeaderVectors ? header + 4 * v : regs + 4 * (v - kHeaderVectors), 16);
-    stage_16bit_block<NT, CW, kStride, kFragmentThreads>(xs + s * NT * kStride, in, n, in_dim, n0, (c_begin + i) * CW,
-                                                         vec);
+    stage_input_chunk<T, NT, CW>(xs + s * NT * kStride, in, n, in_dim, n0, (c_begin + i) * CW, vec);
   };
 
-  float acc[2][NT / 8][4];
+  float acc[4][NT / 8][4];
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int m = 0; m < 4; ++m)
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
 
@@ -135,33 +131,31 @@ __global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) 
     if (at.y == 0) continue;
     const int s = i % S;
     const uint32_t* stage = words + s * stage_stride;
-    const uint32_t head = stage[group * kFragmentLanes + lane];
-    // This warp's row blocks are registers 8 half .. 8 half + 7 of the lane's 16.
-    const uint32_t below = half ? __popc(head & 0xffu) : 0u;
-    const uint32_t mask = (head >> (8 * half)) & 0xffu, offset = (head >> 16) + below;
+    const uint32_t head = stage[warp * kFragmentLanes + lane];
+    const uint32_t mask = head & 0xffffu, offset = head >> 16;
     uint32_t b[NT / 16][4];
     const uint16_t* x_chunk = xs + s * NT * kStride;
 #pragma unroll
     for (int j = 0; j < NT / 16; ++j)
-      ldmatrix_x4(b[j], x_chunk + ((2 * j + lane / 16) * 8 + lane % 8) * kStride + group * 16 + ((lane / 8) % 2) * 8);
+      ldmatrix_x4(b[j], x_chunk + ((2 * j + lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
     if (at.y <= stage_words)
       multiply_fragments<T, NT, false>(acc, b, mask, stage + kFragmentHeaderWords + offset);
     else
       multiply_fragments<T, NT, true>(acc, b, mask, view.values + at.x + offset);
   }
 
-  // The warps' partial tiles summed in k-step order over the stages, then across the cluster.
+  // The warps' partial tiles summed in warp order over the stages, then across the cluster.
   cp_async_wait_all();
   __syncthreads();
-  for (int g = 0; g < kFragmentGroups; ++g) {
-    if (group == g) {
+  for (int w = 0; w < kTcWarps; ++w) {
+    if (warp == w) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < 4; ++m)
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j) {
-          const int row = (2 * half + m) * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+          const int row = m * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
           float* p = partial + b * kTcPartialStride + row;
-          if (g == 0) {
+          if (w == 0) {
             p[0] = acc[m][j][0], p[kTcPartialStride] = acc[m][j][1];
             p[8] = acc[m][j][2], p[kTcPartialStride + 8] = acc[m][j][3];
           } else {
@@ -170,10 +164,10 @@ __global__ void __launch_bounds__(kFragmentThreads, fragment_blocks_per_sm(NT)) 
           }
         }
     }
-    if (g + 1 < kFragmentGroups) __syncthreads();
+    if (w + 1 < kTcWarps) __syncthreads();
   }
-  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kFragmentThreads>(partial, o0, out_dim, n0, n, bias,
-                                                                                 out, act, split, splits);
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kTcThreads>(partial, o0, out_dim, n0, n, bias, out, act,
+                                                                           split, splits);
 }
 
 }  // namespace snack::cuda::detail

@@ -221,14 +221,14 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
   const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
   const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kFragmentThreads), plan.smem_bytes,
-                                                       stream, unsigned(plan.k_splits), view, out_dim, in_dim, in, n,
-                                                       bias, out, act, plan.k_splits, stage_words, vec));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
+                                                       unsigned(plan.k_splits), view, out_dim, in_dim, in, n, bias,
+                                                       out, act, plan.k_splits, stage_words, vec));
   return check_launch("spmm_fragment_kernel");
 }
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
-// values and this pattern), batch tiles of 16 to 64 rows.
+// values and this pattern), batch tiles of 16 or 32 rows.
 template <typename T, typename Index>
 Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* in, int64_t n, const T* bias,
                         T* out, Activation act, Stream stream, const uint32_t* fragments) {
@@ -243,7 +243,6 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
     switch (plan.batch_tile) {
       case 16: return launch_fragments_tile<T, 16>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       case 32: return launch_fragments_tile<T, 32>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
-      case 64: return launch_fragments_tile<T, 64>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       default:
         return InvalidArgument("tile_view over tile fragments: unsupported batch tile " +
                                std::to_string(plan.batch_tile));
@@ -425,7 +424,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
   if (plan.variant == SpmmVariant::kTileView) {
     if (plan_reads_fragments(plan))
       return launch_fragments<T, Index>(plan, w, x, n, bias, y, act, stream, packed_tiles);
-    if (packed_tiles != nullptr)
+    if (packed_tiles != nullptr && plan.problem.packed_tiles == TileValues::kPacked)
       return launch_tile_view<T, Index, false, true>(plan, w, values, x, n, bias, y, act, stream, packed_tiles);
     return launch_tile_view<T, Index, false>(plan, w, values, x, n, bias, y, act, stream);
   }

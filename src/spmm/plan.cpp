@@ -266,14 +266,32 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
   return p.n > 16 || (density >= 0.075 && p.in_dim >= 4096);
 }
 
-// With tile fragments the forward loads W's operands whole (no expansion on chip). Not yet measured:
-// taken from 9 rows up to 128, at densities up to 50% (the caller chose to hold them).
-bool fragments_pay(const SpmmProblem& p) { return p.n >= 9 && p.n <= 128 && density_of(p) <= 0.5; }
+// Given tile fragments, the forward runs the fragment kernel where it beat the planner's choice
+// without them, measured on the H100 in bf16 with every variant forced
+// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, 768x3072 to 16384x4096 at 80-95%, N = 16-128):
+//   - 16-32 rows at 15-25% density, and at 7.5% from 2^23 weights (16384x4096, 80%, N = 32: 52.9
+//     against 81.5 us; 90%, N = 16: 38.0 against 44.0; 4096x4096, 90%, N = 32: 21.9 against 23.7),
+//     not sparser, where wide_rows and the row kernels stream fewer bytes (16384x4096, 95%, N = 16:
+//     36.7 against 32.7), nor on smaller layers at 90% (768x3072, N = 32: 13.2 against 12.0);
+//   - 33-64 rows at 15-25% (batch tiles of 32, each decoding the tile again: 11008x4096, 80%, N = 64:
+//     68.4 against 85.9; at 90% 66.7 against 56.8 for the gathering tile view);
+//   - 65-128 rows under 2^25 weights as at 16-32 rows (4096x4096, 90%, N = 128: 45.1 against 52.5),
+//     not on larger layers (16384x4096, 90%: 154.0 against 122.9).
+// Denser than 25% is not measured. Elsewhere the planner chooses as without the fragments.
+bool fragments_pay(const SpmmProblem& p) {
+  const double density = density_of(p);
+  const int64_t weights = p.out_dim * p.in_dim;
+  if (p.n < 16 || p.n > 128 || density < 0.075 || density > 0.25) return false;
+  const bool dense_enough = density >= 0.15 || weights >= (int64_t(1) << 23);
+  if (p.n <= 32) return dense_enough;
+  if (p.n <= 64) return density >= 0.15;
+  return weights < (int64_t(1) << 25) && dense_enough;
+}
 
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view) return false;
   if (p.transposed) return tile_view_pays_transposed(p);
-  if (p.packed_tiles == TileValues::kFragments) return fragments_pay(p);
+  if (p.packed_tiles == TileValues::kFragments && fragments_pay(p)) return true;
   if (p.packed_tiles == TileValues::kPacked) return packed_tile_view_pays(p);
   if (p.n < 17 || p.n > 128) return false;
   const double density = density_of(p);
@@ -422,7 +440,7 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 //   - 16384x4096, N = 16-64: 2 splits (3.9 blocks per SM), against 1.04-1.36x longer with 4 (two
 //     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
 int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
-                     const DeviceLimits& limits) {
+                     const DeviceLimits& limits, int fragment_words) {
   using namespace cuda::detail;
   static_assert(kTcMaxSplits == 8, "the counts tried below");
   const double wanted = batch_tile == 16 ? 4.0 : 3.0;  // blocks per SM
@@ -430,33 +448,14 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
-    const size_t block = tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed) +
+    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
+                                             : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
     const int64_t per_sm = std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
     const int64_t blocks = blocks_unsplit * splits;
     if (splits > 1 && blocks > per_sm * limits.sms) break;
     const double miss = std::fabs(std::log(double(blocks) / double(limits.sms) / wanted));
     if (splits == 1 || miss < best_miss) best = splits, best_miss = miss;
-  }
-  return best;
-}
-
-// Blocks per band of the fragment kernel, one cluster that splits the band's tiles: of 1, 2, 4, 6 and
-// 8, the most that keep the launch within one wave of the blocks an SM holds (its registers allow
-// fragment_blocks_per_sm, and shared memory), at least one chunk a block.
-int fragment_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, int stage_words,
-                    const DeviceLimits& limits) {
-  using namespace cuda::detail;
-  int best = 1;
-  for (const int splits : {2, 4, 6, 8}) {
-    if (chunks < splits) break;
-    const size_t block =
-        fragment_smem_bytes(batch_tile, stage_words, ceil_div(chunks, splits)) + limits.reserved_smem_per_block;
-    const int64_t per_sm = std::min<int64_t>({int64_t(limits.smem_per_sm / block),
-                                              int64_t(limits.max_threads_per_sm / kFragmentThreads),
-                                              int64_t(fragment_blocks_per_sm(batch_tile))});
-    if (blocks_unsplit * splits > per_sm * limits.sms) break;
-    best = splits;
   }
   return best;
 }
@@ -484,9 +483,9 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
       return InvalidArgument("tile_view: " + std::to_string(p.tile_view_splits) + " blocks per band asked; 1 to " +
                              std::to_string(most) + " run this product (" + std::to_string(chunks) + " chunks of " +
                              std::to_string(kTcChunk) + " inputs per band)");
-    splits = p.tile_view_splits != 0 ? p.tile_view_splits
-             : fragments ? fragment_splits(bands * tiles, chunks, plan->batch_tile, fragment_words, limits)
-                         : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits);
+    splits = p.tile_view_splits != 0
+                 ? p.tile_view_splits
+                 : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits, fragment_words);
   } else {
     while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
            p.in_dim >= kTcSplitMinColumns * splits)
@@ -494,7 +493,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   }
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
-  plan->threads = fragments ? kFragmentThreads : kTcThreads;
+  plan->threads = kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
   plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, steps)
@@ -601,6 +600,11 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
   plan.variant = p.requested;
   plan.reason = SpmmReason::kForced;
   if (p.requested == SpmmVariant::kAuto) plan.variant = choose_variant(p, wide, avg, &plan.reason, limits);
+  // Given tile fragments, kTileView's forward reads them where named or where they pay; where the
+  // planner takes the view for its own rule, its kernel reads the values.
+  plan.reads_fragments = plan.variant == SpmmVariant::kTileView && !p.transposed &&
+                         p.packed_tiles == TileValues::kFragments &&
+                         (p.requested == SpmmVariant::kTileView || fragments_pay(p));
   const SpmmVariant v = plan.variant;
   const int64_t batch = std::max<int64_t>(p.n, 1);
   switch (v) {

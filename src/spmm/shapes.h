@@ -141,12 +141,7 @@ static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_
 
 // ---- the tile fragments' kernel (fragment_kernel.cuh) ----
 constexpr int kFragmentStages = 4;      // tiles (and chunks of X) in flight through shared memory
-constexpr int kFragmentMaxTile = 64;    // batch rows per block: 16, 32 or 64
-constexpr int kFragmentWarps = 8;       // two per k-step of a tile, 32 of its rows each
-constexpr int kFragmentThreads = kFragmentWarps * 32;
-// Blocks per SM the kernel's registers allow (its launch bounds hold them to 64 / 80 / 128 registers
-// at batch tiles of 16 / 32 / 64 rows).
-SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile <= 16 ? 4 : tile <= 32 ? 3 : 2; }
+constexpr int kFragmentMaxTile = 32;    // batch rows per block: 16 or 32
 
 // Dynamic shared memory of one block: the stages (a chunk of X, a tile's header and up to
 // `stage_words` of its registers) and where its `steps` tiles lie; the partial tile of the epilogue

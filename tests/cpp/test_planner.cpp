@@ -532,11 +532,13 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
 }
 
 TEST(Planner, TileFragmentsRunTheirKernel) {
-  // Given tile fragments the forward takes the tile view from 9 to 128 rows up to 50% density, in
-  // batch tiles of 16 to 64, with the stages sized from the density; never dX, fp32, or a single row.
-  const auto planned = [](int64_t out, int64_t in, double density, int64_t n, int value_bytes = 2,
-                          bool transposed = false) {
-    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
+  // Given tile fragments the forward runs the fragment kernel at 16-32 rows from 15% density (from 7.5%
+  // on layers of 2^23 weights and more), at 33-64 rows from 15%, at 65-128 rows as at 16-32 but under
+  // 2^25 weights; forced, wherever asked. Elsewhere the planner chooses as without them, and a tile
+  // view it takes then reads the values. Never for dX or fp32.
+  const auto planned = [](int64_t out, int64_t in, double density, int64_t n,
+                          SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
+    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed, requested};
     problem.tile_view = true;
     problem.packed_tiles = TileValues::kFragments;
     SpmmPlan p;
@@ -544,20 +546,31 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
     EXPECT_TRUE(s.ok()) << s.message();
     return p;
   };
-  for (const int64_t n : {9, 16, 32, 64, 128}) {
-    const SpmmPlan p = planned(16384, 4096, 0.1, n);
-    EXPECT_TRUE(plan_reads_fragments(p)) << n;
-    EXPECT_EQ(p.batch_tile, n <= 16 ? 16 : n <= 32 ? 32 : 64) << n;
-    EXPECT_EQ(p.threads, 256) << n;
-    EXPECT_NE(describe(p).find("operands loaded from the tile fragments"), std::string::npos) << describe(p);
+  struct Case {
+    int64_t out, in;
+    double density;
+    int64_t n;
+    bool fragments;
+  };
+  for (const Case& c : {Case{16384, 4096, 0.1, 16, true}, {16384, 4096, 0.2, 32, true}, {4096, 4096, 0.1, 32, true},
+                        {768, 3072, 0.2, 16, true}, {768, 3072, 0.1, 32, false}, {16384, 4096, 0.05, 16, false},
+                        {16384, 4096, 0.2, 64, true}, {16384, 4096, 0.1, 64, false}, {4096, 4096, 0.1, 128, true},
+                        {16384, 4096, 0.1, 128, false}, {16384, 4096, 0.1, 8, false}, {4096, 4096, 0.3, 32, false}}) {
+    const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
+    EXPECT_EQ(plan_reads_fragments(p), c.fragments) << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+    if (plan_reads_fragments(p)) {
+      EXPECT_EQ(p.variant, SpmmVariant::kTileView);
+      EXPECT_EQ(p.batch_tile, c.n <= 16 ? 16 : 32);
+      EXPECT_NE(describe(p).find("operands loaded from the tile fragments"), std::string::npos) << describe(p);
+    } else if (p.variant == SpmmVariant::kTileView) {
+      EXPECT_EQ(describe(p).find("tile fragments"), std::string::npos) << describe(p);
+    }
   }
-  EXPECT_FALSE(plan_reads_fragments(planned(16384, 4096, 0.1, 1)));
-  EXPECT_FALSE(plan_reads_fragments(planned(16384, 4096, 0.1, 129)));
-  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.6, 32)));
-  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, 4)));
-  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, 2, true)));
+  EXPECT_TRUE(plan_reads_fragments(planned(16384, 4096, 0.01, 1, SpmmVariant::kTileView)));  // forced
+  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, SpmmVariant::kAuto, 4)));  // fp32
+  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, SpmmVariant::kTileView, 2, true)));  // dX
   // A stage holds the registers of a tile of the mean density and a quarter more, at most a whole tile.
-  const SpmmPlan sparse = planned(16384, 4096, 0.1, 32), dense = planned(4096, 4096, 0.5, 32);
+  const SpmmPlan sparse = planned(16384, 4096, 0.1, 32), dense = planned(4096, 4096, 0.5, 32, SpmmVariant::kTileView);
   EXPECT_LT(sparse.smem_bytes, dense.smem_bytes);
   // Four stages of a chunk of X (32 rows of 72 values) and a tile's header (128 words) and registers.
   const size_t x_and_header = 4 * (32 * 72 * 2 + 128 * 4);
