@@ -495,18 +495,25 @@ TEST(Planner, TileViewRulesAndShape) {
   EXPECT_NE(no_copy.message().find("copy of the CSC view"), std::string::npos) << no_copy.message();
 }
 
+// The H200's plan of an out x in layer at `density` with the tile view, given `tiles`.
+SpmmPlan plan_with_tiles(int64_t out, int64_t in, double density, int64_t n, TileValues tiles,
+                         SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
+  SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed, requested};
+  problem.tile_view = true;
+  problem.packed_tiles = tiles;
+  SpmmPlan p;
+  const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
 TEST(Planner, PackedTileValuesWidenTheTileView) {
   // Given packed tile values the forward takes the tile view at 17-128 rows from 4% to 25% density,
   // and at 16 rows from 7.5% on layers of 4096 inputs or more; never in fp32, for dX, or past 25%.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n, bool packed, int value_bytes = 2,
                           bool transposed = false) {
-    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
-    problem.tile_view = true;
-    problem.packed_tiles = packed ? TileValues::kPacked : TileValues::kNone;
-    SpmmPlan p;
-    const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return p;
+    return plan_with_tiles(out, in, density, n, packed ? TileValues::kPacked : TileValues::kNone, SpmmVariant::kAuto,
+                           value_bytes, transposed);
   };
   struct Case {
     int64_t out, in;
@@ -538,13 +545,7 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
   // view it takes then reads the values. Never for dX or fp32.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n,
                           SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
-    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed, requested};
-    problem.tile_view = true;
-    problem.packed_tiles = TileValues::kFragments;
-    SpmmPlan p;
-    const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return p;
+    return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested, value_bytes, transposed);
   };
   struct Case {
     int64_t out, in;

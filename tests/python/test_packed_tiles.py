@@ -65,19 +65,21 @@ def test_packing_follows_the_index_type_and_a_pattern_kept_for_inference(device,
     assert torch.equal(ops.pack_tile_values(w.values, kept.tensors), whole)
 
 
-def test_packing_refuses_what_it_cannot_pack(device):
+@pytest.mark.parametrize("pack", [ops.pack_tile_values, ops.pack_tile_fragments], ids=["values", "fragments"])
+def test_packing_refuses_what_it_cannot_pack(device, pack):
+    # Both layouts of the values in tile order (the fragments: test_tile_fragments.py).
     w = Weight(70, 130, 900, device=device, dtype=torch.float32)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
-        ops.pack_tile_values(w.values, w.tensors)
+        pack(w.values, w.tensors)
     half = w.values.to(torch.bfloat16)
     without = copy.deepcopy(w.pattern).for_inference(tile_view=False)
     with pytest.raises(ValueError, match="no tile view"):
-        ops.pack_tile_values(half, without.tensors)
+        pack(half, without.tensors)
     wide = Weight(3, 16385, 40, device=device, dtype=torch.bfloat16)  # wider than the view
     with pytest.raises(ValueError, match="no tile view"):
-        ops.pack_tile_values(wide.values, wide.tensors)
+        pack(wide.values, wide.tensors)
     with pytest.raises(ValueError, match="nnz"):
-        ops.pack_tile_values(half[:-1], w.tensors)
+        pack(half[:-1], w.tensors)
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
