@@ -35,10 +35,11 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
             a copy of their values in tile order, which the tile view's forward reads instead of the
             values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
             cores' operands (``snack.ops.pack_tile_fragments``: about 5 bytes a connection at 90%
-            sparsity, the fragment kernel, from 9 to 128 rows), "entries" packs them into the view's
-            entries (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by
-            the first forward and again whenever the values or the pattern change. Off by default:
-            it trades memory for speed at 9-128 batch rows only (docs/kernels.md, "Tile fragments").
+            sparsity; the fragment kernel runs where the planner measured it faster, within 16-128
+            rows), "entries" packs them into the view's entries (``snack.ops.pack_tile_values``: 4
+            bytes a connection, 16-128 rows). Packed by the first forward and again whenever the
+            values or the pattern change. Off by default: it trades memory for speed at 16-128 batch
+            rows only (docs/kernels.md, "Tile fragments").
     """
     keep: dict[int, tuple[Pattern, bool]] = {}
     for module in model.modules():

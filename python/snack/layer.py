@@ -259,9 +259,9 @@ class SparseLinear(nn.Module):
     def _tiles_for(self, x: Tensor, values: Tensor, bias: Optional[Tensor], tensors: list) -> Optional[Tensor]:
         """The values in tile order this forward reads (``pack_tiles``, as ``tile_format`` lays them
         out), packed again whenever the values or the pattern changed since; None where the forward
-        runs without them: under
-        autograd or ``torch.compile``, values that are not 16-bit or computed in another dtype
-        (autocast), a pattern without the tile view, an input the layer would refuse."""
+        runs without them: under autograd or ``torch.compile``, values that are not 16-bit or
+        computed in another dtype (autocast), a pattern without the tile view, an input the layer
+        would refuse."""
         if torch.compiler.is_compiling() or values.dtype not in SIXTEEN_BIT_DTYPES:
             return None
         if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:

@@ -439,6 +439,8 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 //     dX of 16384x4096 at N = 64: 83.5 against 89.8 (four blocks of 32-64 rows per SM run slower);
 //   - 16384x4096, N = 16-64: 2 splits (3.9 blocks per SM), against 1.04-1.36x longer with 4 (two
 //     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
+// fragment_words > 0: the blocks of the fragment kernel, whose stages hold that many register words
+// (measured with this rule, not tuned for it: spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md).
 int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
                      const DeviceLimits& limits, int fragment_words) {
   using namespace cuda::detail;
