@@ -233,8 +233,6 @@ Status plan_spmm(const SpmmProblem& problem, const DeviceLimits& limits, SpmmPla
 /// TransposedInput (sddmm.h) describes it (stride plan.batch_tile): a global_xt plan whose one batch
 /// tile holds the whole batch.
 bool plan_transposes_whole_input(const SpmmPlan& plan);
-/// Whether the plan runs the forward over tile fragments (SpmmPlan::reads_fragments).
-inline bool plan_reads_fragments(const SpmmPlan& plan) { return plan.reads_fragments; }
 /// One line: the variant, its launch shape and why.
 std::string describe(const SpmmPlan& plan);
 

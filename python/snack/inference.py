@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ._checks import SIXTEEN_BIT_DTYPES
-from .layer import SparseLinear
+from .layer import TILE_FORMATS, SparseLinear
 from .pattern import Pattern
 
 
@@ -52,8 +52,9 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
     for pattern, sixteen_bits in keep.values():
         pattern.for_inference(tile_view=sixteen_bits if tile_view is None else bool(tile_view))
     tile_format = "fragments" if pack_tiles is True else pack_tiles
-    if pack_tiles is not False and tile_format not in ("fragments", "entries"):
-        raise ValueError(f"for_inference: pack_tiles is True, False, 'fragments' or 'entries', got {pack_tiles!r}")
+    if pack_tiles is not False and tile_format not in TILE_FORMATS:
+        raise ValueError(f"for_inference: pack_tiles is True, False or one of {sorted(TILE_FORMATS)}, "
+                         f"got {pack_tiles!r}")
     for module in model.modules():
         if isinstance(module, SparseLinear):
             # Where the tile view's kernels read them: the CPU would only check them.

@@ -64,7 +64,7 @@ def nnz_for_density(out_features: int, in_features: int, density: float) -> int:
 
 
 #: What SparseLinear.pack_tiles holds, by its tile_format: the op that lays the values out.
-_TILE_FORMATS = {"fragments": ops.pack_tile_fragments, "entries": ops.pack_tile_values}
+TILE_FORMATS = {"fragments": ops.pack_tile_fragments, "entries": ops.pack_tile_values}
 
 
 class SparseLinear(nn.Module):
@@ -280,9 +280,9 @@ class SparseLinear(nn.Module):
                entries.data_ptr(), entries._version, tile_ptr.data_ptr(), tile_ptr._version, self.tile_format)
         if self._packed is None or self._packed[0] != key:
             self._packed = None  # the old copy goes before the new one is made
-            pack = _TILE_FORMATS.get(self.tile_format)
+            pack = TILE_FORMATS.get(self.tile_format)
             if pack is None:
-                raise ValueError(f"SparseLinear.tile_format must be one of {sorted(_TILE_FORMATS)}, "
+                raise ValueError(f"SparseLinear.tile_format must be one of {sorted(TILE_FORMATS)}, "
                                  f"got {self.tile_format!r}")
             self._packed = (key, pack(values.detach(), tensors))
         return self._packed[1]

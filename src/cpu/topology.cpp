@@ -216,7 +216,7 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
   std::vector<uint32_t> masks(static_cast<size_t>(kFragmentHeaderWords));
   for (int64_t b = 0; b < tile_view_bands(m); ++b) {
     const int32_t first = row_ptr[b * kTileViewRows];
-    int64_t at = layout.values + tile_fragment_band_base(b, first, chunks);
+    int64_t at = tile_fragment_band_base(b, first, chunks);  // from layout.values
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t tile = b * chunks + c;
       std::fill(regs.begin(), regs.end(), 0u);
@@ -235,10 +235,10 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
         header[owner] = int32_t(masks[size_t(owner)] | uint32_t(stored) << 16);
         for (int r = 0; r < kFragmentRegisters; ++r)
           if (masks[size_t(owner)] >> r & 1u)
-            fragments[at + stored++] = int32_t(regs[size_t(owner) * kFragmentRegisters + r]);
+            fragments[layout.values + at + stored++] = int32_t(regs[size_t(owner) * kFragmentRegisters + r]);
       }
       const int64_t words = (stored + 3) / 4 * 4;
-      fragments[2 * tile] = stored > 0 ? int32_t(at - layout.values) : 0;
+      fragments[2 * tile] = stored > 0 ? int32_t(at) : 0;
       fragments[2 * tile + 1] = int32_t(words);
       at += words;
     }

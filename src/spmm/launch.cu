@@ -422,7 +422,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
   if (plan.variant == SpmmVariant::kTileView) {
-    if (plan_reads_fragments(plan))
+    if (plan.reads_fragments)
       return launch_fragments<T, Index>(plan, w, x, n, bias, y, act, stream, packed_tiles);
     if (packed_tiles != nullptr && plan.problem.packed_tiles == TileValues::kPacked)
       return launch_tile_view<T, Index, false, true>(plan, w, values, x, n, bias, y, act, stream, packed_tiles);

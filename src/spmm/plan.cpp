@@ -476,7 +476,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
     return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
                            std::to_string(p.n) + " rows");
   int splits = 1;
-  const bool fragments = plan_reads_fragments(*plan);
+  const bool fragments = plan->reads_fragments;
   const int fragment_words = fragments ? fragment_stage_words(p.out_dim, p.in_dim, p.nnz) : 0;
   if (plan->variant == SpmmVariant::kTileView) {
     const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
@@ -639,7 +639,7 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
                                std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
       plan.chunk = cuda::detail::kTcChunk;
       plan.batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), cuda::detail::kTcMinTile,
-                                                plan_reads_fragments(plan) ? cuda::detail::kFragmentMaxTile
+                                                plan.reads_fragments ? cuda::detail::kFragmentMaxTile
                                                                       : cuda::detail::kTileViewMaxTile));
       break;
     case SpmmVariant::kDenseBlocks:
@@ -795,7 +795,7 @@ std::string describe(const SpmmPlan& plan) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
-    if (plan_reads_fragments(plan))
+    if (plan.reads_fragments)
       s += ", operands loaded from the tile fragments, " +
            std::to_string(cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz)) +
            " register words a stage";

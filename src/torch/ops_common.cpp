@@ -55,16 +55,12 @@ GivenTiles packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Te
   return {reinterpret_cast<const uint32_t*>(tiles->data_ptr()), TileValues::kPacked};
 }
 
-at::Tensor empty_packed_tiles(const at::Tensor& values, const PatternArg& p, const char* op) {
+at::Tensor empty_tiles(const at::Tensor& values, const PatternArg& p, TileValues kind, const char* op) {
   check_values(values, p, op);
   check_packable(values, p, op);
+  if (kind == TileValues::kFragments)
+    return at::empty({tile_fragment_layout(p.rows, p.cols, p.nnz).words}, values.options().dtype(at::kInt));
   return at::empty({tile_view_entries_length(p.rows, p.cols, p.nnz), 2}, values.options());
-}
-
-at::Tensor empty_tile_fragments(const at::Tensor& values, const PatternArg& p, const char* op) {
-  check_values(values, p, op);
-  check_packable(values, p, op);
-  return at::empty({tile_fragment_layout(p.rows, p.cols, p.nnz).words}, values.options().dtype(at::kInt));
 }
 
 SpmmTInputs spmm_t_inputs(const at::Tensor& dy, const at::Tensor& values, at::TensorList pattern, const char* op) {

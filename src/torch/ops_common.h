@@ -34,11 +34,10 @@ struct GivenTiles {
 GivenTiles packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Tensor& values, const PatternArg& p,
                             const char* op);
 
-// pack_tile_values: 16-bit values of a pattern that holds a tile view; returns the empty packed
-// tiles, [tile_view_entries_length, 2] in the values' dtype.
-at::Tensor empty_packed_tiles(const at::Tensor& values, const PatternArg& p, const char* op);
-// pack_tile_fragments: as empty_packed_tiles; returns the empty words, int32 [tile_fragment_layout(...).words].
-at::Tensor empty_tile_fragments(const at::Tensor& values, const PatternArg& p, const char* op);
+// pack_tile_values and pack_tile_fragments: 16-bit values of a pattern that holds a tile view;
+// returns the empty output of the layout `kind` (kPacked: [tile_view_entries_length, 2] in the
+// values' dtype; kFragments: int32 [tile_fragment_layout(...).words]).
+at::Tensor empty_tiles(const at::Tensor& values, const PatternArg& p, TileValues kind, const char* op);
 
 // spmm_t: dy [N, M] (contiguous), values, pattern.
 struct SpmmTInputs {

@@ -216,41 +216,34 @@ void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, cons
   });
 }
 
-// The packed tile values of `values` over a checked pattern that holds the tile view.
-void pack_tiles_into(const PatternArg& p, const at::Tensor& values, at::Tensor& packed, const char* op) {
-  throw_if_error(cpu::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                       reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
-                                       static_cast<const uint16_t*>(values.data_ptr()),
-                                       static_cast<uint32_t*>(packed.data_ptr())),
+// The values over a checked pattern that holds the tile view, in the layout `kind` (packed tile
+// values or tile fragments), into `out` (empty_tiles).
+void pack_into(const PatternArg& p, const at::Tensor& values, TileValues kind, at::Tensor& out, const char* op) {
+  const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
+  const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
+  throw_if_error(kind == TileValues::kFragments
+                     ? cpu::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                                p.tile_ptr.data_ptr<int32_t>(), entries, bits,
+                                                out.data_ptr<int32_t>())
+                     : cpu::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
+                                             static_cast<uint32_t*>(out.data_ptr())),
                  op);
 }
 
-// The tile fragments of `values` over a checked pattern that holds the tile view.
-void pack_fragments_into(const PatternArg& p, const at::Tensor& values, at::Tensor& fragments, const char* op) {
-  throw_if_error(cpu::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                          p.tile_ptr.data_ptr<int32_t>(),
-                                          reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
-                                          static_cast<const uint16_t*>(values.data_ptr()),
-                                          fragments.data_ptr<int32_t>()),
-                 op);
-}
-
-at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
-  const char* op = "pack_tile_fragments";
+at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op) {
   const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
-  at::Tensor fragments = empty_tile_fragments(values, p, op);
+  at::Tensor out = empty_tiles(values, p, kind, op);
   check_contents(p, op);
-  pack_fragments_into(p, values, fragments, op);
-  return fragments;
+  pack_into(p, values, kind, out, op);
+  return out;
 }
 
 at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
-  const char* op = "pack_tile_values";
-  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
-  at::Tensor packed = empty_packed_tiles(values, p, op);
-  check_contents(p, op);
-  pack_tiles_into(p, values, packed, op);
-  return packed;
+  return pack_tiles(values, pattern, TileValues::kPacked, "pack_tile_values");
+}
+
+at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
+  return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments");
 }
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
@@ -264,10 +257,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
     // The CPU reads the values; the packing it is given must still be theirs, as the GPU reads it.
     const bool fragments = given.kind == TileValues::kFragments;
     at::Tensor expected = at::empty_like(*tiles);
-    if (fragments)
-      pack_fragments_into(in.p, values, expected, op);
-    else
-      pack_tiles_into(in.p, values, expected, op);
+    pack_into(in.p, values, given.kind, expected, op);
     const int64_t words = int64_t(expected.nbytes() / sizeof(uint32_t));
     TORCH_CHECK_VALUE(std::equal(given.words, given.words + words, static_cast<const uint32_t*>(expected.data_ptr())),
                       "snack.", op, ": tiles are not the packing of these values over this pattern (pack them again "

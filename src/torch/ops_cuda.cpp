@@ -143,31 +143,29 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
       forward(in, values, spmm_variant_arg(variant, false, op), false, op, packed_tiles_arg(tiles, values, in.p, op)));
 }
 
-at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
-  const char* op = "pack_tile_values";
+// pack_tile_values and pack_tile_fragments: the values in the layout `kind`, on the current stream.
+at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op) {
   const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
-  at::Tensor packed = empty_packed_tiles(values, p, op);
+  at::Tensor out = empty_tiles(values, p, kind, op);
   const c10::cuda::CUDAGuard guard(p.device);
-  throw_if_error(cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                        reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
-                                        static_cast<const uint16_t*>(values.data_ptr()),
-                                        static_cast<uint32_t*>(packed.data_ptr()), current_stream()),
+  const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
+  const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
+  throw_if_error(kind == TileValues::kFragments
+                     ? cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                                 p.tile_ptr.data_ptr<int32_t>(), entries, bits,
+                                                 out.data_ptr<int32_t>(), current_stream())
+                     : cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
+                                              static_cast<uint32_t*>(out.data_ptr()), current_stream()),
                  op);
-  return packed;
+  return out;
+}
+
+at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
+  return pack_tiles(values, pattern, TileValues::kPacked, "pack_tile_values");
 }
 
 at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
-  const char* op = "pack_tile_fragments";
-  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
-  at::Tensor fragments = empty_tile_fragments(values, p, op);
-  const c10::cuda::CUDAGuard guard(p.device);
-  throw_if_error(cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                           p.tile_ptr.data_ptr<int32_t>(),
-                                           reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>()),
-                                           static_cast<const uint16_t*>(values.data_ptr()),
-                                           fragments.data_ptr<int32_t>(), current_stream()),
-                 op);
-  return fragments;
+  return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments");
 }
 
 // kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each

@@ -558,8 +558,8 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
                         {16384, 4096, 0.2, 64, true}, {16384, 4096, 0.1, 64, false}, {4096, 4096, 0.1, 128, true},
                         {16384, 4096, 0.1, 128, false}, {16384, 4096, 0.1, 8, false}, {4096, 4096, 0.3, 32, false}}) {
     const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
-    EXPECT_EQ(plan_reads_fragments(p), c.fragments) << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
-    if (plan_reads_fragments(p)) {
+    EXPECT_EQ(p.reads_fragments, c.fragments) << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+    if (p.reads_fragments) {
       EXPECT_EQ(p.variant, SpmmVariant::kTileView);
       EXPECT_EQ(p.batch_tile, c.n <= 16 ? 16 : 32);
       EXPECT_NE(describe(p).find("operands loaded from the tile fragments"), std::string::npos) << describe(p);
@@ -567,9 +567,9 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
       EXPECT_EQ(describe(p).find("tile fragments"), std::string::npos) << describe(p);
     }
   }
-  EXPECT_TRUE(plan_reads_fragments(planned(16384, 4096, 0.01, 1, SpmmVariant::kTileView)));  // forced
-  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, SpmmVariant::kAuto, 4)));  // fp32
-  EXPECT_FALSE(plan_reads_fragments(planned(4096, 4096, 0.1, 32, SpmmVariant::kTileView, 2, true)));  // dX
+  EXPECT_TRUE(planned(16384, 4096, 0.01, 1, SpmmVariant::kTileView).reads_fragments);  // forced
+  EXPECT_FALSE(planned(4096, 4096, 0.1, 32, SpmmVariant::kAuto, 4).reads_fragments);  // fp32
+  EXPECT_FALSE(planned(4096, 4096, 0.1, 32, SpmmVariant::kTileView, 2, true).reads_fragments);  // dX
   // A stage holds the registers of a tile of the mean density and a quarter more, at most a whole tile.
   const SpmmPlan sparse = planned(16384, 4096, 0.1, 32), dense = planned(4096, 4096, 0.5, 32, SpmmVariant::kTileView);
   EXPECT_LT(sparse.smem_bytes, dense.smem_bytes);
