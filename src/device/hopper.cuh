@@ -1,6 +1,6 @@
-// Hopper (sm_90a) building blocks of the wgmma kernels: mbarriers, the copy engine's tensor loads,
-// the async-proxy fence, wgmma's shared-memory descriptors in the 128-byte swizzle, and the
-// m64n256k16 product with fp32 accumulators.
+// Hopper building blocks: mbarriers, the copy engine's bulk and tensor loads and the async-proxy fence
+// (sm_90); for the wgmma kernels (sm_90a) wgmma's shared-memory descriptors in the 128-byte swizzle
+// and the m64n256k16 product with fp32 accumulators.
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +18,10 @@ namespace snack::cuda::detail {
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count));
+}
+// Makes the barriers this thread initialised visible to the copy engine (before the block's barrier).
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
@@ -46,6 +50,21 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, 
           shared_address(smem)),
       "l"(map), "r"(inner), "r"(outer), "r"(shared_address(bar))
       : "memory");
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> this block's shared memory by
+// the copy engine; completes on `bar` as bytes. One instruction however long the copy: a kernel that
+// moves whole runs of words this way spends no issue slots per 16 bytes.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(smem)),
+      "l"(gmem), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+}
+// Arrives on `bar` and adds `bytes` to the transactions its current phase waits for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
 }
 // Orders this thread's ordinary shared-memory stores before the tensor cores' reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

@@ -2,16 +2,19 @@
 // 64 x 64 tile of W arrives already laid out as the A operands of mma.sync m16n8k16, only the
 // registers that hold a slot, so nothing is expanded in shared memory: no zeroed tile, no scatter, no
 // ldmatrix of W. Per lane and k-step a header word says which of its 16 registers are stored and where
-// they start; a register's word is the popcount of the mask below it past that start.
+// they start; the lane walks its stored registers in order, one pointer step per stored register.
 //
 // A block owns a band of 64 output rows and a batch tile of 16 or 32 rows, and walks the band's tiles
 // (a thread-block cluster splits them and sums the partial tiles as the other tensor-core kernels do).
 // Its warps split each tile's 64 columns: warp g multiplies the tile's k-step g (16 columns) for all
 // 64 rows, so each warp loads a quarter of the chunk of X (one ldmatrix per 16 batch rows) instead of
 // all of it, and the four warps' partial tiles are summed once at the end, in warp order
-// (deterministic). The tiles' headers and registers and the chunks of X move with cp.async through
-// kFragmentStages stages, one barrier per tile. A tile with more registers than a stage holds (denser
-// than the launch planned for) is read from global memory in place.
+// (deterministic). One thread hands each tile's header and registers (whole runs of 16-byte words)
+// and its chunk of X (a box of the input's tensor map, swizzled, zeros past the batch and the inputs)
+// to the copy engine, which completes them on the stage's mbarrier: 4 to 8 stages (fragment_stages),
+// a few instructions and one block barrier per tile. Without a tensor map (rows of X not 16-byte aligned)
+// the threads stage X in the same layout. A tile with more registers than a stage holds (denser than
+// the launch planned for) is read from global memory in place.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,8 +22,8 @@
 #include <cstdint>
 
 #include "../device/cluster.cuh"
-#include "../device/cp_async.cuh"
 #include "../device/cuda_utils.cuh"
+#include "../device/hopper.cuh"
 #include "../device/mma.cuh"
 #include "shapes.h"
 #include "snack/activation.h"
@@ -43,19 +46,19 @@ struct FragmentView {
 
 // acc[m] += the warp's k-step of the tile (row blocks m = 0..3) x the chunk of X (b: the k-step's B
 // fragments, two n-tiles of 8 per entry). `mask` and `regs`: the lane's stored registers and where
-// they start, in shared memory or (kInPlace) in global memory.
+// they start, in shared memory or (kInPlace) in global memory. Each row block finds its first stored
+// register by a popcount and then steps through its own, so the four pointer chains are independent.
 template <typename T, int NT, bool kInPlace>
 __device__ __forceinline__ void multiply_fragments(float (&acc)[4][NT / 8][4], const uint32_t (&b)[NT / 16][4],
                                                    uint32_t mask, const uint32_t* regs) {
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
+    const uint32_t* at = regs + (m == 0 ? 0 : __popc(mask & ((1u << (4 * m)) - 1u)));
     uint32_t a[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int r = 4 * m + q;
-      const uint32_t* at = regs + __popc(mask & ((1u << r) - 1u));
       a[q] = 0u;
-      if (mask >> r & 1u) a[q] = kInPlace ? __ldg(at) : *at;
+      if (mask >> (4 * m + q) & 1u) { a[q] = kInPlace ? __ldg(at) : *at; ++at; }
     }
 #pragma unroll
     for (int j = 0; j < NT / 16; ++j) {
@@ -67,23 +70,30 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[4][NT / 8][4], c
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
 // batch tile of blockIdx.y; the cluster's blocks split the band's tiles. stage_words: the value words
-// a stage holds (fragment_smem_bytes).
+// a stage holds, `stages` the stages (fragment_smem_bytes). mapped: x_map is `in`'s tensor map in
+// boxes of kTcChunk inputs x NT rows (tensor_map_16bit); otherwise (rows of `in` not 16-byte aligned)
+// the threads stage X.
 template <typename T, int NT>
-__global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(FragmentView view, int64_t out_dim, int64_t in_dim,
+__global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(const __grid_constant__ CUtensorMap x_map,
+                                                                   FragmentView view, int64_t out_dim, int64_t in_dim,
                                                                    const T* __restrict__ in, int64_t n,
                                                                    const T* __restrict__ bias, T* __restrict__ out,
                                                                    Activation act, int splits, int stage_words,
-                                                                   bool vec) {
+                                                                   int stages, bool mapped) {
   static_assert(NT == 16 || NT == 32, "batch tiles of 16 or 32 rows");
+  static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
   constexpr int CW = kTcChunk;
-  constexpr int kStride = tensor_core_stride(CW);
-  constexpr int S = kFragmentStages;
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);                                 // [S][NT][kStride]
-  uint32_t* words = reinterpret_cast<uint32_t*>(xs + S * NT * kStride);             // [S][headers + stage_words]
+  constexpr uint32_t kHeaderBytes = kFragmentHeaderWords * sizeof(uint32_t);
+  constexpr uint32_t kChunkBytes = NT * CW * sizeof(T);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The swizzled chunks of X want 1024-byte alignment (fragment_smem_bytes counts the slack).
+  unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
+  unsigned char* xs = smem;                                                     // [stages][NT][128 bytes], swizzled
+  uint32_t* words = reinterpret_cast<uint32_t*>(xs + stages * kChunkBytes);     // [stages][headers + stage_words]
   const int stage_stride = int(kFragmentHeaderWords) + stage_words;
-  int2* step_tiles = reinterpret_cast<int2*>(words + S * stage_stride);             // [steps]
-  float* partial = reinterpret_cast<float*>(smem);                                   // [NT][kTcPartialStride], at the end
+  uint64_t* full = reinterpret_cast<uint64_t*>(words + stages * stage_stride);  // [stages]: the stage's step landed
+  int2* step_tiles = reinterpret_cast<int2*>(full + stages);                    // [steps]
+  float* partial = reinterpret_cast<float*>(smem);                            // [NT][kTcPartialStride], at the end
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -93,22 +103,40 @@ __global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(FragmentView 
   const int64_t c_begin = view.chunks * split / splits, c_end = view.chunks * (split + 1) / splits;
   const int steps = int(c_end - c_begin);
   const int64_t first_tile = band * view.chunks + c_begin;
+  if (t == 0) {
+    for (int s = 0; s < stages; ++s) mbarrier_init(&full[s], 1);
+    mbarrier_init_fence();
+  }
   for (int i = t; i < steps; i += kTcThreads) step_tiles[i] = view.tiles[first_tile + i];
   __syncthreads();
 
-  // Step i's header, registers (those that fit a stage) and chunk of X into stage i % S.
-  auto issue = [&](int i) {
+  // Step i's header, registers (those that fit a stage) and chunk of X into stage s (i % stages):
+  // one thread hands them to the copy engine; without a map of X the block stages the chunk itself.
+  auto issue = [&](int i, int s) {
     const int2 at = step_tiles[i];
-    if (at.y == 0) return;  // no slot in the tile: nothing to multiply
-    const int s = i % S;
-    const uint32_t* header = view.headers + (first_tile + i) * kFragmentHeaderWords;
-    const uint32_t* regs = view.values + at.x;
-    uint32_t* dst = words + s * stage_stride;
-    constexpr int kHeaderVectors = int(kFragmentHeaderWords) / 4;
-    const int vectors = kHeaderVectors + (at.y <= stage_words ? at.y / 4 : 0);
-    for (int v = t; v < vectors; v += kTcThreads)
-      cp_async_16(dst + 4 * v, v < kHeaderVectors ? header + 4 * v : regs + 4 * (v - kHeaderVectors), 16);
-    stage_input_chunk<T, NT, CW>(xs + s * NT * kStride, in, n, in_dim, n0, (c_begin + i) * CW, vec);
+    const int64_t k0 = (c_begin + i) * CW;
+    if (t == 0) {
+      uint64_t* bar = &full[s];
+      if (at.y == 0) {  // no slot in the tile: nothing to multiply, the phase completes empty
+        mbarrier_arrive(bar);
+      } else {
+        const bool fits = at.y <= stage_words;
+        mbarrier_arrive_expect_tx(bar, kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
+        uint32_t* dst = words + s * stage_stride;
+        bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
+        if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
+        if (mapped) tma_load_2d(xs + s * kChunkBytes, &x_map, int32_t(k0), int32_t(n0), bar);
+      }
+    }
+    if (!mapped && at.y != 0) {
+      const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
+      for (int e = t; e < NT * CW; e += kTcThreads) {
+        const int row = e / CW, col = e % CW;
+        const int64_t r = n0 + row, c = k0 + col;
+        *reinterpret_cast<uint16_t*>(xs + s * kChunkBytes + wg_swizzled(row, col)) =
+            r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
+      }
+    }
   };
 
   float acc[4][NT / 8][4];
@@ -117,27 +145,26 @@ __global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(FragmentView 
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
 
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (i < steps) issue(i);
-    cp_async_commit();
-  }
-  for (int i = 0; i < steps; ++i) {
-    cp_async_wait<S - 2>();
-    __syncthreads();  // step i is in its stage; every warp is done with step i - 1's, which step i + S - 1 takes
-    if (i + S - 1 < steps) issue(i + S - 1);
-    cp_async_commit();
+  for (int i = 0; i < stages - 1 && i < steps; ++i) issue(i, i);
+  int s = 0;             // step i's stage
+  uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
+  for (int i = 0; i < steps; ++i, s = s + 1 == stages ? 0 : s + 1, parity ^= s == 0 ? 1u : 0u) {
+    mbarrier_wait(&full[s], parity);
+    // Step i is in its stage; every warp is done with step i - 1's, which step i + stages - 1 takes.
+    __syncthreads();
+    if (i + stages - 1 < steps) issue(i + stages - 1, s == 0 ? stages - 1 : s - 1);
     const int2 at = step_tiles[i];
     if (at.y == 0) continue;
-    const int s = i % S;
     const uint32_t* stage = words + s * stage_stride;
     const uint32_t head = stage[warp * kFragmentLanes + lane];
     const uint32_t mask = head & 0xffffu, offset = head >> 16;
+    // B fragments: 8 x 8 matrices of batch rows (2 j + lane / 16) * 8 + lane % 8, columns 16 warp +
+    // 8 ((lane / 8) % 2), in the swizzled chunk.
     uint32_t b[NT / 16][4];
-    const uint16_t* x_chunk = xs + s * NT * kStride;
+    const unsigned char* x_chunk = xs + s * kChunkBytes;
 #pragma unroll
     for (int j = 0; j < NT / 16; ++j)
-      ldmatrix_x4(b[j], x_chunk + ((2 * j + lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
+      ldmatrix_x4(b[j], x_chunk + wg_swizzled((2 * j + lane / 16) * 8 + lane % 8, warp * 16 + ((lane / 8) % 2) * 8));
     if (at.y <= stage_words)
       multiply_fragments<T, NT, false>(acc, b, mask, stage + kFragmentHeaderWords + offset);
     else
@@ -145,7 +172,6 @@ __global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(FragmentView 
   }
 
   // The warps' partial tiles summed in warp order over the stages, then across the cluster.
-  cp_async_wait_all();
   __syncthreads();
   for (int w = 0; w < kTcWarps; ++w) {
     if (warp == w) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>  // TEMP
 
 #include "snack/pattern.h"
 #include "snack/value_types.h"
@@ -140,16 +141,21 @@ static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_
               "the partial tile fits in the staging buffers");
 
 // ---- the tile fragments' kernel (fragment_kernel.cuh) ----
-constexpr int kFragmentStages = 4;      // tiles (and chunks of X) in flight through shared memory
+constexpr int kFragmentMinStages = 4;   // tiles (and chunks of X) in flight through shared memory: 4 to 8
+constexpr int kFragmentMaxStages = 8;
 constexpr int kFragmentMaxTile = 32;    // batch rows per block: 16 or 32
 
-// Dynamic shared memory of one block: the stages (a chunk of X, a tile's header and up to
-// `stage_words` of its registers) and where its `steps` tiles lie; the partial tile of the epilogue
-// reuses the stages.
-SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps) {
-  return size_t(kFragmentStages) * (sizeof(uint16_t) * size_t(tile) * size_t(tensor_core_stride(kTcChunk)) +
-                                    sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words)) +
-         2 * sizeof(int32_t) * size_t(steps);
+// Bytes of one stage: a chunk of X, a tile's header and up to `stage_words` of its registers, and
+// the stage's mbarrier.
+SNACK_HOST_DEVICE constexpr size_t fragment_stage_bytes(int tile, int stage_words) {
+  return sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
+         sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words) + sizeof(uint64_t);
+}
+// Dynamic shared memory of one block: its stages, where its `steps` tiles lie, and the slack that
+// aligns the chunks of X to 1024 bytes (their swizzle); the partial tile of the epilogue reuses the
+// stages.
+SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int stages, int64_t steps) {
+  return size_t(stages) * fragment_stage_bytes(tile, stage_words) + 2 * sizeof(int32_t) * size_t(steps) + 1024;
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two
 // positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A
@@ -161,8 +167,17 @@ inline int fragment_stage_words(int64_t out_dim, int64_t in_dim, int64_t nnz) {
   const int words = int(std::ceil((1.25 * filled * all + 64.0) / 4.0)) * 4;
   return words < all ? words : all;
 }
-static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= fragment_smem_bytes(kTcMinTile, 0, 0) &&
-                  sizeof(float) * kFragmentMaxTile * kTcPartialStride <= fragment_smem_bytes(kFragmentMaxTile, 0, 0),
+// Stages of a block: as many as kFragmentStageBudget bytes hold, 4 to 8. The kernel waits on memory,
+// so the tiles in flight set its pace.
+constexpr size_t kFragmentStageBudget = 48 * 1024;
+inline int fragment_stages(int tile, int stage_words) {
+  if (const char* e = std::getenv("SNACK_FRAGMENT_STAGES")) return std::atoi(e);  // TEMP
+  const int fit = int(kFragmentStageBudget / fragment_stage_bytes(tile, stage_words));
+  return fit < kFragmentMinStages ? kFragmentMinStages : (fit > kFragmentMaxStages ? kFragmentMaxStages : fit);
+}
+static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= kFragmentMinStages * fragment_stage_bytes(kTcMinTile, 0) &&
+                  sizeof(float) * kFragmentMaxTile * kTcPartialStride <=
+                      kFragmentMinStages * fragment_stage_bytes(kFragmentMaxTile, 0),
               "the partial tile fits in the stages");
 
 // ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----

@@ -2,57 +2,17 @@
 // Built for sm_90a only (CMakeLists.txt); without that target the kernel traps and wgmma_built()
 // says false, so the planner never takes it.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <string>
 
 #include "../device/cuda_utils.cuh"
+#include "../device/tensor_map.h"
 #include "snack/device_limits.h"
 #include "wgmma.h"
 #include "wgmma_kernel.cuh"
 
 namespace snack::cuda::detail {
-namespace {
-
-// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols).
-Status tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* encode) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static cudaError_t looked_up = cudaSuccess;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    looked_up = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
-    if (looked_up == cudaSuccess && found == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  });
-  if (fn == nullptr)
-    return Status(StatusCode::kCudaError, "wgmma: the driver has no cuTensorMapEncodeTiled (" +
-                                              std::string(cudaGetErrorString(looked_up)) + ")");
-  *encode = fn;
-  return Status::Ok();
-}
-
-// The map of in [n][in_dim] 16-bit values: boxes of kWgChunk inputs x kWgBatchTile rows, swizzled
-// in 128-byte rows, zeros outside.
-Status input_map(const void* in, int64_t n, int64_t in_dim, CUtensorMap* map) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  SNACK_RETURN_IF_ERROR(tensor_map_encoder(&encode));
-  const cuuint64_t dims[2] = {cuuint64_t(in_dim), cuuint64_t(n)};
-  const cuuint64_t strides[1] = {cuuint64_t(in_dim) * 2};
-  const cuuint32_t box[2] = {cuuint32_t(kWgChunk), cuuint32_t(kWgBatchTile)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(in), dims, strides, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status(StatusCode::kCudaError, "wgmma: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
-  return Status::Ok();
-}
-
-}  // namespace
 
 bool wgmma_built() {
 #if defined(SNACK_WGMMA_BUILT)
@@ -105,8 +65,9 @@ Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t
   wg_pack_kernel<<<row_blocks, kRowThreads, 0, stream>>>(view, out_dim, chunks, starts, row_before, tile_off, lists);
   SNACK_RETURN_IF_ERROR(check_launch("wg_pack_kernel"));
 
+  // The input in boxes of kWgChunk inputs x kWgBatchTile rows, swizzled in 128-byte rows, zeros outside.
   CUtensorMap map;
-  SNACK_RETURN_IF_ERROR(input_map(in, n, in_dim, &map));
+  SNACK_RETURN_IF_ERROR(tensor_map_16bit(in, n, in_dim, kWgChunk, kWgBatchTile, &map));
   auto kernel = spmm_wgmma_kernel<T>;
   const size_t smem = wgmma_smem_bytes();
   SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

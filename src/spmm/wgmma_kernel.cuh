@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       mbarrier_init(&full[s], 128);      // the producer's threads, and the bytes of X
       mbarrier_init(&empty[s], 256);     // the consumers' threads
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbarrier_init_fence();
   }
   __syncthreads();
 
