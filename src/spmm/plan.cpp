@@ -267,25 +267,23 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 }
 
 // Given tile fragments, the forward runs the fragment kernel where it beat the planner's choice
-// without them, measured on the H100 in bf16 with every variant forced
-// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, 768x3072 to 16384x4096 at 80-95%, N = 16-128):
-//   - 16-32 rows at 15-25% density, and at 7.5% from 2^23 weights (16384x4096, 80%, N = 32: 52.9
-//     against 81.5 us; 90%, N = 16: 38.0 against 44.0; 4096x4096, 90%, N = 32: 21.9 against 23.7),
-//     not sparser, where wide_rows and the row kernels stream fewer bytes (16384x4096, 95%, N = 16:
-//     36.7 against 32.7), nor on smaller layers at 90% (768x3072, N = 32: 13.2 against 12.0);
-//   - 33-64 rows at 15-25% (batch tiles of 32, each decoding the tile again: 11008x4096, 80%, N = 64:
-//     68.4 against 85.9; at 90% 66.7 against 56.8 for the gathering tile view);
-//   - 65-128 rows under 2^25 weights as at 16-32 rows (4096x4096, 90%, N = 128: 45.1 against 52.5),
-//     not on larger layers (16384x4096, 90%: 154.0 against 122.9).
+// without them, measured on the H100 in bf16 (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit
+// 18b3884, 768x3072 to 16384x4096 at 80-95%, N = 8-128; the kernel's figures below with its four
+// stages, the stage count forced at that commit):
+//   - 16-64 rows on layers of 2^24 weights and more at 5-25% density (16384x4096, 90%, N = 16 / 32 /
+//     64: 31.1 / 35.2 / 55.7 against 42.7 / 51.6 / 67.8 us; 4096x4096, 95%, N = 16, level: 14.7
+//     against 15.0); on smaller layers from 15% only (768x3072, 90%, N = 32: 12.7 against 12.0);
+//   - 65-128 rows on layers under 2^25 weights (4096x4096, 90%: 33.8 against 52.4; 768x3072, 95%:
+//     14.5 against 15.4), and on larger ones from 15% only (11008x4096, 90%: 100.8 against 95.8);
+//   - not below 16 rows, where wide_rows streams fewer bytes (16384x4096, 90%, N = 8: 29.7 against
+//     26.4 us in the file).
 // Denser than 25% is not measured. Elsewhere the planner chooses as without the fragments.
 bool fragments_pay(const SpmmProblem& p) {
   const double density = density_of(p);
   const int64_t weights = p.out_dim * p.in_dim;
-  if (p.n < 16 || p.n > 128 || density < 0.075 || density > 0.25) return false;
-  const bool dense_enough = density >= 0.15 || weights >= (int64_t(1) << 23);
-  if (p.n <= 32) return dense_enough;
-  if (p.n <= 64) return density >= 0.15;
-  return weights < (int64_t(1) << 25) && dense_enough;
+  if (p.n < 16 || p.n > 128 || density < 0.045 || density > 0.25) return false;
+  if (density >= 0.15) return true;
+  return p.n <= 64 ? weights >= (int64_t(1) << 24) : weights < (int64_t(1) << 25);
 }
 
 bool tile_view_pays(const SpmmProblem& p) {
@@ -450,8 +448,7 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
-    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words,
-                                                                   fragment_stages(batch_tile, fragment_words),
+    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, kFragmentStages,
                                                                    ceil_div(chunks, splits))
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
@@ -500,8 +497,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->threads = kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
-  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words,
-                                                     fragment_stages(plan->batch_tile, fragment_words), steps)
+  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, kFragmentStages, steps)
                      : plan->variant == SpmmVariant::kTileView
                          ? tile_view_smem_bytes(plan->batch_tile, steps, p.transposed)
                          : tensor_core_smem_bytes(plan->batch_tile);
@@ -801,7 +797,7 @@ std::string describe(const SpmmPlan& plan) {
     if (plan.reads_fragments) {
       const int words = cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz);
       s += ", operands loaded from the tile fragments, " +
-           std::to_string(cuda::detail::fragment_stages(plan.batch_tile, words)) + " stages of " +
+           std::to_string(cuda::detail::kFragmentStages) + " stages of " +
            std::to_string(words) + " register words";
     } else if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles == TileValues::kPacked &&
              !plan.problem.transposed)

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>  // TEMP
 
 #include "snack/pattern.h"
 #include "snack/value_types.h"
@@ -141,8 +140,9 @@ static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_
               "the partial tile fits in the staging buffers");
 
 // ---- the tile fragments' kernel (fragment_kernel.cuh) ----
-constexpr int kFragmentMinStages = 4;   // tiles (and chunks of X) in flight through shared memory: 4 to 8
-constexpr int kFragmentMaxStages = 8;
+// Tiles (and chunks of X) in flight through shared memory. 5-8 stages were no faster and, taking
+// more shared memory, cost some launches their clusters (docs/kernels.md, "Measured and not kept").
+constexpr int kFragmentStages = 4;
 constexpr int kFragmentMaxTile = 32;    // batch rows per block: 16 or 32
 
 // Bytes of one stage: a chunk of X, a tile's header and up to `stage_words` of its registers, and
@@ -167,17 +167,9 @@ inline int fragment_stage_words(int64_t out_dim, int64_t in_dim, int64_t nnz) {
   const int words = int(std::ceil((1.25 * filled * all + 64.0) / 4.0)) * 4;
   return words < all ? words : all;
 }
-// Stages of a block: as many as kFragmentStageBudget bytes hold, 4 to 8. The kernel waits on memory,
-// so the tiles in flight set its pace.
-constexpr size_t kFragmentStageBudget = 48 * 1024;
-inline int fragment_stages(int tile, int stage_words) {
-  if (const char* e = std::getenv("SNACK_FRAGMENT_STAGES")) return std::atoi(e);  // TEMP
-  const int fit = int(kFragmentStageBudget / fragment_stage_bytes(tile, stage_words));
-  return fit < kFragmentMinStages ? kFragmentMinStages : (fit > kFragmentMaxStages ? kFragmentMaxStages : fit);
-}
-static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= kFragmentMinStages * fragment_stage_bytes(kTcMinTile, 0) &&
+static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= kFragmentStages * fragment_stage_bytes(kTcMinTile, 0) &&
                   sizeof(float) * kFragmentMaxTile * kTcPartialStride <=
-                      kFragmentMinStages * fragment_stage_bytes(kFragmentMaxTile, 0),
+                      kFragmentStages * fragment_stage_bytes(kFragmentMaxTile, 0),
               "the partial tile fits in the stages");
 
 // ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----
