@@ -11,9 +11,9 @@
 // all of it, and the four warps' partial tiles are summed once at the end, in warp order
 // (deterministic). One thread hands each tile's header and registers (whole runs of 16-byte words)
 // and its chunk of X (a box of the input's tensor map, swizzled, zeros past the batch and the inputs)
-// to the copy engine, which completes them on the stage's mbarrier: `stages` stages (kFragmentStages),
-// a few instructions and one block barrier per tile. Without a tensor map (rows of X not 16-byte aligned)
-// the threads stage X in the same layout. A tile with more registers than a stage holds (denser than
+// to the copy engine, which completes them on the stage's mbarrier: `stages` stages
+// (kFragmentStages), a few instructions and one block barrier per tile. Without a tensor map (rows
+// of X not 16-byte aligned) the threads stage X in the same layout. A tile with more registers than a stage holds (denser than
 // the launch planned for) is read from global memory in place.
 #pragma once
 

@@ -227,7 +227,8 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
                                                        unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n,
-                                                       bias, out, act, plan.k_splits, stage_words, detail::kFragmentStages, mapped));
+                                                       bias, out, act, plan.k_splits, stage_words,
+                                                       detail::kFragmentStages, mapped));
   return check_launch("spmm_fragment_kernel");
 }
 

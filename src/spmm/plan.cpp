@@ -270,9 +270,10 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 // without them, measured on the H100 in bf16 (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit
 // 18b3884, 768x3072 to 16384x4096 at 80-95%, N = 8-128; the kernel's figures below with its four
 // stages, the stage count forced at that commit):
-//   - 16-64 rows on layers of 2^24 weights and more at 5-25% density (16384x4096, 90%, N = 16 / 32 /
-//     64: 31.1 / 35.2 / 55.7 against 42.7 / 51.6 / 67.8 us; 4096x4096, 95%, N = 16, level: 14.7
-//     against 15.0); on smaller layers from 15% only (768x3072, 90%, N = 32: 12.7 against 12.0);
+//   - 16-64 rows on layers of 2^24 weights and more from 4.5% density (95% sparsity; 16384x4096,
+//     90%, N = 16 / 32 / 64: 31.1 / 35.2 / 55.7 against 42.7 / 51.6 / 67.8 us; 4096x4096, 95%,
+//     N = 16, level: 14.7 against 15.0); on smaller layers from 15% only (768x3072, 90%, N = 32:
+//     12.7 against 12.0);
 //   - 65-128 rows on layers under 2^25 weights (4096x4096, 90%: 33.8 against 52.4; 768x3072, 95%:
 //     14.5 against 15.4), and on larger ones from 15% only (11008x4096, 90%: 100.8 against 95.8);
 //   - not below 16 rows, where wide_rows streams fewer bytes (16384x4096, 90%, N = 8: 29.7 against
