@@ -111,13 +111,16 @@ def test_spmm_checks_the_fragments_it_is_given(device):
 
 
 # The forward over the fragments: batch tiles of 16 and 32 (N = 1 to 100, partial tiles), inputs that
-# are not a multiple of 8 (X staged without 16-byte copies), empty rows and tiles, tiles with more
+# are not a multiple of 8 (X staged by the threads, not through a tensor map) and that are (a last
+# chunk the copy engine fills with zeros past the inputs), empty rows and tiles, tiles with more
 # registers than a stage holds (read in place).
 FORWARD_CASES = {
     "partial_band_and_chunk": dict(m=70, k=90, nnz=3000, empty_rows=6),
+    "partial_chunk_through_the_tensor_map": dict(m=70, k=200, nnz=2500, empty_rows=4),
     "empty_rows": dict(m=130, k=257, nnz=1700, empty_rows=30),
     "one_full_tile": dict(m=64, k=64, nnz=4096),
     "dense_band_read_in_place": dict(m=640, k=300, positions=skewed_positions(640, 300, 64, 3000)),
+    "dense_band_in_place_through_the_tensor_map": dict(m=640, k=328, positions=skewed_positions(640, 328, 64, 3000)),
     "no_slots": dict(m=128, k=192, nnz=0),
     "several_blocks_per_band": dict(m=300, k=1024, nnz=12000),
 }
@@ -144,6 +147,21 @@ def test_forward_reads_fragments(case, n, dtype):
         "deterministic"
     relu = ops.spmm(x, w.values, w.tensors, bias, "relu", variant="tile_view", tiles=fragments)
     assert torch.equal(relu, torch.relu(y))
+
+
+@pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
+def test_forward_reads_fragments_with_unaligned_input():
+    # Rows of X a multiple of 8 values that start off a 16-byte boundary: no tensor map, the threads
+    # stage X; the same outputs as from an aligned copy of it.
+    w = Weight(130, 256, 4000, device="cuda", dtype=torch.bfloat16, seed=8)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    x = w.randn(21, 256, seed=4)
+    shifted = torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != 0
+    y = ops.spmm(shifted, w.values, w.tensors, variant="tile_view", tiles=fragments)
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what="unaligned input")
+    assert torch.equal(y, ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments))
 
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
