@@ -70,9 +70,10 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[4][NT / 8][4], c
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
 // batch tile of blockIdx.y; the cluster's blocks split the band's tiles. stage_words: the value words
-// a stage holds, `stages` the stages (fragment_smem_bytes). mapped: x_map is `in`'s tensor map in
-// boxes of kTcChunk inputs x NT rows (tensor_map_16bit); otherwise (rows of `in` not 16-byte aligned)
-// the threads stage X.
+// a stage holds, `stages` the stages (kFragmentStages, fragment_smem_bytes; a launch argument rather
+// than a template constant, with which the compiler took 124 registers instead of 96 at batch tiles
+// of 32). mapped: x_map is `in`'s tensor map in boxes of kTcChunk inputs x NT rows
+// (tensor_map_16bit); otherwise (rows of `in` not 16-byte aligned) the threads stage X.
 template <typename T, int NT>
 __global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(const __grid_constant__ CUtensorMap x_map,
                                                                    FragmentView view, int64_t out_dim, int64_t in_dim,

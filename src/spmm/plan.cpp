@@ -449,8 +449,7 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
-    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, kFragmentStages,
-                                                                   ceil_div(chunks, splits))
+    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
     const int64_t per_sm = std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
@@ -498,7 +497,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->threads = kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
-  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, kFragmentStages, steps)
+  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, steps)
                      : plan->variant == SpmmVariant::kTileView
                          ? tile_view_smem_bytes(plan->batch_tile, steps, p.transposed)
                          : tensor_core_smem_bytes(plan->batch_tile);

@@ -151,11 +151,12 @@ SNACK_HOST_DEVICE constexpr size_t fragment_stage_bytes(int tile, int stage_word
   return sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
          sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words) + sizeof(uint64_t);
 }
-// Dynamic shared memory of one block: its stages, where its `steps` tiles lie, and the slack that
-// aligns the chunks of X to 1024 bytes (their swizzle); the partial tile of the epilogue reuses the
-// stages.
-SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int stages, int64_t steps) {
-  return size_t(stages) * fragment_stage_bytes(tile, stage_words) + 2 * sizeof(int32_t) * size_t(steps) + 1024;
+// Dynamic shared memory of one block: its kFragmentStages stages, where its `steps` tiles lie, and
+// the slack that aligns the chunks of X to 1024 bytes (their swizzle); the partial tile of the
+// epilogue reuses the stages.
+SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps) {
+  return size_t(kFragmentStages) * fragment_stage_bytes(tile, stage_words) + 2 * sizeof(int32_t) * size_t(steps) +
+         1024;
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two
 // positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A
