@@ -29,17 +29,18 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
         model: any module; its Patterns are found among its submodules (a pattern shared by several
             layers is kept once).
         tile_view: keep the tile view. None (default): kept for the patterns of layers whose values are
-            16-bit (their tensor-core forward reads it at batches of 17 to 128 rows), dropped for the
-            others (float32 and float64 values, sparse attention's patterns).
+            16-bit (their tensor-core forward reads it at batches of 17 to 128 rows, from 8 with tile
+            fragments), dropped for the others (float32 and float64 values, sparse attention's
+            patterns).
         pack_tiles: the :class:`SparseLinear` layers on a GPU with 16-bit values and a tile view hold
             a copy of their values in tile order, which the tile view's forward reads instead of the
             values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
             cores' operands (``snack.ops.pack_tile_fragments``: about 5 bytes a connection at 90%
-            sparsity; the fragment kernel runs where the planner measured it faster, within 16-128
-            rows), "entries" packs them into the view's entries (``snack.ops.pack_tile_values``: 4
-            bytes a connection, 16-128 rows). Packed by the first forward and again whenever the
-            values or the pattern change. Off by default: it trades memory for speed at 16-128 batch
-            rows only (docs/kernels.md, "Tile fragments").
+            sparsity; the fragment kernel runs at 8-128 rows from 4.5% to 25% density, where its
+            worst case measured best), "entries" packs them into the view's entries
+            (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by the first
+            forward and again whenever the values or the pattern change. Off by default: it trades
+            memory for speed at 8-128 batch rows only (docs/kernels.md, "Tile fragments").
     """
     keep: dict[int, tuple[Pattern, bool]] = {}
     for module in model.modules():

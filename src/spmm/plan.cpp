@@ -266,25 +266,24 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
   return p.n > 16 || (density >= 0.075 && p.in_dim >= 4096);
 }
 
-// Given tile fragments, the forward runs the fragment kernel where it beat the planner's choice
-// without them, measured on the H100 in bf16 (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit
-// 18b3884, 768x3072 to 16384x4096 at 80-95%, N = 8-128; the kernel's figures below with its four
-// stages, the stage count forced at that commit):
-//   - 16-64 rows on layers of 2^24 weights and more from 4.5% density (95% sparsity; 16384x4096,
-//     90%, N = 16 / 32 / 64: 31.1 / 35.2 / 55.7 against 42.7 / 51.6 / 67.8 us; 4096x4096, 95%,
-//     N = 16, level: 14.7 against 15.0); on smaller layers from 15% only (768x3072, 90%, N = 32:
-//     12.7 against 12.0);
-//   - 65-128 rows on layers under 2^25 weights (4096x4096, 90%: 33.8 against 52.4; 768x3072, 95%:
-//     14.5 against 15.4), and on larger ones from 15% only (11008x4096, 90%: 100.8 against 95.8);
-//   - not below 16 rows, where wide_rows streams fewer bytes (16384x4096, 90%, N = 8: 29.7 against
-//     26.4 us in the file).
-// Denser than 25% is not measured. Elsewhere the planner chooses as without the fragments.
+// Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 25%
+// density, on every layer: the kernel whose worst case is best, since the planner does not see how
+// the slots spread over the rows. Measured on the H100 in bf16 (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md,
+// 768x3072 to 16384x4096 at 80-95%, uniform and power-law rows, the kernel forced against the
+// planner's choice without it, commit e6ef0af):
+//   - at 16-128 rows it is 1.40x / 1.23x faster in geometric mean on uniform rows of layers of
+//     4096x4096 and more (16-64 / 128 rows; the most it loses is 4%, 11008x4096, 90%, N = 128) and
+//     2.29x / 1.66x on power-law rows; on 768x3072 1.06-1.15x (uniform) and 1.26-1.37x (power-law),
+//     losing up to 8% (N = 32, 95%);
+//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.85x in geometric mean,
+//     0.67x at worst: 16384x4096, 95%, 30.2 against 20.3 us; still 1.32x dense's speed or more on the
+//     large layers), and wins 2.05x on power-law rows, where the kernels without it fall to 0.60x
+//     dense's speed (4096x4096, 80%: 36.7 against 16.1 us; dense 21.9);
+//   - below 8 rows and outside 4.5-25% density it is not measured.
+// Elsewhere the planner chooses as without the fragments.
 bool fragments_pay(const SpmmProblem& p) {
   const double density = density_of(p);
-  const int64_t weights = p.out_dim * p.in_dim;
-  if (p.n < 16 || p.n > 128 || density < 0.045 || density > 0.25) return false;
-  if (density >= 0.15) return true;
-  return p.n <= 64 ? weights >= (int64_t(1) << 24) : weights < (int64_t(1) << 25);
+  return p.n >= 8 && p.n <= 128 && density >= 0.045 && density <= 0.25;
 }
 
 bool tile_view_pays(const SpmmProblem& p) {
