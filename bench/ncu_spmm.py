@@ -5,7 +5,9 @@
         python bench/ncu_spmm.py --shape 16384x4096 --n 16 --sparsity 0.9 --variant global_xt
 
 The product runs three times (the first two are warm-up launches for ncu to skip); the script
-prints the plan so that the profile can be matched to the kernel it ran. `--op dw` runs the SDDMM
+prints the plan so that the profile can be matched to the kernel it ran. `--tiles` gives the forward
+the values in tile order (16-bit: `fragments` for the fragment kernel, `entries` for packed tile
+values), as `snack.for_inference(model, pack_tiles=...)` does. `--op dw` runs the SDDMM
 (`--variant` then names an SDDMM kernel: auto, slot, vector, rows; the kernels are
 `sddmm_<variant>_kernel`, `sddmm_thread_slot_kernel` for slot)."""
 
@@ -17,6 +19,7 @@ import torch
 
 import snack
 from snack import benchmark
+from snack.layer import TILE_FORMATS
 
 
 def main(argv=None) -> int:
@@ -28,6 +31,8 @@ def main(argv=None) -> int:
                         help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}; for --op dw an SDDMM kernel")
     parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32",
                         help="the values' and activations' precision")
+    parser.add_argument("--tiles", choices=("none", "entries", "fragments"), default="none",
+                        help="the forward reads the values in tile order (16-bit values)")
     parser.add_argument("--op", choices=("fwd", "dx", "dw"), default="fwd",
                         help="the forward Y = X W^T, the input gradient dX = dY W, or the weight gradient (SDDMM)")
     args = parser.parse_args(argv)
@@ -38,8 +43,15 @@ def main(argv=None) -> int:
     pattern = layer.pattern.tensors
     x = torch.randn(args.n, k, device="cuda", dtype=dtype)
     dy = torch.randn(args.n, m, device="cuda", dtype=dtype)
+    if args.tiles != "none" and (args.op != "fwd" or args.dtype == "fp32"):
+        parser.error("--tiles: the forward of 16-bit values only")
     if args.op == "dw":
         run = lambda: snack.ops.sddmm(dy, x, pattern, variant=args.variant)  # noqa: E731
+    elif args.tiles != "none":
+        layer.pack_tiles, layer.tile_format = True, args.tiles
+        print(snack.explain(layer, args.n, variant=args.variant))
+        tiles = TILE_FORMATS[args.tiles](layer.values.detach(), pattern)
+        run = lambda: snack.ops.spmm(x, layer.values, pattern, None, variant=args.variant, tiles=tiles)  # noqa: E731
     else:
         print(snack.explain(layer, args.n, op="input_grad" if args.op == "dx" else "forward", variant=args.variant))
         run = ((lambda: snack.ops.spmm_t(dy, layer.values, pattern, args.variant)) if args.op == "dx"
