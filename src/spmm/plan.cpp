@@ -268,17 +268,18 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 
 // Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 25%
 // density, on every layer: the kernel whose worst case is best, since the planner does not see how
-// the slots spread over the rows. Measured on the H100 in bf16 (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md,
-// 768x3072 to 16384x4096 at 80-95%, uniform and power-law rows, the kernel forced against the
-// planner's choice without it, commit e6ef0af):
-//   - at 16-128 rows it is 1.40x / 1.23x faster in geometric mean on uniform rows of layers of
+// the slots spread over the rows. Measured on the H100 in bf16
+// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit 5191b25, the same figures as the run at
+// e6ef0af this rule came from; 768x3072 to 16384x4096 at 80-95%, uniform and power-law rows, the
+// kernel forced against the planner's choice without it):
+//   - at 16-128 rows it is 1.41x / 1.23x faster in geometric mean on uniform rows of layers of
 //     4096x4096 and more (16-64 / 128 rows; the most it loses is 4%, 11008x4096, 90%, N = 128) and
-//     2.29x / 1.66x on power-law rows; on 768x3072 1.06-1.15x (uniform) and 1.26-1.37x (power-law),
-//     losing up to 8% (N = 32, 95%);
-//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.85x in geometric mean,
-//     0.67x at worst: 16384x4096, 95%, 30.2 against 20.3 us; still 1.32x dense's speed or more on the
-//     large layers), and wins 2.05x on power-law rows, where the kernels without it fall to 0.60x
-//     dense's speed (4096x4096, 80%: 36.7 against 16.1 us; dense 21.9);
+//     2.30x / 1.66x on power-law rows; on 768x3072 1.07-1.16x (uniform) and 1.25-1.37x (power-law),
+//     losing up to 7% (N = 32, 95%);
+//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.85x in geometric
+//     mean, 0.68x at worst: 16384x4096, 95%, 29.8 against 20.3 us; still 1.29x dense's speed or more
+//     on the large layers), and wins 2.07x on power-law rows, where the kernels without it fall to
+//     0.59x dense's speed (4096x4096, 80%: 36.5 against 15.9 us; dense 21.6);
 //   - below 8 rows and outside 4.5-25% density it is not measured.
 // Elsewhere the planner chooses as without the fragments.
 bool fragments_pay(const SpmmProblem& p) {
