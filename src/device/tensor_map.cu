@@ -32,7 +32,7 @@ Status tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* encode) {
 
 Status tensor_map_16bit(const void* base, int64_t rows, int64_t cols, uint32_t box_cols, uint32_t box_rows,
                         CUtensorMap* map) {
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || cols % 8 != 0 || rows < 1 || cols < 1 || box_cols * 2 > 128)
+  if (!tensor_map_16bit_fits(base, cols) || rows < 1 || box_cols * 2 > 128)
     return InvalidArgument("a tensor map needs 16-byte aligned rows of 16-bit values (" + std::to_string(rows) +
                            " x " + std::to_string(cols) + ", boxes of " + std::to_string(box_cols) + ")");
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;

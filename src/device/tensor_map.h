@@ -10,11 +10,16 @@
 
 namespace snack::cuda::detail {
 
+/// Whether a row-major matrix of 16-bit values at `base` with `cols` columns can have a tensor map:
+/// rows of whole 16-byte units from a 16-byte aligned start.
+inline bool tensor_map_16bit_fits(const void* base, int64_t cols) {
+  return cols > 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+}
+
 /// The map of a row-major [rows][cols] matrix of 16-bit values at `base` whose boxes are `box_cols`
 /// x `box_rows` values (box_cols * 2 at most 128 bytes), laid out in shared memory in the 128-byte
 /// swizzle (16-byte unit u of box row r at unit u ^ (r % 8); snack::cuda::detail::wg_swizzled), the
-/// parts outside the matrix read as zeros. Needs `base` 16-byte aligned and cols a multiple of 8
-/// (rows of whole 16-byte units); refuses otherwise.
+/// parts outside the matrix read as zeros. Refuses a matrix that does not fit (tensor_map_16bit_fits).
 Status tensor_map_16bit(const void* base, int64_t rows, int64_t cols, uint32_t box_cols, uint32_t box_rows,
                         CUtensorMap* map);
 

@@ -221,7 +221,7 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
   // X through the copy engine where its rows are whole 16-byte units, else staged by the threads.
   CUtensorMap x_map{};
-  const bool mapped = in_dim > 0 && in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const bool mapped = detail::tensor_map_16bit_fits(in, in_dim);
   if (mapped) SNACK_RETURN_IF_ERROR(detail::tensor_map_16bit(in, n, in_dim, detail::kTcChunk, NT, &x_map));
   const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
