@@ -63,6 +63,12 @@ __device__ __forceinline__ void prefetch_l2_share(const void* base, int64_t byte
   prefetch_l2(base, begin, begin + chunk < bytes ? begin + chunk : bytes);
 }
 
+// Barrier `id` (1-15; 0 is __syncthreads') of `threads` threads, whole warps: part of a block
+// synchronises without the rest.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Programmatic dependent launch (Hopper): a kernel launched with programmatic stream
 // serialization may start while the kernel before it still runs; it waits here before it reads
 // that kernel's output. A no-op when the launch was an ordinary one.

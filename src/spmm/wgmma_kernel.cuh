@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       const uint32_t tile = shared_address(w_tile);
 #pragma unroll
       for (int q = 0; q < kWgTileBytes / 16 / 128; ++q) st_shared_zero16(tile + (threadIdx.x + 128 * q) * 16);
-      asm volatile("bar.sync 1, 128;" ::: "memory");
+      named_barrier_sync(1, 128);
       wg_store_words(lists, offsets[c], w0, tile, spare);
       w0 = w1;
       w1 = w2;
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (splits > 1) {
       // Partial tiles through shared memory, [kWgBatchTile][kWgBandRows + 4] floats over the stages.
       __syncwarp();
-      asm volatile("bar.sync 2, 256;" ::: "memory");
+      named_barrier_sync(2, 256);
       float* partial = reinterpret_cast<float*>(smem);
 #pragma unroll
       for (int j = 0; j < kWgBatchTile / 8; ++j) {
