@@ -18,7 +18,8 @@ namespace snack::cuda::detail {
 // cluster barrier (a block barrier when splits is 1), block `split` sums batch rows split,
 // split + splits, ... over the blocks in rank order (deterministic), adds the bias, applies the
 // activation and stores them along the output rows, a thread per row of the band; a last barrier
-// keeps every block until the others have read its tile.
+// keeps every block until the others have read its tile. Threads from kThreads on (a block's
+// producer warp) only join the barriers.
 template <typename T, int kBandRows, int kTile, int kStride, int kThreads>
 __device__ __forceinline__ void store_split_band_tile(const float* partial, int64_t o0, int64_t out_dim, int64_t n0,
                                                       int64_t n, const T* __restrict__ bias, T* __restrict__ out,
@@ -34,7 +35,8 @@ __device__ __forceinline__ void store_split_band_tile(const float* partial, int6
   __syncthreads();
 #endif
   const int row = threadIdx.x % kBandRows;
-  for (int b = split + int(threadIdx.x / kBandRows) * splits; b < kTile; b += (kThreads / kBandRows) * splits) {
+  const int first = threadIdx.x < kThreads ? split + int(threadIdx.x / kBandRows) * splits : kTile;
+  for (int b = first; b < kTile; b += (kThreads / kBandRows) * splits) {
     float sum = 0.f;
     for (int q = 0; q < splits; ++q) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900

@@ -4,17 +4,19 @@
 // ldmatrix of W. Per lane and k-step a header word says which of its 16 registers are stored and where
 // they start; the lane walks its stored registers in order, one pointer step per stored register.
 //
-// A block owns a band of 64 output rows and a batch tile of 16 or 32 rows, and walks the band's tiles
-// (a thread-block cluster splits them and sums the partial tiles as the other tensor-core kernels do).
-// Its warps split each tile's 64 columns: warp g multiplies the tile's k-step g (16 columns) for all
-// 64 rows, so each warp loads a quarter of the chunk of X (one ldmatrix per 16 batch rows) instead of
-// all of it, and the four warps' partial tiles are summed once at the end, in warp order
-// (deterministic). One thread hands each tile's header and registers (whole runs of 16-byte words)
-// and its chunk of X (a box of the input's tensor map, swizzled, zeros past the batch and the inputs)
-// to the copy engine, which completes them on the stage's mbarrier: `stages` stages
-// (kFragmentStages), a few instructions and one block barrier per tile. Without a tensor map (rows
-// of X not 16-byte aligned) the threads stage X in the same layout. A tile with more registers than a stage holds (denser than
-// the launch planned for) is read from global memory in place.
+// A block owns a band of 64 output rows and a batch tile of 16, 32 or 64 rows, and walks the band's
+// tiles (a thread-block cluster splits them and sums the partial tiles as the other tensor-core
+// kernels do). Its consumer warps split each tile's 64 columns: warp g multiplies the tile's k-step g
+// (16 columns), so each warp loads a quarter of the chunk of X (one ldmatrix per 16 batch rows)
+// instead of all of it, and the partial tiles are summed once at the end, in warp order
+// (deterministic). At batch tiles of 64 two warps share a k-step, each with half of the rows, so
+// that a warp's accumulators stay at 64. A producer warp hands each tile's header and registers
+// (whole runs of 16-byte words) and its chunk of X (a box of the input's tensor map, swizzled, zeros
+// past the batch and the inputs) to the copy engine, which completes them on the stage's mbarrier,
+// `stages` steps ahead (kFragmentStages); the consumers release a stage on a second mbarrier, and no
+// block barrier paces the steps. Without a tensor map (rows of X not 16-byte aligned) the consumers
+// stage X in the same layout. A tile with more registers than a stage holds (denser than the launch
+// planned for) is read from global memory in place.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,15 +46,16 @@ struct FragmentView {
   int64_t chunks;  // tiles per band
 };
 
-// acc[m] += the warp's k-step of the tile (row blocks m = 0..3) x the chunk of X (b: the k-step's B
-// fragments, two n-tiles of 8 per entry). `mask` and `regs`: the lane's stored registers and where
-// they start, in shared memory or (kInPlace) in global memory. Each row block finds its first stored
-// register by a popcount and then steps through its own, so the four pointer chains are independent.
-template <typename T, int NT, bool kInPlace>
-__device__ __forceinline__ void multiply_fragments(float (&acc)[4][NT / 8][4], const uint32_t (&b)[NT / 16][4],
+// acc[m] += the warp's k-step of the tile (its row blocks m < kBlocks) x the chunk of X (b: the
+// k-step's B fragments, two n-tiles of 8 per entry). `mask` and `regs`: the lane's stored registers
+// of those row blocks (four bits each) and where they start, in shared memory or (kInPlace) in
+// global memory. Each row block finds its first stored register by a popcount and then steps
+// through its own, so the pointer chains are independent.
+template <typename T, int NT, int kBlocks, bool kInPlace>
+__device__ __forceinline__ void multiply_fragments(float (&acc)[kBlocks][NT / 8][4], const uint32_t (&b)[NT / 16][4],
                                                    uint32_t mask, const uint32_t* regs) {
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < kBlocks; ++m) {
     const uint32_t* at = regs + (m == 0 ? 0 : __popc(mask & ((1u << (4 * m)) - 1u)));
     uint32_t a[4];
 #pragma unroll
@@ -71,30 +74,37 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[4][NT / 8][4], c
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
 // batch tile of blockIdx.y; the cluster's blocks split the band's tiles. stage_words: the value words
 // a stage holds, `stages` the stages (kFragmentStages, fragment_smem_bytes; a launch argument rather
-// than a template constant, with which the compiler took 124 registers instead of 96 at batch tiles
-// of 32). mapped: x_map is `in`'s tensor map in boxes of kTcChunk inputs x NT rows
-// (tensor_map_16bit); otherwise (rows of `in` not 16-byte aligned) the threads stage X.
+// than a template constant, with which the compiler took more registers). mapped: x_map is `in`'s tensor map in boxes of kTcChunk inputs x NT rows
+// (tensor_map_16bit); otherwise (rows of `in` not 16-byte aligned) the consumers stage X.
+//
+// Warps 0 .. consumers - 1 multiply (fragment_consumers(NT)); the last warp only feeds the stages,
+// `stages` steps ahead: it waits for a stage's `released` barrier (every consumer's arrival), then
+// one lane hands the step's copies to the copy engine, which completes them on the stage's `filled`
+// barrier. No block barrier per step: a consumer waits only for its stage to land.
 template <typename T, int NT>
-__global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(const __grid_constant__ CUtensorMap x_map,
-                                                                   FragmentView view, int64_t out_dim, int64_t in_dim,
-                                                                   const T* __restrict__ in, int64_t n,
-                                                                   const T* __restrict__ bias, T* __restrict__ out,
-                                                                   Activation act, int splits, int stage_words,
-                                                                   int stages, bool mapped) {
-  static_assert(NT == 16 || NT == 32, "batch tiles of 16 or 32 rows");
+__global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(NT)) spmm_fragment_kernel(
+    const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim, int64_t in_dim,
+    const T* __restrict__ in, int64_t n, const T* __restrict__ bias, T* __restrict__ out, Activation act, int splits,
+    int stage_words, int stages, bool mapped) {
+  static_assert(NT == 16 || NT == 32 || NT == 64, "batch tiles of 16, 32 or 64 rows");
   static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
   constexpr int CW = kTcChunk;
   constexpr uint32_t kHeaderBytes = kFragmentHeaderWords * sizeof(uint32_t);
   constexpr uint32_t kChunkBytes = NT * CW * sizeof(T);
+  constexpr int kConsumers = fragment_consumers(NT);
+  constexpr int kConsumerThreads = kConsumers * 32;
+  constexpr int kProducer = kConsumers;            // the warp that feeds the stages
+  constexpr int kBlocks = 4 * kTcWarps / kConsumers;  // row blocks of 16 per consumer
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The swizzled chunks of X want 1024-byte alignment (fragment_smem_bytes counts the slack).
   unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
   unsigned char* xs = smem;                                                     // [stages][NT][128 bytes], swizzled
   uint32_t* words = reinterpret_cast<uint32_t*>(xs + stages * kChunkBytes);     // [stages][headers + stage_words]
   const int stage_stride = int(kFragmentHeaderWords) + stage_words;
-  uint64_t* full = reinterpret_cast<uint64_t*>(words + stages * stage_stride);  // [stages]: the stage's step landed
-  int2* step_tiles = reinterpret_cast<int2*>(full + stages);                    // [steps]
-  float* partial = reinterpret_cast<float*>(smem);                            // [NT][kTcPartialStride], at the end
+  uint64_t* filled = reinterpret_cast<uint64_t*>(words + stages * stage_stride);  // [stages]: the step landed
+  uint64_t* released = filled + stages;                                           // [stages]: the consumers are done
+  int2* step_tiles = reinterpret_cast<int2*>(released + stages);                  // [steps]
+  float* partial = reinterpret_cast<float*>(smem);                              // [NT][kTcPartialStride], at the end
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -105,84 +115,109 @@ __global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(const __grid_
   const int steps = int(c_end - c_begin);
   const int64_t first_tile = band * view.chunks + c_begin;
   if (t == 0) {
-    for (int s = 0; s < stages; ++s) mbarrier_init(&full[s], 1);
+    for (int s = 0; s < stages; ++s) mbarrier_init(&filled[s], 1), mbarrier_init(&released[s], kConsumers);
     mbarrier_init_fence();
   }
-  for (int i = t; i < steps; i += kTcThreads) step_tiles[i] = view.tiles[first_tile + i];
+  for (int i = t; i < steps; i += fragment_threads(NT)) step_tiles[i] = view.tiles[first_tile + i];
   __syncthreads();
 
-  // Step i's header, registers (those that fit a stage) and chunk of X into stage s (i % stages):
-  // one thread hands them to the copy engine; without a map of X the block stages the chunk itself.
-  auto issue = [&](int i, int s) {
-    const int2 at = step_tiles[i];
-    const int64_t k0 = (c_begin + i) * CW;
-    if (t == 0) {
-      uint64_t* bar = &full[s];
-      if (at.y == 0) {  // no slot in the tile: nothing to multiply, the phase completes empty
-        mbarrier_arrive(bar);
-      } else {
-        const bool fits = at.y <= stage_words;
-        mbarrier_arrive_expect_tx(bar, kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
-        uint32_t* dst = words + s * stage_stride;
-        bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
-        if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
-        if (mapped) tma_load_2d(xs + s * kChunkBytes, &x_map, int32_t(k0), int32_t(n0), bar);
+  // A consumer's k-step and first row block, and its accumulators (the producer's are never used).
+  const int group = warp % kTcWarps, first_block = kConsumers == kTcWarps ? 0 : (warp / kTcWarps) * kBlocks;
+  float acc[kBlocks][NT / 8][4];
+  if (warp == kProducer) {
+    // Step i's header, registers (those that fit a stage) and chunk of X (with a map) into stage
+    // i % stages once the consumers have released the step before it there.
+    int s = 0;
+    uint32_t parity = 0u;  // of the phase of released[s] that frees the stage
+    for (int i = 0; i < steps; ++i) {
+      if (i >= stages) mbarrier_wait(&released[s], parity);
+      if (lane == 0) {
+        const int2 at = step_tiles[i];
+        uint64_t* bar = &filled[s];
+        if (at.y == 0) {  // no slot in the tile: nothing to multiply, the phase completes empty
+          mbarrier_arrive(bar);
+        } else {
+          const bool fits = at.y <= stage_words;
+          mbarrier_arrive_expect_tx(bar,
+                                    kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
+          uint32_t* dst = words + s * stage_stride;
+          bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
+          if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
+          if (mapped) tma_load_2d(xs + s * kChunkBytes, &x_map, int32_t((c_begin + i) * CW), int32_t(n0), bar);
+        }
       }
+      // Round r of the stages (r >= 1) waits for phase r - 1 of their released barriers.
+      if (++s == stages) s = 0, parity ^= i + 1 > stages ? 1u : 0u;
     }
-    if (!mapped && at.y != 0) {
+  } else {
+#pragma unroll
+    for (int m = 0; m < kBlocks; ++m)
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+    // Without a map of X the consumers stage its chunks, stages - 1 steps ahead: step i's chunk into
+    // stage i % stages, which every consumer left at the barrier of step i - stages + 1.
+    auto stage_x = [&](int i) {
+      if (step_tiles[i].y == 0) return;
       const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
-      for (int e = t; e < NT * CW; e += kTcThreads) {
+      const int64_t k0 = (c_begin + i) * CW;
+      unsigned char* chunk = xs + (i % stages) * kChunkBytes;
+      for (int e = t; e < NT * CW; e += kConsumerThreads) {
         const int row = e / CW, col = e % CW;
         const int64_t r = n0 + row, c = k0 + col;
-        *reinterpret_cast<uint16_t*>(xs + s * kChunkBytes + wg_swizzled(row, col)) =
+        *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) =
             r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
       }
+    };
+    if (!mapped)
+      for (int i = 0; i < stages - 1 && i < steps; ++i) stage_x(i);
+    int s = 0;             // step i's stage
+    uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
+    for (int i = 0; i < steps; ++i) {
+      if (!mapped) {
+        named_barrier_sync(1, kConsumerThreads);  // the consumers are done with step i - 1 and have staged step i
+        if (i + stages - 1 < steps) stage_x(i + stages - 1);
+      }
+      mbarrier_wait(&filled[s], parity);
+      const int2 at = step_tiles[i];
+      if (at.y != 0) {
+        const uint32_t* stage = words + s * stage_stride;
+        const uint32_t head = stage[group * kFragmentLanes + lane];
+        // The warp's row blocks' bits of the lane's mask, and where their registers start.
+        const uint32_t before = (1u << (4 * first_block)) - 1u;
+        const uint32_t mask = (head & 0xffffu) >> (4 * first_block);
+        const uint32_t offset = (head >> 16) + (first_block == 0 ? 0u : __popc(head & before));
+        // B fragments: 8 x 8 matrices of batch rows (2 j + lane / 16) * 8 + lane % 8, columns 16 group +
+        // 8 ((lane / 8) % 2), in the swizzled chunk.
+        uint32_t b[NT / 16][4];
+        const unsigned char* x_chunk = xs + s * kChunkBytes;
+#pragma unroll
+        for (int j = 0; j < NT / 16; ++j)
+          ldmatrix_x4(b[j],
+                      x_chunk + wg_swizzled((2 * j + lane / 16) * 8 + lane % 8, group * 16 + ((lane / 8) % 2) * 8));
+        if (at.y <= stage_words)
+          multiply_fragments<T, NT, kBlocks, false>(acc, b, mask, stage + kFragmentHeaderWords + offset);
+        else
+          multiply_fragments<T, NT, kBlocks, true>(acc, b, mask, view.values + at.x + offset);
+      }
+      // The warp's reads of the stage are done (its registers hold what it loaded): one arrival.
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&released[s]);
+      if (++s == stages) s = 0, parity ^= 1u;
     }
-  };
-
-  float acc[4][NT / 8][4];
-#pragma unroll
-  for (int m = 0; m < 4; ++m)
-#pragma unroll
-    for (int j = 0; j < NT / 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
-
-  for (int i = 0; i < stages - 1 && i < steps; ++i) issue(i, i);
-  int s = 0;             // step i's stage
-  uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
-  for (int i = 0; i < steps; ++i, s = s + 1 == stages ? 0 : s + 1, parity ^= s == 0 ? 1u : 0u) {
-    mbarrier_wait(&full[s], parity);
-    // Step i is in its stage; every warp is done with step i - 1's, which step i + stages - 1 takes.
-    __syncthreads();
-    if (i + stages - 1 < steps) issue(i + stages - 1, s == 0 ? stages - 1 : s - 1);
-    const int2 at = step_tiles[i];
-    if (at.y == 0) continue;
-    const uint32_t* stage = words + s * stage_stride;
-    const uint32_t head = stage[warp * kFragmentLanes + lane];
-    const uint32_t mask = head & 0xffffu, offset = head >> 16;
-    // B fragments: 8 x 8 matrices of batch rows (2 j + lane / 16) * 8 + lane % 8, columns 16 warp +
-    // 8 ((lane / 8) % 2), in the swizzled chunk.
-    uint32_t b[NT / 16][4];
-    const unsigned char* x_chunk = xs + s * kChunkBytes;
-#pragma unroll
-    for (int j = 0; j < NT / 16; ++j)
-      ldmatrix_x4(b[j], x_chunk + wg_swizzled((2 * j + lane / 16) * 8 + lane % 8, warp * 16 + ((lane / 8) % 2) * 8));
-    if (at.y <= stage_words)
-      multiply_fragments<T, NT, false>(acc, b, mask, stage + kFragmentHeaderWords + offset);
-    else
-      multiply_fragments<T, NT, true>(acc, b, mask, view.values + at.x + offset);
   }
 
-  // The warps' partial tiles summed in warp order over the stages, then across the cluster.
+  // The consumers' partial tiles summed in k-step order over the stages (every copy has landed: the
+  // consumers waited for each), then across the cluster.
   __syncthreads();
-  for (int w = 0; w < kTcWarps; ++w) {
-    if (warp == w) {
+  for (int g = 0; g < kTcWarps; ++g) {
+    if (warp < kConsumers && group == g) {
 #pragma unroll
-      for (int m = 0; m < 4; ++m)
+      for (int m = 0; m < kBlocks; ++m)
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j) {
-          const int row = m * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+          const int row = (first_block + m) * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
           float* p = partial + b * kTcPartialStride + row;
-          if (w == 0) {
+          if (g == 0) {
             p[0] = acc[m][j][0], p[kTcPartialStride] = acc[m][j][1];
             p[8] = acc[m][j][2], p[kTcPartialStride + 8] = acc[m][j][3];
           } else {
@@ -191,10 +226,11 @@ __global__ void __launch_bounds__(kTcThreads) spmm_fragment_kernel(const __grid_
           }
         }
     }
-    if (w + 1 < kTcWarps) __syncthreads();
+    if (g + 1 < kTcWarps) __syncthreads();
   }
-  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kTcThreads>(partial, o0, out_dim, n0, n, bias, out, act,
-                                                                           split, splits);
+  // The consumers store; the producer joins the barriers.
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads>(partial, o0, out_dim, n0, n, bias, out,
+                                                                                 act, split, splits);
 }
 
 }  // namespace snack::cuda::detail

@@ -225,8 +225,8 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
   if (mapped) SNACK_RETURN_IF_ERROR(detail::tensor_map_16bit(in, n, in_dim, detail::kTcChunk, NT, &x_map));
   const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
-                                                       unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n,
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::fragment_threads(NT)), plan.smem_bytes,
+                                                       stream, unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n,
                                                        bias, out, act, plan.k_splits, stage_words,
                                                        detail::kFragmentStages, mapped));
   return check_launch("spmm_fragment_kernel");
@@ -248,6 +248,7 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
     switch (plan.batch_tile) {
       case 16: return launch_fragments_tile<T, 16>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       case 32: return launch_fragments_tile<T, 32>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
+      case 64: return launch_fragments_tile<T, 64>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       default:
         return InvalidArgument("tile_view over tile fragments: unsupported batch tile " +
                                std::to_string(plan.batch_tile));

@@ -444,7 +444,10 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
                      const DeviceLimits& limits, int fragment_words) {
   using namespace cuda::detail;
   static_assert(kTcMaxSplits == 8, "the counts tried below");
-  const double wanted = batch_tile == 16 ? 4.0 : 3.0;  // blocks per SM
+  // Blocks per SM. The fragment kernel's blocks of 64 rows (eight consumer warps, two blocks per SM
+  // by their registers) ran fastest near one per SM at 64 rows (4096x4096, 90%: 26.6 us in pairs
+  // against 34.9 in clusters of four) and at one or two at 128.
+  const double wanted = batch_tile == 16 ? 4.0 : (batch_tile == 64 && fragment_words > 0 ? 1.0 : 3.0);
   int best = 1;
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
@@ -452,7 +455,10 @@ int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, boo
     const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
-    const int64_t per_sm = std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
+    const int64_t per_sm = fragment_words > 0
+                               ? std::min<int64_t>({int64_t(limits.smem_per_sm / block), fragment_blocks_per_sm(batch_tile),
+                                                    limits.max_threads_per_sm / fragment_threads(batch_tile)})
+                               : std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
     const int64_t blocks = blocks_unsplit * splits;
     if (splits > 1 && blocks > per_sm * limits.sms) break;
     const double miss = std::fabs(std::log(double(blocks) / double(limits.sms) / wanted));
@@ -494,7 +500,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   }
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
-  plan->threads = kTcThreads;
+  plan->threads = fragments ? fragment_threads(plan->batch_tile) : kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
   plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, steps)

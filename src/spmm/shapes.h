@@ -143,13 +143,20 @@ static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= tensor_core_smem_
 // Tiles (and chunks of X) in flight through shared memory. 5-8 stages were no faster and, taking
 // more shared memory, cost some launches their clusters (docs/kernels.md, "Measured and not kept").
 constexpr int kFragmentStages = 4;
-constexpr int kFragmentMaxTile = 32;    // batch rows per block: 16 or 32
+constexpr int kFragmentMaxTile = 64;    // batch rows per block: 16, 32 or 64
+// A block's warps: consumers that multiply (a warp per k-step of a tile; two per k-step, each with
+// half of the rows, at batch tiles of 64), and one producer warp that feeds the stages.
+SNACK_HOST_DEVICE constexpr int fragment_consumers(int tile) { return tile == 64 ? 2 * kTcWarps : kTcWarps; }
+SNACK_HOST_DEVICE constexpr int fragment_threads(int tile) { return (fragment_consumers(tile) + 1) * 32; }
+// Blocks an SM holds by their registers: the kernel's __launch_bounds__ minimum (64 / 96 / 112
+// registers a thread at batch tiles of 16 / 32 / 64), which the planner's clusters count on.
+SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile == 16 ? 6 : tile == 32 ? 4 : 2; }
 
 // Bytes of one stage: a chunk of X, a tile's header and up to `stage_words` of its registers, and
-// the stage's mbarrier.
+// the stage's two mbarriers (filled, released).
 SNACK_HOST_DEVICE constexpr size_t fragment_stage_bytes(int tile, int stage_words) {
   return sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
-         sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words) + sizeof(uint64_t);
+         sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words) + 2 * sizeof(uint64_t);
 }
 // Dynamic shared memory of one block: its kFragmentStages stages, where its `steps` tiles lie, and
 // the slack that aligns the chunks of X to 1024 bytes (their swizzle); the partial tile of the
