@@ -426,7 +426,8 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 
 // Blocks per band of the tile_view kernel, one cluster that splits the band's chunks: of 1, 2, 4, 6
 // and 8, the count whose launch puts nearest (in ratio) four blocks on each SM with batch tiles of 16
-// rows, three with 32-64, within one wave of what shared memory holds and at least one chunk a block.
+// rows, three with 32-64 (the fragment kernel at 64: below), within one wave of what shared memory
+// (and, for the fragment kernel, the registers) holds and at least one chunk a block.
 // Measured on the H200 in bf16 with each count forced over 768x3072 to 16384x4096, 80-95%, the
 // forward at N = 16-128 and dX at N = 1-64
 // (bench/results/spmm_nvidia_h200_bf16_tile_view_splits.md): this choice is within 1% of the best
@@ -440,14 +441,19 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 //     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
 // fragment_words > 0: the blocks of the fragment kernel, whose stages hold that many register words
 // (measured with this rule, not tuned for it: spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md).
-int tile_view_splits(int64_t blocks_unsplit, int64_t chunks, int batch_tile, bool transposed,
+int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int batch_tile, bool transposed,
                      const DeviceLimits& limits, int fragment_words) {
   using namespace cuda::detail;
+  const int64_t blocks_unsplit = bands * batch_tiles;
   static_assert(kTcMaxSplits == 8, "the counts tried below");
   // Blocks per SM. The fragment kernel's blocks of 64 rows (eight consumer warps, two blocks per SM
-  // by their registers) ran fastest near one per SM at 64 rows (4096x4096, 90%: 26.6 us in pairs
-  // against 34.9 in clusters of four) and at one or two at 128.
-  const double wanted = batch_tile == 16 ? 4.0 : (batch_tile == 64 && fragment_words > 0 ? 1.0 : 3.0);
+  // by their registers) ran fastest at one block per SM and batch tile, up to the two that fit
+  // (4096x4096, 90%, each count forced on an H100: N = 64 26.6 us in pairs against 34.9 in clusters
+  // of four; N = 128 32.4 in pairs against 39.8 unsplit).
+  const double wanted = batch_tile == 16 ? 4.0
+                        : batch_tile == 64 && fragment_words > 0
+                            ? double(std::min<int64_t>(batch_tiles, fragment_blocks_per_sm(batch_tile)))
+                            : 3.0;
   int best = 1;
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
@@ -492,7 +498,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
                              std::to_string(kTcChunk) + " inputs per band)");
     splits = p.tile_view_splits != 0
                  ? p.tile_view_splits
-                 : tile_view_splits(bands * tiles, chunks, plan->batch_tile, p.transposed, limits, fragment_words);
+                 : tile_view_splits(bands, tiles, chunks, plan->batch_tile, p.transposed, limits, fragment_words);
   } else {
     while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
            p.in_dim >= kTcSplitMinColumns * splits)
