@@ -42,6 +42,19 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+// As mbarrier_wait, but each try may suspend the thread for up to `suspend_ns` nanoseconds until the
+// phase completes, so that a warp that waits long (a producer ahead of its consumers) does not
+// take the scheduler's issue slots polling.
+__device__ __forceinline__ void mbarrier_wait_suspended(uint64_t* bar, uint32_t parity, uint32_t suspend_ns) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity), "r"(suspend_ns)
+        : "memory");
+  } while (!done);
+}
 // The box of the 2-D tensor map at (inner, outer) into shared memory; completes on `bar` as bytes.
 __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, int32_t inner, int32_t outer,
                                             uint64_t* bar) {

@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   constexpr int kConsumers = fragment_consumers(NT);
   constexpr int kConsumerThreads = kConsumers * 32;
   constexpr int kProducer = kConsumers;            // the warp that feeds the stages
+  // How long a waiting warp may sleep per try: the phase's completion wakes it sooner.
+  constexpr uint32_t kFragmentSuspendNs = 1u << 20;
   constexpr int kBlocks = 4 * kTcWarps / kConsumers;  // row blocks of 16 per consumer
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The swizzled chunks of X want 1024-byte alignment (fragment_smem_bytes counts the slack).
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     int s = 0;
     uint32_t parity = 0u;  // of the phase of released[s] that frees the stage
     for (int i = 0; i < steps; ++i) {
-      if (i >= stages) mbarrier_wait(&released[s], parity);
+      if (i >= stages) mbarrier_wait_suspended(&released[s], parity, kFragmentSuspendNs);
       if (lane == 0) {
         const int2 at = step_tiles[i];
         uint64_t* bar = &filled[s];
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
         named_barrier_sync(1, kConsumerThreads);  // the consumers are done with step i - 1 and have staged step i
         if (i + stages - 1 < steps) stage_x(i + stages - 1);
       }
-      mbarrier_wait(&filled[s], parity);
+      mbarrier_wait_suspended(&filled[s], parity, kFragmentSuspendNs);
       const int2 at = step_tiles[i];
       if (at.y != 0) {
         const uint32_t* stage = words + s * stage_stride;
