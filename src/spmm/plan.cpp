@@ -269,17 +269,18 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 // Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 25%
 // density, on every layer: the kernel whose worst case is best, since the planner does not see how
 // the slots spread over the rows. Measured on the H100 in bf16
-// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit 5191b25, the same figures as the run at
-// e6ef0af this rule came from; 768x3072 to 16384x4096 at 80-95%, uniform and power-law rows, the
-// kernel forced against the planner's choice without it):
-//   - at 16-128 rows it is 1.41x / 1.23x faster in geometric mean on uniform rows of layers of
-//     4096x4096 and more (16-64 / 128 rows; the most it loses is 4%, 11008x4096, 90%, N = 128) and
-//     2.30x / 1.66x on power-law rows; on 768x3072 1.07-1.16x (uniform) and 1.25-1.37x (power-law),
-//     losing up to 7% (N = 32, 95%);
-//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.85x in geometric
-//     mean, 0.68x at worst: 16384x4096, 95%, 29.8 against 20.3 us; still 1.29x dense's speed or more
-//     on the large layers), and wins 2.07x on power-law rows, where the kernels without it fall to
-//     0.59x dense's speed (4096x4096, 80%: 36.5 against 15.9 us; dense 21.6);
+// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit 0f3676f; the rule came from the kernel
+// before its producer warp, at e6ef0af and 5191b25, with the same conclusions; 768x3072 to
+// 16384x4096 at 80-95%, uniform and power-law rows, the kernel forced against the planner's choice
+// without it):
+//   - at 16-128 rows it is 1.44x / 1.41x faster in geometric mean on uniform rows of layers of
+//     4096x4096 and more (16-64 / 128 rows; never slower: 1.06x at least, 4096x4096, 95%, N = 32)
+//     and 2.34x / 1.90x on power-law rows; on 768x3072 0.94-1.40x (uniform) and 0.94-2.19x
+//     (power-law), losing up to 6% (N = 32, 95%);
+//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.87x in geometric
+//     mean, 0.72x at worst: 11008x4096, 95%, 22.4 against 16.1 us; still 1.27x dense's speed or more
+//     on the layers of 4096x4096 and more), and wins 2.11x on power-law rows, where the kernels
+//     without it fall to a third of dense's speed (768x3072, 80%: 27.8 against 9.9 us);
 //   - below 8 rows and outside 4.5-25% density it is not measured.
 // Elsewhere the planner chooses as without the fragments.
 bool fragments_pay(const SpmmProblem& p) {
