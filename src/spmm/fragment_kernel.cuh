@@ -8,7 +8,7 @@
 // tiles (a thread-block cluster splits them and sums the partial tiles as the other tensor-core
 // kernels do). Its consumer warps split each tile's 64 columns: warp g multiplies the tile's k-step g
 // (16 columns), so each warp loads a quarter of the chunk of X (one ldmatrix per 16 batch rows)
-// instead of all of it, and the partial tiles are summed once at the end, in warp order
+// instead of all of it, and the partial tiles are summed once at the end, in k-step order
 // (deterministic). At batch tiles of 64 two warps share a k-step, each with half of the rows, so
 // that a warp's accumulators stay at 64. A producer warp hands each tile's header and registers
 // (whole runs of 16-byte words) and its chunk of X (a box of the input's tensor map, swizzled, zeros
@@ -74,8 +74,9 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[kBlocks][NT / 8]
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
 // batch tile of blockIdx.y; the cluster's blocks split the band's tiles. stage_words: the value words
 // a stage holds, `stages` the stages (kFragmentStages, fragment_smem_bytes; a launch argument rather
-// than a template constant, with which the compiler took more registers). mapped: x_map is `in`'s tensor map in boxes of kTcChunk inputs x NT rows
-// (tensor_map_16bit); otherwise (rows of `in` not 16-byte aligned) the consumers stage X.
+// than a template constant, with which the compiler took more registers). mapped: x_map is `in`'s
+// tensor map in boxes of kTcChunk inputs x NT rows (tensor_map_16bit); otherwise (rows of `in` not
+// 16-byte aligned) the consumers stage X.
 //
 // Warps 0 .. consumers - 1 multiply (fragment_consumers(NT)); the last warp only feeds the stages,
 // `stages` steps ahead: it waits for a stage's `released` barrier (every consumer's arrival), then

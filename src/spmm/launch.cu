@@ -225,10 +225,9 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
   if (mapped) SNACK_RETURN_IF_ERROR(detail::tensor_map_16bit(in, n, in_dim, detail::kTcChunk, NT, &x_map));
   const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::fragment_threads(NT)), plan.smem_bytes,
-                                                       stream, unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n,
-                                                       bias, out, act, plan.k_splits, stage_words,
-                                                       detail::kFragmentStages, mapped));
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(
+      kernel, grid, dim3(detail::fragment_threads(NT)), plan.smem_bytes, stream, unsigned(plan.k_splits), x_map, view,
+      out_dim, in_dim, in, n, bias, out, act, plan.k_splits, stage_words, detail::kFragmentStages, mapped));
   return check_launch("spmm_fragment_kernel");
 }
 

@@ -462,10 +462,11 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
     const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
-    const int64_t per_sm = fragment_words > 0
-                               ? std::min<int64_t>({int64_t(limits.smem_per_sm / block), fragment_blocks_per_sm(batch_tile),
-                                                    limits.max_threads_per_sm / fragment_threads(batch_tile)})
-                               : std::min<int64_t>(limits.smem_per_sm / block, limits.max_threads_per_sm / kTcThreads);
+    const int64_t by_smem = int64_t(limits.smem_per_sm / block);
+    const int64_t per_sm =
+        fragment_words > 0 ? std::min<int64_t>({by_smem, fragment_blocks_per_sm(batch_tile),
+                                                limits.max_threads_per_sm / fragment_threads(batch_tile)})
+                           : std::min<int64_t>(by_smem, limits.max_threads_per_sm / kTcThreads);
     const int64_t blocks = blocks_unsplit * splits;
     if (splits > 1 && blocks > per_sm * limits.sms) break;
     const double miss = std::fabs(std::log(double(blocks) / double(limits.sms) / wanted));
