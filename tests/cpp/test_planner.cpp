@@ -579,6 +579,11 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
   const size_t fixed = 4 * (32 * 64 * 2 + 128 * 4 + 16) + 1024;
   EXPECT_GE(sparse.smem_bytes, fixed + 4 * 4 * size_t(1.25 * 0.19 * 2048));
   EXPECT_LE(dense.smem_bytes, fixed + 4 * 4 * 2048 + 8 * 64);
+  // Blocks of 64 rows: one per SM and batch tile, at most the two an SM's registers hold.
+  EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 2);    // 128 blocks, not 256 in clusters of four
+  EXPECT_EQ(planned(4096, 4096, 0.1, 128).k_splits, 2);   // 256 blocks for two batch tiles
+  EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 1);   // 256 bands already fill the SMs
+  EXPECT_EQ(planned(16384, 4096, 0.1, 128).k_splits, 1);  // two batch tiles: past one wave unsplit
 }
 
 TEST(Planner, TileViewSplits) {
