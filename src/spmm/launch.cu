@@ -232,7 +232,7 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
 }
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
-// values and this pattern), batch tiles of 16 or 32 rows.
+// values and this pattern), batch tiles of 16, 32 or 64 rows.
 template <typename T, typename Index>
 Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* in, int64_t n, const T* bias,
                         T* out, Activation act, Stream stream, const uint32_t* fragments) {
