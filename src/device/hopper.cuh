@@ -31,28 +31,25 @@ __device__ __forceinline__ void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes
   asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
                : "memory");
 }
-// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+// Waits until the phase of parity `parity` of the barrier has completed. suspend_ns > 0: each try
+// may suspend the thread for up to that many nanoseconds until the phase completes, so that a warp
+// that waits long (a producer ahead of its consumers) does not take issue slots polling; 0: the
+// hardware's own limit per try.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, uint32_t suspend_ns = 0) {
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// As mbarrier_wait, but each try may suspend the thread for up to `suspend_ns` nanoseconds until the
-// phase completes, so that a warp that waits long (a producer ahead of its consumers) does not
-// take the scheduler's issue slots polling.
-__device__ __forceinline__ void mbarrier_wait_suspended(uint64_t* bar, uint32_t parity, uint32_t suspend_ns) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity), "r"(suspend_ns)
-        : "memory");
+    if (suspend_ns == 0)
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(shared_address(bar)), "r"(parity)
+          : "memory");
+    else
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(shared_address(bar)), "r"(parity), "r"(suspend_ns)
+          : "memory");
   } while (!done);
 }
 // The box of the 2-D tensor map at (inner, outer) into shared memory; completes on `bar` as bytes.

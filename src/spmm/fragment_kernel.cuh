@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     int s = 0;
     uint32_t parity = 0u;  // of the phase of released[s] that frees the stage
     for (int i = 0; i < steps; ++i) {
-      if (i >= stages) mbarrier_wait_suspended(&released[s], parity, kFragmentSuspendNs);
+      if (i >= stages) mbarrier_wait(&released[s], parity, kFragmentSuspendNs);
       if (lane == 0) {
         const int2 at = step_tiles[i];
         uint64_t* bar = &filled[s];
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
         named_barrier_sync(1, kConsumerThreads);  // the consumers are done with step i - 1 and have staged step i
         if (i + stages - 1 < steps) stage_x(i + stages - 1);
       }
-      mbarrier_wait_suspended(&filled[s], parity, kFragmentSuspendNs);
+      mbarrier_wait(&filled[s], parity, kFragmentSuspendNs);
       const int2 at = step_tiles[i];
       if (at.y != 0) {
         const uint32_t* stage = words + s * stage_stride;
