@@ -31,7 +31,7 @@ def main(argv=None) -> int:
                         help=f"one of {', '.join(('auto',) + snack.SPMM_VARIANTS)}; for --op dw an SDDMM kernel")
     parser.add_argument("--dtype", choices=sorted(benchmark.DTYPES), default="fp32",
                         help="the values' and activations' precision")
-    parser.add_argument("--tiles", choices=("none", "entries", "fragments"), default="none",
+    parser.add_argument("--tiles", choices=("none", *TILE_FORMATS), default="none",
                         help="the forward reads the values in tile order (16-bit values)")
     parser.add_argument("--op", choices=("fwd", "dx", "dw"), default="fwd",
                         help="the forward Y = X W^T, the input gradient dX = dY W, or the weight gradient (SDDMM)")
