@@ -13,43 +13,107 @@
 
 namespace snack::cuda::detail {
 
-// Each of the cluster's `splits` blocks holds its float partial tile of the band at `partial` in
-// shared memory, [kTile batch rows][kStride], the band's kBandRows rows along a batch row. After a
+// The most blocks in a cluster that every sm_90 launch may ask for (the portable cluster size).
+constexpr int kPortableClusterSize = 8;
+
+// Each of the cluster's `splits` blocks holds its float partial tile of the band in shared memory as
+// kParts tiles at `partials`, part p at partials + p * kTile * kStride, each [kTile batch rows][kStride]
+// with the band's kBandRows rows along a batch row (kStride a multiple of 4, `partials` 16-byte
+// aligned). The parts are added in order (a block's warps that split the input columns), then, after a
 // cluster barrier (a block barrier when splits is 1), block `split` sums batch rows split,
 // split + splits, ... over the blocks in rank order (deterministic), adds the bias, applies the
-// activation and stores them along the output rows, a thread per row of the band; a last barrier
-// keeps every block until the others have read its tile. Threads from kThreads on (a block's
-// producer warp) only join the barriers.
-template <typename T, int kBandRows, int kTile, int kStride, int kThreads>
-__device__ __forceinline__ void store_split_band_tile(const float* partial, int64_t o0, int64_t out_dim, int64_t n0,
+// activation and stores them along the output rows. A thread takes 8 consecutive rows of one batch
+// row at a time, so that its reads of the tiles are 16-byte loads (local, or of the cluster's blocks)
+// and, where the output's rows allow, its store is whole 16-byte words. A last barrier keeps every
+// block until the others have read its tile. Threads from kThreads on (a block's producer warp) only
+// join the barriers.
+template <typename T, int kBandRows, int kTile, int kStride, int kThreads, int kParts = 1>
+__device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o0, int64_t out_dim, int64_t n0,
                                                       int64_t n, const T* __restrict__ bias, T* __restrict__ out,
                                                       Activation act, int split, int splits) {
-  static_assert(kThreads % kBandRows == 0, "whole rows of threads");
+  constexpr int kVec = 8;                             // band rows per thread and step
+  constexpr int kRowVecs = kBandRows / kVec;          // steps along one batch row
+  constexpr int kPartFloats = kTile * kStride;
+  static_assert(kBandRows % kVec == 0 && kStride % 4 == 0, "16-byte reads of the partial tiles");
+  static_assert(kVec * sizeof(T) % 16 == 0, "whole 16-byte words of output");
+  const int t = threadIdx.x;
+  auto load8 = [](const float* p, float (&v)[kVec]) {
+    const float4 lo = *reinterpret_cast<const float4*>(p), hi = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+  };
+  // The kVec rows at element offset `at` of a tile, summed over this block's parts in order.
+  auto sum_parts = [&](int at, float (&sum)[kVec]) {
+    load8(partials + at, sum);
+#pragma unroll
+    for (int p = 1; p < kParts; ++p) {
+      float v[kVec];
+      load8(partials + p * kPartFloats + at, v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum[e] += v[e];
+    }
+  };
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1 && kParts > 1) {
+    // The other blocks read this block's whole tile: its parts are summed into part 0 first.
+    __syncthreads();
+    for (int i = t < kThreads ? t : kTile * kRowVecs; i < kTile * kRowVecs; i += kThreads) {
+      const int at = (i / kRowVecs) * kStride + (i % kRowVecs) * kVec;
+      float sum[kVec];
+      sum_parts(at, sum);
+      *reinterpret_cast<float4*>(partials + at) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+      *reinterpret_cast<float4*>(partials + at + 4) = make_float4(sum[4], sum[5], sum[6], sum[7]);
+    }
+  }
   if (splits > 1) cluster.sync();
   else __syncthreads();
 #else
   if (splits > 1) __trap();  // clusters need sm_90 (the planners' splits assume it)
   __syncthreads();
 #endif
-  const int row = threadIdx.x % kBandRows;
-  const int first = threadIdx.x < kThreads ? split + int(threadIdx.x / kBandRows) * splits : kTile;
-  for (int b = first; b < kTile; b += (kThreads / kBandRows) * splits) {
-    float sum = 0.f;
-    for (int q = 0; q < splits; ++q) {
+  const bool whole_words = reinterpret_cast<uintptr_t>(out) % 16 == 0 && out_dim * int64_t(sizeof(T)) % 16 == 0;
+  // This block's batch rows b = split + r * splits, r < mine, each kRowVecs steps of kVec rows.
+  const int mine = (kTile - split + splits - 1) / splits;
+  for (int i = t < kThreads ? t : mine * kRowVecs; i < mine * kRowVecs; i += kThreads) {
+    const int b = split + (i / kRowVecs) * splits, row = (i % kRowVecs) * kVec;
+    const int at = b * kStride + row;
+    float sum[kVec];
+    if (splits == 1) {
+      sum_parts(at, sum);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum[e] = 0.f;
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-      const float* part = splits > 1 ? cluster.map_shared_rank(partial, q) : partial;
-#else
-      const float* part = partial;
+#pragma unroll
+      for (int q = 0; q < kPortableClusterSize; ++q) {
+        if (q < splits) {
+          float v[kVec];
+          load8(cluster.map_shared_rank(partials, q) + at, v);
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) sum[e] += v[e];
+        }
+      }
 #endif
-      sum += part[b * kStride + row];
     }
     const int64_t o = o0 + row, batch = n0 + b;
-    if (o < out_dim && batch < n) {
-      if (bias != nullptr) sum += to_accum(bias[o]);
-      out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
+    if (batch >= n || o >= out_dim) continue;
+    alignas(16) T y[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      float v = sum[e];
+      if (bias != nullptr && o + e < out_dim) v += to_accum(bias[o + e]);
+      y[e] = from_accum<T>(apply_activation(v, act));
+    }
+    T* dst = out + batch * out_dim + o;
+    if (whole_words && o + kVec <= out_dim) {
+#pragma unroll
+      for (int w = 0; w < int(kVec * sizeof(T) / 16); ++w)
+        reinterpret_cast<uint4*>(dst)[w] = reinterpret_cast<const uint4*>(y)[w];
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (o + e < out_dim) dst[e] = y[e];
     }
   }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900

@@ -104,10 +104,12 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   unsigned char* xs = smem;                                                     // [stages][NT][128 bytes], swizzled
   uint32_t* words = reinterpret_cast<uint32_t*>(xs + stages * kChunkBytes);     // [stages][headers + stage_words]
   const int stage_stride = int(kFragmentHeaderWords) + stage_words;
-  uint64_t* filled = reinterpret_cast<uint64_t*>(words + stages * stage_stride);  // [stages]: the step landed
-  uint64_t* released = filled + stages;                                           // [stages]: the consumers are done
-  int2* step_tiles = reinterpret_cast<int2*>(released + stages);                  // [steps]
-  float* partial = reinterpret_cast<float*>(smem);                              // [NT][kTcPartialStride], at the end
+  // The barriers and the steps' tiles follow the stages or, where larger, the partial tiles.
+  uint64_t* filled =
+      reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages));  // [stages]: the step landed
+  uint64_t* released = filled + stages;                                                  // [stages]: the consumers are done
+  int2* step_tiles = reinterpret_cast<int2*>(released + stages);                         // [steps]
+  float* partials = reinterpret_cast<float*>(smem);  // [kTcWarps][NT][kTcPartialStride] over the stages, at the end
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -209,31 +211,24 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     }
   }
 
-  // The consumers' partial tiles summed in k-step order over the stages (every copy has landed: the
-  // consumers waited for each), then across the cluster.
+  // Each k-step's partial tile into its own place over the stages (every copy has landed: the
+  // consumers waited for each), then summed in k-step order and across the cluster as they are stored.
   __syncthreads();
-  for (int g = 0; g < kTcWarps; ++g) {
-    if (warp < kConsumers && group == g) {
+  if (warp < kConsumers) {
+    float* part = partials + group * NT * kTcPartialStride;
 #pragma unroll
-      for (int m = 0; m < kBlocks; ++m)
+    for (int m = 0; m < kBlocks; ++m)
 #pragma unroll
-        for (int j = 0; j < NT / 8; ++j) {
-          const int row = (first_block + m) * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-          float* p = partial + b * kTcPartialStride + row;
-          if (g == 0) {
-            p[0] = acc[m][j][0], p[kTcPartialStride] = acc[m][j][1];
-            p[8] = acc[m][j][2], p[kTcPartialStride + 8] = acc[m][j][3];
-          } else {
-            p[0] += acc[m][j][0], p[kTcPartialStride] += acc[m][j][1];
-            p[8] += acc[m][j][2], p[kTcPartialStride + 8] += acc[m][j][3];
-          }
-        }
-    }
-    if (g + 1 < kTcWarps) __syncthreads();
+      for (int j = 0; j < NT / 8; ++j) {
+        const int row = (first_block + m) * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+        float* p = part + b * kTcPartialStride + row;
+        p[0] = acc[m][j][0], p[kTcPartialStride] = acc[m][j][1];
+        p[8] = acc[m][j][2], p[kTcPartialStride + 8] = acc[m][j][3];
+      }
   }
   // The consumers store; the producer joins the barriers.
-  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads>(partial, o0, out_dim, n0, n, bias, out,
-                                                                                 act, split, splits);
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, kTcWarps>(
+      partials, o0, out_dim, n0, n, bias, out, act, split, splits);
 }
 
 }  // namespace snack::cuda::detail

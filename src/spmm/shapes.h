@@ -153,18 +153,21 @@ SNACK_HOST_DEVICE constexpr int fragment_threads(int tile) { return (fragment_co
 // planner's clusters count on.
 SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile == 16 ? 6 : tile == 32 ? 4 : 2; }
 
-// Bytes of one stage: a chunk of X, a tile's header and up to `stage_words` of its registers, and
-// the stage's two mbarriers (filled, released).
-SNACK_HOST_DEVICE constexpr size_t fragment_stage_bytes(int tile, int stage_words) {
-  return sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
-         sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words) + 2 * sizeof(uint64_t);
+// The part of a block's shared memory that holds first its `stages` stages (a chunk of X, a tile's
+// header and up to `stage_words` of its registers each), then, at the end, a partial tile of the band per k-step (kTcWarps x [tile][kTcPartialStride]
+// floats); its barriers and the steps' tiles follow it.
+SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words, int stages) {
+  const size_t staged = size_t(stages) * (sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
+                                          sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words));
+  const size_t partials = sizeof(float) * size_t(kTcWarps) * size_t(tile) * size_t(kTcPartialStride);
+  return staged > partials ? staged : partials;
 }
-// Dynamic shared memory of one block: its kFragmentStages stages, where its `steps` tiles lie, and
-// the slack that aligns the chunks of X to 1024 bytes (their swizzle); the partial tile of the
-// epilogue reuses the stages.
+// Dynamic shared memory of one block: the stages or the partial tiles (fragment_body_bytes), the
+// stages' two mbarriers each, where its `steps` tiles lie, and the slack that aligns the chunks of X
+// to 1024 bytes (their swizzle).
 SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps) {
-  return size_t(kFragmentStages) * fragment_stage_bytes(tile, stage_words) + 2 * sizeof(int32_t) * size_t(steps) +
-         1024;
+  return fragment_body_bytes(tile, stage_words, kFragmentStages) + 2 * sizeof(uint64_t) * size_t(kFragmentStages) +
+         2 * sizeof(int32_t) * size_t(steps) + 1024;
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two
 // positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A
@@ -176,10 +179,6 @@ inline int fragment_stage_words(int64_t out_dim, int64_t in_dim, int64_t nnz) {
   const int words = int(std::ceil((1.25 * filled * all + 64.0) / 4.0)) * 4;
   return words < all ? words : all;
 }
-static_assert(sizeof(float) * kTcMinTile * kTcPartialStride <= kFragmentStages * fragment_stage_bytes(kTcMinTile, 0) &&
-                  sizeof(float) * kFragmentMaxTile * kTcPartialStride <=
-                      kFragmentStages * fragment_stage_bytes(kFragmentMaxTile, 0),
-              "the partial tile fits in the stages");
 
 // ---- the wgmma kernel (wgmma_kernel.cuh; sm_90a) ----
 constexpr int kWgBandRows = 128;     // output rows per block: two consumer warpgroups of 64

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   if (splits > 1)
     store_split_band_tile<T, kWgBandRows, kWgBatchTile, kWgPartialStride, kWgThreads>(
-        reinterpret_cast<const float*>(smem), o0, out_dim, n0, n, bias, out, act, split, splits);
+        reinterpret_cast<float*>(smem), o0, out_dim, n0, n, bias, out, act, split, splits);
 #else
   __trap();  // built for sm_90a only; the planner takes this kernel on compute capability 9.0
 #endif

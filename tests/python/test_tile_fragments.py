@@ -165,7 +165,7 @@ def test_forward_reads_fragments_with_unaligned_input():
 
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
-@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("splits", [1, 2, 3, 4])
 def test_forward_reads_fragments_in_clusters(splits):
     w = Weight(192, 512, 9000, device="cuda", dtype=torch.bfloat16, seed=splits)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
