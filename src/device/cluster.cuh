@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_utils.cuh"
 #include "snack/activation.h"
@@ -22,32 +23,33 @@ constexpr int kPortableClusterSize = 8;
 // aligned). The parts are added in order (a block's warps that split the input columns), then, after a
 // cluster barrier (a block barrier when splits is 1), block `split` sums batch rows split,
 // split + splits, ... over the blocks in rank order (deterministic), adds the bias, applies the
-// activation and stores them along the output rows. A thread takes 8 consecutive rows of one batch
+// activation and stores them along the output rows. A thread takes 4 consecutive rows of one batch
 // row at a time, so that its reads of the tiles are 16-byte loads (local, or of the cluster's blocks)
-// and, where the output's rows allow, its store is whole 16-byte words. A last barrier keeps every
+// and, where the output's rows allow, its store is one word of 4 values. A last barrier keeps every
 // block until the others have read its tile. Threads from kThreads on (a block's producer warp) only
 // join the barriers.
 template <typename T, int kBandRows, int kTile, int kStride, int kThreads, int kParts = 1>
 __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o0, int64_t out_dim, int64_t n0,
                                                       int64_t n, const T* __restrict__ bias, T* __restrict__ out,
                                                       Activation act, int split, int splits) {
-  constexpr int kVec = 8;                             // band rows per thread and step
+  constexpr int kVec = 4;                             // band rows per thread and step: one float4 of a tile
   constexpr int kRowVecs = kBandRows / kVec;          // steps along one batch row
   constexpr int kPartFloats = kTile * kStride;
   static_assert(kBandRows % kVec == 0 && kStride % 4 == 0, "16-byte reads of the partial tiles");
-  static_assert(kVec * sizeof(T) % 16 == 0, "whole 16-byte words of output");
+  using Word = std::conditional_t<kVec * sizeof(T) == 8, uint2, uint4>;  // kVec values of the output
+  static_assert(kVec * sizeof(T) == sizeof(Word), "one word of output per step");
   const int t = threadIdx.x;
-  auto load8 = [](const float* p, float (&v)[kVec]) {
-    const float4 lo = *reinterpret_cast<const float4*>(p), hi = *reinterpret_cast<const float4*>(p + 4);
-    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+  auto load4 = [](const float* p, float (&v)[kVec]) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
   };
   // The kVec rows at element offset `at` of a tile, summed over this block's parts in order.
   auto sum_parts = [&](int at, float (&sum)[kVec]) {
-    load8(partials + at, sum);
+    load4(partials + at, sum);
 #pragma unroll
     for (int p = 1; p < kParts; ++p) {
       float v[kVec];
-      load8(partials + p * kPartFloats + at, v);
+      load4(partials + p * kPartFloats + at, v);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) sum[e] += v[e];
     }
@@ -63,7 +65,6 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
       float sum[kVec];
       sum_parts(at, sum);
       *reinterpret_cast<float4*>(partials + at) = make_float4(sum[0], sum[1], sum[2], sum[3]);
-      *reinterpret_cast<float4*>(partials + at + 4) = make_float4(sum[4], sum[5], sum[6], sum[7]);
     }
   }
   if (splits > 1) cluster.sync();
@@ -72,7 +73,8 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
   if (splits > 1) __trap();  // clusters need sm_90 (the planners' splits assume it)
   __syncthreads();
 #endif
-  const bool whole_words = reinterpret_cast<uintptr_t>(out) % 16 == 0 && out_dim * int64_t(sizeof(T)) % 16 == 0;
+  const bool whole_words =
+      reinterpret_cast<uintptr_t>(out) % sizeof(Word) == 0 && out_dim * int64_t(sizeof(T)) % sizeof(Word) == 0;
   // This block's batch rows b = split + r * splits, r < mine, each kRowVecs steps of kVec rows.
   const int mine = (kTile - split + splits - 1) / splits;
   for (int i = t < kThreads ? t : mine * kRowVecs; i < mine * kRowVecs; i += kThreads) {
@@ -89,7 +91,7 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
       for (int q = 0; q < kPortableClusterSize; ++q) {
         if (q < splits) {
           float v[kVec];
-          load8(cluster.map_shared_rank(partials, q) + at, v);
+          load4(cluster.map_shared_rank(partials, q) + at, v);
 #pragma unroll
           for (int e = 0; e < kVec; ++e) sum[e] += v[e];
         }
@@ -98,7 +100,7 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
     }
     const int64_t o = o0 + row, batch = n0 + b;
     if (batch >= n || o >= out_dim) continue;
-    alignas(16) T y[kVec];
+    alignas(sizeof(Word)) T y[kVec];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       float v = sum[e];
@@ -107,9 +109,7 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
     }
     T* dst = out + batch * out_dim + o;
     if (whole_words && o + kVec <= out_dim) {
-#pragma unroll
-      for (int w = 0; w < int(kVec * sizeof(T) / 16); ++w)
-        reinterpret_cast<uint4*>(dst)[w] = reinterpret_cast<const uint4*>(y)[w];
+      *reinterpret_cast<Word*>(dst) = *reinterpret_cast<const Word*>(y);
     } else {
 #pragma unroll
       for (int e = 0; e < kVec; ++e)
