@@ -23,11 +23,14 @@ constexpr int kPortableClusterSize = 8;
 // aligned). The parts are added in order (a block's warps that split the input columns), then, after a
 // cluster barrier (a block barrier when splits is 1), block `split` sums batch rows split,
 // split + splits, ... over the blocks in rank order (deterministic), adds the bias, applies the
-// activation and stores them along the output rows. A thread takes 4 consecutive rows of one batch
-// row at a time, so that its reads of the tiles are 16-byte loads (local, or of the cluster's blocks)
-// and, where the output's rows allow, its store is one word of 4 values. A last barrier keeps every
-// block until the others have read its tile. Threads from kThreads on (a block's producer warp) only
-// join the barriers.
+// activation and stores them along the output rows. With several parts a thread takes 4 consecutive
+// rows of one batch row at a time, so that its reads of the tiles are 16-byte loads (local, or of the
+// cluster's blocks) and, where the output's rows allow, its store is one word of 4 values; a single
+// part is stored a row per thread, as the kernels without a register bound want (the 4-row steps took
+// the tile-view kernel of packed values from 96 to 128 registers at batch tiles of 32, and with the
+// cluster's tiles read in a loop unrolled over the most blocks a cluster may have, its batch tiles of
+// 16 from 72 to 96). A last barrier keeps every block until the others have read its tile. Threads
+// from kThreads on (a block's producer warp) only join the barriers.
 template <typename T, int kBandRows, int kTile, int kStride, int kThreads, int kParts = 1>
 __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o0, int64_t out_dim, int64_t n0,
                                                       int64_t n, const T* __restrict__ bias, T* __restrict__ out,
@@ -73,47 +76,70 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
   if (splits > 1) __trap();  // clusters need sm_90 (the planners' splits assume it)
   __syncthreads();
 #endif
-  const bool whole_words =
-      reinterpret_cast<uintptr_t>(out) % sizeof(Word) == 0 && out_dim * int64_t(sizeof(T)) % sizeof(Word) == 0;
-  // This block's batch rows b = split + r * splits, r < mine, each kRowVecs steps of kVec rows.
-  const int mine = (kTile - split + splits - 1) / splits;
-  for (int i = t < kThreads ? t : mine * kRowVecs; i < mine * kRowVecs; i += kThreads) {
-    const int b = split + (i / kRowVecs) * splits, row = (i % kRowVecs) * kVec;
-    const int at = b * kStride + row;
-    float sum[kVec];
-    if (splits == 1) {
-      sum_parts(at, sum);
-    } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) sum[e] = 0.f;
+  if constexpr (kParts == 1) {
+    const int row = t % kBandRows;
+    const int first = t < kThreads ? split + int(t / kBandRows) * splits : kTile;
+    for (int b = first; b < kTile; b += (kThreads / kBandRows) * splits) {
+      float sum = 0.f;
+      for (int q = 0; q < splits; ++q) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#pragma unroll
-      for (int q = 0; q < kPortableClusterSize; ++q) {
-        if (q < splits) {
-          float v[kVec];
-          load4(cluster.map_shared_rank(partials, q) + at, v);
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) sum[e] += v[e];
-        }
-      }
+        const float* part = splits > 1 ? cluster.map_shared_rank(partials, q) : partials;
+#else
+        const float* part = partials;
 #endif
+        sum += part[b * kStride + row];
+      }
+      const int64_t o = o0 + row, batch = n0 + b;
+      if (o < out_dim && batch < n) {
+        if (bias != nullptr) sum += to_accum(bias[o]);
+        out[batch * out_dim + o] = from_accum<T>(apply_activation(sum, act));
+      }
     }
-    const int64_t o = o0 + row, batch = n0 + b;
-    if (batch >= n || o >= out_dim) continue;
-    alignas(sizeof(Word)) T y[kVec];
+  } else {
+    const bool whole_words =
+        reinterpret_cast<uintptr_t>(out) % sizeof(Word) == 0 && out_dim * int64_t(sizeof(T)) % sizeof(Word) == 0;
+    // This block's batch rows b = split + r * splits, r < mine, each kRowVecs steps of kVec rows.
+    const int mine = (kTile - split + splits - 1) / splits;
+    for (int i = t < kThreads ? t : mine * kRowVecs; i < mine * kRowVecs; i += kThreads) {
+      const int b = split + (i / kRowVecs) * splits, row = (i % kRowVecs) * kVec;
+      const int at = b * kStride + row;
+      float sum[kVec];
+      if (splits == 1) {
+        sum_parts(at, sum);
+      } else {
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      float v = sum[e];
-      if (bias != nullptr && o + e < out_dim) v += to_accum(bias[o + e]);
-      y[e] = from_accum<T>(apply_activation(v, act));
-    }
-    T* dst = out + batch * out_dim + o;
-    if (whole_words && o + kVec <= out_dim) {
-      *reinterpret_cast<Word*>(dst) = *reinterpret_cast<const Word*>(y);
-    } else {
+        for (int e = 0; e < kVec; ++e) sum[e] = 0.f;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+        // Unrolled over the most blocks a cluster may have: as a loop of `splits` steps the fragment
+        // kernel ran 7-8% slower, clusters or not (the compiler laid out the whole kernel anew).
 #pragma unroll
-      for (int e = 0; e < kVec; ++e)
-        if (o + e < out_dim) dst[e] = y[e];
+        for (int q = 0; q < kPortableClusterSize; ++q) {
+          if (q < splits) {
+            float v[kVec];
+            load4(cluster.map_shared_rank(partials, q) + at, v);
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) sum[e] += v[e];
+          }
+        }
+#endif
+      }
+      const int64_t o = o0 + row, batch = n0 + b;
+      if (batch >= n || o >= out_dim) continue;
+      alignas(sizeof(Word)) T y[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float v = sum[e];
+        if (bias != nullptr && o + e < out_dim) v += to_accum(bias[o + e]);
+        y[e] = from_accum<T>(apply_activation(v, act));
+      }
+      T* dst = out + batch * out_dim + o;
+      if (whole_words && o + kVec <= out_dim) {
+        *reinterpret_cast<Word*>(dst) = *reinterpret_cast<const Word*>(y);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (o + e < out_dim) dst[e] = y[e];
+      }
     }
   }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
