@@ -38,6 +38,7 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
   constexpr int kVec = 4;                             // band rows per thread and step: one float4 of a tile
   constexpr int kRowVecs = kBandRows / kVec;          // steps along one batch row
   constexpr int kPartFloats = kTile * kStride;
+  static_assert(kThreads % kBandRows == 0, "whole rows of threads");
   static_assert(kBandRows % kVec == 0 && kStride % 4 == 0, "16-byte reads of the partial tiles");
   using Word = std::conditional_t<kVec * sizeof(T) == 8, uint2, uint4>;  // kVec values of the output
   static_assert(kVec * sizeof(T) == sizeof(Word), "one word of output per step");

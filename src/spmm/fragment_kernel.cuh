@@ -105,10 +105,10 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   uint32_t* words = reinterpret_cast<uint32_t*>(xs + stages * kChunkBytes);     // [stages][headers + stage_words]
   const int stage_stride = int(kFragmentHeaderWords) + stage_words;
   // The barriers and the steps' tiles follow the stages or, where larger, the partial tiles.
-  uint64_t* filled =
-      reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages));  // [stages]: the step landed
-  uint64_t* released = filled + stages;                                                  // [stages]: the consumers are done
-  int2* step_tiles = reinterpret_cast<int2*>(released + stages);                         // [steps]
+  // [stages] each: filled, the step landed; released, the consumers are done with it.
+  uint64_t* filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages));
+  uint64_t* released = filled + stages;
+  int2* step_tiles = reinterpret_cast<int2*>(released + stages);  // [steps]
   float* partials = reinterpret_cast<float*>(smem);  // [kTcWarps][NT][kTcPartialStride] over the stages, at the end
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;

@@ -154,8 +154,8 @@ SNACK_HOST_DEVICE constexpr int fragment_threads(int tile) { return (fragment_co
 SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile == 16 ? 6 : tile == 32 ? 4 : 2; }
 
 // The part of a block's shared memory that holds first its `stages` stages (a chunk of X, a tile's
-// header and up to `stage_words` of its registers each), then, at the end, a partial tile of the band per k-step (kTcWarps x [tile][kTcPartialStride]
-// floats); its barriers and the steps' tiles follow it.
+// header and up to `stage_words` of its registers each), then, at the end, a partial tile of the band
+// per k-step (kTcWarps x [tile][kTcPartialStride] floats); its barriers and the steps' tiles follow it.
 SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words, int stages) {
   const size_t staged = size_t(stages) * (sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
                                           sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words));
