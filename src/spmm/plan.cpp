@@ -269,18 +269,18 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 // Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 25%
 // density, on every layer: the kernel whose worst case is best, since the planner does not see how
 // the slots spread over the rows. Measured on the H100 in bf16
-// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit 0f3676f; the rule came from the kernel
+// (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit df9c518; the rule came from the kernel
 // before its producer warp, at e6ef0af and 5191b25, with the same conclusions; 768x3072 to
 // 16384x4096 at 80-95%, uniform and power-law rows, the kernel forced against the planner's choice
 // without it):
-//   - at 16-128 rows it is 1.44x / 1.41x faster in geometric mean on uniform rows of layers of
-//     4096x4096 and more (16-64 / 128 rows; never slower: 1.06x at least, 4096x4096, 95%, N = 32)
-//     and 2.34x / 1.90x on power-law rows; on 768x3072 0.94-1.40x (uniform) and 0.94-2.19x
-//     (power-law), losing up to 6% (N = 32, 95%);
-//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.87x in geometric
-//     mean, 0.72x at worst: 11008x4096, 95%, 22.4 against 16.1 us; still 1.27x dense's speed or more
-//     on the layers of 4096x4096 and more), and wins 2.11x on power-law rows, where the kernels
-//     without it fall to a third of dense's speed (768x3072, 80%: 27.8 against 9.9 us);
+//   - at 16-128 rows it is 1.60x / 1.58x faster in geometric mean on uniform rows of layers of
+//     4096x4096 and more (16-64 / 128 rows; never slower: 1.11x at least, 4096x4096, 95%, N = 16)
+//     and 2.61x / 2.13x on power-law rows; on 768x3072 1.25x (uniform) and 1.62x (power-law) at
+//     16-64 rows;
+//   - at 8 rows it loses on uniform rows, where wide_rows streams fewer bytes (0.93x in geometric
+//     mean, 0.79x at worst; still 1.31x dense's speed or more on the layers of 4096x4096 and more),
+//     and wins 2.26x on power-law rows, where the kernels without it fall to a third of dense's
+//     speed;
 //   - below 8 rows and outside 4.5-25% density it is not measured.
 // Elsewhere the planner chooses as without the fragments.
 bool fragments_pay(const SpmmProblem& p) {

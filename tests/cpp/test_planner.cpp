@@ -579,6 +579,11 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
   const size_t fixed = 4 * (32 * 64 * 2 + 128 * 4 + 16) + 1024;
   EXPECT_GE(sparse.smem_bytes, fixed + 4 * 4 * size_t(1.25 * 0.19 * 2048));
   EXPECT_LE(dense.smem_bytes, fixed + 4 * 4 * 2048 + 8 * 64);
+  // At the end the same memory holds a partial tile per k-step (4 x 32 batch rows x 68 floats),
+  // more than a sparse layer's stages: its barriers and tiles' places come after them.
+  const size_t partials = 4 * 32 * 68 * 4;
+  EXPECT_GE(sparse.smem_bytes, partials + 4 * 16 + 1024);
+  EXPECT_LE(sparse.smem_bytes, partials + 4 * 16 + 8 * 64 + 1024);
   // Blocks of 64 rows: one per SM and batch tile, at most the two an SM's registers hold.
   EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 2);    // 128 blocks, not 256 in clusters of four
   EXPECT_EQ(planned(4096, 4096, 0.1, 128).k_splits, 2);   // 256 blocks for two batch tiles
