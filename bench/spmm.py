@@ -7,8 +7,9 @@
                                          # (tile_view in 16 bits adds snack_tile_view_packed and
                                          # snack_tile_view_fragments: its kernels reading packed tile
                                          # values or tile fragments, snack.ops.pack_tile_values /
-                                         # pack_tile_fragments; 16 bits also times snack_packed and
-                                         # snack_fragments, the planner given them)
+                                         # pack_tile_fragments; wgmma adds snack_wgmma_fragments;
+                                         # 16 bits also times snack_packed and snack_fragments, the
+                                         # planner given them)
     python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
     python bench/spmm.py --large         # training batches, N = 256-16384: spmm_<gpu>[_bf16]_large.*
 
@@ -85,13 +86,14 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
         # Given the values in tile order (packed once, untimed): the values packed into the view's
         # entries or laid out as tile fragments, the planner's choice then (snack_packed,
         # snack_fragments), and the tile view's kernels reading them (snack_tile_view_packed,
-        # snack_tile_view_fragments).
+        # snack_tile_view_fragments) and wgmma's reading the fragments (snack_wgmma_fragments).
         for name, pack in (("packed", snack.ops.pack_tile_values), ("fragments", snack.ops.pack_tile_fragments)):
             tiles = pack(values, tensors)
             impls[f"snack_{name}"] = (lambda t: lambda: snack.ops.spmm(x, values, tensors, None, tiles=t))(tiles)
-            if "tile_view" in variants:
-                impls[f"snack_tile_view_{name}"] = (lambda t: lambda: snack.ops.spmm(
-                    x, values, tensors, None, variant="tile_view", tiles=t))(tiles)
+            for v in ("tile_view", "wgmma"):  # wgmma reads the fragments only
+                if v in variants and (v == "tile_view" or name == "fragments"):
+                    impls[f"snack_{v}_{name}"] = (lambda t, v: lambda: snack.ops.spmm(
+                        x, values, tensors, None, variant=v, tiles=t))(tiles, v)
     return impls
 
 

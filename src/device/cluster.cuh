@@ -26,12 +26,13 @@ constexpr int kPortableClusterSize = 8;
 // activation and stores them along the output rows. With several parts a thread takes 4 consecutive
 // rows of one batch row at a time, so that its reads of the tiles are 16-byte loads (local, or of the
 // cluster's blocks) and, where the output's rows allow, its store is one word of 4 values; a single
-// part is stored a row per thread, as the kernels without a register bound want (the 4-row steps took
-// the tile-view kernel of packed values from 96 to 128 registers at batch tiles of 32, and with the
-// cluster's tiles read in a loop unrolled over the most blocks a cluster may have, its batch tiles of
-// 16 from 72 to 96). A last barrier keeps every block until the others have read its tile. Threads
-// from kThreads on (a block's producer warp) only join the barriers.
-template <typename T, int kBandRows, int kTile, int kStride, int kThreads, int kParts = 1>
+// part is stored a row per thread unless kRowsOfFour, as the kernels with a tight register bound want
+// (the 4-row steps took the tile-view kernel of packed values from 96 to 128 registers at batch tiles
+// of 32, and with the cluster's tiles read in a loop unrolled over the most blocks a cluster may have,
+// its batch tiles of 16 from 72 to 96). A last barrier keeps every block until the others have read
+// its tile. Threads from kThreads on (a block's producer warp) only join the barriers.
+template <typename T, int kBandRows, int kTile, int kStride, int kThreads, int kParts = 1,
+          bool kRowsOfFour = (kParts > 1)>
 __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o0, int64_t out_dim, int64_t n0,
                                                       int64_t n, const T* __restrict__ bias, T* __restrict__ out,
                                                       Activation act, int split, int splits) {
@@ -77,7 +78,7 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
   if (splits > 1) __trap();  // clusters need sm_90 (the planners' splits assume it)
   __syncthreads();
 #endif
-  if constexpr (kParts == 1) {
+  if constexpr (!kRowsOfFour) {
     const int row = t % kBandRows;
     const int first = t < kThreads ? split + int(t / kBandRows) * splits : kTile;
     for (int b = first; b < kTile; b += (kThreads / kBandRows) * splits) {

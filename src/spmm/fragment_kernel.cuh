@@ -71,6 +71,87 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[kBlocks][NT / 8]
   }
 }
 
+// Where a block's stages lie in its dynamic shared memory (fragment_smem_bytes): the chunks of X,
+// [stages][NT][128 bytes] swizzled from a 1024-byte boundary, then per stage a tile's header and up to
+// stage_words of its registers; after the body (fragment_body_bytes, which the partial tiles reuse at
+// the end) the stages' barriers (filled: the step landed; released: the consumers are done with it)
+// and the block's steps' tiles.
+struct FragmentStages {
+  unsigned char* xs;
+  uint32_t* words;
+  int stride;  // words per stage
+  uint64_t* filled;
+  uint64_t* released;
+  int2* step_tiles;
+  float* partials;  // [parts][NT][kTcPartialStride] over the stages, at the end
+};
+template <int NT>
+__device__ __forceinline__ FragmentStages carve_fragment_stages(unsigned char* smem_raw, int stage_words, int stages,
+                                                                int parts) {
+  constexpr uint32_t kChunkBytes = NT * kTcChunk * 2;
+  unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
+  FragmentStages st;
+  st.xs = smem;
+  st.words = reinterpret_cast<uint32_t*>(smem + stages * kChunkBytes);
+  st.stride = int(kFragmentHeaderWords) + stage_words;
+  st.filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages, parts));
+  st.released = st.filled + stages;
+  st.step_tiles = reinterpret_cast<int2*>(st.released + stages);
+  st.partials = reinterpret_cast<float*>(smem);
+  return st;
+}
+
+// How long a waiting warp may sleep per try: the phase's completion wakes it sooner.
+constexpr uint32_t kFragmentSuspendNs = 1u << 20;
+
+// The producer warp: step i's header, registers (those that fit a stage) and chunk of X (with a map)
+// into stage i % stages once the consumers (`consumers` warps arrive on `released`) have released the
+// step before it there; one lane hands the copies to the copy engine, which completes them on the
+// stage's `filled` barrier.
+template <int NT>
+__device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, const CUtensorMap& x_map,
+                                                     const FragmentView& view, int64_t first_tile, int64_t c_begin,
+                                                     int64_t n0, int steps, int stage_words, int stages, bool mapped,
+                                                     int lane) {
+  constexpr uint32_t kHeaderBytes = kFragmentHeaderWords * sizeof(uint32_t);
+  constexpr uint32_t kChunkBytes = NT * kTcChunk * 2;
+  int s = 0;
+  uint32_t parity = 0u;  // of the phase of released[s] that frees the stage
+  for (int i = 0; i < steps; ++i) {
+    if (i >= stages) mbarrier_wait(&st.released[s], parity, kFragmentSuspendNs);
+    if (lane == 0) {
+      const int2 at = st.step_tiles[i];
+      uint64_t* bar = &st.filled[s];
+      if (at.y == 0) {  // no slot in the tile: nothing to multiply, the phase completes empty
+        mbarrier_arrive(bar);
+      } else {
+        const bool fits = at.y <= stage_words;
+        mbarrier_arrive_expect_tx(bar, kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
+        uint32_t* dst = st.words + s * st.stride;
+        bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
+        if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
+        if (mapped) tma_load_2d(st.xs + s * kChunkBytes, &x_map, int32_t((c_begin + i) * kTcChunk), int32_t(n0), bar);
+      }
+    }
+    // Round r of the stages (r >= 1) waits for phase r - 1 of their released barriers.
+    if (++s == stages) s = 0, parity ^= i + 1 > stages ? 1u : 0u;
+  }
+}
+
+// Without a map of X (rows not 16-byte aligned) the consumer threads (t of `threads`) stage the chunk
+// of columns k0.. of batch rows n0.. in the copy engine's layout (zeros past the batch and the inputs).
+template <int NT, typename T>
+__device__ __forceinline__ void stage_fragment_x(unsigned char* chunk, const T* __restrict__ in, int64_t n,
+                                                 int64_t in_dim, int64_t n0, int64_t k0, int t, int threads) {
+  constexpr int CW = kTcChunk;
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
+  for (int e = t; e < NT * CW; e += threads) {
+    const int row = e / CW, col = e % CW;
+    const int64_t r = n0 + row, c = k0 + col;
+    *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) = r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
+  }
+}
+
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the
 // batch tile of blockIdx.y; the cluster's blocks split the band's tiles. stage_words: the value words
 // a stage holds, `stages` the stages (kFragmentStages, fragment_smem_bytes; a launch argument rather
@@ -89,27 +170,13 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     int stage_words, int stages, bool mapped) {
   static_assert(NT == 16 || NT == 32 || NT == 64, "batch tiles of 16, 32 or 64 rows");
   static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
-  constexpr int CW = kTcChunk;
-  constexpr uint32_t kHeaderBytes = kFragmentHeaderWords * sizeof(uint32_t);
-  constexpr uint32_t kChunkBytes = NT * CW * sizeof(T);
+  constexpr uint32_t kChunkBytes = NT * kTcChunk * sizeof(T);
   constexpr int kConsumers = fragment_consumers(NT);
   constexpr int kConsumerThreads = kConsumers * 32;
   constexpr int kProducer = kConsumers;            // the warp that feeds the stages
-  // How long a waiting warp may sleep per try: the phase's completion wakes it sooner.
-  constexpr uint32_t kFragmentSuspendNs = 1u << 20;
   constexpr int kBlocks = 4 * kTcWarps / kConsumers;  // row blocks of 16 per consumer
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // The swizzled chunks of X want 1024-byte alignment (fragment_smem_bytes counts the slack).
-  unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
-  unsigned char* xs = smem;                                                     // [stages][NT][128 bytes], swizzled
-  uint32_t* words = reinterpret_cast<uint32_t*>(xs + stages * kChunkBytes);     // [stages][headers + stage_words]
-  const int stage_stride = int(kFragmentHeaderWords) + stage_words;
-  // The barriers and the steps' tiles follow the stages or, where larger, the partial tiles.
-  // [stages] each: filled, the step landed; released, the consumers are done with it.
-  uint64_t* filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages));
-  uint64_t* released = filled + stages;
-  int2* step_tiles = reinterpret_cast<int2*>(released + stages);  // [steps]
-  float* partials = reinterpret_cast<float*>(smem);  // [kTcWarps][NT][kTcPartialStride] over the stages, at the end
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kTcWarps);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -120,40 +187,17 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   const int steps = int(c_end - c_begin);
   const int64_t first_tile = band * view.chunks + c_begin;
   if (t == 0) {
-    for (int s = 0; s < stages; ++s) mbarrier_init(&filled[s], 1), mbarrier_init(&released[s], kConsumers);
+    for (int s = 0; s < stages; ++s) mbarrier_init(&st.filled[s], 1), mbarrier_init(&st.released[s], kConsumers);
     mbarrier_init_fence();
   }
-  for (int i = t; i < steps; i += fragment_threads(NT)) step_tiles[i] = view.tiles[first_tile + i];
+  for (int i = t; i < steps; i += fragment_threads(NT)) st.step_tiles[i] = view.tiles[first_tile + i];
   __syncthreads();
 
   // A consumer's k-step and first row block, and its accumulators (the producer's are never used).
   const int group = warp % kTcWarps, first_block = kConsumers == kTcWarps ? 0 : (warp / kTcWarps) * kBlocks;
   float acc[kBlocks][NT / 8][4];
   if (warp == kProducer) {
-    // Step i's header, registers (those that fit a stage) and chunk of X (with a map) into stage
-    // i % stages once the consumers have released the step before it there.
-    int s = 0;
-    uint32_t parity = 0u;  // of the phase of released[s] that frees the stage
-    for (int i = 0; i < steps; ++i) {
-      if (i >= stages) mbarrier_wait(&released[s], parity, kFragmentSuspendNs);
-      if (lane == 0) {
-        const int2 at = step_tiles[i];
-        uint64_t* bar = &filled[s];
-        if (at.y == 0) {  // no slot in the tile: nothing to multiply, the phase completes empty
-          mbarrier_arrive(bar);
-        } else {
-          const bool fits = at.y <= stage_words;
-          mbarrier_arrive_expect_tx(bar,
-                                    kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
-          uint32_t* dst = words + s * stage_stride;
-          bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
-          if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
-          if (mapped) tma_load_2d(xs + s * kChunkBytes, &x_map, int32_t((c_begin + i) * CW), int32_t(n0), bar);
-        }
-      }
-      // Round r of the stages (r >= 1) waits for phase r - 1 of their released barriers.
-      if (++s == stages) s = 0, parity ^= i + 1 > stages ? 1u : 0u;
-    }
+    feed_fragment_stages<NT>(st, x_map, view, first_tile, c_begin, n0, steps, stage_words, stages, mapped, lane);
   } else {
 #pragma unroll
     for (int m = 0; m < kBlocks; ++m)
@@ -162,16 +206,9 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     // Without a map of X the consumers stage its chunks, stages - 1 steps ahead: step i's chunk into
     // stage i % stages, which every consumer left at the barrier of step i - stages + 1.
     auto stage_x = [&](int i) {
-      if (step_tiles[i].y == 0) return;
-      const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
-      const int64_t k0 = (c_begin + i) * CW;
-      unsigned char* chunk = xs + (i % stages) * kChunkBytes;
-      for (int e = t; e < NT * CW; e += kConsumerThreads) {
-        const int row = e / CW, col = e % CW;
-        const int64_t r = n0 + row, c = k0 + col;
-        *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) =
-            r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
-      }
+      if (st.step_tiles[i].y == 0) return;
+      stage_fragment_x<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk, t,
+                           kConsumerThreads);
     };
     if (!mapped)
       for (int i = 0; i < stages - 1 && i < steps; ++i) stage_x(i);
@@ -182,10 +219,10 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
         named_barrier_sync(1, kConsumerThreads);  // the consumers are done with step i - 1 and have staged step i
         if (i + stages - 1 < steps) stage_x(i + stages - 1);
       }
-      mbarrier_wait(&filled[s], parity, kFragmentSuspendNs);
-      const int2 at = step_tiles[i];
+      mbarrier_wait(&st.filled[s], parity, kFragmentSuspendNs);
+      const int2 at = st.step_tiles[i];
       if (at.y != 0) {
-        const uint32_t* stage = words + s * stage_stride;
+        const uint32_t* stage = st.words + s * st.stride;
         const uint32_t head = stage[group * kFragmentLanes + lane];
         // The warp's row blocks' bits of the lane's mask, and where their registers start.
         const uint32_t before = (1u << (4 * first_block)) - 1u;
@@ -194,7 +231,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
         // B fragments: 8 x 8 matrices of batch rows (2 j + lane / 16) * 8 + lane % 8, columns 16 group +
         // 8 ((lane / 8) % 2), in the swizzled chunk.
         uint32_t b[NT / 16][4];
-        const unsigned char* x_chunk = xs + s * kChunkBytes;
+        const unsigned char* x_chunk = st.xs + s * kChunkBytes;
 #pragma unroll
         for (int j = 0; j < NT / 16; ++j)
           ldmatrix_x4(b[j],
@@ -206,7 +243,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
       }
       // The warp's reads of the stage are done (its registers hold what it loaded): one arrival.
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(&released[s]);
+      if (lane == 0) mbarrier_arrive(&st.released[s]);
       if (++s == stages) s = 0, parity ^= 1u;
     }
   }
@@ -215,7 +252,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   // consumers waited for each), then summed in k-step order and across the cluster as they are stored.
   __syncthreads();
   if (warp < kConsumers) {
-    float* part = partials + group * NT * kTcPartialStride;
+    float* part = st.partials + group * NT * kTcPartialStride;
 #pragma unroll
     for (int m = 0; m < kBlocks; ++m)
 #pragma unroll
@@ -228,7 +265,7 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   }
   // The consumers store; the producer joins the barriers.
   store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, kTcWarps>(
-      partials, o0, out_dim, n0, n, bias, out, act, split, splits);
+      st.partials, o0, out_dim, n0, n, bias, out, act, split, splits);
 }
 
 }  // namespace snack::cuda::detail

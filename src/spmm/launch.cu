@@ -232,18 +232,23 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
 }
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
-// values and this pattern), batch tiles of 16, 32 or 64 rows.
+// values and this pattern): kTileView's mma.sync kernel in batch tiles of 16, 32 or 64 rows, or
+// kWgmma's in batch tiles of 16 to 128.
 template <typename T, typename Index>
 Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* in, int64_t n, const T* bias,
                         T* out, Activation act, Stream stream, const uint32_t* fragments) {
   if constexpr (kIsHalfType<T>) {
     if (tile_view_ptr_length(w.rows, w.cols) == 0)
-      return InvalidArgument("tile_view: tile fragments need a pattern with the tile view");
+      return InvalidArgument(std::string(spmm_variant_name(plan.variant)) +
+                             ": tile fragments need a pattern with the tile view");
     if (reinterpret_cast<uintptr_t>(fragments) % 16 != 0)
-      return InvalidArgument("tile_view: tile fragments must start on a 16-byte boundary");
+      return InvalidArgument(std::string(spmm_variant_name(plan.variant)) +
+                             ": tile fragments must start on a 16-byte boundary");
     const FragmentLayout layout = tile_fragment_layout(w.rows, w.cols, w.nnz);
     const detail::FragmentView view{reinterpret_cast<const int2*>(fragments), fragments + layout.headers,
                                     fragments + layout.values, tile_view_chunks(w.cols)};
+    if (plan.variant == SpmmVariant::kWgmma)
+      return detail::launch_fragments_wgmma<T>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
     switch (plan.batch_tile) {
       case 16: return launch_fragments_tile<T, 16>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
       case 32: return launch_fragments_tile<T, 32>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
@@ -426,9 +431,8 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
     return Status::Ok();
   }
   if (plan.variant == SpmmVariant::kWideRows) return launch_wide_rows<T, Index>(plan, w, values, x, n, bias, y, act, stream);
+  if (plan.reads_fragments) return launch_fragments<T, Index>(plan, w, x, n, bias, y, act, stream, packed_tiles);
   if (plan.variant == SpmmVariant::kTileView) {
-    if (plan.reads_fragments)
-      return launch_fragments<T, Index>(plan, w, x, n, bias, y, act, stream, packed_tiles);
     if (packed_tiles != nullptr && plan.problem.packed_tiles == TileValues::kPacked)
       return launch_tile_view<T, Index, false, true>(plan, w, values, x, n, bias, y, act, stream, packed_tiles);
     return launch_tile_view<T, Index, false>(plan, w, values, x, n, bias, y, act, stream);

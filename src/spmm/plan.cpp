@@ -443,7 +443,7 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 // fragment_words > 0: the blocks of the fragment kernel, whose stages hold that many register words
 // (measured with this rule, not tuned for it: spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md).
 int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int batch_tile, bool transposed,
-                     const DeviceLimits& limits, int fragment_words) {
+                     const DeviceLimits& limits, const cuda::detail::FragmentBlocks& fragments) {
   using namespace cuda::detail;
   const int64_t blocks_unsplit = bands * batch_tiles;
   static_assert(kTcMaxSplits == 8, "the counts tried below");
@@ -451,21 +451,23 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   // by their registers) ran fastest at one block per SM and batch tile, up to the two that fit
   // (4096x4096, 90%, each count forced on an H100: N = 64 26.6 us in pairs against 34.9 in clusters
   // of four; N = 128 32.4 in pairs against 39.8 unsplit).
+  const int fragment_words = fragments.words;
   const double wanted = batch_tile == 16 ? 4.0
-                        : batch_tile == 64 && fragment_words > 0
-                            ? double(std::min<int64_t>(batch_tiles, fragment_blocks_per_sm(batch_tile)))
+                        : batch_tile >= 64 && fragment_words > 0
+                            ? double(std::min<int64_t>(batch_tiles, fragments.blocks_per_sm))
                             : 3.0;
   int best = 1;
   double best_miss = 0.0;
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
-    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits))
+    const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits),
+                                                                   fragments.parts)
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
     const int64_t by_smem = int64_t(limits.smem_per_sm / block);
     const int64_t per_sm =
-        fragment_words > 0 ? std::min<int64_t>({by_smem, fragment_blocks_per_sm(batch_tile),
-                                                limits.max_threads_per_sm / fragment_threads(batch_tile)})
+        fragment_words > 0 ? std::min<int64_t>({by_smem, int64_t(fragments.blocks_per_sm),
+                                                int64_t(limits.max_threads_per_sm / fragments.threads)})
                            : std::min<int64_t>(by_smem, limits.max_threads_per_sm / kTcThreads);
     const int64_t blocks = blocks_unsplit * splits;
     if (splits > 1 && blocks > per_sm * limits.sms) break;
@@ -490,8 +492,11 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
                            std::to_string(p.n) + " rows");
   int splits = 1;
   const bool fragments = plan->reads_fragments;
-  const int fragment_words = fragments ? fragment_stage_words(p.out_dim, p.in_dim, p.nnz) : 0;
-  if (plan->variant == SpmmVariant::kTileView) {
+  const FragmentBlocks blocks =
+      fragments ? fragment_blocks(plan->batch_tile, fragment_stage_words(p.out_dim, p.in_dim, p.nnz),
+                                  plan->variant == SpmmVariant::kWgmma)
+                : FragmentBlocks{};
+  if (plan->variant == SpmmVariant::kTileView || fragments) {
     const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
     const int64_t most = std::min<int64_t>(kTcMaxSplits, std::max<int64_t>(1, chunks));  // 0 asks the planner
     if (p.tile_view_splits < 0 || p.tile_view_splits > most)
@@ -500,7 +505,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
                              std::to_string(kTcChunk) + " inputs per band)");
     splits = p.tile_view_splits != 0
                  ? p.tile_view_splits
-                 : tile_view_splits(bands, tiles, chunks, plan->batch_tile, p.transposed, limits, fragment_words);
+                 : tile_view_splits(bands, tiles, chunks, plan->batch_tile, p.transposed, limits, blocks);
   } else {
     while (splits < kTcMaxSplits && bands * tiles * splits < 2 * int64_t(limits.sms) &&
            p.in_dim >= kTcSplitMinColumns * splits)
@@ -508,10 +513,10 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   }
   plan->k_splits = splits;
   plan->grid_x = std::max<int64_t>(1, bands) * splits;
-  plan->threads = fragments ? fragment_threads(plan->batch_tile) : kTcThreads;
+  plan->threads = fragments ? blocks.threads : kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
-  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, fragment_words, steps)
+  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, blocks.words, steps, blocks.parts)
                      : plan->variant == SpmmVariant::kTileView
                          ? tile_view_smem_bytes(plan->batch_tile, steps, p.transposed)
                          : tensor_core_smem_bytes(plan->batch_tile);
@@ -582,6 +587,23 @@ Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limi
   return Status::Ok();
 }
 
+// The forward over tile fragments with wgmma: the tile_view grid (bands of 64 rows, clusters from
+// tile_view_splits) with batch tiles of 16 to 128 rows.
+Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
+  if (limits.compute_capability != 90)
+    return InvalidArgument("wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
+                           std::to_string(limits.compute_capability / 10) + "." +
+                           std::to_string(limits.compute_capability % 10));
+  if (!p.tile_view)
+    return InvalidArgument("wgmma: tile fragments need a pattern with the tile view (built for layers of at most " +
+                           std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
+  plan->chunk = kTcChunk;
+  plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), kTcMinTile, kFragmentWgmmaMaxTile));
+  return tensor_core_grid(p, plan, limits);
+}
+
 Status check_limits(const DeviceLimits& limits) {
   if (limits.sms <= 0 || limits.max_threads_per_sm <= 0 || limits.smem_per_block == 0 || limits.smem_per_sm == 0)
     return InvalidArgument("plan_spmm: device limits must be positive (query them with cuda::device_limits)");
@@ -617,9 +639,11 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
   if (p.requested == SpmmVariant::kAuto) plan.variant = choose_variant(p, wide, avg, &plan.reason, limits);
   // Given tile fragments, kTileView's forward reads them where named or where they pay; where the
   // planner takes the view for its own rule, its kernel reads the values.
-  plan.reads_fragments = plan.variant == SpmmVariant::kTileView && !p.transposed &&
-                         p.packed_tiles == TileValues::kFragments &&
-                         (p.requested == SpmmVariant::kTileView || fragments_pay(p));
+  // kWgmma's forward given them always reads them.
+  plan.reads_fragments = !p.transposed && p.packed_tiles == TileValues::kFragments &&
+                         ((plan.variant == SpmmVariant::kTileView &&
+                           (p.requested == SpmmVariant::kTileView || fragments_pay(p))) ||
+                          plan.variant == SpmmVariant::kWgmma);
   const SpmmVariant v = plan.variant;
   const int64_t batch = std::max<int64_t>(p.n, 1);
   switch (v) {
@@ -721,7 +745,7 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       SNACK_RETURN_IF_ERROR(shared_x_grid(p, &plan, limits));
       break;
     case SpmmVariant::kWgmma:
-      SNACK_RETURN_IF_ERROR(wgmma_plan(p, &plan, limits));
+      SNACK_RETURN_IF_ERROR(plan.reads_fragments ? fragment_wgmma_plan(p, &plan, limits) : wgmma_plan(p, &plan, limits));
       break;
     case SpmmVariant::kDenseBlocks:  // the expansion of one block: a warp per output
       plan.threads = cuda::detail::kExpandThreads;
@@ -804,13 +828,16 @@ std::string describe(const SpmmPlan& plan) {
   std::string s = std::string(spmm_variant_name(plan.variant)) + " (batch tile " + std::to_string(plan.batch_tile);
   if (plan.variant == SpmmVariant::kWideRows) {
     s += ", " + std::to_string(plan.rows_per_warp) + " rows per warp";
-  } else if (plan.variant == SpmmVariant::kTensorCore || plan.variant == SpmmVariant::kTileView) {
+  } else if (plan.variant == SpmmVariant::kTensorCore || plan.variant == SpmmVariant::kTileView ||
+             plan.reads_fragments) {
     s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
     if (plan.reads_fragments) {
       const int words = cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz);
-      s += ", operands loaded from the tile fragments, " +
+      s += std::string(plan.variant == SpmmVariant::kWgmma ? ", A operands in registers"
+                                                            : ", operands") +
+           " loaded from the tile fragments, " +
            std::to_string(cuda::detail::kFragmentStages) + " stages of " +
            std::to_string(words) + " register words";
     } else if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles == TileValues::kPacked &&

@@ -154,20 +154,46 @@ SNACK_HOST_DEVICE constexpr int fragment_threads(int tile) { return (fragment_co
 SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile == 16 ? 6 : tile == 32 ? 4 : 2; }
 
 // The part of a block's shared memory that holds first its `stages` stages (a chunk of X, a tile's
-// header and up to `stage_words` of its registers each), then, at the end, a partial tile of the band
-// per k-step (kTcWarps x [tile][kTcPartialStride] floats); its barriers and the steps' tiles follow it.
-SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words, int stages) {
+// header and up to `stage_words` of its registers each), then, at the end, the block's partial tile of
+// the band in `parts` parts (kTcWarps, one per k-step, for the mma.sync kernel; one for the wgmma
+// kernel), [tile][kTcPartialStride] floats each; its barriers and the steps' tiles follow it.
+SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words, int stages, int parts = kTcWarps) {
   const size_t staged = size_t(stages) * (sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
                                           sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words));
-  const size_t partials = sizeof(float) * size_t(kTcWarps) * size_t(tile) * size_t(kTcPartialStride);
+  const size_t partials = sizeof(float) * size_t(parts) * size_t(tile) * size_t(kTcPartialStride);
   return staged > partials ? staged : partials;
 }
 // Dynamic shared memory of one block: the stages or the partial tiles (fragment_body_bytes), the
 // stages' two mbarriers each, where its `steps` tiles lie, and the slack that aligns the chunks of X
 // to 1024 bytes (their swizzle).
-SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps) {
-  return fragment_body_bytes(tile, stage_words, kFragmentStages) + 2 * sizeof(uint64_t) * size_t(kFragmentStages) +
-         2 * sizeof(int32_t) * size_t(steps) + 1024;
+SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps,
+                                                       int parts = kTcWarps) {
+  return fragment_body_bytes(tile, stage_words, kFragmentStages, parts) +
+         2 * sizeof(uint64_t) * size_t(kFragmentStages) + 2 * sizeof(int32_t) * size_t(steps) + 1024;
+}
+
+// ---- the tile fragments on wgmma (fragment_wgmma_kernel.cuh; sm_90a) ----
+// One consumer warpgroup (warp w multiplies row block w of every k-step of a tile, its A operands in
+// registers, with wgmma m64nNk16 over the chunk of X in shared memory) and the producer warp.
+constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
+constexpr int kFragmentWgmmaThreads = (kTcWarps + 1) * 32;
+// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators
+// (tile / 2 a thread) and two sets of a row block's operands (16 registers each: one being multiplied,
+// the next tile's loaded meanwhile).
+SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile) {
+  return tile == 16 ? 5 : tile == 32 ? 4 : tile == 64 ? 3 : 2;
+}
+
+// The blocks of a fragment kernel, as the planner's clusters count them.
+struct FragmentBlocks {
+  int words = 0;          // register words a stage holds (fragment_stage_words)
+  int parts = kTcWarps;   // parts of the partial tile (fragment_body_bytes)
+  int threads = 0;
+  int blocks_per_sm = 0;  // by registers
+};
+SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma) {
+  return wgmma ? FragmentBlocks{words, 1, kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(tile)}
+               : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile)};
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two
 // positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A

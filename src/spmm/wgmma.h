@@ -1,12 +1,15 @@
-// The launcher of the wgmma SpMM (wgmma_kernel.cuh), compiled for sm_90a in its own translation unit
-// (wgmma.cu) and called by the SpMM products (launch.cu) when their plan says kWgmma.
+// The launchers of the wgmma SpMMs, compiled for sm_90a in their own translation units and called by
+// the SpMM products (launch.cu) when their plan says kWgmma: over tile lists sorted from the slots
+// (wgmma_kernel.cuh, wgmma.cu), or over the tile fragments the forward is given
+// (fragment_wgmma_kernel.cuh, fragment_wgmma.cu).
 #pragma once
 
 #include <cstdint>
 
 #include "snack/activation.h"
-#include "snack/status.h"
 #include "snack/pattern.h"
+#include "snack/spmm.h"
+#include "snack/status.h"
 
 namespace snack::cuda::detail {
 
@@ -25,5 +28,16 @@ size_t wgmma_workspace_bytes(int64_t out_dim, int64_t in_dim, int64_t nnz);
 template <typename T, typename View>
 Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
                          const T* bias, T* out, Activation act, int splits, void* workspace, Stream stream);
+
+struct FragmentView;  // fragment_kernel.cuh
+
+/// The forward over tile fragments with wgmma: out[n, o] = act(sum over the slots of value *
+/// in[n, input] + bias[o]) for a plan of kWgmma that reads the fragments (batch tiles of 16 to 128
+/// rows; plan.k_splits blocks of a cluster per band; plan.smem_bytes of shared memory a block);
+/// `view` the fragments' words, `in` [n][in_dim], `out` [n][out_dim]. kUnsupported without sm_90a
+/// code or on a device other than compute capability 9.0.
+template <typename T>
+Status launch_fragments_wgmma(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim,
+                              const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream);
 
 }  // namespace snack::cuda::detail

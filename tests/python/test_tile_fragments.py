@@ -1,8 +1,8 @@
 """Tile fragments (snack.ops.pack_tile_fragments): the 16-bit values of the tile view's tiles laid out
 as the A operands of mma.sync, only the registers that hold a slot (snack/pattern.h). The format
 decoded here against the slots, both backends' packing, the forward that reads them (the CUDA
-fragment kernel, against float64 on odd shapes, empty tiles, dense tiles read in place) and the
-checks spmm makes of them."""
+fragment kernels, mma.sync's under tile_view and, on Hopper, wgmma's, against float64 on odd shapes,
+empty tiles, dense tiles read in place) and the checks spmm makes of them."""
 
 import copy
 
@@ -17,6 +17,9 @@ SIXTEEN_BITS = [torch.bfloat16, torch.float16]
 TILE_ROWS, TILE_COLS, _ = ops.tile_view_geometry()
 HEADER_WORDS, REGISTERS = 128, 16
 CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+# The kernels that read the fragments: mma.sync's (tile_view) everywhere, wgmma's on Hopper only.
+FRAGMENT_VARIANTS = ["tile_view", pytest.param("wgmma", marks=pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper"))]
 
 
 def slot_bits(w: Weight) -> dict:
@@ -132,50 +135,67 @@ def forward_weight(case: str, dtype, seed: int) -> Weight:
     return Weight(m, k, nnz, device="cuda", dtype=dtype, seed=seed, **args)
 
 
-@pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
+@pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
+@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
 @pytest.mark.parametrize("case", list(FORWARD_CASES))
-@pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33, 100])
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33, 100, 129])
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
-def test_forward_reads_fragments(case, n, dtype):
+def test_forward_reads_fragments(case, n, dtype, variant):
     w = forward_weight(case, dtype, seed=n)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     x, bias = w.randn(n, w.k, seed=n), w.randn(w.m, seed=3)
     poison_cache(torch.device("cuda"))  # an output left unwritten shows as NaN
-    y = ops.spmm(x, w.values, w.tensors, bias, variant="tile_view", tiles=fragments)
-    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"fragments, {case}")
-    assert torch.equal(ops.spmm(x, w.values, w.tensors, bias, variant="tile_view", tiles=fragments), y), \
+    y = ops.spmm(x, w.values, w.tensors, bias, variant=variant, tiles=fragments)
+    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"fragments, {variant}, {case}")
+    assert torch.equal(ops.spmm(x, w.values, w.tensors, bias, variant=variant, tiles=fragments), y), \
         "deterministic"
-    relu = ops.spmm(x, w.values, w.tensors, bias, "relu", variant="tile_view", tiles=fragments)
+    relu = ops.spmm(x, w.values, w.tensors, bias, "relu", variant=variant, tiles=fragments)
     assert torch.equal(relu, torch.relu(y))
 
 
-@pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
-def test_forward_reads_fragments_with_unaligned_input():
+@pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
+@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
+@pytest.mark.parametrize("n", [21, 100])
+def test_forward_reads_fragments_with_unaligned_input(variant, n):
     # Rows of X a multiple of 8 values that start off a 16-byte boundary: no tensor map, the threads
     # stage X; the same outputs as from an aligned copy of it.
-    w = Weight(130, 256, 4000, device="cuda", dtype=torch.bfloat16, seed=8)
+    w = Weight(130, 456, 7000, device="cuda", dtype=torch.bfloat16, seed=8)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
-    x = w.randn(21, 256, seed=4)
+    x = w.randn(n, 456, seed=4)
     shifted = torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x)
     shifted.copy_(x)
     assert shifted.data_ptr() % 16 != 0
-    y = ops.spmm(shifted, w.values, w.tensors, variant="tile_view", tiles=fragments)
-    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what="unaligned input")
-    assert torch.equal(y, ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments))
+    y = ops.spmm(shifted, w.values, w.tensors, variant=variant, tiles=fragments)
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"unaligned input, {variant}")
+    assert torch.equal(y, ops.spmm(x, w.values, w.tensors, variant=variant, tiles=fragments))
 
 
-@pytest.mark.skipif(not CUDA, reason="the fragment kernel runs on CUDA")
+@pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
+@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
-def test_forward_reads_fragments_in_clusters(splits):
+@pytest.mark.parametrize("n", [40, 128])
+def test_forward_reads_fragments_in_clusters(splits, n, variant):
     w = Weight(192, 512, 9000, device="cuda", dtype=torch.bfloat16, seed=splits)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
-    x = w.randn(40, 512, seed=2)
+    x = w.randn(n, 512, seed=2)
     snack.set_tile_view_splits(splits)
     try:
-        y = ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments)
+        y = ops.spmm(x, w.values, w.tensors, variant=variant, tiles=fragments)
     finally:
         snack.set_tile_view_splits(0)
-    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"{splits} blocks per band")
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"{variant}, {splits} blocks per band")
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
+def test_wgmma_reads_fragments_in_batch_tiles_of_up_to_128():
+    w = Weight(256, 1024, 26000, device="cuda", dtype=torch.bfloat16, seed=6)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    for n, tile in ((8, 16), (20, 32), (64, 64), (65, 128), (300, 128)):
+        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "wgmma", "none", 1, False, True))
+        assert plan.variant == "wgmma" and plan.batch_tile == tile and "A operands in registers" in plan.describe
+        x = w.randn(n, 1024, seed=n)
+        assert_matmul(ops.spmm(x, w.values, w.tensors, variant="wgmma", tiles=fragments), x, w.dense64.T,
+                      torch.bfloat16, what=f"wgmma, N = {n}")
 
 
 @pytest.mark.skipif(not CUDA, reason="the planner's CUDA plan")

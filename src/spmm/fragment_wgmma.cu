@@ -1,0 +1,66 @@
+// The launcher of the forward over tile fragments with wgmma (fragment_wgmma_kernel.cuh). Built for
+// sm_90a only (CMakeLists.txt); without that target the kernel traps and the launcher refuses it.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "../device/cuda_utils.cuh"
+#include "../device/tensor_map.h"
+#include "fragment_wgmma_kernel.cuh"
+#include "snack/device_limits.h"
+#include "wgmma.h"
+
+namespace snack::cuda::detail {
+
+namespace {
+
+template <typename T, int NT>
+Status launch_tile(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in,
+                   int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  auto kernel = spmm_fragment_wgmma_kernel<T, NT>;
+  if (plan.smem_bytes > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  // X through the copy engine where its rows are whole 16-byte units, else staged by the threads.
+  CUtensorMap x_map{};
+  const bool mapped = tensor_map_16bit_fits(in, in_dim);
+  if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(in, n, in_dim, kTcChunk, NT, &x_map));
+  const int stage_words = fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
+  const dim3 grid(unsigned(plan.grid_x), unsigned(ceil_div(n, NT)));
+  SNACK_CUDA_RETURN_IF_ERROR(launch_clusters_x(kernel, grid, dim3(kFragmentWgmmaThreads), plan.smem_bytes, stream,
+                                               unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n, bias,
+                                               out, act, plan.k_splits, stage_words, kFragmentStages, mapped));
+  return check_launch("spmm_fragment_wgmma_kernel");
+}
+
+}  // namespace
+
+template <typename T>
+Status launch_fragments_wgmma(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim,
+                              const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  if (!wgmma_built())
+    return Status(StatusCode::kUnsupported, "wgmma: this build has no sm_90a code (build for CUDA architecture 90)");
+  DeviceLimits limits;  // queried once per device
+  SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
+  if (limits.compute_capability != 90)
+    return Status(StatusCode::kUnsupported, "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
+                                                std::to_string(limits.compute_capability / 10) + "." +
+                                                std::to_string(limits.compute_capability % 10));
+  switch (plan.batch_tile) {
+    case 16: return launch_tile<T, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 32: return launch_tile<T, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 64: return launch_tile<T, 64>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    case 128: return launch_tile<T, 128>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+    default:
+      return InvalidArgument("wgmma over tile fragments: unsupported batch tile " + std::to_string(plan.batch_tile));
+  }
+}
+
+template Status launch_fragments_wgmma<bfloat16>(const SpmmPlan&, const FragmentView&, int64_t, int64_t,
+                                                 const bfloat16*, int64_t, const bfloat16*, bfloat16*, Activation,
+                                                 Stream);
+template Status launch_fragments_wgmma<float16>(const SpmmPlan&, const FragmentView&, int64_t, int64_t,
+                                                const float16*, int64_t, const float16*, float16*, Activation, Stream);
+
+}  // namespace snack::cuda::detail

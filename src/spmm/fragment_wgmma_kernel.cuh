@@ -1,0 +1,164 @@
+// The forward over tile fragments on Hopper's wgmma (sm_90a; bf16, fp16; fp32 accumulation). The
+// fragments (snack/pattern.h) lay each 16 x 16 block of a tile out as mma.sync m16n8k16's A operand,
+// which is also the register operand of wgmma m64nNk16 for one warp of a warpgroup: warp w loads row
+// block w of the tile's four k-steps (its lanes' stored registers, zeros elsewhere) and the warpgroup
+// multiplies the 64 x 64 tile by the chunk of X with four wgmma, B read by the tensor cores from the
+// swizzled chunk in shared memory. Against the mma.sync kernel (fragment_kernel.cuh): no ldmatrix of
+// X, one instruction per k-step for all N batch rows instead of one per 16 x 8 block, the k-steps
+// accumulated in the same registers (one partial tile at the end, not four), and batch tiles of 128.
+//
+// A block is the consumer warpgroup and the producer warp of the mma.sync kernel
+// (feed_fragment_stages: the copy engine brings each tile's header, registers and chunk of X into
+// `stages` stages). While the tensor cores multiply step i, the warps load step i + 1's operands
+// into a second set of registers, then wait for the products and release step i's stage.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device/cluster.cuh"
+#include "../device/hopper.cuh"
+#include "fragment_kernel.cuh"
+#include "shapes.h"
+
+namespace snack::cuda::detail {
+
+// a[g] = row block `block` (16 rows) of the tile's k-step g, from the lane's stored registers: the
+// header word of (g, lane) says which of its 16 registers (four per row block) are stored and where
+// the first is, at `regs` (shared memory, or kInPlace global memory).
+template <bool kInPlace>
+__device__ __forceinline__ void load_row_block(uint32_t (&a)[kTcWarps][4], const uint32_t* headers,
+                                               const uint32_t* regs, int block, int lane) {
+#pragma unroll
+  for (int g = 0; g < kTcWarps; ++g) {
+    const uint32_t head = headers[g * kFragmentLanes + lane];
+    const uint32_t mask = (head >> (4 * block)) & 0xfu;
+    const uint32_t* at = regs + (head >> 16) + __popc(head & ((1u << (4 * block)) - 1u));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      a[g][q] = 0u;
+      if (mask >> q & 1u) { a[g][q] = kInPlace ? __ldg(at) : *at; ++at; }
+    }
+  }
+}
+
+// out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
+// the batch tile of blockIdx.y, as spmm_fragment_kernel computes it (the same arguments), with NT =
+// 16-128 batch rows a block.
+template <typename T, int NT>
+__global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(NT))
+    spmm_fragment_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim,
+                               int64_t in_dim, const T* __restrict__ in, int64_t n, const T* __restrict__ bias,
+                               T* __restrict__ out, Activation act, int splits, int stage_words, int stages,
+                               bool mapped) {
+#if defined(SNACK_WGMMA_BUILT)
+  static_assert(NT == 16 || NT == 32 || NT == 64 || NT == 128, "batch tiles of 16, 32, 64 or 128 rows");
+  static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
+  constexpr uint32_t kChunkBytes = NT * kTcChunk * sizeof(T);
+  constexpr int kConsumerThreads = kTcWarps * 32;  // the warpgroup
+  constexpr int kProducer = kTcWarps;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, 1);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
+  const int split = int(blockIdx.x % unsigned(splits));
+  const int64_t band = blockIdx.x / unsigned(splits);
+  const int64_t o0 = band * kTcBandRows;
+  const int64_t n0 = int64_t(blockIdx.y) * NT;
+  const int64_t c_begin = view.chunks * split / splits, c_end = view.chunks * (split + 1) / splits;
+  const int steps = int(c_end - c_begin);
+  const int64_t first_tile = band * view.chunks + c_begin;
+  if (t == 0) {
+    for (int s = 0; s < stages; ++s) mbarrier_init(&st.filled[s], 1), mbarrier_init(&st.released[s], kTcWarps);
+    mbarrier_init_fence();
+  }
+  for (int i = t; i < steps; i += kFragmentWgmmaThreads) st.step_tiles[i] = view.tiles[first_tile + i];
+  __syncthreads();
+
+  float acc[NT / 2];
+  if (warp == kProducer) {
+    feed_fragment_stages<NT>(st, x_map, view, first_tile, c_begin, n0, steps, stage_words, stages, mapped, lane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+    // Without a map of X the consumers stage step i's chunk into its stage `stages` steps ahead, once
+    // every consumer is done with the step before there (a barrier of the warpgroup), and fence their
+    // writes for the tensor cores' reads.
+    auto stage_x = [&](int i) {
+      if (st.step_tiles[i].y != 0)
+        stage_fragment_x<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk, t,
+                             kConsumerThreads);
+      fence_proxy_async();
+    };
+    if (!mapped) {
+      for (int i = 0; i < stages && i < steps; ++i) stage_x(i);
+      named_barrier_sync(1, kConsumerThreads);
+    }
+    // Step i's operands (false: an empty tile, nothing to multiply), once its stage `s` has landed.
+    auto load = [&](int i, int s, uint32_t parity, uint32_t(&a)[kTcWarps][4]) {
+      mbarrier_wait(&st.filled[s], parity, kFragmentSuspendNs);
+      const int2 at = st.step_tiles[i];
+      if (at.y == 0) return false;
+      const uint32_t* stage = st.words + s * st.stride;
+      if (at.y <= stage_words)
+        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, warp, lane);
+      else
+        load_row_block<true>(a, stage, view.values + at.x, warp, lane);
+      return true;
+    };
+    uint32_t a[kTcWarps][4];
+    int s = 0;             // step i's stage
+    uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
+    bool full = steps > 0 && load(0, 0, 0u, a);
+    for (int i = 0; i < steps; ++i) {
+      const int cur = s;
+      if (full) {
+        __syncwarp();
+        wgmma_fence_operands(acc);
+        wgmma_fence();
+        const unsigned char* x_chunk = st.xs + cur * kChunkBytes;
+#pragma unroll
+        for (int g = 0; g < kTcWarps; ++g) wgmma_m64nk16_rs<T, NT>(acc, a[g], wg_descriptor(x_chunk + g * 32));
+        wgmma_commit();
+      }
+      if (++s == stages) s = 0, parity ^= 1u;
+      uint32_t next[kTcWarps][4];
+      const bool next_full = i + 1 < steps && load(i + 1, s, parity, next);
+      // The products of step i have read its stage and its registers.
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&st.released[cur]);
+      if (!mapped) {
+        named_barrier_sync(1, kConsumerThreads);
+        if (i + stages < steps) stage_x(i + stages);
+      }
+#pragma unroll
+      for (int g = 0; g < kTcWarps; ++g)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[g][q] = next[g][q];
+      full = next_full;
+    }
+  }
+
+  // The block's partial tile over the stages (every copy has landed: the consumers waited for each),
+  // summed across the cluster as it is stored.
+  __syncthreads();
+  if (warp < kTcWarps) {
+#pragma unroll
+    for (int j = 0; j < NT / 8; ++j) {
+      const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+      float* p = st.partials + b * kTcPartialStride + row;
+      p[0] = acc[4 * j], p[kTcPartialStride] = acc[4 * j + 1];
+      p[8] = acc[4 * j + 2], p[kTcPartialStride + 8] = acc[4 * j + 3];
+    }
+  }
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, 1, true>(
+      st.partials, o0, out_dim, n0, n, bias, out, act, split, splits);
+#else
+  __trap();  // built without sm_90a: the launcher refuses it (fragment_wgmma_built)
+#endif
+}
+
+}  // namespace snack::cuda::detail
