@@ -9,8 +9,8 @@
 //
 // A block is the consumer warpgroup and the producer warp of the mma.sync kernel
 // (feed_fragment_stages: the copy engine brings each tile's header, registers and chunk of X into
-// `stages` stages). While the tensor cores multiply step i, the warps load step i + 1's operands
-// into a second set of registers, then wait for the products and release step i's stage.
+// `stages` stages). The warps load a step's operands, multiply, wait for the products and release
+// the stage.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -107,38 +107,32 @@ __global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_p
         load_row_block<true>(a, stage, view.values + at.x, warp, lane);
       return true;
     };
-    uint32_t a[kTcWarps][4];
+    // One step at a time: the operands are loaded after the products that read the previous ones
+    // have completed. (Loading step i + 1's while step i's products ran let ptxas give the new loads
+    // the registers the tensor cores were still reading: garbage outputs at 2-5 blocks an SM.) The
+    // block's other warps (the producer) and the SM's other blocks overlap with the products.
     int s = 0;             // step i's stage
     uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
-    bool full = steps > 0 && load(0, 0, 0u, a);
     for (int i = 0; i < steps; ++i) {
-      const int cur = s;
-      if (full) {
+      uint32_t a[kTcWarps][4];
+      if (load(i, s, parity, a)) {
         __syncwarp();
         wgmma_fence_operands(acc);
         wgmma_fence();
-        const unsigned char* x_chunk = st.xs + cur * kChunkBytes;
+        const unsigned char* x_chunk = st.xs + s * kChunkBytes;
 #pragma unroll
         for (int g = 0; g < kTcWarps; ++g) wgmma_m64nk16_rs<T, NT>(acc, a[g], wg_descriptor(x_chunk + g * 32));
         wgmma_commit();
+        wgmma_wait<0>();  // the products have read the stage and the registers
+        wgmma_fence_operands(acc);
       }
-      if (++s == stages) s = 0, parity ^= 1u;
-      uint32_t next[kTcWarps][4];
-      const bool next_full = i + 1 < steps && load(i + 1, s, parity, next);
-      // The products of step i have read its stage and its registers.
-      wgmma_wait<0>();
-      wgmma_fence_operands(acc);
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(&st.released[cur]);
+      if (lane == 0) mbarrier_arrive(&st.released[s]);
       if (!mapped) {
         named_barrier_sync(1, kConsumerThreads);
         if (i + stages < steps) stage_x(i + stages);
       }
-#pragma unroll
-      for (int g = 0; g < kTcWarps; ++g)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) a[g][q] = next[g][q];
-      full = next_full;
+      if (++s == stages) s = 0, parity ^= 1u;
     }
   }
 

@@ -177,11 +177,12 @@ SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words
 // registers, with wgmma m64nNk16 over the chunk of X in shared memory) and the producer warp.
 constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
 constexpr int kFragmentWgmmaThreads = (kTcWarps + 1) * 32;
-// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators
-// (tile / 2 a thread) and two sets of a row block's operands (16 registers each: one being multiplied,
-// the next tile's loaded meanwhile).
+// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum; 70 / 71 / 88 / 120
+// registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory): the accumulators (tile / 2
+// a thread) and a row block's operands of the four k-steps (16 registers). At 128 the stages' shared
+// memory holds two.
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile) {
-  return tile == 16 ? 5 : tile == 32 ? 4 : tile == 64 ? 3 : 2;
+  return tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2;
 }
 
 // The blocks of a fragment kernel, as the planner's clusters count them.
