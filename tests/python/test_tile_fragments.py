@@ -186,6 +186,21 @@ def test_forward_reads_fragments_in_clusters(splits, n, variant):
     assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"{variant}, {splits} blocks per band")
 
 
+@pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
+@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
+def test_forward_reads_fragments_of_a_large_layer(variant):
+    # 64 steps a band and several blocks an SM: every stage used 16 times, the next step's operands
+    # loaded while the tensor cores still multiply the step before (a first wgmma form let the loads
+    # overwrite the registers being multiplied; the small cases above did not show it).
+    w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=11)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    for n in (8, 16, 64, 128):
+        x = w.randn(n, 4096, seed=n)
+        poison_cache(torch.device("cuda"))
+        assert_matmul(ops.spmm(x, w.values, w.tensors, variant=variant, tiles=fragments), x, w.dense64.T,
+                      torch.bfloat16, what=f"{variant}, 4096x4096, N = {n}")
+
+
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
 def test_wgmma_reads_fragments_in_batch_tiles_of_up_to_128():
     w = Weight(256, 1024, 26000, device="cuda", dtype=torch.bfloat16, seed=6)
