@@ -50,9 +50,12 @@ enum class SpmmVariant : int {
   kSharedX,    ///< large batches on CUDA cores (fp32 and 16-bit): a block owns a band of rows and a batch tile of
                ///< 128 (fp32) or 256 (16-bit) rows; chunks of X, transposed once, are staged in shared memory and
                ///< read there by every row of the band.
-  kWgmma,      ///< 16-bit values on Hopper (sm_90a build, compute capability 9.0), forced only for now: the slots
-               ///< sorted into per-tile lists (workspace), expanded on chip by a producer warpgroup while the
-               ///< copy engine brings X and two consumer warpgroups multiply with wgmma. in_dim a multiple of 8.
+  kWgmma,      ///< 16-bit values on Hopper (sm_90a build, compute capability 9.0). Given tile fragments (forward):
+               ///< a warpgroup loads each tile's A operands from them into registers and multiplies with wgmma,
+               ///< batch tiles of 16-128 rows (the planner's choice from 17 rows; SpmmReason::kFragmentWgmma).
+               ///< Without them, forced only: the slots sorted into per-tile lists (workspace), expanded on chip
+               ///< by a producer warpgroup while the copy engine brings X and two consumer warpgroups multiply
+               ///< with wgmma; in_dim a multiple of 8.
   kTileView,   ///< 16-bit values: the pattern's tile view (SlotPattern::tile_ptr) read tile by tile, each
                ///< 64 x 64 tile's slots scattered by the whole block into shared memory (values gathered in
                ///< slot order), multiplied with mma.sync; a cluster splits a band's tiles. dX reads the same
@@ -86,14 +89,15 @@ enum class SpmmReason : int {
   kDenseBlocks,    ///< a batch large enough that a dense GEMM over expanded blocks of W beats the sparse kernels
   kSharedInput,    ///< a batch of hundreds of rows: X staged in shared memory, shared by a band of rows
   kTileView,       ///< 16-bit values, up to 128 batch rows of a sparse layer: the tile view on tensor cores
+  kFragmentWgmma,  ///< tile fragments given, 17-128 batch rows, on Hopper: wgmma with the operands in registers
 };
 
 /// Smallest batch the tensor-core kernel is ever planned for (below it wide_rows and the row kernels
 /// read fewer bytes of X per slot than a tensor core wastes); plan.cpp says where above it it pays.
 inline constexpr int64_t kTensorCoreMinBatch = 9;
 /// A short token ("forced", "wide_rows", "single_row", "small_input", "tiny_product",
-/// "transpose_once", "tensor_cores", "dense_blocks", "shared_input", "tile_view") and a sentence saying what
-/// it means.
+/// "transpose_once", "tensor_cores", "dense_blocks", "shared_input", "tile_view", "fragment_wgmma") and a
+/// sentence saying what it means.
 const char* spmm_reason_name(SpmmReason r);
 const char* spmm_reason_text(SpmmReason r);
 
@@ -147,7 +151,8 @@ struct ChannelsFirstProblem {
 enum class TileValues : int {
   kNone = 0,   ///< the values alone, in slot order
   kPacked,     ///< packed tile values (pack_tile_values): kTileView reads them with the view's entries
-  kFragments,  ///< tile fragments (pack_tile_fragments): kTileView loads them as mma operands
+  kFragments,  ///< tile fragments (pack_tile_fragments): kTileView loads them as mma.sync operands, kWgmma as
+               ///< wgmma's A operands
 };
 
 /// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the
@@ -168,8 +173,9 @@ struct SpmmProblem {
   CscRead csc = CscRead::kAuto;
   /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run the product.
   bool tile_view = false;
-  /// kTileView: blocks per band (one cluster that splits the band's chunks), 1 to 8 and at most the
-  /// band's chunks of 64 inputs; 0 lets the planner choose. Other variants ignore it.
+  /// kTileView, and kWgmma over tile fragments: blocks per band (one cluster that splits the band's
+  /// chunks), 1 to 8 and at most the band's chunks of 64 inputs; 0 lets the planner choose. Other
+  /// variants ignore it.
   int tile_view_splits = 0;
   /// What the forward is given of the weight's values in tile order (snack/pattern.h): kTileView reads
   /// them instead of gathering the values, and the planner takes it over a wider range. The
@@ -213,8 +219,9 @@ struct SpmmPlan {
   int k_splits = 1;            ///< kTensorCore, kWgmma: blocks (one cluster) that split each band's columns
   int chunk = 0;               ///< kTensorCore, kWgmma: input columns per expanded tile (64); kSharedX: per stage
   int64_t block_rows = 0;      ///< kDenseBlocks: outputs per expanded block (workspace: block_rows x in_dim values)
-  /// kTileView's forward runs the fragment kernel over the tile fragments it is given (forced, or
-  /// where they pay); otherwise the view's kernel reads the values (or the packed tile values).
+  /// The forward runs a fragment kernel over the tile fragments it is given: kTileView's (mma.sync;
+  /// forced, or where they pay) or kWgmma's (always, given them). Otherwise kTileView's kernel reads
+  /// the values (or the packed tile values).
   bool reads_fragments = false;
   /// Transposed product: the CSC view is first copied into the workspace (CscRead::kCopied) and the
   /// variant runs as the forward over the copy, whose row indices (csc_copy_index_bytes each) start

@@ -36,8 +36,9 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
             a copy of their values in tile order, which the tile view's forward reads instead of the
             values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
             cores' operands (``snack.ops.pack_tile_fragments``: about 5 bytes a connection at 90%
-            sparsity; the fragment kernel runs at 8-128 rows from 4.5% to 25% density, where its
-            worst case measured best), "entries" packs them into the view's entries
+            sparsity; the fragment kernels run at 8-128 rows from 4.5% to 25% density, where their
+            worst case measured best: mma.sync's, and from 17 rows on Hopper wgmma's), "entries"
+            packs them into the view's entries
             (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by the first
             forward and again whenever the values or the pattern change. Off by default: it trades
             memory for speed at 8-128 batch rows only (docs/kernels.md, "Tile fragments").

@@ -115,7 +115,8 @@ def csc_read(csc: str) -> contextlib.AbstractContextManager:
 
 
 def set_tile_view_splits(splits: int) -> None:
-    """Makes every ``tile_view`` product of this process (the forward, dX and dW over the tile view)
+    """Makes every product of this process over the tile view (``tile_view``'s forward, dX and dW, and
+    ``wgmma``'s forward over tile fragments)
     split each band of 64 rows (64 columns for dX) over ``splits`` blocks instead of the planner's
     count; ``0`` restores the planner. For measuring the grid: a count that a product cannot run
     (the SpMM's clusters hold 1 to 8 blocks; no count may exceed the band's tiles) makes that

@@ -63,6 +63,9 @@ constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kTileView, "tile_view",
      "16-bit values, up to 128 batch rows of a sparse layer: each 64 x 64 tile's slots read contiguously from the "
      "pattern's tile view (down W's columns for dX), expanded in shared memory and multiplied on tensor cores"},
+    {SpmmReason::kFragmentWgmma, "fragment_wgmma",
+     "tile fragments given, 17-128 batch rows, on Hopper: a warpgroup loads each 64 x 64 tile's operands from the "
+     "fragments into registers and multiplies them with wgmma over the chunk of X in shared memory"},
     {SpmmReason::kSharedInput, "shared_input",
      "a batch of hundreds of rows: X transposed once and staged in shared memory chunk by chunk, each chunk read by "
      "a band of output rows (X crosses L2 once per band, not once per entry)"}};

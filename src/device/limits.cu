@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 
+#include "../spmm/wgmma.h"
 #include "cuda_utils.cuh"
 #include "snack/device_limits.h"
 
@@ -27,7 +28,9 @@ Status device_limits(int device, DeviceLimits* out) {
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     SNACK_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     if (sms <= 0) return Status(StatusCode::kCudaError, "device_limits: the device reports no multiprocessors");
-    l = DeviceLimits{sms, size_t(per_block), size_t(per_sm), threads, size_t(reserved), 10 * major + minor};
+    const int capability = 10 * major + minor;
+    l = DeviceLimits{sms,         size_t(per_block), size_t(per_sm), threads, size_t(reserved),
+                     capability, capability == 90 && detail::wgmma_built()};
   }
   *out = l;
   return Status::Ok();

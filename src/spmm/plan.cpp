@@ -288,6 +288,18 @@ bool fragments_pay(const SpmmProblem& p) {
   return p.n >= 8 && p.n <= 128 && density >= 0.045 && density <= 0.25;
 }
 
+// Given tile fragments on Hopper (a build with sm_90a code), from 17 rows the forward multiplies them
+// with wgmma, its operands loaded from the fragments into registers (fragment_wgmma_kernel.cuh). Measured
+// on the H100 in bf16 against the mma.sync kernel, each forced (spmm_nvidia_h100_80gb_hbm3_bf16_wgmma.md;
+// 768x3072 to 16384x4096 at 80-95%, uniform rows): at 32 rows 1.06-1.12x faster, at 64 rows 1.00-1.15x,
+// at 128 rows 1.07-1.84x (16384x4096, 90%: 47.3 against 86.9 us; batch tiles of 128 read each tile
+// once where mma.sync's 64 read it twice); at 8-16 rows 0.85-1.08x, 0.96x in geometric mean on the
+// layers of 4096x4096 and more, so there the mma.sync kernel stays.
+bool fragment_wgmma_pays(const SpmmProblem& p, const DeviceLimits& limits) {
+  return limits.wgmma && p.value_bytes == 2 && p.tile_view && !p.transposed &&
+         p.packed_tiles == TileValues::kFragments && fragments_pay(p) && p.n > 16;
+}
+
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view) return false;
   if (p.transposed) return tile_view_pays_transposed(p);
@@ -374,6 +386,10 @@ SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, doub
     *reason = SpmmReason::kSharedInput;
     return SpmmVariant::kSharedX;
   }
+  if (fragment_wgmma_pays(p, limits)) {
+    *reason = SpmmReason::kFragmentWgmma;
+    return SpmmVariant::kWgmma;
+  }
   if (tile_view_pays(p)) {
     *reason = SpmmReason::kTileView;
     return SpmmVariant::kTileView;
@@ -440,8 +456,13 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 //     dX of 16384x4096 at N = 64: 83.5 against 89.8 (four blocks of 32-64 rows per SM run slower);
 //   - 16384x4096, N = 16-64: 2 splits (3.9 blocks per SM), against 1.04-1.36x longer with 4 (two
 //     waves) and 1.14-1.33x with 3 (clusters of three lost everywhere but two points, hence no 3).
-// fragment_words > 0: the blocks of the fragment kernel, whose stages hold that many register words
-// (measured with this rule, not tuned for it: spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md).
+// fragments.words > 0: the blocks of a fragment kernel, whose stages hold that many register words
+// (measured with this rule, not tuned for it: spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md). The wgmma
+// kernel's (one warpgroup, 2-5 blocks an SM) aim at three blocks per SM at batch tiles of 32-64 and one
+// at 128, where shared memory holds two; on the H100 at 90%, each count forced, us with 1 / 2 / 4 / 6
+// / 8 blocks per band: 16384x4096, N = 64: 40.4 / 32.6 / 47.9 / 55.1 / 58.1 (this rule: 2); N = 128:
+// 47.2 / 56.3 / 80.7 / 93.8 / 105.8 (1); 4096x4096, N = 64: 35.5 / 22.8 / 18.1 / 17.6 / 22.8 (6);
+// N = 128: 41.3 / 26.6 / 32.4 / 29.2 / 35.0 (2).
 int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int batch_tile, bool transposed,
                      const DeviceLimits& limits, const cuda::detail::FragmentBlocks& fragments) {
   using namespace cuda::detail;
@@ -453,7 +474,8 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   // of four; N = 128 32.4 in pairs against 39.8 unsplit).
   const int fragment_words = fragments.words;
   const double wanted = batch_tile == 16 ? 4.0
-                        : batch_tile >= 64 && fragment_words > 0
+                        : fragments.wgmma ? (batch_tile == 128 ? 1.0 : 3.0)
+                        : batch_tile == 64 && fragment_words > 0
                             ? double(std::min<int64_t>(batch_tiles, fragments.blocks_per_sm))
                             : 3.0;
   int best = 1;

@@ -191,10 +191,11 @@ struct FragmentBlocks {
   int parts = kTcWarps;   // parts of the partial tile (fragment_body_bytes)
   int threads = 0;
   int blocks_per_sm = 0;  // by registers
+  bool wgmma = false;     // the wgmma kernel's blocks
 };
 SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma) {
-  return wgmma ? FragmentBlocks{words, 1, kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(tile)}
-               : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile)};
+  return wgmma ? FragmentBlocks{words, 1, kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(tile), true}
+               : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile), false};
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two
 // positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A

@@ -495,14 +495,15 @@ TEST(Planner, TileViewRulesAndShape) {
   EXPECT_NE(no_copy.message().find("copy of the CSC view"), std::string::npos) << no_copy.message();
 }
 
-// The H200's plan of an out x in layer at `density` with the tile view, given `tiles`.
+// The plan of an out x in layer at `density` with the tile view, given `tiles`, on the H200 (or `limits`).
 SpmmPlan plan_with_tiles(int64_t out, int64_t in, double density, int64_t n, TileValues tiles,
-                         SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
+                         SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false,
+                         const DeviceLimits& limits = DeviceLimits::h200()) {
   SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed, requested};
   problem.tile_view = true;
   problem.packed_tiles = tiles;
   SpmmPlan p;
-  const Status s = plan_spmm(problem, DeviceLimits::h200(), &p);
+  const Status s = plan_spmm(problem, limits, &p);
   EXPECT_TRUE(s.ok()) << s.message();
   return p;
 }
@@ -541,10 +542,13 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
 TEST(Planner, TileFragmentsRunTheirKernel) {
   // Given tile fragments the forward runs the fragment kernel at 8-128 rows from 4.5% to 25% density
   // on every layer; forced, wherever asked. Elsewhere the planner chooses as without them, and a
-  // tile view it takes then reads the values. Never for dX or fp32.
-  const auto planned = [](int64_t out, int64_t in, double density, int64_t n,
-                          SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
-    return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested, value_bytes, transposed);
+  // tile view it takes then reads the values. Never for dX or fp32. (A GPU or build without wgmma:
+  // the mma.sync kernel at every batch; FragmentsOnHopperRunWgmma below for the rest.)
+  DeviceLimits no_wgmma = DeviceLimits::h200();
+  no_wgmma.wgmma = false;
+  const auto planned = [&](int64_t out, int64_t in, double density, int64_t n,
+                           SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
+    return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested, value_bytes, transposed, no_wgmma);
   };
   struct Case {
     int64_t out, in;
@@ -589,6 +593,59 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
   EXPECT_EQ(planned(4096, 4096, 0.1, 128).k_splits, 2);   // 256 blocks for two batch tiles
   EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 1);   // 256 bands already fill the SMs
   EXPECT_EQ(planned(16384, 4096, 0.1, 128).k_splits, 1);  // two batch tiles: past one wave unsplit
+}
+
+TEST(Planner, FragmentsOnHopperRunWgmma) {
+  // With sm_90a code on a Hopper GPU, from 17 rows the forward over tile fragments runs wgmma's kernel
+  // (batch tiles of 32 to 128 rows, a warpgroup and a producer warp); at 8-16 rows mma.sync's.
+  const auto planned = [](int64_t out, int64_t in, double density, int64_t n,
+                          SpmmVariant requested = SpmmVariant::kAuto) {
+    return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested);
+  };
+  for (const int64_t n : {8, 16, 17, 32, 64, 100, 128}) {
+    const SpmmPlan p = planned(16384, 4096, 0.1, n);
+    ASSERT_TRUE(p.reads_fragments) << describe(p);
+    if (n <= 16) {
+      EXPECT_EQ(p.variant, SpmmVariant::kTileView) << describe(p);
+      continue;
+    }
+    EXPECT_EQ(p.variant, SpmmVariant::kWgmma) << describe(p);
+    EXPECT_EQ(p.reason, SpmmReason::kFragmentWgmma);
+    EXPECT_EQ(p.batch_tile, n <= 32 ? 32 : n <= 64 ? 64 : 128);
+    EXPECT_EQ(p.threads, 5 * 32);
+    EXPECT_EQ(p.workspace_bytes, 0u);  // no tile lists
+    EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
+        << describe(p);
+  }
+  // Outside the fragments' range, without them, for dX and where the GPU or build has no wgmma: not.
+  EXPECT_NE(planned(16384, 4096, 0.1, 129).variant, SpmmVariant::kWgmma);
+  EXPECT_NE(planned(16384, 4096, 0.3, 64).variant, SpmmVariant::kWgmma);
+  EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kNone).variant, SpmmVariant::kWgmma);
+  EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, true).variant,
+            SpmmVariant::kWgmma);
+  for (const DeviceLimits& limits : {DeviceLimits::a100(), DeviceLimits::l40s()})
+    EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, false, limits).variant,
+              SpmmVariant::kWgmma);
+  // Forced, wherever asked on Hopper, in batch tiles of 16 to 128; refused elsewhere.
+  EXPECT_EQ(planned(4096, 4096, 0.1, 5, SpmmVariant::kWgmma).batch_tile, 16);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 300, SpmmVariant::kWgmma).batch_tile, 128);
+  SpmmProblem on_a100{4096, 4096, nnz_for_density(4096, 4096, 0.1), 64, 2, false, SpmmVariant::kWgmma};
+  on_a100.tile_view = true;
+  on_a100.packed_tiles = TileValues::kFragments;
+  SpmmPlan p;
+  EXPECT_EQ(plan_spmm(on_a100, DeviceLimits::a100(), &p).code(), StatusCode::kInvalidArgument);
+  // Stages as the mma.sync kernel's; at the end one partial tile (128 batch rows x 68 floats), not four.
+  const SpmmPlan wide = planned(16384, 4096, 0.1, 128);
+  const size_t stages = 4 * (128 * 64 * 2 + 128 * 4 + 16) + 1024;
+  EXPECT_GE(wide.smem_bytes, stages + 4 * 4 * size_t(1.25 * 0.19 * 2048));
+  EXPECT_LE(wide.smem_bytes, stages + 4 * 4 * 2048 + 8 * 64);
+  EXPECT_GE(wide.smem_bytes, size_t(128 * 68 * 4));
+  // Blocks per band: three blocks per SM at batch tiles of 32-64, one at 128 (two fit).
+  EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 2);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 6);
+  EXPECT_EQ(planned(16384, 4096, 0.1, 128).k_splits, 1);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 128).k_splits, 2);
+  EXPECT_EQ(planned(11008, 4096, 0.1, 32).k_splits, 2);
 }
 
 TEST(Planner, TileViewSplits) {

@@ -215,13 +215,16 @@ def test_wgmma_reads_fragments_in_batch_tiles_of_up_to_128():
 
 @pytest.mark.skipif(not CUDA, reason="the planner's CUDA plan")
 def test_planner_reads_fragments_where_given():
+    # mma.sync's kernel at 16 rows; from 17 rows wgmma's on Hopper, mma.sync's elsewhere.
     w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=1)
-    plan = snack.Plan(*ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, False, True))
-    assert plan.variant == "tile_view" and plan.batch_tile == 32 and "tile fragments" in plan.describe
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
-    x = w.randn(32, 4096)
-    assert torch.equal(ops.spmm(x, w.values, w.tensors, tiles=fragments),
-                       ops.spmm(x, w.values, w.tensors, variant="tile_view", tiles=fragments))
+    for n, tile in ((16, 16), (32, 32), (128, 128 if HOPPER else 64)):
+        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, True))
+        kernel = "wgmma" if HOPPER and n > 16 else "tile_view"
+        assert plan.variant == kernel and plan.batch_tile == tile and "tile fragments" in plan.describe, plan
+        x = w.randn(n, 4096)
+        assert torch.equal(ops.spmm(x, w.values, w.tensors, tiles=fragments),
+                           ops.spmm(x, w.values, w.tensors, variant=kernel, tiles=fragments))
     with pytest.raises(ValueError, match="not both"):
         ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, True, True)
 
