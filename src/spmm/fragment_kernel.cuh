@@ -101,6 +101,35 @@ __device__ __forceinline__ FragmentStages carve_fragment_stages(unsigned char* s
   return st;
 }
 
+// A block's share of its band: the band's first output row, the batch tile's first row, the block's
+// chunks (steps) and its first tile. Sets up the stages' barriers (`consumers` warps release a stage)
+// and reads where the block's tiles lie into shared memory, all `threads` taking part.
+struct FragmentSteps {
+  int split;
+  int64_t o0, n0, c_begin, first_tile;
+  int steps;
+};
+template <int NT>
+__device__ __forceinline__ FragmentSteps begin_fragment_steps(const FragmentStages& st, const FragmentView& view,
+                                                              int splits, int stages, int consumers, int threads) {
+  FragmentSteps b;
+  b.split = int(blockIdx.x % unsigned(splits));
+  const int64_t band = blockIdx.x / unsigned(splits);
+  b.o0 = band * kTcBandRows;
+  b.n0 = int64_t(blockIdx.y) * NT;
+  b.c_begin = view.chunks * b.split / splits;
+  b.steps = int(view.chunks * (b.split + 1) / splits - b.c_begin);
+  b.first_tile = band * view.chunks + b.c_begin;
+  const int t = threadIdx.x;
+  if (t == 0) {
+    for (int s = 0; s < stages; ++s) mbarrier_init(&st.filled[s], 1), mbarrier_init(&st.released[s], consumers);
+    mbarrier_init_fence();
+  }
+  for (int i = t; i < b.steps; i += threads) st.step_tiles[i] = view.tiles[b.first_tile + i];
+  __syncthreads();
+  return b;
+}
+
 // How long a waiting warp may sleep per try: the phase's completion wakes it sooner.
 constexpr uint32_t kFragmentSuspendNs = 1u << 20;
 
@@ -179,19 +208,9 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kTcWarps);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
-  const int split = int(blockIdx.x % unsigned(splits));
-  const int64_t band = blockIdx.x / unsigned(splits);
-  const int64_t o0 = band * kTcBandRows;
-  const int64_t n0 = int64_t(blockIdx.y) * NT;
-  const int64_t c_begin = view.chunks * split / splits, c_end = view.chunks * (split + 1) / splits;
-  const int steps = int(c_end - c_begin);
-  const int64_t first_tile = band * view.chunks + c_begin;
-  if (t == 0) {
-    for (int s = 0; s < stages; ++s) mbarrier_init(&st.filled[s], 1), mbarrier_init(&st.released[s], kConsumers);
-    mbarrier_init_fence();
-  }
-  for (int i = t; i < steps; i += fragment_threads(NT)) st.step_tiles[i] = view.tiles[first_tile + i];
-  __syncthreads();
+  const FragmentSteps share = begin_fragment_steps<NT>(st, view, splits, stages, kConsumers, fragment_threads(NT));
+  const int split = share.split, steps = share.steps;
+  const int64_t o0 = share.o0, n0 = share.n0, c_begin = share.c_begin, first_tile = share.first_tile;
 
   // A consumer's k-step and first row block, and its accumulators (the producer's are never used).
   const int group = warp % kTcWarps, first_block = kConsumers == kTcWarps ? 0 : (warp / kTcWarps) * kBlocks;

@@ -8,7 +8,6 @@
 #include "../device/cuda_utils.cuh"
 #include "../device/tensor_map.h"
 #include "fragment_wgmma_kernel.cuh"
-#include "snack/device_limits.h"
 #include "wgmma.h"
 
 namespace snack::cuda::detail {
@@ -39,14 +38,7 @@ Status launch_tile(const SpmmPlan& plan, const FragmentView& view, int64_t out_d
 template <typename T>
 Status launch_fragments_wgmma(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim,
                               const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  if (!wgmma_built())
-    return Status(StatusCode::kUnsupported, "wgmma: this build has no sm_90a code (build for CUDA architecture 90)");
-  DeviceLimits limits;  // queried once per device
-  SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
-  if (limits.compute_capability != 90)
-    return Status(StatusCode::kUnsupported, "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
-                                                std::to_string(limits.compute_capability / 10) + "." +
-                                                std::to_string(limits.compute_capability % 10));
+  SNACK_RETURN_IF_ERROR(check_wgmma_device());
   switch (plan.batch_tile) {
     case 16: return launch_tile<T, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case 32: return launch_tile<T, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);

@@ -62,19 +62,9 @@ __global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_p
   const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, 1);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
-  const int split = int(blockIdx.x % unsigned(splits));
-  const int64_t band = blockIdx.x / unsigned(splits);
-  const int64_t o0 = band * kTcBandRows;
-  const int64_t n0 = int64_t(blockIdx.y) * NT;
-  const int64_t c_begin = view.chunks * split / splits, c_end = view.chunks * (split + 1) / splits;
-  const int steps = int(c_end - c_begin);
-  const int64_t first_tile = band * view.chunks + c_begin;
-  if (t == 0) {
-    for (int s = 0; s < stages; ++s) mbarrier_init(&st.filled[s], 1), mbarrier_init(&st.released[s], kTcWarps);
-    mbarrier_init_fence();
-  }
-  for (int i = t; i < steps; i += kFragmentWgmmaThreads) st.step_tiles[i] = view.tiles[first_tile + i];
-  __syncthreads();
+  const FragmentSteps share = begin_fragment_steps<NT>(st, view, splits, stages, kTcWarps, kFragmentWgmmaThreads);
+  const int split = share.split, steps = share.steps;
+  const int64_t o0 = share.o0, n0 = share.n0, c_begin = share.c_begin, first_tile = share.first_tile;
 
   float acc[NT / 2];
   if (warp == kProducer) {

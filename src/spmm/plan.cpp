@@ -574,16 +574,22 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
   return Status::Ok();
 }
 
-// The wgmma kernel's plan: a block per band of kWgBandRows outputs and batch tile of kWgBatchTile
-// rows (one block per SM), and per band a cluster of k_splits blocks that split its chunks, doubled
-// while the grid still fits one wave and each block keeps at least 8 chunks.
-Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
-  using namespace cuda::detail;
+// What both wgmma kernels need: 16-bit values and a Hopper GPU.
+Status check_wgmma_problem(const SpmmProblem& p, const DeviceLimits& limits) {
   if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
   if (limits.compute_capability != 90)
     return InvalidArgument("wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
                            std::to_string(limits.compute_capability / 10) + "." +
                            std::to_string(limits.compute_capability % 10));
+  return Status::Ok();
+}
+
+// The wgmma kernel's plan: a block per band of kWgBandRows outputs and batch tile of kWgBatchTile
+// rows (one block per SM), and per band a cluster of k_splits blocks that split its chunks, doubled
+// while the grid still fits one wave and each block keeps at least 8 chunks.
+Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  SNACK_RETURN_IF_ERROR(check_wgmma_problem(p, limits));
   if (p.in_dim == 0) return InvalidArgument("wgmma: a product without inputs (in_dim 0) has no chunk to copy");
   if (p.in_dim % 8 != 0)
     return InvalidArgument("wgmma: the inputs (" + std::to_string(p.in_dim) +
@@ -613,11 +619,7 @@ Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limi
 // tile_view_splits) with batch tiles of 16 to 128 rows.
 Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
-  if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
-  if (limits.compute_capability != 90)
-    return InvalidArgument("wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
-                           std::to_string(limits.compute_capability / 10) + "." +
-                           std::to_string(limits.compute_capability % 10));
+  SNACK_RETURN_IF_ERROR(check_wgmma_problem(p, limits));
   if (!p.tile_view)
     return InvalidArgument("wgmma: tile fragments need a pattern with the tile view (built for layers of at most " +
                            std::to_string(kTileViewMaxCols) + " inputs, unless left out)");

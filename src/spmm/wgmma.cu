@@ -22,14 +22,7 @@ bool wgmma_built() {
 #endif
 }
 
-size_t wgmma_workspace_bytes(int64_t out_dim, int64_t in_dim, int64_t nnz) {
-  return wgmma_lists(out_dim, in_dim, nnz).bytes;
-}
-
-template <typename T, typename View>
-Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
-                         const T* bias, T* out, Activation act, int splits, void* workspace, Stream stream) {
-  if (n == 0 || out_dim == 0) return Status::Ok();
+Status check_wgmma_device() {
   if (!wgmma_built())
     return Status(StatusCode::kUnsupported, "wgmma: this build has no sm_90a code (build for CUDA architecture 90)");
   DeviceLimits limits;  // queried once per device
@@ -38,6 +31,18 @@ Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t
     return Status(StatusCode::kUnsupported, "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
                                                 std::to_string(limits.compute_capability / 10) + "." +
                                                 std::to_string(limits.compute_capability % 10));
+  return Status::Ok();
+}
+
+size_t wgmma_workspace_bytes(int64_t out_dim, int64_t in_dim, int64_t nnz) {
+  return wgmma_lists(out_dim, in_dim, nnz).bytes;
+}
+
+template <typename T, typename View>
+Status launch_spmm_wgmma(const View& view, int64_t nnz, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                         const T* bias, T* out, Activation act, int splits, void* workspace, Stream stream) {
+  if (n == 0 || out_dim == 0) return Status::Ok();
+  SNACK_RETURN_IF_ERROR(check_wgmma_device());
   if (in_dim % 8 != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0)
     return InvalidArgument("wgmma: the input's rows must be 16-byte aligned (in_dim a multiple of 8)");
   if (in_dim > 65535) return InvalidArgument("wgmma: more than 65535 inputs (the chunk tables hold 16-bit offsets)");

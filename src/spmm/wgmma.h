@@ -17,6 +17,10 @@ namespace snack::cuda::detail {
 /// only on a device of compute capability 9.0.
 bool wgmma_built();
 
+/// Ok where the wgmma kernels run: this build holds them and the current device is of compute
+/// capability 9.0; kUnsupported otherwise.
+Status check_wgmma_device();
+
 /// Bytes of the workspace launch_spmm_wgmma takes (the tile lists: 4 bytes a slot and small tables).
 size_t wgmma_workspace_bytes(int64_t out_dim, int64_t in_dim, int64_t nnz);
 
