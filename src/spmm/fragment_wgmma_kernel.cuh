@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_p
   store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, 1, true>(
       st.partials, o0, out_dim, n0, n, bias, out, act, split, splits);
 #else
-  __trap();  // built without sm_90a: the launcher refuses it (fragment_wgmma_built)
+  __trap();  // built without sm_90a: the launcher refuses it (check_wgmma_device)
 #endif
 }
 
