@@ -177,7 +177,8 @@ __device__ __forceinline__ void stage_fragment_x(unsigned char* chunk, const T* 
   for (int e = t; e < NT * CW; e += threads) {
     const int row = e / CW, col = e % CW;
     const int64_t r = n0 + row, c = k0 + col;
-    *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) = r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
+    *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) =
+        r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
   }
 }
 

@@ -290,8 +290,9 @@ bool fragments_pay(const SpmmProblem& p) {
 
 // Given tile fragments on Hopper (a build with sm_90a code), from 17 rows the forward multiplies them
 // with wgmma, its operands loaded from the fragments into registers (fragment_wgmma_kernel.cuh). Measured
-// on the H100 in bf16 against the mma.sync kernel, each forced (spmm_nvidia_h100_80gb_hbm3_bf16_wgmma.md;
-// 768x3072 to 16384x4096 at 80-95%, uniform rows): at 32 rows 1.06-1.12x faster, at 64 rows 1.00-1.15x,
+// on the H100 in bf16 against the mma.sync kernel, each forced (spmm_nvidia_h100_80gb_hbm3_bf16_wgmma_ab.md,
+// commit de06a9e; 768x3072 to 16384x4096 at 80-95%, uniform rows): at 32 rows 1.06-1.12x faster, at 64
+// rows 0.99-1.15x (with the clusters before the rule below),
 // at 128 rows 1.07-1.84x (16384x4096, 90%: 47.3 against 86.9 us; batch tiles of 128 read each tile
 // once where mma.sync's 64 read it twice); at 8-16 rows 0.85-1.08x, 0.96x in geometric mean on the
 // layers of 4096x4096 and more, so there the mma.sync kernel stays.
@@ -769,7 +770,8 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       SNACK_RETURN_IF_ERROR(shared_x_grid(p, &plan, limits));
       break;
     case SpmmVariant::kWgmma:
-      SNACK_RETURN_IF_ERROR(plan.reads_fragments ? fragment_wgmma_plan(p, &plan, limits) : wgmma_plan(p, &plan, limits));
+      SNACK_RETURN_IF_ERROR(plan.reads_fragments ? fragment_wgmma_plan(p, &plan, limits)
+                                                 : wgmma_plan(p, &plan, limits));
       break;
     case SpmmVariant::kDenseBlocks:  // the expansion of one block: a warp per output
       plan.threads = cuda::detail::kExpandThreads;

@@ -177,7 +177,7 @@ SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words
 // registers, with wgmma m64nNk16 over the chunk of X in shared memory) and the producer warp.
 constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
 constexpr int kFragmentWgmmaThreads = (kTcWarps + 1) * 32;
-// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum; 70 / 71 / 88 / 120
+// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum; 70 / 69 / 88 / 120
 // registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory): the accumulators (tile / 2
 // a thread) and a row block's operands of the four k-steps (16 registers). At 128 the stages' shared
 // memory holds two.

@@ -623,9 +623,11 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kNone).variant, SpmmVariant::kWgmma);
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, true).variant,
             SpmmVariant::kWgmma);
-  for (const DeviceLimits& limits : {DeviceLimits::a100(), DeviceLimits::l40s()})
-    EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, false, limits).variant,
-              SpmmVariant::kWgmma);
+  for (const DeviceLimits& limits : {DeviceLimits::a100(), DeviceLimits::l40s()}) {
+    const SpmmPlan p = plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, false,
+                                       limits);
+    EXPECT_NE(p.variant, SpmmVariant::kWgmma);
+  }
   // Forced, wherever asked on Hopper, in batch tiles of 16 to 128; refused elsewhere.
   EXPECT_EQ(planned(4096, 4096, 0.1, 5, SpmmVariant::kWgmma).batch_tile, 16);
   EXPECT_EQ(planned(4096, 4096, 0.1, 300, SpmmVariant::kWgmma).batch_tile, 128);
