@@ -16,7 +16,8 @@
 // `stages` steps ahead (kFragmentStages); the consumers release a stage on a second mbarrier, and no
 // block barrier paces the steps. Without a tensor map (rows of X not 16-byte aligned) the consumers
 // stage X in the same layout. A tile with more registers than a stage holds (denser than the launch
-// planned for) is read from global memory in place.
+// planned for) is read from global memory in place. The stages, the producer and the block's set-up
+// are shared with the wgmma kernel over the same fragments (fragment_wgmma_kernel.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -134,8 +135,8 @@ __device__ __forceinline__ FragmentSteps begin_fragment_steps(const FragmentStag
 constexpr uint32_t kFragmentSuspendNs = 1u << 20;
 
 // The producer warp: step i's header, registers (those that fit a stage) and chunk of X (with a map)
-// into stage i % stages once the consumers (`consumers` warps arrive on `released`) have released the
-// step before it there; one lane hands the copies to the copy engine, which completes them on the
+// into stage i % stages once the consumer warps have released the step before it there (every one
+// arrived on `released`); one lane hands the copies to the copy engine, which completes them on the
 // stage's `filled` barrier.
 template <int NT>
 __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, const CUtensorMap& x_map,
