@@ -28,9 +28,11 @@
 #include "../device/cuda_utils.cuh"
 #include "../device/hopper.cuh"
 #include "../device/mma.cuh"
+#include "../device/tensor_map.h"
 #include "shapes.h"
 #include "snack/activation.h"
 #include "snack/pattern.h"
+#include "snack/spmm.h"
 #include "snack/value_types.h"
 #include "tensor_core_kernel.cuh"
 
@@ -181,6 +183,27 @@ __device__ __forceinline__ void stage_fragment_x(unsigned char* chunk, const T* 
     *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) =
         r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
   }
+}
+
+// Launches a fragment kernel (`kernel`, its batch tiles of NT rows; `name` for a launch error) as
+// `plan` says: its grid, clusters, threads and shared memory. X goes through the copy engine where
+// its rows are whole 16-byte units, else the kernel's threads stage it.
+template <int NT, typename T, typename... Params>
+Status launch_fragment_kernel(void (*kernel)(Params...), const char* name, const SpmmPlan& plan,
+                              const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in, int64_t n,
+                              const T* bias, T* out, Activation act, Stream stream) {
+  if (plan.smem_bytes > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  CUtensorMap x_map{};
+  const bool mapped = tensor_map_16bit_fits(in, in_dim);
+  if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(in, n, in_dim, kTcChunk, NT, &x_map));
+  const int stage_words = fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
+  const dim3 grid(unsigned(plan.grid_x), unsigned(ceil_div(n, NT)));
+  SNACK_CUDA_RETURN_IF_ERROR(launch_clusters_x(kernel, grid, dim3(unsigned(plan.threads)), plan.smem_bytes, stream,
+                                               unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n, bias,
+                                               out, act, plan.k_splits, stage_words, kFragmentStages, mapped));
+  return check_launch(name);
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and the

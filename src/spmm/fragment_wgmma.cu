@@ -6,7 +6,6 @@
 #include <string>
 
 #include "../device/cuda_utils.cuh"
-#include "../device/tensor_map.h"
 #include "fragment_wgmma_kernel.cuh"
 #include "wgmma.h"
 
@@ -17,20 +16,8 @@ namespace {
 template <typename T, int NT>
 Status launch_tile(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in,
                    int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  auto kernel = spmm_fragment_wgmma_kernel<T, NT>;
-  if (plan.smem_bytes > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  // X through the copy engine where its rows are whole 16-byte units, else staged by the threads.
-  CUtensorMap x_map{};
-  const bool mapped = tensor_map_16bit_fits(in, in_dim);
-  if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(in, n, in_dim, kTcChunk, NT, &x_map));
-  const int stage_words = fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
-  const dim3 grid(unsigned(plan.grid_x), unsigned(ceil_div(n, NT)));
-  SNACK_CUDA_RETURN_IF_ERROR(launch_clusters_x(kernel, grid, dim3(kFragmentWgmmaThreads), plan.smem_bytes, stream,
-                                               unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n, bias,
-                                               out, act, plan.k_splits, stage_words, kFragmentStages, mapped));
-  return check_launch("spmm_fragment_wgmma_kernel");
+  return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT>, "spmm_fragment_wgmma_kernel", plan, view,
+                                     out_dim, in_dim, in, n, bias, out, act, stream);
 }
 
 }  // namespace

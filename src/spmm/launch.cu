@@ -215,20 +215,8 @@ Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const
 template <typename T, int NT>
 Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& view, int64_t out_dim, int64_t in_dim,
                              const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  auto kernel = detail::spmm_fragment_kernel<T, NT>;
-  if (plan.smem_bytes > 48 * 1024)
-    SNACK_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  // X through the copy engine where its rows are whole 16-byte units, else staged by the threads.
-  CUtensorMap x_map{};
-  const bool mapped = detail::tensor_map_16bit_fits(in, in_dim);
-  if (mapped) SNACK_RETURN_IF_ERROR(detail::tensor_map_16bit(in, n, in_dim, detail::kTcChunk, NT, &x_map));
-  const int stage_words = detail::fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
-  const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
-  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(
-      kernel, grid, dim3(detail::fragment_threads(NT)), plan.smem_bytes, stream, unsigned(plan.k_splits), x_map, view,
-      out_dim, in_dim, in, n, bias, out, act, plan.k_splits, stage_words, detail::kFragmentStages, mapped));
-  return check_launch("spmm_fragment_kernel");
+  return detail::launch_fragment_kernel<NT>(detail::spmm_fragment_kernel<T, NT>, "spmm_fragment_kernel", plan, view,
+                                            out_dim, in_dim, in, n, bias, out, act, stream);
 }
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
