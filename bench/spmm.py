@@ -86,8 +86,7 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
         # Given the values in tile order (packed once, untimed): the values packed into the view's
         # entries or laid out as tile fragments, the planner's choice then (snack_packed,
         # snack_fragments), and the tile view's kernels reading them (snack_tile_view_packed,
-        # snack_tile_view_fragments) and wgmma's reading the fragments (snack_wgmma_fragments; with one
-        # or two bands a block forced: snack_wgmma_fragments_1band, snack_wgmma_fragments_2bands).
+        # snack_tile_view_fragments) and wgmma's reading the fragments (snack_wgmma_fragments).
         for name, pack in (("packed", snack.ops.pack_tile_values), ("fragments", snack.ops.pack_tile_fragments)):
             tiles = pack(values, tensors)
             impls[f"snack_{name}"] = (lambda t: lambda: snack.ops.spmm(x, values, tensors, None, tiles=t))(tiles)
@@ -95,16 +94,7 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
                 if v in variants and (v == "tile_view" or name == "fragments"):
                     impls[f"snack_{v}_{name}"] = (lambda t, v: lambda: snack.ops.spmm(
                         x, values, tensors, None, variant=v, tiles=t))(tiles, v)
-            if "wgmma" in variants and name == "fragments":
-                for bands, label in ((1, "1band"), (2, "2bands")):
-                    impls[f"snack_wgmma_fragments_{label}"] = (lambda t, b: lambda: _with_bands(
-                        b, lambda: snack.ops.spmm(x, values, tensors, None, variant="wgmma", tiles=t)))(tiles, bands)
     return impls
-
-
-def _with_bands(bands: int, run):
-    with snack.fragment_bands(bands):
-        return run()
 
 
 def main(argv=None) -> int:

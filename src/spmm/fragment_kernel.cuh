@@ -47,7 +47,6 @@ struct FragmentView {
   const uint32_t* __restrict__ headers;  // per tile, kFragmentHeaderWords
   const uint32_t* __restrict__ values;
   int64_t chunks;  // tiles per band
-  int64_t bands;   // bands of 64 outputs
 };
 
 // acc[m] += the warp's k-step of the tile (its row blocks m < kBlocks) x the chunk of X (b: the
@@ -76,21 +75,20 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[kBlocks][NT / 8]
 }
 
 // Where a block's stages lie in its dynamic shared memory (fragment_smem_bytes): the chunks of X,
-// [stages][NT][128 bytes] swizzled from a 1024-byte boundary, then per stage and band of the block a
-// tile's header and up to stage_words of its registers; after the body (fragment_body_bytes, which the
-// partial tiles reuse at the end) the stages' barriers (filled: the step landed; released: the
-// consumers are done with it) and the block's steps' tiles, band after band.
+// [stages][NT][128 bytes] swizzled from a 1024-byte boundary, then per stage a tile's header and up to
+// stage_words of its registers; after the body (fragment_body_bytes, which the partial tiles reuse at
+// the end) the stages' barriers (filled: the step landed; released: the consumers are done with it)
+// and the block's steps' tiles.
 struct FragmentStages {
   unsigned char* xs;
   uint32_t* words;
-  int stride;       // words per stage
-  int band_words;   // words per band of a stage: a header and the register words
+  int stride;  // words per stage
   uint64_t* filled;
   uint64_t* released;
   int2* step_tiles;
-  float* partials;  // [parts][NT][fragment_partial_stride(bands)] over the stages, at the end
+  float* partials;  // [parts][NT][kTcPartialStride] over the stages, at the end
 };
-template <int NT, int kBands = 1>
+template <int NT>
 __device__ __forceinline__ FragmentStages carve_fragment_stages(unsigned char* smem_raw, int stage_words, int stages,
                                                                 int parts) {
   constexpr uint32_t kChunkBytes = NT * kTcChunk * 2;
@@ -98,31 +96,28 @@ __device__ __forceinline__ FragmentStages carve_fragment_stages(unsigned char* s
   FragmentStages st;
   st.xs = smem;
   st.words = reinterpret_cast<uint32_t*>(smem + stages * kChunkBytes);
-  st.band_words = int(kFragmentHeaderWords) + stage_words;
-  st.stride = kBands * st.band_words;
-  st.filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages, parts, kBands));
+  st.stride = int(kFragmentHeaderWords) + stage_words;
+  st.filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages, parts));
   st.released = st.filled + stages;
   st.step_tiles = reinterpret_cast<int2*>(st.released + stages);
   st.partials = reinterpret_cast<float*>(smem);
   return st;
 }
 
-// A block's share of its kBands bands (blockIdx.x / splits: the kBands-th part of the bands): the
-// first band's first output row, the batch tile's first row, the block's chunks (steps) and the first
-// band's first tile (band b's is b view.chunks further). Sets up the stages' barriers (`consumers`
-// warps release a stage) and reads where the block's tiles lie into shared memory, step_tiles[b steps
-// + i] for band b's step i (no slot: a band past the layer's last), all `threads` taking part.
+// A block's share of its band: the band's first output row, the batch tile's first row, the block's
+// chunks (steps) and its first tile. Sets up the stages' barriers (`consumers` warps release a stage)
+// and reads where the block's tiles lie into shared memory, all `threads` taking part.
 struct FragmentSteps {
   int split;
   int64_t o0, n0, c_begin, first_tile;
   int steps;
 };
-template <int NT, int kBands = 1>
+template <int NT>
 __device__ __forceinline__ FragmentSteps begin_fragment_steps(const FragmentStages& st, const FragmentView& view,
                                                               int splits, int stages, int consumers, int threads) {
   FragmentSteps b;
   b.split = int(blockIdx.x % unsigned(splits));
-  const int64_t band = int64_t(blockIdx.x / unsigned(splits)) * kBands;
+  const int64_t band = blockIdx.x / unsigned(splits);
   b.o0 = band * kTcBandRows;
   b.n0 = int64_t(blockIdx.y) * NT;
   b.c_begin = view.chunks * b.split / splits;
@@ -133,31 +128,19 @@ __device__ __forceinline__ FragmentSteps begin_fragment_steps(const FragmentStag
     for (int s = 0; s < stages; ++s) mbarrier_init(&st.filled[s], 1), mbarrier_init(&st.released[s], consumers);
     mbarrier_init_fence();
   }
-  for (int i = t; i < kBands * b.steps; i += threads) {
-    const int of = kBands == 1 ? 0 : i / b.steps, step = i - of * b.steps;
-    st.step_tiles[i] = band + of < view.bands ? view.tiles[b.first_tile + of * view.chunks + step] : int2{0, 0};
-  }
+  for (int i = t; i < b.steps; i += threads) st.step_tiles[i] = view.tiles[b.first_tile + i];
   __syncthreads();
   return b;
-}
-
-// Whether any of the block's kBands bands holds a slot in step i's tile.
-template <int kBands>
-__device__ __forceinline__ bool step_has_slots(const FragmentStages& st, int i, int steps) {
-  bool any = false;
-#pragma unroll
-  for (int b = 0; b < kBands; ++b) any = any || st.step_tiles[b * steps + i].y != 0;
-  return any;
 }
 
 // How long a waiting warp may sleep per try: the phase's completion wakes it sooner.
 constexpr uint32_t kFragmentSuspendNs = 1u << 20;
 
-// The producer warp: step i's headers and registers (those that fit a stage) of the block's kBands
-// bands and its chunk of X (with a map) into stage i % stages once the consumer warps have released the
-// step before it there (every one arrived on `released`); one lane hands the copies to the copy
-// engine, which completes them on the stage's `filled` barrier.
-template <int NT, int kBands = 1>
+// The producer warp: step i's header, registers (those that fit a stage) and chunk of X (with a map)
+// into stage i % stages once the consumer warps have released the step before it there (every one
+// arrived on `released`); one lane hands the copies to the copy engine, which completes them on the
+// stage's `filled` barrier.
+template <int NT>
 __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, const CUtensorMap& x_map,
                                                      const FragmentView& view, int64_t first_tile, int64_t c_begin,
                                                      int64_t n0, int steps, int stage_words, int stages, bool mapped,
@@ -169,25 +152,16 @@ __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, c
   for (int i = 0; i < steps; ++i) {
     if (i >= stages) mbarrier_wait(&st.released[s], parity, kFragmentSuspendNs);
     if (lane == 0) {
+      const int2 at = st.step_tiles[i];
       uint64_t* bar = &st.filled[s];
-      uint32_t bytes = 0u;
-#pragma unroll
-      for (int b = 0; b < kBands; ++b) {
-        const int2 at = st.step_tiles[b * steps + i];
-        if (at.y != 0) bytes += kHeaderBytes + (at.y <= stage_words ? uint32_t(at.y) * 4u : 0u);
-      }
-      if (bytes == 0u) {  // no slot in the tiles: nothing to multiply, the phase completes empty
+      if (at.y == 0) {  // no slot in the tile: nothing to multiply, the phase completes empty
         mbarrier_arrive(bar);
       } else {
-        mbarrier_arrive_expect_tx(bar, bytes + (mapped ? kChunkBytes : 0u));
-#pragma unroll
-        for (int b = 0; b < kBands; ++b) {
-          const int2 at = st.step_tiles[b * steps + i];
-          if (at.y == 0) continue;
-          uint32_t* dst = st.words + s * st.stride + b * st.band_words;
-          bulk_load(dst, view.headers + (first_tile + b * view.chunks + i) * kFragmentHeaderWords, kHeaderBytes, bar);
-          if (at.y <= stage_words) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
-        }
+        const bool fits = at.y <= stage_words;
+        mbarrier_arrive_expect_tx(bar, kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
+        uint32_t* dst = st.words + s * st.stride;
+        bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
+        if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
         if (mapped) tma_load_2d(st.xs + s * kChunkBytes, &x_map, int32_t((c_begin + i) * kTcChunk), int32_t(n0), bar);
       }
     }

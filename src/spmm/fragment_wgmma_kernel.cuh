@@ -7,11 +7,10 @@
 // X, one instruction per k-step for all N batch rows instead of one per 16 x 8 block, the k-steps
 // accumulated in the same registers (one partial tile at the end, not four), and batch tiles of 128.
 //
-// A block is a consumer warpgroup per band of 64 outputs it owns (kBands: one, or two that share each
-// chunk of X, halving the reads of X from L2 at large batch tiles) and the producer warp of the
-// mma.sync kernel (feed_fragment_stages: the copy engine brings each tile's header, registers and the
-// chunk of X into `stages` stages). The warps load a step's operands, multiply, wait for the products
-// and release the stage.
+// A block is the consumer warpgroup and the producer warp of the mma.sync kernel
+// (feed_fragment_stages: the copy engine brings each tile's header, registers and chunk of X into
+// `stages` stages). The warps load a step's operands, multiply, wait for the products and release
+// the stage.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,45 +43,40 @@ __device__ __forceinline__ void load_row_block(uint32_t (&a)[kTcWarps][4], const
   }
 }
 
-// out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the kBands bands of blockIdx.x /
-// splits and the batch tile of blockIdx.y, as spmm_fragment_kernel computes it (the same arguments),
-// with NT = 16-128 batch rows a block.
-template <typename T, int NT, int kBands>
-__global__ void __launch_bounds__(fragment_wgmma_threads(kBands), fragment_wgmma_blocks_per_sm(NT, kBands))
+// out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
+// the batch tile of blockIdx.y, as spmm_fragment_kernel computes it (the same arguments), with NT =
+// 16-128 batch rows a block.
+template <typename T, int NT>
+__global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(NT))
     spmm_fragment_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim,
                                int64_t in_dim, const T* __restrict__ in, int64_t n, const T* __restrict__ bias,
                                T* __restrict__ out, Activation act, int splits, int stage_words, int stages,
                                bool mapped) {
 #if defined(SNACK_WGMMA_BUILT)
   static_assert(NT == 16 || NT == 32 || NT == 64 || NT == 128, "batch tiles of 16, 32, 64 or 128 rows");
-  static_assert(kBands >= 1 && kBands <= kFragmentWgmmaMaxBands, "one or two bands a block");
   static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
   constexpr uint32_t kChunkBytes = NT * kTcChunk * sizeof(T);
-  constexpr int kConsumerThreads = kBands * kTcWarps * 32;  // a warpgroup per band
-  constexpr int kProducer = kBands * kTcWarps;
-  constexpr int kStride = fragment_partial_stride(kBands);
+  constexpr int kConsumerThreads = kTcWarps * 32;  // the warpgroup
+  constexpr int kProducer = kTcWarps;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const FragmentStages st = carve_fragment_stages<NT, kBands>(smem_raw, stage_words, stages, 1);
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, 1);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
-  const int band = warp / kTcWarps, block = warp % kTcWarps;  // a consumer's band and row block
-  const FragmentSteps share =
-      begin_fragment_steps<NT, kBands>(st, view, splits, stages, kProducer, fragment_wgmma_threads(kBands));
+  const FragmentSteps share = begin_fragment_steps<NT>(st, view, splits, stages, kTcWarps, kFragmentWgmmaThreads);
   const int split = share.split, steps = share.steps;
   const int64_t o0 = share.o0, n0 = share.n0, c_begin = share.c_begin, first_tile = share.first_tile;
 
   float acc[NT / 2];
   if (warp == kProducer) {
-    feed_fragment_stages<NT, kBands>(st, x_map, view, first_tile, c_begin, n0, steps, stage_words, stages, mapped,
-                                     lane);
+    feed_fragment_stages<NT>(st, x_map, view, first_tile, c_begin, n0, steps, stage_words, stages, mapped, lane);
   } else {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
     // Without a map of X the consumers stage step i's chunk into its stage `stages` steps ahead, once
-    // every consumer is done with the step before there (a barrier of the consumers), and fence their
+    // every consumer is done with the step before there (a barrier of the warpgroup), and fence their
     // writes for the tensor cores' reads.
     auto stage_x = [&](int i) {
-      if (step_has_slots<kBands>(st, i, steps))
+      if (st.step_tiles[i].y != 0)
         stage_fragment_x<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk, t,
                              kConsumerThreads);
       fence_proxy_async();
@@ -91,17 +85,16 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kBands), fragment_wgmma
       for (int i = 0; i < stages && i < steps; ++i) stage_x(i);
       named_barrier_sync(1, kConsumerThreads);
     }
-    // Step i's operands of the warp's band (false: an empty tile, nothing to multiply), once its stage
-    // `s` has landed.
+    // Step i's operands (false: an empty tile, nothing to multiply), once its stage `s` has landed.
     auto load = [&](int i, int s, uint32_t parity, uint32_t(&a)[kTcWarps][4]) {
       mbarrier_wait(&st.filled[s], parity, kFragmentSuspendNs);
-      const int2 at = st.step_tiles[band * steps + i];
+      const int2 at = st.step_tiles[i];
       if (at.y == 0) return false;
-      const uint32_t* stage = st.words + s * st.stride + band * st.band_words;
+      const uint32_t* stage = st.words + s * st.stride;
       if (at.y <= stage_words)
-        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, block, lane);
+        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, warp, lane);
       else
-        load_row_block<true>(a, stage, view.values + at.x, block, lane);
+        load_row_block<true>(a, stage, view.values + at.x, warp, lane);
       return true;
     };
     // One step at a time: the operands are loaded after the products that read the previous ones
@@ -133,19 +126,19 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kBands), fragment_wgmma
     }
   }
 
-  // The block's partial tile of its bands over the stages (every copy has landed: the consumers waited
-  // for each), summed across the cluster as it is stored.
+  // The block's partial tile over the stages (every copy has landed: the consumers waited for each),
+  // summed across the cluster as it is stored.
   __syncthreads();
-  if (warp < kProducer) {
+  if (warp < kTcWarps) {
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j) {
-      const int row = band * kTcBandRows + block * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-      float* p = st.partials + b * kStride + row;
-      p[0] = acc[4 * j], p[kStride] = acc[4 * j + 1];
-      p[8] = acc[4 * j + 2], p[kStride + 8] = acc[4 * j + 3];
+      const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+      float* p = st.partials + b * kTcPartialStride + row;
+      p[0] = acc[4 * j], p[kTcPartialStride] = acc[4 * j + 1];
+      p[8] = acc[4 * j + 2], p[kTcPartialStride + 8] = acc[4 * j + 3];
     }
   }
-  store_split_band_tile<T, kBands * kTcBandRows, NT, kStride, kConsumerThreads, 1, true>(
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, 1, true>(
       st.partials, o0, out_dim, n0, n, bias, out, act, split, splits);
 #else
   __trap();  // built without sm_90a: the launcher refuses it (check_wgmma_device)

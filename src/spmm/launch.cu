@@ -234,8 +234,7 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
                              ": tile fragments must start on a 16-byte boundary");
     const FragmentLayout layout = tile_fragment_layout(w.rows, w.cols, w.nnz);
     const detail::FragmentView view{reinterpret_cast<const int2*>(fragments), fragments + layout.headers,
-                                    fragments + layout.values, tile_view_chunks(w.cols),
-                                    tile_view_bands(w.rows)};
+                                    fragments + layout.values, tile_view_chunks(w.cols)};
     if (plan.variant == SpmmVariant::kWgmma)
       return detail::launch_fragments_wgmma<T>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
     switch (plan.batch_tile) {

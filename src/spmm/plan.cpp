@@ -475,7 +475,7 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   // of four; N = 128 32.4 in pairs against 39.8 unsplit).
   const int fragment_words = fragments.words;
   const double wanted = batch_tile == 16 ? 4.0
-                        : fragments.wgmma ? (batch_tile == 128 ? 1.0 : 3.0 / fragments.bands)
+                        : fragments.wgmma ? (batch_tile == 128 ? 1.0 : 3.0)
                         : batch_tile == 64 && fragment_words > 0
                             ? double(std::min<int64_t>(batch_tiles, fragments.blocks_per_sm))
                             : 3.0;
@@ -484,7 +484,7 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
     const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits),
-                                                                   fragments.parts, fragments.bands)
+                                                                   fragments.parts)
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
     const int64_t by_smem = int64_t(limits.smem_per_sm / block);
@@ -508,8 +508,7 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
 // tile_view kernel, on the same grid, takes its clusters from tile_view_splits.
 Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
-  // Blocks along a band's outputs: one per band, or per bands_per_block bands.
-  const int64_t bands = ceil_div(ceil_div(p.out_dim, kTcBandRows), plan->bands_per_block);
+  const int64_t bands = ceil_div(p.out_dim, kTcBandRows);
   const int64_t tiles = ceil_div(std::max<int64_t>(p.n, 1), plan->batch_tile);
   if (tiles > kMaxGridY)
     return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
@@ -518,7 +517,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   const bool fragments = plan->reads_fragments;
   const FragmentBlocks blocks =
       fragments ? fragment_blocks(plan->batch_tile, fragment_stage_words(p.out_dim, p.in_dim, p.nnz),
-                                  plan->variant == SpmmVariant::kWgmma, plan->bands_per_block)
+                                  plan->variant == SpmmVariant::kWgmma)
                 : FragmentBlocks{};
   if (plan->variant == SpmmVariant::kTileView || fragments) {
     const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
@@ -540,7 +539,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->threads = fragments ? blocks.threads : kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
-  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, blocks.words, steps, blocks.parts, blocks.bands)
+  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, blocks.words, steps, blocks.parts)
                      : plan->variant == SpmmVariant::kTileView
                          ? tile_view_smem_bytes(plan->batch_tile, steps, p.transposed)
                          : tensor_core_smem_bytes(plan->batch_tile);
@@ -617,29 +616,16 @@ Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limi
   return Status::Ok();
 }
 
-// Bands of 64 outputs per block of the wgmma kernel over fragments: two, whose warpgroups share each
-// chunk of X, from batch tiles of 64 rows, where the chunks' reads from L2 weigh (at 128 rows every
-// band of 16384x4096 reads its 1 MiB of X: 256 MiB in all for 17 MiB of fragments); one below, and
-// for a layer of one band.
-int fragment_wgmma_bands(const SpmmProblem& p, int batch_tile) {
-  if (p.fragment_bands != 0) return p.fragment_bands;
-  return batch_tile >= 64 && p.out_dim > cuda::detail::kTcBandRows ? 2 : 1;
-}
-
-// The forward over tile fragments with wgmma: the tile_view grid (bands of 64 rows, one or two a
-// block, clusters from tile_view_splits) with batch tiles of 16 to 128 rows.
+// The forward over tile fragments with wgmma: the tile_view grid (bands of 64 rows, clusters from
+// tile_view_splits) with batch tiles of 16 to 128 rows.
 Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   SNACK_RETURN_IF_ERROR(check_wgmma_problem(p, limits));
   if (!p.tile_view)
     return InvalidArgument("wgmma: tile fragments need a pattern with the tile view (built for layers of at most " +
                            std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
-  if (p.fragment_bands < 0 || p.fragment_bands > kFragmentWgmmaMaxBands)
-    return InvalidArgument("wgmma: " + std::to_string(p.fragment_bands) +
-                           " bands a block asked over tile fragments (1 or 2; 0 lets the planner choose)");
   plan->chunk = kTcChunk;
   plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), kTcMinTile, kFragmentWgmmaMaxTile));
-  plan->bands_per_block = fragment_wgmma_bands(p, plan->batch_tile);
   return tensor_core_grid(p, plan, limits);
 }
 
@@ -870,10 +856,9 @@ std::string describe(const SpmmPlan& plan) {
     s += ", " + std::to_string(plan.rows_per_warp) + " rows per warp";
   } else if (plan.variant == SpmmVariant::kTensorCore || plan.variant == SpmmVariant::kTileView ||
              plan.reads_fragments) {
-    const bool pairs = plan.bands_per_block == 2;
-    s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows" + (pairs ? ", two a block" : "") +
-         ", chunks of " + std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) + " block" +
-         (plan.k_splits > 1 ? "s" : "") + (pairs ? " per pair of bands" : " per band");
+    s += ", bands of " + std::to_string(cuda::detail::kTcBandRows) + " rows, chunks of " +
+         std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
+         " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
     if (plan.reads_fragments) {
       const int words = cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz);
       s += std::string(plan.variant == SpmmVariant::kWgmma ? ", A operands in registers"

@@ -153,45 +153,36 @@ SNACK_HOST_DEVICE constexpr int fragment_threads(int tile) { return (fragment_co
 // count on.
 SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile == 16 ? 6 : tile == 32 ? 4 : 2; }
 
-// The part of a block's shared memory that holds first its `stages` stages (a chunk of X and, for each
-// of the block's `bands` bands of 64 outputs, a tile's header and up to `stage_words` of its registers
-// each), then, at the end, the block's partial tile of its bands in `parts` parts (kTcWarps, one per
-// k-step, for the mma.sync kernel; one for the wgmma kernel), [tile][fragment_partial_stride(bands)]
-// floats each; its barriers and the steps' tiles follow it.
-SNACK_HOST_DEVICE constexpr int fragment_partial_stride(int bands) { return bands * kTcBandRows + 4; }
-SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words, int stages, int parts = kTcWarps,
-                                                       int bands = 1) {
-  const size_t staged =
-      size_t(stages) * (sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
-                        size_t(bands) * sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words));
-  const size_t partials = sizeof(float) * size_t(parts) * size_t(tile) * size_t(fragment_partial_stride(bands));
+// The part of a block's shared memory that holds first its `stages` stages (a chunk of X, a tile's
+// header and up to `stage_words` of its registers each), then, at the end, the block's partial tile of
+// the band in `parts` parts (kTcWarps, one per k-step, for the mma.sync kernel; one for the wgmma
+// kernel), [tile][kTcPartialStride] floats each; its barriers and the steps' tiles follow it.
+SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words, int stages, int parts = kTcWarps) {
+  const size_t staged = size_t(stages) * (sizeof(uint16_t) * size_t(tile) * size_t(kTcChunk) +
+                                          sizeof(uint32_t) * size_t(kFragmentHeaderWords + stage_words));
+  const size_t partials = sizeof(float) * size_t(parts) * size_t(tile) * size_t(kTcPartialStride);
   return staged > partials ? staged : partials;
 }
 // Dynamic shared memory of one block: the stages or the partial tiles (fragment_body_bytes), the
-// stages' two mbarriers each, where its bands' `steps` tiles lie, and the slack that aligns the chunks
-// of X to 1024 bytes (their swizzle).
+// stages' two mbarriers each, where its `steps` tiles lie, and the slack that aligns the chunks of X
+// to 1024 bytes (their swizzle).
 SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps,
-                                                       int parts = kTcWarps, int bands = 1) {
-  return fragment_body_bytes(tile, stage_words, kFragmentStages, parts, bands) +
-         2 * sizeof(uint64_t) * size_t(kFragmentStages) + 2 * sizeof(int32_t) * size_t(steps) * size_t(bands) +
-         1024;
+                                                       int parts = kTcWarps) {
+  return fragment_body_bytes(tile, stage_words, kFragmentStages, parts) +
+         2 * sizeof(uint64_t) * size_t(kFragmentStages) + 2 * sizeof(int32_t) * size_t(steps) + 1024;
 }
 
 // ---- the tile fragments on wgmma (fragment_wgmma_kernel.cuh; sm_90a) ----
-// A consumer warpgroup per band of 64 outputs (warp w multiplies row block w of every k-step of the
-// band's tile, its A operands in registers, with wgmma m64nNk16 over the chunk of X in shared memory)
-// and the producer warp. With two bands a block (kFragmentWgmmaMaxBands) both warpgroups multiply the
-// same chunk of X, which the copy engine then brings from L2 once per 128 outputs instead of 64.
+// One consumer warpgroup (warp w multiplies row block w of every k-step of a tile, its A operands in
+// registers, with wgmma m64nNk16 over the chunk of X in shared memory) and the producer warp.
 constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
-constexpr int kFragmentWgmmaMaxBands = 2;
-SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int bands) { return (bands * kTcWarps + 1) * 32; }
-// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators
-// (tile / 2 a thread) and a row block's operands of the four k-steps (16 registers). One band: 70 /
-// 69 / 88 / 120 registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory; at 128 the
-// stages' shared memory holds two. Two bands: the same warps an SM in half as many blocks.
-SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile, int bands = 1) {
-  return bands == 1 ? (tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2)
-                    : (tile == 16 || tile == 32 ? 3 : tile == 64 ? 2 : 1);
+constexpr int kFragmentWgmmaThreads = (kTcWarps + 1) * 32;
+// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum; 70 / 69 / 88 / 120
+// registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory): the accumulators (tile / 2
+// a thread) and a row block's operands of the four k-steps (16 registers). At 128 the stages' shared
+// memory holds two.
+SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile) {
+  return tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2;
 }
 
 // The blocks of a fragment kernel, as the planner's clusters count them.
@@ -201,12 +192,10 @@ struct FragmentBlocks {
   int threads = 0;
   int blocks_per_sm = 0;  // by registers
   bool wgmma = false;     // the wgmma kernel's blocks
-  int bands = 1;          // bands of 64 outputs a block multiplies
 };
-SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma, int bands = 1) {
-  return wgmma ? FragmentBlocks{words, 1, fragment_wgmma_threads(bands), fragment_wgmma_blocks_per_sm(tile, bands),
-                                true, bands}
-               : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile), false, 1};
+SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma) {
+  return wgmma ? FragmentBlocks{words, 1, kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(tile), true}
+               : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile), false};
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two
 // positions of a row), a quarter more and 64 to spare, in 16-byte units, at most a whole tile's. A

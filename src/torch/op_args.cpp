@@ -160,18 +160,6 @@ void set_default_tile_view_splits(int64_t splits) {
   g_default_tile_view_splits.store(int(splits));
 }
 
-namespace {
-std::atomic<int> g_default_fragment_bands{0};
-}  // namespace
-
-int default_fragment_bands() { return g_default_fragment_bands.load(); }
-
-void set_default_fragment_bands(int64_t bands) {
-  TORCH_CHECK_VALUE(bands >= 0 && bands <= 2, "snack.set_default_fragment_bands: ", bands,
-                    " bands a block (expected 0, the planner's choice, 1 or 2)");
-  g_default_fragment_bands.store(int(bands));
-}
-
 void set_default_csc_read(c10::string_view name) {
   CscRead r = CscRead::kAuto;
   TORCH_CHECK_VALUE(parse_csc_read(std::string(name), &r), "snack.set_default_csc_read: unknown choice '", name,

@@ -97,10 +97,6 @@ void set_default_csc_read(c10::string_view name);
 // 0: the planner's choice).
 int default_tile_view_splits();
 void set_default_tile_view_splits(int64_t splits);
-// Bands of 64 outputs per block of this process's wgmma forwards over tile fragments
-// (set_default_fragment_bands; 0: the planner's choice).
-int default_fragment_bands();
-void set_default_fragment_bands(int64_t bands);
 
 // ---- dense operands ------------------------------------------------------------------------------
 void check_1d(const at::Tensor& t, const char* name, const char* op);
