@@ -86,7 +86,8 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
         # Given the values in tile order (packed once, untimed): the values packed into the view's
         # entries or laid out as tile fragments, the planner's choice then (snack_packed,
         # snack_fragments), and the tile view's kernels reading them (snack_tile_view_packed,
-        # snack_tile_view_fragments) and wgmma's reading the fragments (snack_wgmma_fragments).
+        # snack_tile_view_fragments) and wgmma's reading the fragments (snack_wgmma_fragments; with one
+        # or two consumer warpgroups forced: snack_wgmma_fragments_1group, snack_wgmma_fragments_2groups).
         for name, pack in (("packed", snack.ops.pack_tile_values), ("fragments", snack.ops.pack_tile_fragments)):
             tiles = pack(values, tensors)
             impls[f"snack_{name}"] = (lambda t: lambda: snack.ops.spmm(x, values, tensors, None, tiles=t))(tiles)
@@ -94,7 +95,16 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
                 if v in variants and (v == "tile_view" or name == "fragments"):
                     impls[f"snack_{v}_{name}"] = (lambda t, v: lambda: snack.ops.spmm(
                         x, values, tensors, None, variant=v, tiles=t))(tiles, v)
+            if "wgmma" in variants and name == "fragments":
+                for groups, label in ((1, "1group"), (2, "2groups")):
+                    impls[f"snack_wgmma_fragments_{label}"] = (lambda t, g: lambda: _with_warpgroups(
+                        g, lambda: snack.ops.spmm(x, values, tensors, None, variant="wgmma", tiles=t)))(tiles, groups)
     return impls
+
+
+def _with_warpgroups(groups: int, run):
+    with snack.fragment_warpgroups(groups):
+        return run()
 
 
 def main(argv=None) -> int:

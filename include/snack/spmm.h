@@ -177,6 +177,9 @@ struct SpmmProblem {
   /// chunks), 1 to 8 and at most the band's chunks of 64 inputs; 0 lets the planner choose. Other
   /// variants ignore it.
   int tile_view_splits = 0;
+  /// kWgmma over tile fragments: consumer warpgroups per block (1, or 2 that take the band's tiles in
+  /// turn); 0 lets the planner choose. Other variants ignore it.
+  int fragment_warpgroups = 0;
   /// What the forward is given of the weight's values in tile order (snack/pattern.h): kTileView reads
   /// them instead of gathering the values, and the planner takes it over a wider range. The
   /// transposed product ignores it.
@@ -185,7 +188,7 @@ struct SpmmProblem {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
            csc == o.csc && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits &&
-           packed_tiles == o.packed_tiles;
+           fragment_warpgroups == o.fragment_warpgroups && packed_tiles == o.packed_tiles;
   }
 };
 
@@ -223,6 +226,9 @@ struct SpmmPlan {
   /// forced, or where they pay) or kWgmma's (always, given them). Otherwise kTileView's kernel reads
   /// the values (or the packed tile values).
   bool reads_fragments = false;
+  /// kWgmma over tile fragments: consumer warpgroups per block, each taking every other tile of the
+  /// band with accumulators of its own (1 or 2).
+  int consumer_warpgroups = 1;
   /// Transposed product: the CSC view is first copied into the workspace (CscRead::kCopied) and the
   /// variant runs as the forward over the copy, whose row indices (csc_copy_index_bytes each) start
   /// at byte copy_offset and whose values follow at the next 16-byte boundary.

@@ -10,8 +10,8 @@ from pathlib import Path
 from ._ops import LIBRARY_PATH, PATTERN_FIELDS, default_index_dtype, ops
 from .kernels import (CHANNELS_FIRST_PATHS, CSC_READS, DENSE_BLOCK_MIN_ROWS, DETERMINISTIC_VARIANTS,
                       FORWARD_ONLY_VARIANTS, SDDMM_VARIANTS, SPMM_VARIANTS, TRANSPOSED_VARIANTS, Plan, csc_read,
-                      explain, set_csc_read, set_spmm_variant, set_tile_view_splits, spmm_variant,
-                      tile_view_splits)
+                      explain, fragment_warpgroups, set_csc_read, set_fragment_warpgroups, set_spmm_variant,
+                      set_tile_view_splits, spmm_variant, tile_view_splits)
 from .pattern import Pattern
 from .layer import SparseLinear, nnz_for_density, prepare_ddp, sparse_linear
 from .conv import SparseConv2d
@@ -27,7 +27,8 @@ cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "
 
 __all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
            "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
-           "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits", "CSC_READS",
+           "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits",
+           "set_fragment_warpgroups", "fragment_warpgroups", "CSC_READS",
            "SPMM_VARIANTS", "TRANSPOSED_VARIANTS", "SDDMM_VARIANTS", "DETERMINISTIC_VARIANTS",
            "FORWARD_ONLY_VARIANTS", "DENSE_BLOCK_MIN_ROWS", "CHANNELS_FIRST_PATHS", "attention", "dst", "nn", "optim",
            "sparsify", "prepare_ddp", "for_inference", "for_training", "fuse_for_inference"]

@@ -76,7 +76,7 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
 
 
 # The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).
-_current = {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0}
+_current = {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0, "fragment_warpgroups": 0}
 
 
 @contextlib.contextmanager
@@ -128,3 +128,17 @@ def set_tile_view_splits(splits: int) -> None:
 def tile_view_splits(splits: int) -> contextlib.AbstractContextManager:
     """Context manager form of :func:`set_tile_view_splits`, restoring the previous count on exit."""
     return _restoring("tile_view_splits", set_tile_view_splits, splits)
+
+
+def set_fragment_warpgroups(groups: int) -> None:
+    """Makes every ``wgmma`` forward over tile fragments of this process give each block ``groups``
+    consumer warpgroups (1, or 2 that take a band's tiles in turn) instead of the planner's count;
+    ``0`` restores the planner. For measuring the kernel; other kernels ignore it. Raises
+    ``ValueError`` for a count other than 0, 1 or 2."""
+    ops.set_default_fragment_warpgroups(int(groups))
+    _current["fragment_warpgroups"] = int(groups)
+
+
+def fragment_warpgroups(groups: int) -> contextlib.AbstractContextManager:
+    """Context manager form of :func:`set_fragment_warpgroups`, restoring the previous count on exit."""
+    return _restoring("fragment_warpgroups", set_fragment_warpgroups, groups)

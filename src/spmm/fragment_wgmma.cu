@@ -16,7 +16,11 @@ namespace {
 template <typename T, int NT>
 Status launch_tile(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in,
                    int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT>, "spmm_fragment_wgmma_kernel", plan, view,
+  static_assert(kFragmentWgmmaMaxGroups == 2, "the counts below");
+  if (plan.consumer_warpgroups == 2)
+    return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 2>, "spmm_fragment_wgmma_kernel", plan, view,
+                                       out_dim, in_dim, in, n, bias, out, act, stream);
+  return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 1>, "spmm_fragment_wgmma_kernel", plan, view,
                                      out_dim, in_dim, in, n, bias, out, act, stream);
 }
 
@@ -26,6 +30,9 @@ template <typename T>
 Status launch_fragments_wgmma(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim,
                               const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream) {
   SNACK_RETURN_IF_ERROR(check_wgmma_device());
+  if (plan.consumer_warpgroups < 1 || plan.consumer_warpgroups > kFragmentWgmmaMaxGroups)
+    return InvalidArgument("wgmma over tile fragments: " + std::to_string(plan.consumer_warpgroups) +
+                           " consumer warpgroups a block (1 or 2)");
   switch (plan.batch_tile) {
     case 16: return launch_tile<T, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case 32: return launch_tile<T, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);

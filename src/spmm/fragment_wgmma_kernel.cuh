@@ -7,10 +7,12 @@
 // X, one instruction per k-step for all N batch rows instead of one per 16 x 8 block, the k-steps
 // accumulated in the same registers (one partial tile at the end, not four), and batch tiles of 128.
 //
-// A block is the consumer warpgroup and the producer warp of the mma.sync kernel
+// A block is kGroups consumer warpgroups and the producer warp of the mma.sync kernel
 // (feed_fragment_stages: the copy engine brings each tile's header, registers and chunk of X into
-// `stages` stages). The warps load a step's operands, multiply, wait for the products and release
-// the stage.
+// `stages` stages). A warpgroup loads a step's operands, multiplies, waits for the products and
+// releases the stage; with two, they take the band's steps in turn (each its own accumulators and
+// stages: steps g, g + 2, ...), so that one loads while the other's products run without more blocks
+// splitting the band, and their partial tiles are summed in order at the end.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,24 +47,29 @@ __device__ __forceinline__ void load_row_block(uint32_t (&a)[kTcWarps][4], const
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
 // the batch tile of blockIdx.y, as spmm_fragment_kernel computes it (the same arguments), with NT =
-// 16-128 batch rows a block.
-template <typename T, int NT>
-__global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(NT))
+// 16-128 batch rows a block and kGroups (1 or 2) consumer warpgroups.
+template <typename T, int NT, int kGroups>
+__global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmma_blocks_per_sm(NT, kGroups))
     spmm_fragment_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim,
                                int64_t in_dim, const T* __restrict__ in, int64_t n, const T* __restrict__ bias,
                                T* __restrict__ out, Activation act, int splits, int stage_words, int stages,
                                bool mapped) {
 #if defined(SNACK_WGMMA_BUILT)
   static_assert(NT == 16 || NT == 32 || NT == 64 || NT == 128, "batch tiles of 16, 32, 64 or 128 rows");
+  static_assert(kGroups >= 1 && kGroups <= kFragmentWgmmaMaxGroups, "one or two consumer warpgroups");
   static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
   constexpr uint32_t kChunkBytes = NT * kTcChunk * sizeof(T);
-  constexpr int kConsumerThreads = kTcWarps * 32;  // the warpgroup
-  constexpr int kProducer = kTcWarps;
+  constexpr int kGroupThreads = kTcWarps * 32;  // a warpgroup
+  constexpr int kConsumerThreads = kGroups * kGroupThreads;
+  constexpr int kProducer = kGroups * kTcWarps;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, 1);
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kGroups);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
-  const FragmentSteps share = begin_fragment_steps<NT>(st, view, splits, stages, kTcWarps, kFragmentWgmmaThreads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = warp / kTcWarps, block = warp % kTcWarps, t = threadIdx.x % kGroupThreads;
+  // A stage is released by the warps of the one warpgroup that took its step.
+  const FragmentSteps share =
+      begin_fragment_steps<NT>(st, view, splits, stages, kTcWarps, fragment_wgmma_threads(kGroups));
   const int split = share.split, steps = share.steps;
   const int64_t o0 = share.o0, n0 = share.n0, c_begin = share.c_begin, first_tile = share.first_tile;
 
@@ -72,18 +79,18 @@ __global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_p
   } else {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
-    // Without a map of X the consumers stage step i's chunk into its stage `stages` steps ahead, once
-    // every consumer is done with the step before there (a barrier of the warpgroup), and fence their
-    // writes for the tensor cores' reads.
+    // Without a map of X a warpgroup stages its step i's chunk into its stage `stages` steps ahead
+    // (its own step again: kGroups divides the stages), once its warps are done with the step before
+    // there (a barrier of the warpgroup), and fences their writes for the tensor cores' reads.
     auto stage_x = [&](int i) {
       if (st.step_tiles[i].y != 0)
         stage_fragment_x<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk, t,
-                             kConsumerThreads);
+                             kGroupThreads);
       fence_proxy_async();
     };
     if (!mapped) {
-      for (int i = 0; i < stages && i < steps; ++i) stage_x(i);
-      named_barrier_sync(1, kConsumerThreads);
+      for (int i = group; i < stages && i < steps; i += kGroups) stage_x(i);
+      named_barrier_sync(1 + group, kGroupThreads);
     }
     // Step i's operands (false: an empty tile, nothing to multiply), once its stage `s` has landed.
     auto load = [&](int i, int s, uint32_t parity, uint32_t(&a)[kTcWarps][4]) {
@@ -92,18 +99,18 @@ __global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_p
       if (at.y == 0) return false;
       const uint32_t* stage = st.words + s * st.stride;
       if (at.y <= stage_words)
-        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, warp, lane);
+        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, block, lane);
       else
-        load_row_block<true>(a, stage, view.values + at.x, warp, lane);
+        load_row_block<true>(a, stage, view.values + at.x, block, lane);
       return true;
     };
     // One step at a time: the operands are loaded after the products that read the previous ones
     // have completed. (Loading step i + 1's while step i's products ran let ptxas give the new loads
     // the registers the tensor cores were still reading: garbage outputs at 2-5 blocks an SM.) The
     // block's other warps (the producer) and the SM's other blocks overlap with the products.
-    int s = 0;             // step i's stage
+    int s = group;         // step i's stage
     uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
-    for (int i = 0; i < steps; ++i) {
+    for (int i = group; i < steps; i += kGroups) {
       uint32_t a[kTcWarps][4];
       if (load(i, s, parity, a)) {
         __syncwarp();
@@ -119,26 +126,27 @@ __global__ void __launch_bounds__(kFragmentWgmmaThreads, fragment_wgmma_blocks_p
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&st.released[s]);
       if (!mapped) {
-        named_barrier_sync(1, kConsumerThreads);
+        named_barrier_sync(1 + group, kGroupThreads);
         if (i + stages < steps) stage_x(i + stages);
       }
-      if (++s == stages) s = 0, parity ^= 1u;
+      if ((s += kGroups) >= stages) s -= stages, parity ^= 1u;
     }
   }
 
-  // The block's partial tile over the stages (every copy has landed: the consumers waited for each),
-  // summed across the cluster as it is stored.
+  // Each warpgroup's partial tile into its own place over the stages (every copy has landed: the
+  // consumers waited for each), then summed in warpgroup order and across the cluster as they are stored.
   __syncthreads();
-  if (warp < kTcWarps) {
+  if (warp < kProducer) {
+    float* part = st.partials + group * NT * kTcPartialStride;
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j) {
-      const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-      float* p = st.partials + b * kTcPartialStride + row;
+      const int row = block * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
+      float* p = part + b * kTcPartialStride + row;
       p[0] = acc[4 * j], p[kTcPartialStride] = acc[4 * j + 1];
       p[8] = acc[4 * j + 2], p[kTcPartialStride + 8] = acc[4 * j + 3];
     }
   }
-  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, 1, true>(
+  store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, kGroups, true>(
       st.partials, o0, out_dim, n0, n, bias, out, act, split, splits);
 #else
   __trap();  // built without sm_90a: the launcher refuses it (check_wgmma_device)

@@ -475,7 +475,7 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   // of four; N = 128 32.4 in pairs against 39.8 unsplit).
   const int fragment_words = fragments.words;
   const double wanted = batch_tile == 16 ? 4.0
-                        : fragments.wgmma ? (batch_tile == 128 ? 1.0 : 3.0)
+                        : fragments.wgmma ? (batch_tile == 128 ? 1.0 : 3.0 / fragments.parts)
                         : batch_tile == 64 && fragment_words > 0
                             ? double(std::min<int64_t>(batch_tiles, fragments.blocks_per_sm))
                             : 3.0;
@@ -517,7 +517,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   const bool fragments = plan->reads_fragments;
   const FragmentBlocks blocks =
       fragments ? fragment_blocks(plan->batch_tile, fragment_stage_words(p.out_dim, p.in_dim, p.nnz),
-                                  plan->variant == SpmmVariant::kWgmma)
+                                  plan->variant == SpmmVariant::kWgmma, plan->consumer_warpgroups)
                 : FragmentBlocks{};
   if (plan->variant == SpmmVariant::kTileView || fragments) {
     const int64_t chunks = ceil_div(p.in_dim, kTcChunk);
@@ -616,16 +616,27 @@ Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limi
   return Status::Ok();
 }
 
+// Consumer warpgroups per block of the wgmma kernel over fragments: two, taking the band's tiles in
+// turn, from batch tiles of 64 rows; one below.
+int fragment_wgmma_groups(const SpmmProblem& p, int batch_tile) {
+  if (p.fragment_warpgroups != 0) return p.fragment_warpgroups;
+  return batch_tile >= 64 ? 2 : 1;
+}
+
 // The forward over tile fragments with wgmma: the tile_view grid (bands of 64 rows, clusters from
-// tile_view_splits) with batch tiles of 16 to 128 rows.
+// tile_view_splits) with batch tiles of 16 to 128 rows and one or two consumer warpgroups a block.
 Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limits) {
   using namespace cuda::detail;
   SNACK_RETURN_IF_ERROR(check_wgmma_problem(p, limits));
   if (!p.tile_view)
     return InvalidArgument("wgmma: tile fragments need a pattern with the tile view (built for layers of at most " +
                            std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
+  if (p.fragment_warpgroups < 0 || p.fragment_warpgroups > kFragmentWgmmaMaxGroups)
+    return InvalidArgument("wgmma: " + std::to_string(p.fragment_warpgroups) +
+                           " consumer warpgroups a block asked over tile fragments (1 or 2; 0 lets the planner choose)");
   plan->chunk = kTcChunk;
   plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), kTcMinTile, kFragmentWgmmaMaxTile));
+  plan->consumer_warpgroups = fragment_wgmma_groups(p, plan->batch_tile);
   return tensor_core_grid(p, plan, limits);
 }
 
@@ -861,8 +872,10 @@ std::string describe(const SpmmPlan& plan) {
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
     if (plan.reads_fragments) {
       const int words = cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz);
-      s += std::string(plan.variant == SpmmVariant::kWgmma ? ", A operands in registers"
-                                                            : ", operands") +
+      s += std::string(plan.variant == SpmmVariant::kWgmma
+                           ? (plan.consumer_warpgroups == 2 ? ", two warpgroups on alternate tiles" : "") +
+                                 std::string(", A operands in registers")
+                           : ", operands") +
            " loaded from the tile fragments, " +
            std::to_string(cuda::detail::kFragmentStages) + " stages of " +
            std::to_string(words) + " register words";

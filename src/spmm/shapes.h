@@ -173,16 +173,20 @@ SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words
 }
 
 // ---- the tile fragments on wgmma (fragment_wgmma_kernel.cuh; sm_90a) ----
-// One consumer warpgroup (warp w multiplies row block w of every k-step of a tile, its A operands in
-// registers, with wgmma m64nNk16 over the chunk of X in shared memory) and the producer warp.
+// One or two consumer warpgroups (warp w of a warpgroup multiplies row block w of every k-step of a
+// tile, its A operands in registers, with wgmma m64nNk16 over the chunk of X in shared memory; two
+// take the band's tiles in turn, each with accumulators of its own) and the producer warp.
 constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
-constexpr int kFragmentWgmmaThreads = (kTcWarps + 1) * 32;
-// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum; 70 / 69 / 88 / 120
-// registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory): the accumulators (tile / 2
-// a thread) and a row block's operands of the four k-steps (16 registers). At 128 the stages' shared
-// memory holds two.
-SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile) {
-  return tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2;
+constexpr int kFragmentWgmmaMaxGroups = 2;
+static_assert(kFragmentStages % kFragmentWgmmaMaxGroups == 0, "a warpgroup's steps keep to its own stages");
+SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int groups) { return (groups * kTcWarps + 1) * 32; }
+// Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators
+// (tile / 2 a thread) and a row block's operands of the four k-steps (16 registers); 70 / 69 / 88 /
+// 120 registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory. One warpgroup: 5 / 5
+// / 4 / 2 blocks (at 128 the stages' shared memory holds two); two: 3 / 3 / 2 / 1.
+SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile, int groups = 1) {
+  return groups == 1 ? (tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2)
+                     : (tile == 16 || tile == 32 ? 3 : tile == 64 ? 2 : 1);
 }
 
 // The blocks of a fragment kernel, as the planner's clusters count them.
@@ -193,8 +197,10 @@ struct FragmentBlocks {
   int blocks_per_sm = 0;  // by registers
   bool wgmma = false;     // the wgmma kernel's blocks
 };
-SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma) {
-  return wgmma ? FragmentBlocks{words, 1, kFragmentWgmmaThreads, fragment_wgmma_blocks_per_sm(tile), true}
+// groups: the wgmma kernel's consumer warpgroups, one part of the partial tile each.
+SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma, int groups = 1) {
+  return wgmma ? FragmentBlocks{words, groups, fragment_wgmma_threads(groups),
+                                fragment_wgmma_blocks_per_sm(tile, groups), true}
                : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile), false};
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two

@@ -160,6 +160,18 @@ void set_default_tile_view_splits(int64_t splits) {
   g_default_tile_view_splits.store(int(splits));
 }
 
+namespace {
+std::atomic<int> g_default_fragment_warpgroups{0};
+}  // namespace
+
+int default_fragment_warpgroups() { return g_default_fragment_warpgroups.load(); }
+
+void set_default_fragment_warpgroups(int64_t groups) {
+  TORCH_CHECK_VALUE(groups >= 0 && groups <= 2, "snack.set_default_fragment_warpgroups: ", groups,
+                    " consumer warpgroups a block (expected 0, the planner's choice, 1 or 2)");
+  g_default_fragment_warpgroups.store(int(groups));
+}
+
 void set_default_csc_read(c10::string_view name) {
   CscRead r = CscRead::kAuto;
   TORCH_CHECK_VALUE(parse_csc_read(std::string(name), &r), "snack.set_default_csc_read: unknown choice '", name,

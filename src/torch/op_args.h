@@ -97,6 +97,10 @@ void set_default_csc_read(c10::string_view name);
 // 0: the planner's choice).
 int default_tile_view_splits();
 void set_default_tile_view_splits(int64_t splits);
+// Consumer warpgroups per block of this process's wgmma forwards over tile fragments
+// (set_default_fragment_warpgroups; 0: the planner's choice).
+int default_fragment_warpgroups();
+void set_default_fragment_warpgroups(int64_t groups);
 
 // ---- dense operands ------------------------------------------------------------------------------
 void check_1d(const at::Tensor& t, const char* name, const char* op);

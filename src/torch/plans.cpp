@@ -79,7 +79,7 @@ class PlanCache {
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
     mix(uint64_t(p.csc) << 3 | uint64_t(p.tile_view) << 2 | uint64_t(p.packed_tiles));
-    mix(uint64_t(p.tile_view_splits));
+    mix(uint64_t(p.tile_view_splits) << 8 | uint64_t(p.fragment_warpgroups));
   }
   template <typename Mix>
   static void for_each_field(const SddmmProblem& p, Mix&& mix) {
@@ -287,4 +287,5 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);
   m.impl("set_default_csc_read", &snack::binding::set_default_csc_read);
   m.impl("set_default_tile_view_splits", &snack::binding::set_default_tile_view_splits);
+  m.impl("set_default_fragment_warpgroups", &snack::binding::set_default_fragment_warpgroups);
 }

@@ -108,6 +108,9 @@ TORCH_LIBRARY(snack, m) {
   // Blocks per band of the tile_view products (SpMM and SDDMM) of this process, for A/B runs of the
   // grid: 0 (the planner's choice) or a count the planner checks against each product.
   m.def("set_default_tile_view_splits(int splits) -> ()");
+  // Consumer warpgroups per block of the wgmma forwards over tile fragments of this process: 0 (the
+  // planner's choice), 1 or 2.
+  m.def("set_default_fragment_warpgroups(int groups) -> ()");
   // The kernel variants: (forward, input_grad, weight_grad, nondeterministic), by name.
   m.def("kernel_variants() -> (str[], str[], str[], str[])");
   // The names of the pattern's tensors, in the order the ops take them.

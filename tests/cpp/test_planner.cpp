@@ -597,7 +597,8 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
 
 TEST(Planner, FragmentsOnHopperRunWgmma) {
   // With sm_90a code on a Hopper GPU, from 17 rows the forward over tile fragments runs wgmma's kernel
-  // (batch tiles of 32 to 128 rows, a warpgroup and a producer warp); at 8-16 rows mma.sync's.
+  // (batch tiles of 32 to 128 rows, a producer warp beside one consumer warpgroup, two from batch tiles
+  // of 64); at 8-16 rows mma.sync's.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n,
                           SpmmVariant requested = SpmmVariant::kAuto) {
     return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested);
@@ -612,7 +613,8 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     EXPECT_EQ(p.variant, SpmmVariant::kWgmma) << describe(p);
     EXPECT_EQ(p.reason, SpmmReason::kFragmentWgmma);
     EXPECT_EQ(p.batch_tile, n <= 32 ? 32 : n <= 64 ? 64 : 128);
-    EXPECT_EQ(p.threads, 5 * 32);
+    EXPECT_EQ(p.consumer_warpgroups, n <= 32 ? 1 : 2);
+    EXPECT_EQ(p.threads, n <= 32 ? 5 * 32 : 9 * 32);
     EXPECT_EQ(p.workspace_bytes, 0u);  // no tile lists
     EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
         << describe(p);
@@ -636,18 +638,34 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   on_a100.packed_tiles = TileValues::kFragments;
   SpmmPlan p;
   EXPECT_EQ(plan_spmm(on_a100, DeviceLimits::a100(), &p).code(), StatusCode::kInvalidArgument);
-  // Stages as the mma.sync kernel's; at the end one partial tile (128 batch rows x 68 floats), not four.
+  // Stages as the mma.sync kernel's; at the end a partial tile per warpgroup (128 batch rows x 68
+  // floats), not one per k-step.
   const SpmmPlan wide = planned(16384, 4096, 0.1, 128);
   const size_t stages = 4 * (128 * 64 * 2 + 128 * 4 + 16) + 1024;
   EXPECT_GE(wide.smem_bytes, stages + 4 * 4 * size_t(1.25 * 0.19 * 2048));
   EXPECT_LE(wide.smem_bytes, stages + 4 * 4 * 2048 + 8 * 64);
-  EXPECT_GE(wide.smem_bytes, size_t(128 * 68 * 4));
-  // Blocks per band: three blocks per SM at batch tiles of 32-64, one at 128 (two fit).
-  EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 2);
-  EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 6);
+  EXPECT_GE(wide.smem_bytes, size_t(2 * 128 * 68 * 4));
+  EXPECT_NE(describe(wide).find("two warpgroups on alternate tiles"), std::string::npos) << describe(wide);
+  // Blocks per band: three warpgroups per SM at batch tiles of 32-64 (three blocks of one, one and a
+  // half of two), one block at 128.
+  EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 1);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 4);
   EXPECT_EQ(planned(16384, 4096, 0.1, 128).k_splits, 1);
   EXPECT_EQ(planned(4096, 4096, 0.1, 128).k_splits, 2);
   EXPECT_EQ(planned(11008, 4096, 0.1, 32).k_splits, 2);
+  // The count forced either way, and refused past two.
+  for (const int groups : {1, 2}) {
+    SpmmProblem forced{4096, 4096, nnz_for_density(4096, 4096, 0.1), 20, 2, false, SpmmVariant::kWgmma};
+    forced.tile_view = true;
+    forced.packed_tiles = TileValues::kFragments;
+    forced.fragment_warpgroups = groups;
+    SpmmPlan f;
+    ASSERT_TRUE(plan_spmm(forced, DeviceLimits::h200(), &f).ok());
+    EXPECT_EQ(f.consumer_warpgroups, groups);
+    EXPECT_EQ(f.threads, (4 * groups + 1) * 32);
+    forced.fragment_warpgroups = 3;
+    EXPECT_EQ(plan_spmm(forced, DeviceLimits::h200(), &f).code(), StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(Planner, TileViewSplits) {

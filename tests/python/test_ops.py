@@ -376,13 +376,15 @@ def test_process_wide_choices_restore():
     assert snack.CSC_READS == ("auto", "in_place", "copied")
     with snack.csc_read("copied"):
         with snack.csc_read("in_place"), snack.spmm_variant("global_xt"):
-            assert kernels._current == {"spmm_variant": "global_xt", "csc_read": "in_place", "tile_view_splits": 0}
-        assert kernels._current == {"spmm_variant": "auto", "csc_read": "copied", "tile_view_splits": 0}
+            assert kernels._current == {"spmm_variant": "global_xt", "csc_read": "in_place", "tile_view_splits": 0,
+                                        "fragment_warpgroups": 0}
+        assert kernels._current == {"spmm_variant": "auto", "csc_read": "copied", "tile_view_splits": 0,
+                                    "fragment_warpgroups": 0}
         with pytest.raises(RuntimeError, match="inside"):
             with snack.csc_read("in_place"):
                 raise RuntimeError("inside")
         assert kernels._current["csc_read"] == "copied"
-    assert kernels._current == {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0}
+    assert kernels._current == {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0, "fragment_warpgroups": 0}
     with pytest.raises(ValueError, match="blocks per band"):
         snack.set_tile_view_splits(-1)
     with snack.tile_view_splits(6):
@@ -391,3 +393,11 @@ def test_process_wide_choices_restore():
             assert kernels._current["tile_view_splits"] == 0
         assert kernels._current["tile_view_splits"] == 6
     assert kernels._current["tile_view_splits"] == 0
+    with pytest.raises(ValueError, match="0, the planner's choice, 1 or 2"):
+        snack.set_fragment_warpgroups(3)
+    with snack.fragment_warpgroups(2):
+        assert kernels._current["fragment_warpgroups"] == 2
+        with snack.fragment_warpgroups(1):
+            assert kernels._current["fragment_warpgroups"] == 1
+        assert kernels._current["fragment_warpgroups"] == 2
+    assert kernels._current["fragment_warpgroups"] == 0

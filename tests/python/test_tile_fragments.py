@@ -18,8 +18,19 @@ TILE_ROWS, TILE_COLS, _ = ops.tile_view_geometry()
 HEADER_WORDS, REGISTERS = 128, 16
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
-# The kernels that read the fragments: mma.sync's (tile_view) everywhere, wgmma's on Hopper only.
-FRAGMENT_VARIANTS = ["tile_view", pytest.param("wgmma", marks=pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper"))]
+# The kernels that read the fragments: mma.sync's (tile_view) everywhere, wgmma's on Hopper only, with
+# one consumer warpgroup a block or two on alternate tiles. (variant, warpgroups; 0: the planner's.)
+_ON_HOPPER = pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper")
+FRAGMENT_KERNELS = [pytest.param(("tile_view", 0), id="tile_view"),
+                    pytest.param(("wgmma", 1), id="wgmma-1group", marks=_ON_HOPPER),
+                    pytest.param(("wgmma", 2), id="wgmma-2groups", marks=_ON_HOPPER)]
+
+
+def fragment_spmm(kernel, x, w, fragments, *args):
+    """ops.spmm over the fragments with `kernel` (a FRAGMENT_KERNELS pair) forced."""
+    variant, groups = kernel
+    with snack.fragment_warpgroups(groups):
+        return ops.spmm(x, w.values, w.tensors, *args, variant=variant, tiles=fragments)
 
 
 def slot_bits(w: Weight) -> dict:
@@ -136,27 +147,26 @@ def forward_weight(case: str, dtype, seed: int) -> Weight:
 
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
-@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
+@pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
 @pytest.mark.parametrize("case", list(FORWARD_CASES))
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33, 100, 129])
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
-def test_forward_reads_fragments(case, n, dtype, variant):
+def test_forward_reads_fragments(case, n, dtype, kernel):
     w = forward_weight(case, dtype, seed=n)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     x, bias = w.randn(n, w.k, seed=n), w.randn(w.m, seed=3)
     poison_cache(torch.device("cuda"))  # an output left unwritten shows as NaN
-    y = ops.spmm(x, w.values, w.tensors, bias, variant=variant, tiles=fragments)
-    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"fragments, {variant}, {case}")
-    assert torch.equal(ops.spmm(x, w.values, w.tensors, bias, variant=variant, tiles=fragments), y), \
-        "deterministic"
-    relu = ops.spmm(x, w.values, w.tensors, bias, "relu", variant=variant, tiles=fragments)
+    y = fragment_spmm(kernel, x, w, fragments, bias)
+    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"fragments, {kernel}, {case}")
+    assert torch.equal(fragment_spmm(kernel, x, w, fragments, bias), y), "deterministic"
+    relu = fragment_spmm(kernel, x, w, fragments, bias, "relu")
     assert torch.equal(relu, torch.relu(y))
 
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
-@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
+@pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
 @pytest.mark.parametrize("n", [21, 100])
-def test_forward_reads_fragments_with_unaligned_input(variant, n):
+def test_forward_reads_fragments_with_unaligned_input(kernel, n):
     # Rows of X a multiple of 8 values that start off a 16-byte boundary: no tensor map, the threads
     # stage X; the same outputs as from an aligned copy of it.
     w = Weight(130, 456, 7000, device="cuda", dtype=torch.bfloat16, seed=8)
@@ -165,30 +175,28 @@ def test_forward_reads_fragments_with_unaligned_input(variant, n):
     shifted = torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x)
     shifted.copy_(x)
     assert shifted.data_ptr() % 16 != 0
-    y = ops.spmm(shifted, w.values, w.tensors, variant=variant, tiles=fragments)
-    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"unaligned input, {variant}")
-    assert torch.equal(y, ops.spmm(x, w.values, w.tensors, variant=variant, tiles=fragments))
+    y = fragment_spmm(kernel, shifted, w, fragments)
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"unaligned input, {kernel}")
+    assert torch.equal(y, fragment_spmm(kernel, x, w, fragments))
 
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
-@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
+@pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [40, 128])
-def test_forward_reads_fragments_in_clusters(splits, n, variant):
+def test_forward_reads_fragments_in_clusters(splits, n, kernel):
+    # 512 inputs: 8 steps a band, 2-8 a block, so that a second warpgroup may have one step or none.
     w = Weight(192, 512, 9000, device="cuda", dtype=torch.bfloat16, seed=splits)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     x = w.randn(n, 512, seed=2)
-    snack.set_tile_view_splits(splits)
-    try:
-        y = ops.spmm(x, w.values, w.tensors, variant=variant, tiles=fragments)
-    finally:
-        snack.set_tile_view_splits(0)
-    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"{variant}, {splits} blocks per band")
+    with snack.tile_view_splits(splits):
+        y = fragment_spmm(kernel, x, w, fragments)
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"{kernel}, {splits} blocks per band")
 
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
-@pytest.mark.parametrize("variant", FRAGMENT_VARIANTS)
-def test_forward_reads_fragments_of_a_large_layer(variant):
+@pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
+def test_forward_reads_fragments_of_a_large_layer(kernel):
     # 64 steps a band and several blocks an SM: every stage used 16 times, the next step's operands
     # loaded while the tensor cores still multiply the step before (a first wgmma form let the loads
     # overwrite the registers being multiplied; the small cases above did not show it).
@@ -197,8 +205,8 @@ def test_forward_reads_fragments_of_a_large_layer(variant):
     for n in (8, 16, 64, 128):
         x = w.randn(n, 4096, seed=n)
         poison_cache(torch.device("cuda"))
-        assert_matmul(ops.spmm(x, w.values, w.tensors, variant=variant, tiles=fragments), x, w.dense64.T,
-                      torch.bfloat16, what=f"{variant}, 4096x4096, N = {n}")
+        assert_matmul(fragment_spmm(kernel, x, w, fragments), x, w.dense64.T, torch.bfloat16,
+                      what=f"{kernel}, 4096x4096, N = {n}")
 
 
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
@@ -208,6 +216,7 @@ def test_wgmma_reads_fragments_in_batch_tiles_of_up_to_128():
     for n, tile in ((8, 16), (20, 32), (64, 64), (65, 128), (300, 128)):
         plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "wgmma", "none", 1, False, True))
         assert plan.variant == "wgmma" and plan.batch_tile == tile and "A operands in registers" in plan.describe
+        assert ("two warpgroups" in plan.describe) == (tile >= 64), plan.describe
         x = w.randn(n, 1024, seed=n)
         assert_matmul(ops.spmm(x, w.values, w.tensors, variant="wgmma", tiles=fragments), x, w.dense64.T,
                       torch.bfloat16, what=f"wgmma, N = {n}")
