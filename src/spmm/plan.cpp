@@ -617,10 +617,19 @@ Status wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limi
 }
 
 // Consumer warpgroups per block of the wgmma kernel over fragments: two, taking the band's tiles in
-// turn, from batch tiles of 64 rows; one below.
-int fragment_wgmma_groups(const SpmmProblem& p, int batch_tile) {
+// turn, at batch tiles of 128 rows where the grid has fewer bands and batch tiles than the GPU has
+// SMs, so that an SM would otherwise hold one warpgroup (more blocks per band ran slower: the
+// clusters' sums and fewer steps a block); one elsewhere, where the blocks fill the SMs and two
+// warpgroups would share one producer's stages. Each count forced on the H100
+// (spmm_nvidia_h100_80gb_hbm3_bf16_wgmma_groups.md, commit a986894, 80-95%): 4096x4096, N = 128:
+// 20.9-22.7 us with two against 26.7-27.4 with one (dense 21.7-22.1); 768x3072: 12.1-12.5 against
+// 12.3-12.8; 16384x4096, N = 128: 56.8-63.9 against 46.4-47.9, N = 64: 33.2-41.5 against 33.3-41.1;
+// 4096x4096, N = 64: 24.1-26.2 against 17.9-18.7.
+int fragment_wgmma_groups(const SpmmProblem& p, int batch_tile, const DeviceLimits& limits) {
+  using namespace cuda::detail;
   if (p.fragment_warpgroups != 0) return p.fragment_warpgroups;
-  return batch_tile >= 64 ? 2 : 1;
+  const int64_t blocks = ceil_div(p.out_dim, kTcBandRows) * ceil_div(std::max<int64_t>(p.n, 1), batch_tile);
+  return batch_tile == kFragmentWgmmaMaxTile && blocks < limits.sms ? 2 : 1;
 }
 
 // The forward over tile fragments with wgmma: the tile_view grid (bands of 64 rows, clusters from
@@ -636,7 +645,7 @@ Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLim
                            " consumer warpgroups a block asked over tile fragments (1 or 2; 0 lets the planner choose)");
   plan->chunk = kTcChunk;
   plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), kTcMinTile, kFragmentWgmmaMaxTile));
-  plan->consumer_warpgroups = fragment_wgmma_groups(p, plan->batch_tile);
+  plan->consumer_warpgroups = fragment_wgmma_groups(p, plan->batch_tile, limits);
   return tensor_core_grid(p, plan, limits);
 }
 

@@ -597,8 +597,8 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
 
 TEST(Planner, FragmentsOnHopperRunWgmma) {
   // With sm_90a code on a Hopper GPU, from 17 rows the forward over tile fragments runs wgmma's kernel
-  // (batch tiles of 32 to 128 rows, a producer warp beside one consumer warpgroup, two from batch tiles
-  // of 64); at 8-16 rows mma.sync's.
+  // (batch tiles of 32 to 128 rows, a producer warp beside one consumer warpgroup, two at 128 rows where
+  // the bands and batch tiles are fewer than the SMs); at 8-16 rows mma.sync's.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n,
                           SpmmVariant requested = SpmmVariant::kAuto) {
     return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested);
@@ -613,8 +613,8 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     EXPECT_EQ(p.variant, SpmmVariant::kWgmma) << describe(p);
     EXPECT_EQ(p.reason, SpmmReason::kFragmentWgmma);
     EXPECT_EQ(p.batch_tile, n <= 32 ? 32 : n <= 64 ? 64 : 128);
-    EXPECT_EQ(p.consumer_warpgroups, n <= 32 ? 1 : 2);
-    EXPECT_EQ(p.threads, n <= 32 ? 5 * 32 : 9 * 32);
+    EXPECT_EQ(p.consumer_warpgroups, 1);  // 256 bands
+    EXPECT_EQ(p.threads, 5 * 32);
     EXPECT_EQ(p.workspace_bytes, 0u);  // no tile lists
     EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
         << describe(p);
@@ -640,16 +640,20 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   EXPECT_EQ(plan_spmm(on_a100, DeviceLimits::a100(), &p).code(), StatusCode::kInvalidArgument);
   // Stages as the mma.sync kernel's; at the end a partial tile per warpgroup (128 batch rows x 68
   // floats), not one per k-step.
-  const SpmmPlan wide = planned(16384, 4096, 0.1, 128);
+  const SpmmPlan wide = planned(4096, 4096, 0.1, 128);
+  EXPECT_EQ(wide.consumer_warpgroups, 2);  // 64 bands
+  EXPECT_EQ(wide.threads, 9 * 32);
   const size_t stages = 4 * (128 * 64 * 2 + 128 * 4 + 16) + 1024;
   EXPECT_GE(wide.smem_bytes, stages + 4 * 4 * size_t(1.25 * 0.19 * 2048));
   EXPECT_LE(wide.smem_bytes, stages + 4 * 4 * 2048 + 8 * 64);
   EXPECT_GE(wide.smem_bytes, size_t(2 * 128 * 68 * 4));
   EXPECT_NE(describe(wide).find("two warpgroups on alternate tiles"), std::string::npos) << describe(wide);
-  // Blocks per band: three warpgroups per SM at batch tiles of 32-64 (three blocks of one, one and a
-  // half of two), one block at 128.
-  EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 1);
-  EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 4);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 64).consumer_warpgroups, 1);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 200).consumer_warpgroups, 1);  // 64 bands x 2 batch tiles
+  EXPECT_EQ(planned(768, 3072, 0.1, 128).consumer_warpgroups, 2);
+  // Blocks per band: three blocks per SM at batch tiles of 32-64, one at 128.
+  EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 2);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 64).k_splits, 6);
   EXPECT_EQ(planned(16384, 4096, 0.1, 128).k_splits, 1);
   EXPECT_EQ(planned(4096, 4096, 0.1, 128).k_splits, 2);
   EXPECT_EQ(planned(11008, 4096, 0.1, 32).k_splits, 2);
