@@ -463,7 +463,9 @@ Status rows_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& limit
 // at 128, where shared memory holds two; on the H100 at 90%, each count forced, us with 1 / 2 / 4 / 6
 // / 8 blocks per band: 16384x4096, N = 64: 40.4 / 32.6 / 47.9 / 55.1 / 58.1 (this rule: 2); N = 128:
 // 47.2 / 56.3 / 80.7 / 93.8 / 105.8 (1); 4096x4096, N = 64: 35.5 / 22.8 / 18.1 / 17.6 / 22.8 (6);
-// N = 128: 41.3 / 26.6 / 32.4 / 29.2 / 35.0 (2).
+// N = 128: 41.3 / 26.6 / 32.4 / 29.2 / 35.0 (2). With two warpgroups a block, one block per SM at 128
+// rows (4096x4096, N = 128, us with 1 / 2 / 3 / 4 / 6 / 8: 29.7 / 21.2 / 30.2 / 36.8 / 43.0 / 48.0,
+// spmm_nvidia_h100_80gb_hbm3_bf16_wgmma_groups.md's build) and, forced, one and a half at 32-64.
 int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int batch_tile, bool transposed,
                      const DeviceLimits& limits, const cuda::detail::FragmentBlocks& fragments) {
   using namespace cuda::detail;

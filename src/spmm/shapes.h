@@ -181,9 +181,10 @@ constexpr int kFragmentWgmmaMaxGroups = 2;
 static_assert(kFragmentStages % kFragmentWgmmaMaxGroups == 0, "a warpgroup's steps keep to its own stages");
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int groups) { return (groups * kTcWarps + 1) * 32; }
 // Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators
-// (tile / 2 a thread) and a row block's operands of the four k-steps (16 registers); 70 / 69 / 88 /
-// 120 registers a thread at batch tiles of 16 / 32 / 64 / 128, no local memory. One warpgroup: 5 / 5
-// / 4 / 2 blocks (at 128 the stages' shared memory holds two); two: 3 / 3 / 2 / 1.
+// (tile / 2 a thread) and a row block's operands of the four k-steps (16 registers); 58 / 61 / 77 /
+// 110 registers a thread at batch tiles of 16 / 32 / 64 / 128 with one warpgroup, 64 / 64 / 77 / 110
+// with two, no local memory. One warpgroup: 5 / 5 / 4 / 2 blocks (at 128 the stages' shared memory
+// holds two); two: 3 / 3 / 2 / 1.
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile, int groups = 1) {
   return groups == 1 ? (tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2)
                      : (tile == 16 || tile == 32 ? 3 : tile == 64 ? 2 : 1);
