@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
     // One step at a time: the operands are loaded after the products that read the previous ones
     // have completed. (Loading step i + 1's while step i's products ran let ptxas give the new loads
     // the registers the tensor cores were still reading: garbage outputs at 2-5 blocks an SM.) The
-    // block's other warps (the producer) and the SM's other blocks overlap with the products.
+    // block's other warps (the producer, the other warpgroup) and the SM's other blocks overlap with
+    // the products.
     int s = group;         // step i's stage
     uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
     for (int i = group; i < steps; i += kGroups) {

@@ -644,7 +644,7 @@ Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLim
                            std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
   if (p.fragment_warpgroups < 0 || p.fragment_warpgroups > kFragmentWgmmaMaxGroups)
     return InvalidArgument("wgmma: " + std::to_string(p.fragment_warpgroups) +
-                           " consumer warpgroups a block asked over tile fragments (1 or 2; 0 lets the planner choose)");
+                           " consumer warpgroups a block asked over tile fragments (1 or 2; 0: the planner's)");
   plan->chunk = kTcChunk;
   plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), kTcMinTile, kFragmentWgmmaMaxTile));
   plan->consumer_warpgroups = fragment_wgmma_groups(p, plan->batch_tile, limits);

@@ -384,7 +384,8 @@ def test_process_wide_choices_restore():
             with snack.csc_read("in_place"):
                 raise RuntimeError("inside")
         assert kernels._current["csc_read"] == "copied"
-    assert kernels._current == {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0, "fragment_warpgroups": 0}
+    assert kernels._current == {"spmm_variant": "auto", "csc_read": "auto", "tile_view_splits": 0,
+                                "fragment_warpgroups": 0}
     with pytest.raises(ValueError, match="blocks per band"):
         snack.set_tile_view_splits(-1)
     with snack.tile_view_splits(6):
