@@ -300,12 +300,9 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
 #pragma unroll
     for (int m = 0; m < kBlocks; ++m)
 #pragma unroll
-      for (int j = 0; j < NT / 8; ++j) {
-        const int row = (first_block + m) * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-        float* p = part + b * kTcPartialStride + row;
-        p[0] = acc[m][j][0], p[kTcPartialStride] = acc[m][j][1];
-        p[8] = acc[m][j][2], p[kTcPartialStride + 8] = acc[m][j][3];
-      }
+      for (int j = 0; j < NT / 8; ++j)
+        store_accumulator_quad(part, (first_block + m) * 16, j * 8, lane, acc[m][j][0], acc[m][j][1], acc[m][j][2],
+                               acc[m][j][3]);
   }
   // The consumers store; the producer joins the barriers.
   store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, kTcWarps>(

@@ -140,12 +140,8 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
   if (warp < kProducer) {
     float* part = st.partials + group * NT * kTcPartialStride;
 #pragma unroll
-    for (int j = 0; j < NT / 8; ++j) {
-      const int row = block * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-      float* p = part + b * kTcPartialStride + row;
-      p[0] = acc[4 * j], p[kTcPartialStride] = acc[4 * j + 1];
-      p[8] = acc[4 * j + 2], p[kTcPartialStride + 8] = acc[4 * j + 3];
-    }
+    for (int j = 0; j < NT / 8; ++j)
+      store_accumulator_quad(part, block * 16, j * 8, lane, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
   }
   store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kConsumerThreads, kGroups, true>(
       st.partials, o0, out_dim, n0, n, bias, out, act, split, splits);

@@ -40,6 +40,17 @@ __device__ __forceinline__ void stage_input_chunk(uint16_t* xs, const T* __restr
   stage_16bit_block<NT, CW, tensor_core_stride(CW), kTcThreads>(xs, in, n, in_dim, n0, k0, vec);
 }
 
+// One m16n8 accumulator of a warp (the layout of mma.sync's m16n8 and of each n-tile of wgmma's
+// m64nN: c0, c1 at rows row0 + lane / 4, batch rows b0 + 2 (lane % 4) and + 1; c2, c3 eight rows
+// further) into a partial tile [batch row][kTcPartialStride] of a band's rows.
+__device__ __forceinline__ void store_accumulator_quad(float* partial, int row0, int b0, int lane, float c0, float c1,
+                                                       float c2, float c3) {
+  const int row = row0 + lane / 4, b = b0 + (lane % 4) * 2;
+  float* p = partial + b * kTcPartialStride + row;
+  p[0] = c0, p[kTcPartialStride] = c1;
+  p[8] = c2, p[kTcPartialStride + 8] = c3;
+}
+
 // The end of a band's block: its partial tile [NT][64 rows] (acc of the m16n8k16 layout, warp w
 // rows 16 w..16 w + 15) through shared memory (`partial`, over the staging buffers), summed over the
 // cluster's `splits` blocks in rank order, then bias, activation and the store along the output rows.
@@ -52,13 +63,8 @@ __device__ __forceinline__ void finish_band_tile(const float (&acc)[NT / 8][4], 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-    const int row = warp * 16 + lane / 4, b = j * 8 + (lane % 4) * 2;
-    partial[b * kTcPartialStride + row] = acc[j][0];
-    partial[(b + 1) * kTcPartialStride + row] = acc[j][1];
-    partial[b * kTcPartialStride + row + 8] = acc[j][2];
-    partial[(b + 1) * kTcPartialStride + row + 8] = acc[j][3];
-  }
+  for (int j = 0; j < NT / 8; ++j)
+    store_accumulator_quad(partial, warp * 16, j * 8, lane, acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
   store_split_band_tile<T, kTcBandRows, NT, kTcPartialStride, kTcThreads>(partial, o0, out_dim, n0, n, bias, out, act,
                                                                            split, splits);
 }
