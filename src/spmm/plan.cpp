@@ -9,6 +9,7 @@
 #include "../common/dense_blocks.h"
 #include "../common/grid.h"
 #include "shapes.h"
+#include "wgmma.h"
 #include "snack/spmm.h"
 
 namespace snack {
@@ -581,9 +582,7 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
 Status check_wgmma_problem(const SpmmProblem& p, const DeviceLimits& limits) {
   if (p.value_bytes != 2) return InvalidArgument("wgmma runs 16-bit values (bfloat16, float16) only");
   if (limits.compute_capability != 90)
-    return InvalidArgument("wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
-                           std::to_string(limits.compute_capability / 10) + "." +
-                           std::to_string(limits.compute_capability % 10));
+    return InvalidArgument(cuda::detail::wgmma_needs_hopper(limits.compute_capability));
   return Status::Ok();
 }
 

@@ -28,9 +28,7 @@ Status check_wgmma_device() {
   DeviceLimits limits;  // queried once per device
   SNACK_RETURN_IF_ERROR(current_device_limits(&limits));
   if (limits.compute_capability != 90)
-    return Status(StatusCode::kUnsupported, "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
-                                                std::to_string(limits.compute_capability / 10) + "." +
-                                                std::to_string(limits.compute_capability % 10));
+    return Status(StatusCode::kUnsupported, wgmma_needs_hopper(limits.compute_capability));
   return Status::Ok();
 }
 

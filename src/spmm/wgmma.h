@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "snack/activation.h"
 #include "snack/pattern.h"
@@ -16,6 +17,13 @@ namespace snack::cuda::detail {
 /// Whether this build holds the wgmma kernel (sm_90a code): the planner offers it only then, and
 /// only on a device of compute capability 9.0.
 bool wgmma_built();
+
+/// Why a device of this compute capability (major * 10 + minor) cannot run the wgmma kernels: the
+/// planner's refusal and the launchers' say the same.
+inline std::string wgmma_needs_hopper(int compute_capability) {
+  return "wgmma needs a GPU of compute capability 9.0 (Hopper), this one is " +
+         std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
+}
 
 /// Ok where the wgmma kernels run: this build holds them and the current device is of compute
 /// capability 9.0; kUnsupported otherwise.
