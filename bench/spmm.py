@@ -221,7 +221,7 @@ def render(out: Path) -> int:
     return 0 if paths else 1
 
 
-def floor_evidence(t, keys, info) -> list[str]:
+def floor_evidence(t, keys, info, primary: str = "snack", dtype: str = "fp32") -> list[str]:
     """Why the floor target is missed, row by row: what 60% of the floor needs, and the effective
     bandwidth of the fewest bytes (floor / time x the measured copy bandwidth)."""
     bandwidth = float(info.get("copy_bandwidth", "nan").split()[0])
@@ -229,12 +229,22 @@ def floor_evidence(t, keys, info) -> list[str]:
              "| N | sparsity | floor us | snack us | % of floor | 60% needs us | effective GB/s |",
              "|---|---|---|---|---|---|---|"]
     for k in keys:
-        r = t[k + ("snack",)]
+        r = t[k + (primary,)]
         share = r["floor_us"] / r["median_us"]
         lines.append(f"| {k[2]} | {k[3]} | {r['floor_us']:.1f} | {r['median_us']:.1f} | {100 * share:.0f}% | "
                      f"{r['floor_us'] / 0.6:.1f} | {share * bandwidth:.0f} |")
-    sparse = [t[k + ("snack",)]["floor_us"] for k in keys if k[3] >= 0.99]
+    sparse = [t[k + (primary,)]["floor_us"] for k in keys if k[3] >= 0.99]
     at_99 = f" ({min(sparse):.1f}-{max(sparse):.1f} us here)" if sparse else ""
+    if dtype != "fp32" and primary != "snack_fragments":
+        return lines + ["", "Why: `docs/kernels.md`, \"Where the targets stand\" (16-bit values without tile fragments "
+                        "given, the planner's CUDA-core and tile-view kernels)."]
+    if dtype != "fp32":
+        return lines + ["", "Why (the analysis and its evidence: `docs/kernels.md`, \"Tile fragments\", \"What bounds "
+                        "it\"): up to 16 rows the planner reads tile fragments with `mma.sync`, whose time hardly "
+                        "follows the sparsity (a tile costs an SM ~0.15 us, a launch ~10 us beside its tiles under "
+                        "this timer), so the share of the floor falls as the sparsity rises; more stages, fewer "
+                        "copies and the products themselves were each measured and ruled out; Nsight Compute "
+                        "shows the consumers' chain of dependent instructions (0.56 issued per scheduler and cycle)."]
     lines += ["", "Why (the analysis and its evidence: `docs/kernels.md`, \"What bounds the forward\", "
               "and Nsight Compute on the H200 in `spmm_ncu_nvidia_h200.txt`): from N = 8 the kernel is bound by "
               "the L1 gathers of X^T, one L1 wavefront per entry (on the H200: L1 ~85% busy, DRAM ~15%); at N = 1 "
@@ -267,20 +277,28 @@ def tflops(row) -> str:
     return "-" if value in (None, "") else f"{float(value):.2f}"
 
 
+def planner_impl(rows) -> str:
+    """The impl that stands for snack in the summary: the planner's choice (`snack`), or where a run
+    left it out (--impls), the planner given tile fragments or packed tile values."""
+    present = {r["impl"] for r in rows}
+    return next((i for i in ("snack", "snack_fragments", "snack_packed") if i in present), "snack")
+
+
 def summarize(rows, info, failures, dtype: str = "fp32") -> str:
     t = index(rows)
+    primary = planner_impl(rows)
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r["pattern"]) for r in rows},
                   key=lambda c: (c[4], c[0] * c[1], c[0], c[3], c[2]))
-    impls = ["snack"] + [b for b in BASELINES]
+    impls = [primary] + [b for b in BASELINES]
     lines = benchmark.markdown_head("Forward SpMM benchmark", info)
-    lines += ["Median microseconds (cold L2). `%floor` = floor / snack time. Speedups are baseline time / snack time. "
+    lines += [f"Median microseconds (cold L2); snack is `{primary}`. `%floor` = floor / snack time. Speedups are baseline time / snack time. "
               "TFLOP/s: snack's useful work, 2 x nnz x N flops over its time.", ""]
     lines.append("| M x K | N | sparsity | pattern | floor | " + " | ".join(impls) +
                  " | %floor | TFLOP/s | vs dense | vs D+M | vs csr |")
     lines.append("|" + "---|" * (4 + 1 + len(impls) + 5))
     for key in keys:
         cells = [t.get(key + (i,)) for i in impls]
-        snack_row = t.get(key + ("snack",))
+        snack_row = t.get(key + (primary,))
         if snack_row is None:
             continue
         s = snack_row["median_us"]
@@ -294,17 +312,17 @@ def summarize(rows, info, failures, dtype: str = "fp32") -> str:
                      f" | {100 * snack_row['floor_us'] / s:.0f}% | {tflops(snack_row)} | {ratio('dense')} | {ratio('dense_mask')} | "
                      f"{ratio('cusparse_csr')} |")
     lines += ["", f"## Targets ({dtype}, uniform pattern, sparsity 0.9-0.99; the issue sets them for fp32)", ""]
-    target_keys = [k for k in keys if k[4] == "uniform" and k[3] >= 0.9 and (k + ("snack",)) in t]
+    target_keys = [k for k in keys if k[4] == "uniform" and k[3] >= 0.9 and (k + (primary,)) in t]
 
     def speedups(base):
-        return [t[k + (base,)]["median_us"] / t[k + ("snack",)]["median_us"] for k in target_keys if (k + (base,)) in t]
+        return [t[k + (base,)]["median_us"] / t[k + (primary,)]["median_us"] for k in target_keys if (k + (base,)) in t]
 
     g_csr, g_dm = benchmark.geomean(speedups("cusparse_csr")), benchmark.geomean(speedups("dense_mask"))
     vs_dense = speedups("dense")
     slower = [k for k in target_keys if (k + ("dense",)) in t and
-              t[k + ("snack",)]["median_us"] > t[k + ("dense",)]["median_us"]]
+              t[k + (primary,)]["median_us"] > t[k + ("dense",)]["median_us"]]
     big = [k for k in target_keys if k[0] == 16384 and k[1] == 4096 and k[2] <= 16]
-    floors = [t[k + ("snack",)]["floor_us"] / t[k + ("snack",)]["median_us"] for k in big]
+    floors = [t[k + (primary,)]["floor_us"] / t[k + (primary,)]["median_us"] for k in big]
     for base, g, target in (("cusparse_csr", g_csr, 3), ("dense_mask", g_dm, 5)):
         if speedups(base):
             lines.append(f"- geomean speedup over {base}: **{g:.2f}x** (target >= {target}x) "
@@ -313,36 +331,36 @@ def summarize(rows, info, failures, dtype: str = "fp32") -> str:
             lines.append(f"- geomean speedup over {base}: not measured in this run (target >= {target}x)")
     lines.append(f"- slower than dense in {len(slower)} of {len(vs_dense)} rows (target: none) "
                  f"{'met' if not slower else 'MISSED: ' + ', '.join(f'{k[0]}x{k[1]} N={k[2]} s={k[3]}' for k in slower)}")
-    held = [k for k in keys if k[3] >= 0.8 and (k + ("dense",)) in t and (k + ("snack",)) in t]
-    below = [k for k in held if t[k + ("snack",)]["median_us"] > t[k + ("dense",)]["median_us"] / 0.9]
+    held = [k for k in keys if k[3] >= 0.8 and (k + ("dense",)) in t and (k + (primary,)) in t]
+    below = [k for k in held if t[k + (primary,)]["median_us"] > t[k + ("dense",)]["median_us"] / 0.9]
     lines.append(f"- at least 0.9x dense's speed at sparsity >= 0.8 in {len(held) - len(below)} of {len(held)} rows "
                  f"(target: all) {'met' if not below else 'MISSED: ' + ', '.join(f'{k[0]}x{k[1]} N={k[2]} s={k[3]} {k[4]}' for k in below)}")
     if floors:
         lines.append(f"- % of floor on 16384x4096, N <= 16: min {100 * min(floors):.0f}%, "
                      f"max {100 * max(floors):.0f}% (target >= 60%) {'met' if min(floors) >= 0.6 else 'MISSED'}")
         if min(floors) < 0.6:
-            lines += floor_evidence(t, big, info)
-    lines += variant_table(rows, t, keys)
+            lines += floor_evidence(t, big, info, primary, dtype)
+    lines += variant_table(rows, t, keys, primary)
     if failures:
         lines += ["", "## Correctness failures (not timed)", ""] + [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
 
 
-def variant_table(rows, t, keys) -> list[str]:
-    """Each forced variant's time beside the planner's choice (`snack`) and dense: checks the choice."""
-    variants = sorted({r["impl"][len("snack_"):] for r in rows if r["impl"].startswith("snack_")})
+def variant_table(rows, t, keys, primary: str = "snack") -> list[str]:
+    """Each forced variant's time beside the planner's choice (`primary`) and dense: checks the choice."""
+    variants = sorted({r["impl"][len("snack_"):] for r in rows if r["impl"].startswith("snack_") and r["impl"] != primary})
     if not variants:
         return []
-    lines = ["", "## Each variant, forced (median us); `snack` is the planner's choice", "",
+    lines = ["", f"## Each variant, forced (median us); `snack` is the planner's choice (`{primary}`)", "",
              "| M x K | N | sparsity | pattern | snack | " + " | ".join(variants) + " | dense | choice / best |",
              "|" + "---|" * (6 + len(variants) + 1)]
     for key in keys:
-        if (key + ("snack",)) not in t:
+        if (key + (primary,)) not in t:
             continue
         times = {v: t[key + (f"snack_{v}",)]["median_us"] for v in variants if (key + (f"snack_{v}",)) in t}
         best = min(times.values()) if times else float("nan")
         dense = t.get(key + ("dense",))
-        chosen = t[key + ("snack",)]["median_us"]
+        chosen = t[key + (primary,)]["median_us"]
         cells = [f"{times[v]:.1f}" if v in times else "-" for v in variants]
         cells.append(f"{dense['median_us']:.1f}" if dense else "-")
         cells.append(f"{chosen / best:.2f}" if times else "-")
