@@ -1,6 +1,7 @@
 // Hopper building blocks: mbarriers, the copy engine's bulk and tensor loads and the async-proxy fence
 // (sm_90); for the wgmma kernels (sm_90a) wgmma's shared-memory descriptors in the 128-byte swizzle,
-// the m64n256k16 and m64n16-128k16 products with both operands in shared memory, fp32 accumulators.
+// the m64n256k16 product with both operands in shared memory and the m64n16-128k16 products with A in
+// registers, fp32 accumulators.
 #pragma once
 
 #include <cuda.h>
@@ -136,53 +137,59 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
 #undef SNACK_WG_MMA
 
 // acc (64 x N, the m64nN accumulator layout: a warp's 16 rows as mma.sync m16n8's, n-tile j in
-// acc[4 j .. 4 j + 3]) += A (64 x 16) B^T (N x 16), both K-major in shared memory (descriptors `a`, `b`).
-// ad, bd, flag: the operand numbers of A's and B's descriptors and of the accumulate flag, after the
-// accumulators.
-#define SNACK_WG_SS(shape, types, operands, ad, bd, flag, ...)                                                   \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " flag ", 0;\n"                                              \
-               " wgmma.mma_async.sync.aligned." shape ".f32." types " {" operands "}, " ad ", " bd ", p, 1, 1, 0, 0;\n}" \
-               : __VA_ARGS__                                                                                      \
-               : "l"(a), "l"(b), "r"(1))
-#define SNACK_WG_OPS8 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define SNACK_WG_OPS16 SNACK_WG_OPS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
-#define SNACK_WG_OPS32 SNACK_WG_OPS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SNACK_WG_OPS64                                                                                        \
-  SNACK_WG_OPS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "          \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// acc[4 j .. 4 j + 3]) += A (64 x 16) B^T (N x 16): A in registers, warp w of the warpgroup holding rows
+// 16 w .. 16 w + 15 as mma.sync m16n8k16's A operand; B K-major in shared memory.
+#define SNACK_WG_RS16(types)                                                                                         \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"                                                        \
+               " wgmma.mma_async.sync.aligned.m64n16k16.f32." types " {"                                             \
+               "%0, %1, %2, %3, %4, %5, %6, %7"                                                                      \
+               "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"                                                          \
+               : SNACK_WG_ACC8(0)                                                                                    \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#define SNACK_WG_RS32(types)                                                                                         \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"                                                        \
+               " wgmma.mma_async.sync.aligned.m64n32k16.f32." types " {"                                             \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
+               "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"                                                        \
+               : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8)                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#define SNACK_WG_RS64(types)                                                                                         \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                                        \
+               " wgmma.mma_async.sync.aligned.m64n64k16.f32." types " {"                                             \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"                                                        \
+               : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24)                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#define SNACK_WG_RS128(types)                                                                                        \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                                        \
+               " wgmma.mma_async.sync.aligned.m64n128k16.f32." types " {"                                            \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                    \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                    \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                      \
+               "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"                                                        \
+               : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24),                           \
+                 SNACK_WG_ACC8(32), SNACK_WG_ACC8(40), SNACK_WG_ACC8(48), SNACK_WG_ACC8(56)                          \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 template <typename T, int N>
-__device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
   static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64n16, n32, n64 or n128");
-  static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>, "16-bit operands");
+  constexpr bool kBf16 = std::is_same_v<T, bfloat16>;
   if constexpr (N == 16) {
-    if constexpr (std::is_same_v<T, bfloat16>)
-      SNACK_WG_SS("m64n16k16", "bf16.bf16", SNACK_WG_OPS8, "%8", "%9", "%10", SNACK_WG_ACC8(0));
-    else
-      SNACK_WG_SS("m64n16k16", "f16.f16", SNACK_WG_OPS8, "%8", "%9", "%10", SNACK_WG_ACC8(0));
+    if constexpr (kBf16) SNACK_WG_RS16("bf16.bf16"); else SNACK_WG_RS16("f16.f16");
   } else if constexpr (N == 32) {
-    if constexpr (std::is_same_v<T, bfloat16>)
-      SNACK_WG_SS("m64n32k16", "bf16.bf16", SNACK_WG_OPS16, "%16", "%17", "%18", SNACK_WG_ACC8(0), SNACK_WG_ACC8(8));
-    else
-      SNACK_WG_SS("m64n32k16", "f16.f16", SNACK_WG_OPS16, "%16", "%17", "%18", SNACK_WG_ACC8(0), SNACK_WG_ACC8(8));
+    if constexpr (kBf16) SNACK_WG_RS32("bf16.bf16"); else SNACK_WG_RS32("f16.f16");
   } else if constexpr (N == 64) {
-    if constexpr (std::is_same_v<T, bfloat16>)
-      SNACK_WG_SS("m64n64k16", "bf16.bf16", SNACK_WG_OPS32, "%32", "%33", "%34", SNACK_WG_ACC32(0));
-    else
-      SNACK_WG_SS("m64n64k16", "f16.f16", SNACK_WG_OPS32, "%32", "%33", "%34", SNACK_WG_ACC32(0));
+    if constexpr (kBf16) SNACK_WG_RS64("bf16.bf16"); else SNACK_WG_RS64("f16.f16");
   } else {
-    if constexpr (std::is_same_v<T, bfloat16>)
-      SNACK_WG_SS("m64n128k16", "bf16.bf16", SNACK_WG_OPS64, "%64", "%65", "%66", SNACK_WG_ACC32(0),
-                  SNACK_WG_ACC32(32));
-    else
-      SNACK_WG_SS("m64n128k16", "f16.f16", SNACK_WG_OPS64, "%64", "%65", "%66", SNACK_WG_ACC32(0),
-                  SNACK_WG_ACC32(32));
+    if constexpr (kBf16) SNACK_WG_RS128("bf16.bf16"); else SNACK_WG_RS128("f16.f16");
   }
 }
-#undef SNACK_WG_SS
-#undef SNACK_WG_OPS8
-#undef SNACK_WG_OPS16
-#undef SNACK_WG_OPS32
-#undef SNACK_WG_OPS64
+#undef SNACK_WG_RS16
+#undef SNACK_WG_RS32
+#undef SNACK_WG_RS64
+#undef SNACK_WG_RS128
 #undef SNACK_WG_ACC32
 #undef SNACK_WG_ACC8
 

@@ -77,8 +77,8 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[kBlocks][NT / 8]
 // Where a block's stages lie in its dynamic shared memory (fragment_smem_bytes): the chunks of X,
 // [stages][NT][128 bytes] swizzled from a 1024-byte boundary, then per stage a tile's header and up to
 // stage_words of its registers; after the body (fragment_body_bytes, which the partial tiles reuse at
-// the end) the wgmma kernel's `a_tiles` A tiles, then the stages' barriers (filled: the step landed;
-// released: the consumers are done with it) and the block's steps' tiles.
+// the end) the stages' barriers (filled: the step landed; released: the consumers are done with it)
+// and the block's steps' tiles.
 struct FragmentStages {
   unsigned char* xs;
   uint32_t* words;
@@ -86,20 +86,18 @@ struct FragmentStages {
   uint64_t* filled;
   uint64_t* released;
   int2* step_tiles;
-  float* partials;          // [parts][NT][kTcPartialStride] over the stages, at the end
-  unsigned char* a_tiles;   // [a_tiles][kFragmentATileBytes], 1024-byte aligned
+  float* partials;  // [parts][NT][kTcPartialStride] over the stages, at the end
 };
 template <int NT>
 __device__ __forceinline__ FragmentStages carve_fragment_stages(unsigned char* smem_raw, int stage_words, int stages,
-                                                                int parts, int a_tiles = 0) {
+                                                                int parts) {
   constexpr uint32_t kChunkBytes = NT * kTcChunk * 2;
   unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
   FragmentStages st;
   st.xs = smem;
   st.words = reinterpret_cast<uint32_t*>(smem + stages * kChunkBytes);
   st.stride = int(kFragmentHeaderWords) + stage_words;
-  st.a_tiles = smem + fragment_a_tiles_offset(fragment_body_bytes(NT, stage_words, stages, parts), a_tiles);
-  st.filled = reinterpret_cast<uint64_t*>(st.a_tiles + size_t(a_tiles) * kFragmentATileBytes);
+  st.filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages, parts));
   st.released = st.filled + stages;
   st.step_tiles = reinterpret_cast<int2*>(st.released + stages);
   st.partials = reinterpret_cast<float*>(smem);

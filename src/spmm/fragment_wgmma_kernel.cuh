@@ -1,20 +1,18 @@
 // The forward over tile fragments on Hopper's wgmma (sm_90a; bf16, fp16; fp32 accumulation). The
-// fragments (snack/pattern.h) lay each 16 x 16 block of a tile out as mma.sync m16n8k16's A operand:
-// warp w of a warpgroup loads row block w of the tile's four k-steps (its lanes' stored registers,
-// zeros elsewhere) and writes it into the step's 64 x 64 A tile in shared memory, and the warpgroup
-// multiplies the tile by the chunk of X with four wgmma m64nNk16, both operands read by the tensor
-// cores from shared memory in the 128-byte swizzle. Against the mma.sync kernel (fragment_kernel.cuh):
-// no ldmatrix of X, one instruction per k-step for all N batch rows instead of one per 16 x 8 block,
-// the k-steps accumulated in the same registers (one partial tile at the end, not four), and batch
-// tiles of 128. A in shared memory rather than in registers lets a step's products run while the next
-// step's operands are loaded (with A in registers, ptxas gave the next loads the registers the
-// products were still reading; docs/kernels.md).
+// fragments (snack/pattern.h) lay each 16 x 16 block of a tile out as mma.sync m16n8k16's A operand,
+// which is also the register operand of wgmma m64nNk16 for one warp of a warpgroup: warp w loads row
+// block w of the tile's four k-steps (its lanes' stored registers, zeros elsewhere) and the warpgroup
+// multiplies the 64 x 64 tile by the chunk of X with four wgmma, B read by the tensor cores from the
+// swizzled chunk in shared memory. Against the mma.sync kernel (fragment_kernel.cuh): no ldmatrix of
+// X, one instruction per k-step for all N batch rows instead of one per 16 x 8 block, the k-steps
+// accumulated in the same registers (one partial tile at the end, not four), and batch tiles of 128.
 //
 // A block is kGroups consumer warpgroups and the producer warp of the mma.sync kernel
 // (feed_fragment_stages: the copy engine brings each tile's header, registers and chunk of X into
-// `stages` stages). With two warpgroups they take the band's steps in turn (each its own
-// accumulators, A tiles and stages: steps g, g + 2, ...), and their partial tiles are summed in order
-// at the end.
+// `stages` stages). A warpgroup loads a step's operands, multiplies, waits for the products and
+// releases the stage; with two, they take the band's steps in turn (each its own accumulators and
+// stages: steps g, g + 2, ...), so that one loads while the other's products run without more blocks
+// splitting the band, and their partial tiles are summed in order at the end.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,16 +26,12 @@
 
 namespace snack::cuda::detail {
 
-// Row block `block` (16 rows) of the tile's four k-steps into the step's A tile `a_tile` (64 x 64, the
-// 128-byte swizzle of the chunks of X): the header word of (g, lane) says which of its 16 registers
-// (four per row block) are stored and where the first is, at `regs` (shared memory, or kInPlace global
-// memory). Register q of k-step g (mma.sync m16n8k16's A layout) holds the pair at row 16 block +
-// (q % 2) 8 + lane / 4, column 16 g + (q / 2) 8 + 2 (lane % 4): a warp's 32 stores of one register
-// fall in 32 different banks.
+// a[g] = row block `block` (16 rows) of the tile's k-step g, from the lane's stored registers: the
+// header word of (g, lane) says which of its 16 registers (four per row block) are stored and where
+// the first is, at `regs` (shared memory, or kInPlace global memory).
 template <bool kInPlace>
-__device__ __forceinline__ void expand_row_block(unsigned char* a_tile, const uint32_t* headers, const uint32_t* regs,
-                                                 int block, int lane) {
-  uint32_t a[kTcWarps][4];
+__device__ __forceinline__ void load_row_block(uint32_t (&a)[kTcWarps][4], const uint32_t* headers,
+                                               const uint32_t* regs, int block, int lane) {
 #pragma unroll
   for (int g = 0; g < kTcWarps; ++g) {
     const uint32_t head = headers[g * kFragmentLanes + lane];
@@ -49,12 +43,6 @@ __device__ __forceinline__ void expand_row_block(unsigned char* a_tile, const ui
       if (mask >> q & 1u) { a[g][q] = kInPlace ? __ldg(at) : *at; ++at; }
     }
   }
-#pragma unroll
-  for (int g = 0; g < kTcWarps; ++g)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      *reinterpret_cast<uint32_t*>(a_tile + wg_swizzled(16 * block + (q % 2) * 8 + lane / 4,
-                                                        16 * g + (q / 2) * 8 + (lane % 4) * 2)) = a[g][q];
 }
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
@@ -75,8 +63,7 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
   constexpr int kConsumerThreads = kGroups * kGroupThreads;
   constexpr int kProducer = kGroups * kTcWarps;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const FragmentStages st =
-      carve_fragment_stages<NT>(smem_raw, stage_words, stages, kGroups, kGroups * kFragmentWgmmaATiles);
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kGroups);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / kTcWarps, block = warp % kTcWarps, t = threadIdx.x % kGroupThreads;
@@ -92,7 +79,6 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
   } else {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
-    unsigned char* const a_tiles = st.a_tiles + group * kFragmentWgmmaATiles * kFragmentATileBytes;
     // Without a map of X a warpgroup stages its step i's chunk into its stage `stages` steps ahead
     // (its own step again: kGroups divides the stages), once its warps are done with the step before
     // there (a barrier of the warpgroup), and fences their writes for the tensor cores' reads.
@@ -106,63 +92,46 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
       for (int i = group; i < stages && i < steps; i += kGroups) stage_x(i);
       named_barrier_sync(1 + group, kGroupThreads);
     }
-    auto release = [&](int stage) {
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&st.released[stage]);
-    };
-    // Per step: once its stage has landed, each warp expands its row block into the next A tile, the
-    // warpgroup meets (every row in place, fenced for the tensor cores), issues the four products and
-    // waits for those of its step before, whose stage it then releases: a step's products run while
-    // the next step's operands are read and expanded. A tiles go round three, so that the one written
-    // was last read two steps before, whose products every warp has waited for before the barrier of
-    // the step between. Without a map of X the warpgroup stages X itself into a stage as soon as it
-    // releases it, so there it waits for each step's own products.
-    int s = group;         // step i's stage
-    uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
-    int pending = -1;      // the stage whose products are still running
-    int a_next = 0;        // the next A tile
-    for (int i = group; i < steps; i += kGroups) {
+    // Step i's operands (false: an empty tile, nothing to multiply), once its stage `s` has landed.
+    auto load = [&](int i, int s, uint32_t parity, uint32_t(&a)[kTcWarps][4]) {
       mbarrier_wait(&st.filled[s], parity, kFragmentSuspendNs);
       const int2 at = st.step_tiles[i];
-      if (at.y != 0) {
-        unsigned char* const a_tile = a_tiles + a_next * kFragmentATileBytes;
-        const uint32_t* stage = st.words + s * st.stride;
-        if (at.y <= stage_words)
-          expand_row_block<false>(a_tile, stage, stage + kFragmentHeaderWords, block, lane);
-        else
-          expand_row_block<true>(a_tile, stage, view.values + at.x, block, lane);
-        fence_proxy_async();
-        named_barrier_sync(1 + group, kGroupThreads);
+      if (at.y == 0) return false;
+      const uint32_t* stage = st.words + s * st.stride;
+      if (at.y <= stage_words)
+        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, block, lane);
+      else
+        load_row_block<true>(a, stage, view.values + at.x, block, lane);
+      return true;
+    };
+    // One step at a time: the operands are loaded after the products that read the previous ones
+    // have completed. (Loading step i + 1's while step i's products ran let ptxas give the new loads
+    // the registers the tensor cores were still reading: garbage outputs at 2-5 blocks an SM.) The
+    // block's other warps (the producer, the other warpgroup) and the SM's other blocks overlap with
+    // the products.
+    int s = group;         // step i's stage
+    uint32_t parity = 0u;  // of its barrier's phase: flips each round of the stages
+    for (int i = group; i < steps; i += kGroups) {
+      uint32_t a[kTcWarps][4];
+      if (load(i, s, parity, a)) {
+        __syncwarp();
         wgmma_fence_operands(acc);
         wgmma_fence();
         const unsigned char* x_chunk = st.xs + s * kChunkBytes;
 #pragma unroll
-        for (int g = 0; g < kTcWarps; ++g)
-          wgmma_m64nk16_ss<T, NT>(acc, wg_descriptor(a_tile + g * 32), wg_descriptor(x_chunk + g * 32));
+        for (int g = 0; g < kTcWarps; ++g) wgmma_m64nk16_rs<T, NT>(acc, a[g], wg_descriptor(x_chunk + g * 32));
         wgmma_commit();
-        if (++a_next == kFragmentWgmmaATiles) a_next = 0;
-        if (mapped) {
-          wgmma_wait<1>();  // the step before's products have read their stage
-          wgmma_fence_operands(acc);
-          if (pending >= 0) release(pending);
-          pending = s;
-        } else {
-          wgmma_wait<0>();
-          wgmma_fence_operands(acc);
-          release(s);
-        }
-      } else {
-        release(s);  // an empty tile: nothing read its stage
+        wgmma_wait<0>();  // the products have read the stage and the registers
+        wgmma_fence_operands(acc);
       }
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&st.released[s]);
       if (!mapped) {
         named_barrier_sync(1 + group, kGroupThreads);
         if (i + stages < steps) stage_x(i + stages);
       }
       if ((s += kGroups) >= stages) s -= stages, parity ^= 1u;
     }
-    wgmma_wait<0>();
-    wgmma_fence_operands(acc);
-    if (pending >= 0) release(pending);
   }
 
   // Each warpgroup's partial tile into its own place over the stages (every copy has landed: the

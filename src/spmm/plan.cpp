@@ -487,7 +487,7 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   for (const int splits : {1, 2, 4, 6, 8}) {
     if (splits > 1 && chunks < splits) break;
     const size_t block = (fragment_words > 0 ? fragment_smem_bytes(batch_tile, fragment_words, ceil_div(chunks, splits),
-                                                                   fragments.parts, fragments.a_tiles)
+                                                                   fragments.parts)
                                              : tile_view_smem_bytes(batch_tile, ceil_div(chunks, splits), transposed)) +
                          limits.reserved_smem_per_block;
     const int64_t by_smem = int64_t(limits.smem_per_sm / block);
@@ -542,7 +542,7 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   plan->threads = fragments ? blocks.threads : kTcThreads;
   // tile_view also holds where its steps' tiles lie, at most ceil(chunks / splits) steps.
   const int64_t steps = ceil_div(ceil_div(p.in_dim, kTcChunk), splits);
-  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, blocks.words, steps, blocks.parts, blocks.a_tiles)
+  plan->smem_bytes = fragments ? fragment_smem_bytes(plan->batch_tile, blocks.words, steps, blocks.parts)
                      : plan->variant == SpmmVariant::kTileView
                          ? tile_view_smem_bytes(plan->batch_tile, steps, p.transposed)
                          : tensor_core_smem_bytes(plan->batch_tile);
@@ -884,9 +884,9 @@ std::string describe(const SpmmPlan& plan) {
       const int words = cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz);
       s += std::string(plan.variant == SpmmVariant::kWgmma
                            ? (plan.consumer_warpgroups == 2 ? ", two warpgroups on alternate tiles" : "") +
-                                 std::string(", A tiles expanded into shared memory")
-                           : ", operands loaded") +
-           " from the tile fragments, " +
+                                 std::string(", A operands in registers")
+                           : ", operands") +
+           " loaded from the tile fragments, " +
            std::to_string(cuda::detail::kFragmentStages) + " stages of " +
            std::to_string(words) + " register words";
     } else if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles == TileValues::kPacked &&

@@ -163,33 +163,21 @@ SNACK_HOST_DEVICE constexpr size_t fragment_body_bytes(int tile, int stage_words
   const size_t partials = sizeof(float) * size_t(parts) * size_t(tile) * size_t(kTcPartialStride);
   return staged > partials ? staged : partials;
 }
-// The wgmma kernel's A operands of a step: a 64 x 64 tile of 16-bit values in the 128-byte swizzle,
-// 1024-byte aligned, after the body.
-constexpr size_t kFragmentATileBytes = size_t(kTcBandRows) * kTcChunk * 2;
-// Where the A tiles start after a body of `body` bytes: the next 1024-byte boundary (none: the body's end).
-SNACK_HOST_DEVICE constexpr size_t fragment_a_tiles_offset(size_t body, int a_tiles) {
-  return a_tiles > 0 ? (body + 1023) / 1024 * 1024 : body;
-}
-// Dynamic shared memory of one block: the stages or the partial tiles (fragment_body_bytes), `a_tiles`
-// A tiles (the wgmma kernel's), the stages' two mbarriers each, where its `steps` tiles lie, and the
-// slack that aligns the chunks of X to 1024 bytes (their swizzle).
+// Dynamic shared memory of one block: the stages or the partial tiles (fragment_body_bytes), the
+// stages' two mbarriers each, where its `steps` tiles lie, and the slack that aligns the chunks of X
+// to 1024 bytes (their swizzle).
 SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words, int64_t steps,
-                                                       int parts = kTcWarps, int a_tiles = 0) {
-  return fragment_a_tiles_offset(fragment_body_bytes(tile, stage_words, kFragmentStages, parts), a_tiles) +
-         size_t(a_tiles) * kFragmentATileBytes + 2 * sizeof(uint64_t) * size_t(kFragmentStages) +
-         2 * sizeof(int32_t) * size_t(steps) + 1024;
+                                                       int parts = kTcWarps) {
+  return fragment_body_bytes(tile, stage_words, kFragmentStages, parts) +
+         2 * sizeof(uint64_t) * size_t(kFragmentStages) + 2 * sizeof(int32_t) * size_t(steps) + 1024;
 }
 
 // ---- the tile fragments on wgmma (fragment_wgmma_kernel.cuh; sm_90a) ----
-// One or two consumer warpgroups (warp w of a warpgroup expands row block w of every k-step of a
-// tile into the step's A tile in shared memory, then the warpgroup multiplies it by the chunk of X
-// with wgmma m64nNk16; two take the band's tiles in turn, each with accumulators of its own) and the
-// producer warp.
+// One or two consumer warpgroups (warp w of a warpgroup multiplies row block w of every k-step of a
+// tile, its A operands in registers, with wgmma m64nNk16 over the chunk of X in shared memory; two
+// take the band's tiles in turn, each with accumulators of its own) and the producer warp.
 constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
 constexpr int kFragmentWgmmaMaxGroups = 2;
-// A tiles per warpgroup: a step's products run while the next step's tile is written, and a third
-// keeps the tile the warpgroup writes clear of every warp's products still in flight.
-constexpr int kFragmentWgmmaATiles = 3;
 static_assert(kFragmentStages % kFragmentWgmmaMaxGroups == 0, "a warpgroup's steps keep to its own stages");
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int groups) { return (groups * kTcWarps + 1) * 32; }
 // Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators
@@ -209,12 +197,11 @@ struct FragmentBlocks {
   int threads = 0;
   int blocks_per_sm = 0;  // by registers
   bool wgmma = false;     // the wgmma kernel's blocks
-  int a_tiles = 0;        // A tiles in shared memory (fragment_smem_bytes)
 };
 // groups: the wgmma kernel's consumer warpgroups, one part of the partial tile each.
 SNACK_HOST_DEVICE constexpr FragmentBlocks fragment_blocks(int tile, int words, bool wgmma, int groups = 1) {
   return wgmma ? FragmentBlocks{words, groups, fragment_wgmma_threads(groups),
-                                fragment_wgmma_blocks_per_sm(tile, groups), true, groups * kFragmentWgmmaATiles}
+                                fragment_wgmma_blocks_per_sm(tile, groups), true}
                : FragmentBlocks{words, kTcWarps, fragment_threads(tile), fragment_blocks_per_sm(tile), false};
 }
 // Register words a stage holds: those of a tile of the layer's mean density (a register holds two

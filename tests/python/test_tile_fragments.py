@@ -215,7 +215,7 @@ def test_wgmma_reads_fragments_in_batch_tiles_of_up_to_128():
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     for n, tile in ((8, 16), (20, 32), (64, 64), (65, 128), (300, 128)):
         plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "wgmma", "none", 1, False, True))
-        assert plan.variant == "wgmma" and plan.batch_tile == tile and "A tiles expanded into shared memory" in plan.describe
+        assert plan.variant == "wgmma" and plan.batch_tile == tile and "A operands in registers" in plan.describe
         assert ("two warpgroups" in plan.describe) == (tile == 128), plan.describe  # 4 bands: fewer than the SMs
         x = w.randn(n, 1024, seed=n)
         assert_matmul(ops.spmm(x, w.values, w.tensors, variant="wgmma", tiles=fragments), x, w.dense64.T,
