@@ -20,9 +20,10 @@ constexpr int kPortableClusterSize = 8;
 // Each of the cluster's `splits` blocks holds its float partial tile of the band in shared memory as
 // kParts tiles at `partials`, part p at partials + p * kTile * kStride, each [kTile batch rows][kStride]
 // with the band's kBandRows rows along a batch row (kStride a multiple of 4, `partials` 16-byte
-// aligned). After a cluster barrier (a block barrier when splits is 1), block `split` sums batch rows
-// split, split + splits, ... over the blocks in rank order and each block's parts in order
-// (deterministic), adds the bias, applies the activation and stores them along the output rows. With several parts a thread takes 4 consecutive
+// aligned). The parts are added in order (a block's warps that split the input columns), then, after a
+// cluster barrier (a block barrier when splits is 1), block `split` sums batch rows split,
+// split + splits, ... over the blocks in rank order (deterministic), adds the bias, applies the
+// activation and stores them along the output rows. With several parts a thread takes 4 consecutive
 // rows of one batch row at a time, so that its reads of the tiles are 16-byte loads (local, or of the
 // cluster's blocks) and, where the output's rows allow, its store is one word of 4 values; a single
 // part is stored a row per thread unless kRowsOfFour, as the kernels with a tight register bound want
@@ -39,7 +40,6 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
   constexpr int kRowVecs = kBandRows / kVec;          // steps along one batch row
   constexpr int kPartFloats = kTile * kStride;
   static_assert(kThreads % kBandRows == 0, "whole rows of threads");
-  static_assert(kRowsOfFour || kParts == 1, "several parts are summed in rows of four");
   static_assert(kBandRows % kVec == 0 && kStride % 4 == 0, "16-byte reads of the partial tiles");
   using Word = std::conditional_t<kVec * sizeof(T) == 8, uint2, uint4>;  // kVec values of the output
   static_assert(kVec * sizeof(T) == sizeof(Word), "one word of output per step");
@@ -62,6 +62,16 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1 && kParts > 1) {
+    // The other blocks read this block's whole tile: its parts are summed into part 0 first.
+    __syncthreads();
+    for (int i = t < kThreads ? t : kTile * kRowVecs; i < kTile * kRowVecs; i += kThreads) {
+      const int at = (i / kRowVecs) * kStride + (i % kRowVecs) * kVec;
+      float sum[kVec];
+      sum_parts(at, sum);
+      *reinterpret_cast<float4*>(partials + at) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    }
+  }
   if (splits > 1) cluster.sync();
   else __syncthreads();
 #else
@@ -107,14 +117,10 @@ __device__ __forceinline__ void store_split_band_tile(float* partials, int64_t o
 #pragma unroll
         for (int q = 0; q < kPortableClusterSize; ++q) {
           if (q < splits) {
-            const float* tile = cluster.map_shared_rank(partials, q);
+            float v[kVec];
+            load4(cluster.map_shared_rank(partials, q) + at, v);
 #pragma unroll
-            for (int p = 0; p < kParts; ++p) {
-              float v[kVec];
-              load4(tile + p * kPartFloats + at, v);
-#pragma unroll
-              for (int e = 0; e < kVec; ++e) sum[e] += v[e];
-            }
+            for (int e = 0; e < kVec; ++e) sum[e] += v[e];
           }
         }
 #endif
