@@ -38,6 +38,25 @@ def test_render_without_evidence_where_the_floor_target_is_met(tmp_path):
     assert "row by row" not in md
 
 
+def test_render_of_a_run_given_fragments_summarizes_the_planners_choice_over_them(tmp_path):
+    # --impls without the plain `snack` row: the planner given tile fragments stands for snack, and
+    # the floor's evidence is the 16-bit kernels', not fp32's.
+    info = {"gpu": "Test GPU", "commit": "0123456789", "copy_bandwidth": "3000 GB/s (test)"}
+    rows = [dict(op="fwd", M=16384, K=4096, N=16, sparsity=0.9, pattern="uniform", dtype="bf16", impl=impl,
+                 median_us=us, floor_us=13.8)
+            for impl, us in (("snack_fragments", 27.6), ("snack_wgmma_fragments", 30.0), ("dense", 55.2))]
+    benchmark.write_csv(tmp_path / "spmm_test_gpu_bf16.csv", info, spmm.COLUMNS, rows)
+    assert spmm.main(["--render", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "spmm_test_gpu_bf16.md").read_text()
+    assert "snack is `snack_fragments`" in md
+    assert "| 16384x4096 | 16 | 0.9 | uniform | 13.8 | 27.6 | 55.2 | - | - | - | 50% |" in md
+    assert "| 2.00x |" in md
+    assert "slower than dense in 0 of 1 rows" in md
+    assert "tile fragments with `mma.sync`" in md and "L1 gathers of X^T" not in md
+    assert "| snack | wgmma_fragments | dense | choice / best |" in md
+    assert "| 16384x4096 | 16 | 0.9 | uniform | 27.6 | 30.0 | 55.2 | 0.92 |" in md
+
+
 def test_render_needs_result_files(tmp_path):
     assert spmm.main(["--render", "--out", str(tmp_path)]) == 1
 
