@@ -18,10 +18,15 @@ def write_results(path, snack_us):
     benchmark.write_csv(path / "spmm_test_gpu.csv", info, spmm.COLUMNS, rows)
 
 
+def rendered(path, name: str = "spmm_test_gpu") -> str:
+    """The summary bench/spmm.py --render rebuilds from the result files in `path`: `name`.md."""
+    assert spmm.main(["--render", "--out", str(path)]) == 0
+    return (path / f"{name}.md").read_text()
+
+
 def test_render_states_the_missed_floor_target_row_by_row(tmp_path):
     write_results(tmp_path, {1: 27.0, 16: 55.2})
-    assert spmm.main(["--render", "--out", str(tmp_path)]) == 0
-    md = (tmp_path / "spmm_test_gpu.md").read_text()
+    md = rendered(tmp_path)
     assert "min 25%, max 50% (target >= 60%) MISSED" in md
     assert "| 1 | 0.9 | 13.5 | 27.0 | 50% | 22.5 | 2000 |" in md
     assert "| 16 | 0.9 | 13.8 | 55.2 | 25% | 23.0 | 1000 |" in md
@@ -32,8 +37,7 @@ def test_render_states_the_missed_floor_target_row_by_row(tmp_path):
 
 def test_render_without_evidence_where_the_floor_target_is_met(tmp_path):
     write_results(tmp_path, {1: 20.0, 16: 20.0})
-    assert spmm.main(["--render", "--out", str(tmp_path)]) == 0
-    md = (tmp_path / "spmm_test_gpu.md").read_text()
+    md = rendered(tmp_path)
     assert "(target >= 60%) met" in md
     assert "row by row" not in md
 
@@ -46,8 +50,7 @@ def test_render_of_a_run_given_fragments_summarizes_the_planners_choice_over_the
                  median_us=us, floor_us=13.8)
             for impl, us in (("snack_fragments", 27.6), ("snack_wgmma_fragments", 30.0), ("dense", 55.2))]
     benchmark.write_csv(tmp_path / "spmm_test_gpu_bf16.csv", info, spmm.COLUMNS, rows)
-    assert spmm.main(["--render", "--out", str(tmp_path)]) == 0
-    md = (tmp_path / "spmm_test_gpu_bf16.md").read_text()
+    md = rendered(tmp_path, "spmm_test_gpu_bf16")
     assert "snack is `snack_fragments`" in md
     assert "| 16384x4096 | 16 | 0.9 | uniform | 13.8 | 27.6 | 55.2 | - | - | - | 50% |" in md
     assert "| 2.00x |" in md
