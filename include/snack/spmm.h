@@ -155,6 +155,10 @@ enum class TileValues : int {
                ///< wgmma's A operands
 };
 
+/// The most consumer warpgroups a block of the wgmma forward over tile fragments holds
+/// (SpmmProblem::fragment_warpgroups).
+constexpr int kMaxFragmentWarpgroups = 2;
+
 /// One product to plan. The forward is (out_dim, in_dim) = (M, K); the transposed product, over the
 /// CSC view, is (K, M).
 struct SpmmProblem {
@@ -177,8 +181,8 @@ struct SpmmProblem {
   /// chunks), 1 to 8 and at most the band's chunks of 64 inputs; 0 lets the planner choose. Other
   /// variants ignore it.
   int tile_view_splits = 0;
-  /// kWgmma over tile fragments: consumer warpgroups per block (1, or 2 that take the band's tiles in
-  /// turn); 0 lets the planner choose. Other variants ignore it.
+  /// kWgmma over tile fragments: consumer warpgroups per block (1 to kMaxFragmentWarpgroups, which
+  /// take the band's tiles in turn); 0 lets the planner choose. Other variants ignore it.
   int fragment_warpgroups = 0;
   /// What the forward is given of the weight's values in tile order (snack/pattern.h): kTileView reads
   /// them instead of gathering the values, and the planner takes it over a wider range. The

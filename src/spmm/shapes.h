@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "snack/pattern.h"
+#include "snack/spmm.h"
 #include "snack/value_types.h"
 
 namespace snack::cuda::detail {
@@ -177,7 +178,7 @@ SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words
 // tile, its A operands in registers, with wgmma m64nNk16 over the chunk of X in shared memory; two
 // take the band's tiles in turn, each with accumulators of its own) and the producer warp.
 constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
-constexpr int kFragmentWgmmaMaxGroups = 2;
+constexpr int kFragmentWgmmaMaxGroups = kMaxFragmentWarpgroups;
 static_assert(kFragmentStages % kFragmentWgmmaMaxGroups == 0, "a warpgroup's steps keep to its own stages");
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int groups) { return (groups * kTcWarps + 1) * 32; }
 // Blocks an SM holds by their registers (the kernel's __launch_bounds__ minimum): the accumulators

@@ -167,8 +167,9 @@ std::atomic<int> g_default_fragment_warpgroups{0};
 int default_fragment_warpgroups() { return g_default_fragment_warpgroups.load(); }
 
 void set_default_fragment_warpgroups(int64_t groups) {
-  TORCH_CHECK_VALUE(groups >= 0 && groups <= 2, "snack.set_default_fragment_warpgroups: ", groups,
-                    " consumer warpgroups a block (expected 0, the planner's choice, 1 or 2)");
+  TORCH_CHECK_VALUE(groups >= 0 && groups <= kMaxFragmentWarpgroups, "snack.set_default_fragment_warpgroups: ", groups,
+                    " consumer warpgroups a block (expected 0, the planner's choice, or 1 to ", kMaxFragmentWarpgroups,
+                    ")");
   g_default_fragment_warpgroups.store(int(groups));
 }
 

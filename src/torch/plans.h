@@ -22,7 +22,7 @@ bool tf32_matmuls();
 /// (cuBLAS through ATen), float32 GEMMs in TF32 where torch allows them, a transposed SpMM
 /// reading the CSC view as the process asks (set_default_csc_read), told whether its pattern
 /// holds the tile view (`tile_view`), and the tile view's blocks per band and the fragment kernel's
-/// bands per block the process asks (set_default_tile_view_splits, set_default_fragment_warpgroups).
+/// consumer warpgroups per block the process asks (set_default_tile_view_splits, set_default_fragment_warpgroups).
 template <typename Problem>
 Problem binding_problem(Problem p, bool tile_view) {
   p.gemm = true;

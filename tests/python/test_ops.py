@@ -394,7 +394,7 @@ def test_process_wide_choices_restore():
             assert kernels._current["tile_view_splits"] == 0
         assert kernels._current["tile_view_splits"] == 6
     assert kernels._current["tile_view_splits"] == 0
-    with pytest.raises(ValueError, match="0, the planner's choice, 1 or 2"):
+    with pytest.raises(ValueError, match="0, the planner's choice, or 1 to 2"):
         snack.set_fragment_warpgroups(3)
     with snack.fragment_warpgroups(2):
         assert kernels._current["fragment_warpgroups"] == 2
