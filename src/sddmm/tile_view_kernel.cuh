@@ -8,8 +8,8 @@
 // of consecutive slots (1.0-1.9x faster in stand-alone runs than four consecutive entries a thread,
 // whose lanes' stores spread over four times as many lines). A band's dY (at most 128 batch rows) is
 // staged once and kept in registers as the mma's A fragments for all of the band's tiles. Each tile's
-// chunk of X and its entries are copied into stages of their own several tiles ahead (shapes.h), so
-// that a tile waits on no load of its own (held in registers one tile ahead, the
+// chunk of X is copied into a stage of its own a tile and a half ahead, and its entries two tiles
+// ahead (shapes.h), so that a tile waits on no load of its own (held in registers one tile ahead, the
 // entries cost each tile about one round trip to memory). Per tile the block multiplies, rounds the
 // tile into shared memory and stores its slots' gradients. Every gradient is one fixed chain of
 // mma.sync products: deterministic. AdamW's step runs after it over the stored gradient, as for the
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   constexpr int NB = 16 * KS;
   static_assert(NB <= kTvDwMaxBatch, "the batch the planner allows");
   constexpr int kStride = kTvDwStride;
-  constexpr int kChunkStages = tv_dw_chunk_stages(KS), kEntryStages = tv_dw_entry_stages(KS);
+  constexpr int kChunkStages = kTvDwChunkStages, kEntryStages = kTvDwEntryStages;
   constexpr int kMore = kTvDwStageEntries / kTvDwThreads;  // entries past a stage's, per thread, in registers
   static_assert(kTvDwStageEntries % kTvDwThreads == 0, "a stage's entries are whole rounds of the block");
   // Groups in flight at a tile's start: two a tile (its entries, then its chunk of X).
