@@ -8,10 +8,10 @@
 // of consecutive slots (1.0-1.9x faster in stand-alone runs than four consecutive entries a thread,
 // whose lanes' stores spread over four times as many lines). A band's dY (at most 128 batch rows) is
 // staged once and kept in registers as the mma's A fragments for all of the band's tiles. Each tile's
-// chunk of X is copied into a stage of its own a tile and a half ahead, and its entries two tiles
-// ahead (shapes.h), so that a tile waits on no load of its own (held in registers one tile ahead, the
-// entries cost each tile about one round trip to memory). Per tile the block multiplies, rounds the
-// tile into shared memory and stores its slots' gradients. Every gradient is one fixed chain of
+// chunk of X and its entries are copied into a stage of their own several tiles ahead
+// (tv_dw_stages), so that a tile waits on no load of its own: with the entries held in registers one
+// tile ahead, each tile waited about one round trip to memory. Per tile the block multiplies, rounds
+// the tile into shared memory and stores its slots' gradients. Every gradient is one fixed chain of
 // mma.sync products: deterministic. AdamW's step runs after it over the stored gradient, as for the
 // tensor-core SDDMM.
 #pragma once
@@ -45,19 +45,14 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   constexpr int NB = 16 * KS;
   static_assert(NB <= kTvDwMaxBatch, "the batch the planner allows");
   constexpr int kStride = kTvDwStride;
-  constexpr int kChunkStages = kTvDwChunkStages, kEntryStages = kTvDwEntryStages;
-  constexpr int kMore = kTvDwStageEntries / kTvDwThreads;  // entries past a stage's, per thread, in registers
-  static_assert(kTvDwStageEntries % kTvDwThreads == 0, "a stage's entries are whole rounds of the block");
-  // Groups in flight at a tile's start: two a tile (its entries, then its chunk of X).
-  constexpr int kPending = (2 * kEntryStages - 3) < (2 * kChunkStages - 2) ? 2 * kEntryStages - 3 : 2 * kChunkStages - 2;
-  static_assert(kChunkStages >= 2 && kEntryStages >= 2 && kPending >= 1, "copies ahead of their tiles");
+  constexpr int kStages = tv_dw_stages(KS);
+  static_assert(kStages >= 2 && kTvDwStageEntries % 4 == 0, "a stage's entries are whole 16-byte vectors");
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kFrontRows = NB > 64 ? NB : 64;
-  uint16_t* dys = reinterpret_cast<uint16_t*>(smem);  // [NB][kStride]: dY's band, until its fragments are loaded
-  uint16_t* tile = dys;                               // [64][kStride]: then the rounded tile
-  uint16_t* xs = dys + kFrontRows * kStride;          // [kChunkStages][NB][kStride]: X's chunks
-  uint32_t* ring = reinterpret_cast<uint32_t*>(xs + kChunkStages * NB * kStride);  // [kEntryStages][kTvDwStageWords]
-  int32_t* tp = reinterpret_cast<int32_t*>(ring + kEntryStages * kTvDwStageWords);  // [steps + 2]: tiles' first entries
+  uint16_t* dys = reinterpret_cast<uint16_t*>(smem);              // [NB][kStride]: dY's band
+  uint16_t* xs = dys + NB * kStride;                               // [kStages][NB][kStride]: X's chunks
+  uint16_t* tile = xs + kStages * NB * kStride;                    // [64][kStride]: the rounded tile
+  uint32_t* ring = reinterpret_cast<uint32_t*>(tile + 64 * kStride);  // [kStages][kTvDwStageWords]: entries
+  int32_t* tp = reinterpret_cast<int32_t*>(ring + kStages * kTvDwStageWords);  // [steps + 2]: tiles' first entries
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -72,33 +67,28 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   const int64_t band_first = view.row_ptr[r0];
   __syncthreads();  // the tile pointers, which size the copies of the entries
 
-  const auto stage_chunk = [&](int i) {
-    if (i < steps)
-      stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + (i % kChunkStages) * NB * kStride, x, n, cols, 0,
-                                                       (c_begin + i) * 64, vec_x);
-  };
-  // Tile i's first kTvDwStageEntries entries, copied from the 16-byte boundary at or before its first
-  // (never past its last: the view ends there).
-  const auto stage_entries = [&](int i) {
+  // Stage i % kStages: tile i's chunk of X and its first kTvDwStageEntries entries, copied from the
+  // 16-byte boundary at or before its first entry (never past its last: the view ends there).
+  const auto stage_tile = [&](int i) {
     if (i >= steps) return;
+    const int s = i % kStages;
+    stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + s * NB * kStride, x, n, cols, 0, (c_begin + i) * 64, vec_x);
     const int32_t first = tp[i], staged_end = min(tp[i + 1], first + kTvDwStageEntries);
     const int32_t aligned = first & ~3;
-    uint32_t* words = ring + (i % kEntryStages) * kTvDwStageWords;
+    uint32_t* words = ring + s * kTvDwStageWords;
     for (int32_t v = t; aligned + 4 * v < staged_end; v += kTvDwThreads) {
       const int32_t at = aligned + 4 * v;
       cp_async_16(words + 4 * v, view.entries + at, 4 * min(4, staged_end - at));
     }
   };
-  // One group: dY's band, the first chunks and the first entries; then empty groups, so that the
-  // loop's wait for kPending groups in flight completes it.
+  // Group 0: dY's band and tile 0; groups 1 to kStages - 2: the next tiles (empty past the run).
   stage_16bit_block<NB, 64, kStride, kTvDwThreads>(dys, dy, n, rows, 0, r0, vec_dy);
 #pragma unroll
-  for (int i = 0; i < kChunkStages; ++i) stage_chunk(i);
-#pragma unroll
-  for (int i = 0; i + 1 < kEntryStages; ++i) stage_entries(i);
-#pragma unroll
-  for (int g = 0; g <= kPending; ++g) cp_async_commit();
-  cp_async_wait<kPending>();
+  for (int i = 0; i + 1 < kStages; ++i) {
+    stage_tile(i);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 2>();
   __syncthreads();
 
   // The warp's A fragments (its 16 rows x the padded batch), for every tile of the run.
@@ -115,20 +105,12 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   };
 
   for (int i = 0; i < steps; ++i) {
-    cp_async_wait<kPending>();
-    __syncthreads();  // tile i's chunk and entries are in place; every thread is done reading out tile i - 1
-    stage_entries(i + kEntryStages - 1);  // into tile i - 1's stage
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile i's stage is in place; every thread is done reading out tile i - 1
+    stage_tile(i + kStages - 1);  // into tile i - 1's stage
     cp_async_commit();
-    const int32_t first = tp[i], count = tp[i + 1] - first;
-    // A fuller tile's next entries, loaded while the tile is multiplied.
-    uint32_t more[kMore];
-#pragma unroll
-    for (int j = 0; j < kMore; ++j) {
-      const int32_t e = kTvDwStageEntries + t + j * kTvDwThreads;
-      if (e < count) more[j] = __ldg(view.entries + first + e);
-    }
 
-    const uint16_t* x_chunk = xs + (i % kChunkStages) * NB * kStride;
+    const uint16_t* x_chunk = xs + (i % kStages) * NB * kStride;
     float acc[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -148,20 +130,15 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
       *reinterpret_cast<uint32_t*>(tile + r * kStride + c) = round_pair<T>(acc[j][0], acc[j][1]);
       *reinterpret_cast<uint32_t*>(tile + (r + 8) * kStride + c) = round_pair<T>(acc[j][2], acc[j][3]);
     }
-    __syncthreads();  // the tile is complete; every warp is done with X's chunk i
-    stage_chunk(i + kChunkStages);  // into chunk i's stage
-    cp_async_commit();
+    __syncthreads();  // the tile is complete
 
     // The lanes of a warp on consecutive entries: their stores fall in a few runs of slots.
+    const int32_t first = tp[i], count = tp[i + 1] - first;
     const int32_t staged = min(count, kTvDwStageEntries);
-    const uint32_t* words = ring + (i % kEntryStages) * kTvDwStageWords + (first & 3);
-#pragma unroll
-    for (int j = 0; j < kTvDwStageEntries / kTvDwThreads; ++j)
-      if (t + j * kTvDwThreads < staged) read_out(words[t + j * kTvDwThreads]);
-#pragma unroll
-    for (int j = 0; j < kMore; ++j)
-      if (kTvDwStageEntries + t + j * kTvDwThreads < count) read_out(more[j]);
-    for (int32_t e = 2 * kTvDwStageEntries + t; e < count; e += kTvDwThreads) read_out(__ldg(view.entries + first + e));
+    const uint32_t* words = ring + (i % kStages) * kTvDwStageWords + (first & 3);
+#pragma unroll 4
+    for (int32_t e = t; e < staged; e += kTvDwThreads) read_out(words[e]);
+    for (int32_t e = staged + t; e < count; e += kTvDwThreads) read_out(__ldg(view.entries + first + e));
   }
   cp_async_wait_all();
 }

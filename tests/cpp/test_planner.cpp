@@ -1019,17 +1019,16 @@ TEST(Planner, SddmmTileViewGrid) {
   ASSERT_TRUE(forced(4096, 4096, 2 * 1677722, 16, SddmmEpilogue::kStore, 2, true, &fuller).ok());
   EXPECT_EQ(fuller.tile_splits, 32);  // 20%: 8 per SM
   EXPECT_EQ(p.threads, 128);
-  // dY's band (later the tile), two chunks of X, three stages of 516 entry words, the tile pointers.
-  EXPECT_EQ(p.smem_bytes, size_t(64 + 2 * 64) * 72 * 2 + 3 * 516 * 4 + 18 * 4);
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 64 + 64) * 72 * 2 + 18 * 4);
   EXPECT_EQ(p.workspace_bytes, 0u);
   EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
   ASSERT_TRUE(forced(16384, 4096, 6710886, 100, SddmmEpilogue::kAdamW, 2, true, &p).ok());
-  EXPECT_EQ(p.smem_bytes, size_t(128 + 2 * 128) * 72 * 2 + 3 * 516 * 4 + 18 * 4);  // 100 rows padded to 128
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 128 + 64) * 72 * 2 + 18 * 4);  // 100 rows padded to 128
   EXPECT_TRUE(p.gradient_in_workspace);
   EXPECT_EQ(p.workspace_bytes, size_t(6710886) * 2);
   ASSERT_TRUE(forced(768, 3072, 235930, 1, SddmmEpilogue::kStore, 2, true, &p).ok());
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
-  EXPECT_EQ(p.smem_bytes, size_t(64 + 2 * 16) * 72 * 2 + 3 * 516 * 4 + 4 * 4);  // the tile outgrows dY's band
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits). Storing the gradient: on layers under 2^23
   // weights from 2 rows and 1% density; on larger ones from 4% past 8 rows, and at 8 rows below 2^25
   // weights (from 7.5% at 2^25 and more). With AdamW, from 4%: past 16 rows from 2^23 weights;
