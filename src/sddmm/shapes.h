@@ -88,17 +88,12 @@ constexpr size_t tc_dw_smem_bytes() {
 // The SDDMM over the tile view (sddmm_tile_view_kernel, 16-bit operands, batches of at most
 // kTvDwMaxBatch): a block of kTvDwThreads owns a band of 64 rows of W (the view's) and a run of its
 // tiles; dY's band is staged once, the batch padded to a multiple of 16, and kept in registers as
-// the mma's A fragments; each tile's chunk of X and its first kTvDwStageEntries entries are copied
-// into a stage of their own tv_dw_stages() - 1 tiles ahead, and the tile is multiplied, rounded to
-// the operands' type into shared memory, and its entries read out of it.
+// the mma's A fragments; each tile's chunk of X is staged beside it (two stages), multiplied, rounded
+// to the operands' type into shared memory, and the tile's entries read out of it.
 constexpr int kTvDwWarps = 4;  // 16 rows of the band each
 constexpr int kTvDwThreads = kTvDwWarps * 32;
 constexpr int kTvDwMaxBatch = 128;
 constexpr int kTvDwStride = 64 + 8;  // 16-bit values per staged row (ldmatrix without bank conflicts)
-// Entries a stage holds: a tile at 25% density on average; a fuller tile's others are read in place.
-constexpr int kTvDwStageEntries = 1024;
-// Words of a stage's entries: the copy starts on the 16-byte boundary at or before the tile's first.
-constexpr int kTvDwStageWords = kTvDwStageEntries + 4;
 
 // The batch in the kernel's k-steps of 16 rows: a power of two, 1 to kTvDwMaxBatch / 16.
 constexpr int tv_dw_k_steps(int64_t n) {
@@ -107,19 +102,12 @@ constexpr int tv_dw_k_steps(int64_t n) {
   return ks;
 }
 
-// Stages of a batch of `ks` k-steps: tiles in flight while one is multiplied and read out. Three at
-// 128 rows, where a stage's chunk of X is 18 KB, so that two blocks fit an SM.
-constexpr int tv_dw_stages(int ks) { return ks >= 8 ? 3 : 4; }
-
-// Dynamic shared memory for a batch padded to `batch` rows and `steps` tiles per block: dY's band
-// ([batch][kTvDwStride]), the stages (X's chunk [batch][kTvDwStride] and kTvDwStageWords entries
-// each), the rounded tile ([64][kTvDwStride]), and the block's tile pointers (steps + 1, and one
-// spare word: the compiler may read the next tile's pair of pointers with one vector load before it
-// knows whether there is a next tile).
+// Dynamic shared memory for a batch padded to `batch` rows and `steps` tiles per block: dY's band and
+// two stages of X's chunk ([batch][kTvDwStride] each), the rounded tile ([64][kTvDwStride]), and the
+// block's tile pointers (steps + 1, and one spare word: the compiler may read the next tile's pair of
+// pointers with one vector load before it knows whether there is a next tile).
 constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
-  const size_t stages = size_t(tv_dw_stages(batch / 16));
-  return (size_t(batch) * (1 + stages) + 64) * kTvDwStride * sizeof(uint16_t) +
-         stages * kTvDwStageWords * sizeof(uint32_t) + size_t(steps + 2) * sizeof(int32_t);
+  return (size_t(3 * batch) + 64) * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t);
 }
 
 }  // namespace snack::cuda::detail

@@ -4,16 +4,15 @@
 //
 // Against the tensor-core SDDMM (tensor_core_kernel.cuh, tiles of 128 x 128 walked through row
 // cursors), the view hands a block each tile's slots as one contiguous list, so the whole block reads
-// them out, a warp's lanes on consecutive entries: its stores at their slots then fall in a few runs
-// of consecutive slots (1.0-1.9x faster in stand-alone runs than four consecutive entries a thread,
-// whose lanes' stores spread over four times as many lines). A band's dY (at most 128 batch rows) is
-// staged once and kept in registers as the mma's A fragments for all of the band's tiles. Each tile's
-// chunk of X and its entries are copied into a stage of their own several tiles ahead
-// (tv_dw_stages), so that a tile waits on no load of its own: with the entries held in registers one
-// tile ahead, each tile waited about one round trip to memory. Per tile the block multiplies, rounds
-// the tile into shared memory and stores its slots' gradients. Every gradient is one fixed chain of
-// mma.sync products: deterministic. AdamW's step runs after it over the stored gradient, as for the
-// tensor-core SDDMM.
+// them out four entries to a thread, a warp's lanes on consecutive entries: its stores at their slots
+// then fall in a few runs of consecutive slots (1.0-1.9x faster in stand-alone runs than four
+// consecutive entries a thread, whose lanes' stores spread over four times as many lines). A band's
+// dY (at most 128 batch rows) is staged once and kept in registers as the mma's A fragments for all
+// of the band's tiles: per tile the block stages X's chunk, multiplies, rounds the tile into shared
+// memory and stores its slots' gradients. The chunk of the tile after next is staged while a tile is
+// read out, and the entries of the next tile are loaded a tile ahead (from N = 64 those of the tile
+// after next). Every gradient is one fixed chain of mma.sync products: deterministic. AdamW's step
+// runs after it over the stored gradient, as for the tensor-core SDDMM.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,14 +44,12 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   constexpr int NB = 16 * KS;
   static_assert(NB <= kTvDwMaxBatch, "the batch the planner allows");
   constexpr int kStride = kTvDwStride;
-  constexpr int kStages = tv_dw_stages(KS);
-  static_assert(kStages >= 2 && kTvDwStageEntries % 4 == 0, "a stage's entries are whole 16-byte vectors");
+  constexpr int kShare = 4 * kTvDwThreads;  // entries per round of the block
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* dys = reinterpret_cast<uint16_t*>(smem);              // [NB][kStride]: dY's band
-  uint16_t* xs = dys + NB * kStride;                               // [kStages][NB][kStride]: X's chunks
-  uint16_t* tile = xs + kStages * NB * kStride;                    // [64][kStride]: the rounded tile
-  uint32_t* ring = reinterpret_cast<uint32_t*>(tile + 64 * kStride);  // [kStages][kTvDwStageWords]: entries
-  int32_t* tp = reinterpret_cast<int32_t*>(ring + kStages * kTvDwStageWords);  // [steps + 2]: tiles' first entries
+  uint16_t* dys = reinterpret_cast<uint16_t*>(smem);            // [NB][kStride]: dY's band
+  uint16_t* xs = dys + NB * kStride;                             // [2][NB][kStride]: X's chunks
+  uint16_t* tile = xs + 2 * NB * kStride;                        // [64][kStride]: the rounded tile
+  int32_t* tp = reinterpret_cast<int32_t*>(tile + 64 * kStride);  // [steps + 1]: the tiles' first entries
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -65,30 +62,15 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   for (int i = t; i <= steps; i += kTvDwThreads) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
   if (t == 0) tp[steps + 1] = view.tile_ptr[band * chunks + c_end];  // the spare word (shapes.h)
   const int64_t band_first = view.row_ptr[r0];
-  __syncthreads();  // the tile pointers, which size the copies of the entries
 
-  // Stage i % kStages: tile i's chunk of X and its first kTvDwStageEntries entries, copied from the
-  // 16-byte boundary at or before its first entry (never past its last: the view ends there).
-  const auto stage_tile = [&](int i) {
-    if (i >= steps) return;
-    const int s = i % kStages;
-    stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + s * NB * kStride, x, n, cols, 0, (c_begin + i) * 64, vec_x);
-    const int32_t first = tp[i], staged_end = min(tp[i + 1], first + kTvDwStageEntries);
-    const int32_t aligned = first & ~3;
-    uint32_t* words = ring + s * kTvDwStageWords;
-    for (int32_t v = t; aligned + 4 * v < staged_end; v += kTvDwThreads) {
-      const int32_t at = aligned + 4 * v;
-      cp_async_16(words + 4 * v, view.entries + at, 4 * min(4, staged_end - at));
-    }
-  };
-  // Group 0: dY's band and tile 0; groups 1 to kStages - 2: the next tiles (empty past the run).
+  // Group 0: dY's band and X's first chunk; group 1: the second chunk (empty where there is none).
   stage_16bit_block<NB, 64, kStride, kTvDwThreads>(dys, dy, n, rows, 0, r0, vec_dy);
-#pragma unroll
-  for (int i = 0; i + 1 < kStages; ++i) {
-    stage_tile(i);
-    cp_async_commit();
-  }
-  cp_async_wait<kStages - 2>();
+  stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs, x, n, cols, 0, c_begin * 64, vec_x);
+  cp_async_commit();
+  if (steps > 1) stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + NB * kStride, x, n, cols, 0, (c_begin + 1) * 64,
+                                                                   vec_x);
+  cp_async_commit();
+  cp_async_wait<1>();
   __syncthreads();
 
   // The warp's A fragments (its 16 rows x the padded batch), for every tile of the run.
@@ -98,19 +80,31 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
     ldmatrix_x4_trans(a[ks], dys + (ks * 16 + (lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
   out.begin();
 
-  const auto read_out = [&](uint32_t entry) {
-    const uint32_t pos = entry & kTileViewPositionMask;
-    const int64_t slot = band_first + int64_t(entry >> kTileViewSlotShift);
-    out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
+  const auto load_entries = [&](TileShare<kTvDwThreads>& s, int i) {
+    if (i < steps) load_tile_share(s, view.entries, tp[i], tp[i + 1], t);
+  };
+  TileShare<kTvDwThreads> s0{}, s1{};
+  load_entries(s0, 0);
+  load_entries(s1, 1);
+  // A share starts at a tile's first entry or a whole round past it: only the tile's end bounds it.
+  const auto read_out = [&](const TileShare<kTvDwThreads>& s, int32_t end) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (s.at(j) < end) {
+        const uint32_t pos = s.entry[j] & kTileViewPositionMask;
+        const int64_t slot = band_first + int64_t(s.entry[j] >> kTileViewSlotShift);
+        out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
+      }
+    }
   };
 
-  for (int i = 0; i < steps; ++i) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile i's stage is in place; every thread is done reading out tile i - 1
-    stage_tile(i + kStages - 1);  // into tile i - 1's stage
-    cp_async_commit();
-
-    const uint16_t* x_chunk = xs + (i % kStages) * NB * kStride;
+  // Tile i, whose entries `mine` holds.
+  const auto run_tile = [&](int i, const TileShare<kTvDwThreads>& mine) {
+    if (i > 0) {
+      cp_async_wait<1>();
+      __syncthreads();  // X's chunk i is in place; every thread is done reading out tile i - 1
+    }
+    const uint16_t* x_chunk = xs + (i & 1) * NB * kStride;
     float acc[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -130,15 +124,41 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
       *reinterpret_cast<uint32_t*>(tile + r * kStride + c) = round_pair<T>(acc[j][0], acc[j][1]);
       *reinterpret_cast<uint32_t*>(tile + (r + 8) * kStride + c) = round_pair<T>(acc[j][2], acc[j][3]);
     }
-    __syncthreads();  // the tile is complete
-
-    // The lanes of a warp on consecutive entries: their stores fall in a few runs of slots.
-    const int32_t first = tp[i], count = tp[i + 1] - first;
-    const int32_t staged = min(count, kTvDwStageEntries);
-    const uint32_t* words = ring + (i % kStages) * kTvDwStageWords + (first & 3);
-#pragma unroll 4
-    for (int32_t e = t; e < staged; e += kTvDwThreads) read_out(words[e]);
-    for (int32_t e = staged + t; e < count; e += kTvDwThreads) read_out(__ldg(view.entries + first + e));
+    __syncthreads();  // the tile is complete; every warp is done with X's chunk i
+    if (i + 2 < steps)
+      stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + (i & 1) * NB * kStride, x, n, cols, 0,
+                                                       (c_begin + i + 2) * 64, vec_x);
+    cp_async_commit();
+    const int32_t end = tp[i + 1];
+    read_out(mine, end);
+    // A tile fuller than one round of the block (kShare entries): the rest, read in place.
+    for (int32_t round = tp[i] + kShare; round < end; round += kShare) {
+      TileShare<kTvDwThreads> more;
+      load_tile_share(more, view.entries, round, end, t);
+      read_out(more, end);
+    }
+  };
+  if constexpr (KS >= 4) {
+    // Two tiles per turn, so that the two sets of entries take turns without a copy, which would wait
+    // for the loads in flight into the set copied. Against the copy (stand-alone runs, 768x3072 to
+    // 16384x4096 at 80-95%): N = 128 1.07-1.16x; N = 64 1.02x in geometric mean, from 0.78x on
+    // 11008x4096 to 1.25x on 16384x4096.
+    for (int i = 0; i < steps; i += 2) {
+      run_tile(i, s0);
+      load_entries(s0, i + 2);
+      if (i + 1 < steps) {
+        run_tile(i + 1, s1);
+        load_entries(s1, i + 3);
+      }
+    }
+  } else {
+    // Fewer k-steps leave less work to cover the wait, and the two tiles' code and registers per turn
+    // cost more than they save there (N = 1-32: 0.77-1.09x, 0.93-0.95x in geometric mean).
+    for (int i = 0; i < steps; ++i) {
+      run_tile(i, s0);
+      s0 = s1;
+      load_entries(s1, i + 2);
+    }
   }
   cp_async_wait_all();
 }
