@@ -453,7 +453,8 @@ def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--render", action="store_true", help="only rebuild the .md from the result CSVs in --out")
+    parser.add_argument("--render", action="store_true",
+                        help="only rebuild the summaries (.md), and the backward-only files' plots, from the result CSVs in --out")
     parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--ns", default=None, help="e.g. 1,16")
@@ -480,6 +481,12 @@ def main(argv=None) -> int:
                              "in-backward AdamW, kernel by kernel")
     args = parser.parse_args(argv)
     if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv; every backward-only file
+        for backward_csv in sorted(args.out.glob("backward_*_bf16.csv")) + sorted(args.out.glob("backward_*_fp16.csv")):
+            info, back_rows = benchmark.read_csv(backward_csv)
+            md = summarize_16bit(back_rows, info)
+            backward_csv.with_suffix(".md").write_text(md)
+            plot_16bit(back_rows, backward_csv.with_suffix(".png"), info)
+            print(md)
         for layer_csv in sorted(args.out.glob("layer_*.csv")):
             slug = layer_csv.stem[len("layer_"):]
             md = render_from_csv(layer_csv, args.out / f"backward_{slug}.csv")

@@ -114,9 +114,12 @@ def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
     # dW with AdamW's step: the planner's fused kernel, each forced one ("-" where it did not run), unfused.
     assert "| 4096x4096 | 16 | 0.9 | 60.0 | 60.0 | - | 90.0 | - | 80.0 |" in md
     assert "dX / forward, geomean: 1.25 (target <= 1.3)" in md
+    # --render rebuilds the same summary, and its plot, from the result file.
+    benchmark.write_csv(tmp_path / "backward_test_gpu_bf16.csv", info, layer.BACKWARD_COLUMNS, rows)
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
-    layer.plot_16bit(rows, tmp_path / "b.png", info)
-    assert (tmp_path / "b.png").stat().st_size > 0
+    assert layer.main(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "backward_test_gpu_bf16.md").read_text() == md
+    assert (tmp_path / "backward_test_gpu_bf16.png").stat().st_size > 0
 
 
 def test_the_layer_summary_keeps_each_precision_apart(tmp_path):
