@@ -314,6 +314,15 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth, csc_read
         ref, pattern, dy, x, n, sparsity, timer, bandwidth, ADAMW_16BIT_VARIANTS, dtype_name)
 
 
+def write_16bit_summary(csv_path: Path, back_rows, info, plot: bool = True) -> str:
+    """Writes the summary of a 16-bit backward run beside its result file (and its plot): the Markdown."""
+    md = summarize_16bit(back_rows, info)
+    csv_path.with_suffix(".md").write_text(md)
+    if plot:
+        plot_16bit(back_rows, csv_path.with_suffix(".png"), info)
+    return md
+
+
 def summarize_16bit(back_rows, info) -> str:
     """The 16-bit backward kernels against dense cuBLAS in the same dtype, and dX against the forward."""
     dtype = back_rows[0]["dtype"] if back_rows else "bf16"
@@ -483,10 +492,7 @@ def main(argv=None) -> int:
     if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv; every backward-only file
         for backward_csv in sorted(args.out.glob("backward_*_bf16.csv")) + sorted(args.out.glob("backward_*_fp16.csv")):
             info, back_rows = benchmark.read_csv(backward_csv)
-            md = summarize_16bit(back_rows, info)
-            backward_csv.with_suffix(".md").write_text(md)
-            plot_16bit(back_rows, backward_csv.with_suffix(".png"), info)
-            print(md)
+            print(write_16bit_summary(backward_csv, back_rows, info))
         for layer_csv in sorted(args.out.glob("layer_*.csv")):
             slug = layer_csv.stem[len("layer_"):]
             md = render_from_csv(layer_csv, args.out / f"backward_{slug}.csv")
@@ -541,11 +547,10 @@ def main(argv=None) -> int:
                 back_rows += backward_rows_16bit(ref, n, sparsity, args.dtype, timer, bandwidth, args.csc_reads)
             del ref
             slug = benchmark.gpu_slug() + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
-            benchmark.write_csv(args.out / f"backward_{slug}_{args.dtype}.csv", info, BACKWARD_COLUMNS, back_rows)
-            md = summarize_16bit(back_rows, info)
-            (args.out / f"backward_{slug}_{args.dtype}.md").write_text(md)
-        plot_16bit(back_rows, args.out / f"backward_{slug}_{args.dtype}.png", info)
-        print(md)
+            csv_path = args.out / f"backward_{slug}_{args.dtype}.csv"
+            benchmark.write_csv(csv_path, info, BACKWARD_COLUMNS, back_rows)
+            write_16bit_summary(csv_path, back_rows, info, plot=False)  # kept current as the sweep goes
+        print(write_16bit_summary(csv_path, back_rows, info))
         return 0
     for (m, k), sparsity in benchmark.progress(configs, len(configs), "layer"):
         ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=gen)
