@@ -303,6 +303,9 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth, csc_read
                                              ref_fwd)
         cands[("dx", "snack_tile_view")] = (lambda: snack.ops.spmm_t(dy, values, pattern, "tile_view"), ref_dx)
         cands[("dw", "snack_tile_view")] = (lambda: snack.ops.sddmm(dy, x, pattern, "tile_view"), ref_dw)
+        if torch.cuda.get_device_capability() == (9, 0):  # its products on wgmma
+            cands[("dw", "snack_tile_view_wgmma")] = (lambda: snack.ops.sddmm(dy, x, pattern, "tile_view_wgmma"),
+                                                      ref_dw)
     if n <= 128:  # the CUDA-core row kernels' dX, the CSC view read in place (no copy below a batch of 256)
         for variant in ("global_x", "global_xt"):
             cands[("dx", f"snack_{variant}")] = (lambda v=variant: snack.ops.spmm_t(dy, values, pattern, v), ref_dx)
@@ -329,14 +332,16 @@ def summarize_16bit(back_rows, info) -> str:
     lines = benchmark.markdown_head(f"Backward kernels in {dtype}", info)
     b = {(r["op"], r["M"], r["K"], r["N"], r["sparsity"], r["impl"]): r for r in back_rows}
     lines += ["Median us, cold L2. dX and dW: the planner's kernel (snack) and the tensor-core, tile-view "
-              "(N <= 128) and rows (dW, N <= 128) kernels forced; dX row kernels: the faster of global_x and "
+              "(N <= 128; dW also on wgmma, on Hopper) and rows (dW, N <= 128) kernels forced; dX row kernels: "
+              "the faster of global_x and "
               "global_xt forced (N <= 128, the CSC view in place); fwd tile_view: the forward's tile-view kernel "
               f"forced; dense: cuBLAS in {dtype} (dY @ W for dX, the whole dY^T @ X for dW). dX / fwd: snack's dX "
               "over its forward on the same problem.", "",
               "| M x K | N | sparsity | fwd | fwd tile_view | dX | dX row kernels | dX tensor_core | dX tile_view "
               "| dense dX "
-              "| dX vs dense | dX / fwd | dW | dW tensor_core | dW tile_view | dW rows | dense dW | dW vs dense |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| dX vs dense | dX / fwd | dW | dW tensor_core | dW tile_view | dW tile_view_wgmma | dW rows "
+              "| dense dW | dW vs dense |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cell = lambda r: f"{r['median_us']:.1f}" if r else "-"  # noqa: E731
     ratio = lambda num, den: f"{num['median_us'] / den['median_us']:.2f}x" if num and den else "-"  # noqa: E731
     dx_vs_dense, dx_vs_fwd, dw_vs_dense = [], [], []
@@ -344,6 +349,7 @@ def summarize_16bit(back_rows, info) -> str:
         get = lambda op, impl: b.get((op,) + key + (impl,))  # noqa: E731
         fwd, dx, dx_tc, ddx = get("fwd", "snack"), get("dx", "snack"), get("dx", "snack_tensor_core"), get("dx", "dense")
         fwd_tv, dx_tv, dw_tv = get("fwd", "snack_tile_view"), get("dx", "snack_tile_view"), get("dw", "snack_tile_view")
+        dw_wg = get("dw", "snack_tile_view_wgmma")
         dx_rows = min((r for r in (get("dx", "snack_global_x"), get("dx", "snack_global_xt")) if r),
                       key=lambda r: r["median_us"], default=None)
         dw, dw_tc, dw_rows, ddw = get("dw", "snack"), get("dw", "snack_tensor_core"), get("dw", "snack_rows"), \
@@ -357,7 +363,8 @@ def summarize_16bit(back_rows, info) -> str:
         lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {cell(fwd)} | {cell(fwd_tv)} | {cell(dx)} "
                      f"| {cell(dx_rows)} "
                      f"| {cell(dx_tc)} | {cell(dx_tv)} | {cell(ddx)} "
-                     f"| {ratio(ddx, dx)} | {ratio(dx, fwd)} | {cell(dw)} | {cell(dw_tc)} | {cell(dw_tv)} | {cell(dw_rows)} "
+                     f"| {ratio(ddx, dx)} | {ratio(dx, fwd)} | {cell(dw)} | {cell(dw_tc)} | {cell(dw_tv)} | {cell(dw_wg)} "
+                     f"| {cell(dw_rows)} "
                      f"| {cell(ddw)} "
                      f"| {ratio(ddw, dw)} |")
     if dx_vs_dense:

@@ -42,10 +42,13 @@ enum class SddmmVariant : int {
   kTileView,     ///< 16-bit operands, batches of at most 128: the pattern's tile view, each 64 x 64 tile that
                  ///< holds slots computed as dense dY^T X on tensor cores (dY's band kept in registers) and
                  ///< its entries read out by the whole block. Needs a pattern with the tile view.
+  kTileViewWgmma,  ///< kTileView's work on Hopper's wgmma: a warpgroup per band of 64 rows multiplies each tile
+                   ///< while it reads out the one before; one or two warpgroups a block share X's chunks.
+                   ///< Needs the tile view, a build with sm_90a code and a GPU of compute capability 9.0.
 };
 
 /// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core",
-/// "tile_view").
+/// "tile_view", "tile_view_wgmma").
 const char* sddmm_variant_name(SddmmVariant v);
 /// Parses a name; returns false for an unknown name.
 bool parse_sddmm_variant(const std::string& name, SddmmVariant* out);
@@ -99,13 +102,17 @@ struct SddmmProblem {
   bool tf32 = false;
   /// The pattern holds the tile view (SlotPattern::tile_ptr): kTileView may run.
   bool tile_view = false;
-  /// kTileView: blocks per band (each a run of the band's tiles), at most the band's tiles; 0 lets
-  /// the planner choose. Other variants ignore it.
+  /// kTileView, kTileViewWgmma: blocks per band (per group of bands for kTileViewWgmma), each a run of
+  /// the band's tiles, at most the band's tiles; 0 lets the planner choose. Other variants ignore it.
   int tile_view_splits = 0;
+  /// kTileViewWgmma: warpgroups a block, each a band of its own (1 or 2); 0 lets the planner
+  /// choose. Other variants ignore it.
+  int warpgroups = 0;
   bool operator==(const SddmmProblem& o) const {
     return rows == o.rows && cols == o.cols && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            epilogue == o.epilogue && requested == o.requested && x_t_stride == o.x_t_stride && gemm == o.gemm &&
-           tf32 == o.tf32 && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits;
+           tf32 == o.tf32 && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits &&
+           warpgroups == o.warpgroups;
   }
 };
 
@@ -133,14 +140,15 @@ struct SddmmPlan {
   bool staged_vector_copies = false;  ///< kStaged: X and dY copied in 16-byte vectors, then transposed on chip
   bool staged_sums_in_workspace = false;  ///< kStaged: the sums go through the workspace to a second kernel
                                           ///< that hands them to the epilogue (a split batch, or AdamW)
-  size_t smem_bytes = 0;       ///< kStaged, kTensorCore, kTileView: dynamic shared memory per block
+  size_t smem_bytes = 0;       ///< kStaged, kTensorCore, kTileView(Wgmma): dynamic shared memory per block
   int tiles_per_block = 0;     ///< kTensorCore: tiles of 128 columns per block (grid_x blocks along the
                                ///< columns, grid_y bands of 128 rows)
-  bool gradient_in_workspace = false;  ///< kTensorCore, kTileView with AdamW: the gradient, rounded to the
+  bool gradient_in_workspace = false;  ///< kTensorCore, kTileView(Wgmma) with AdamW: the gradient, rounded to the
                                        ///< operands' type, goes to the workspace, and a second kernel applies
                                        ///< AdamW's step
   int tile_splits = 1;         ///< kTileView: blocks per band of 64 rows, each a run of the band's tiles
-                               ///< (grid_x = bands x tile_splits)
+                               ///< (grid_x = bands x tile_splits); kTileViewWgmma: per group of
+                               ///< threads / 128 bands
 };
 
 /// Plans an SDDMM on a GPU with `limits`. A forced kRows on a batch past kSddmmRowsMaxBatch, or a

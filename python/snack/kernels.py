@@ -132,9 +132,10 @@ def tile_view_splits(splits: int) -> contextlib.AbstractContextManager:
 
 def set_fragment_warpgroups(groups: int) -> None:
     """Makes every ``wgmma`` forward over tile fragments of this process give each block ``groups``
-    consumer warpgroups (1, or 2 that take a band's tiles in turn) instead of the planner's count;
-    ``0`` restores the planner. For measuring the kernel; other kernels ignore it. Raises
-    ``ValueError`` for a count other than 0, 1 or 2."""
+    consumer warpgroups (1, or 2 that take a band's tiles in turn), and every ``tile_view_wgmma``
+    weight gradient ``groups`` warpgroups (each a band of its own, sharing X's chunks), instead of
+    the planner's count; ``0`` restores the planner. For measuring the kernels; other kernels ignore
+    it. Raises ``ValueError`` for a count other than 0, 1 or 2."""
     ops.set_default_fragment_warpgroups(int(groups))
     _current["fragment_warpgroups"] = int(groups)
 

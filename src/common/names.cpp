@@ -43,7 +43,8 @@ constexpr Named<SddmmVariant> kSddmmVariants[] = {{SddmmVariant::kAuto, "auto"},
                                                   {SddmmVariant::kDenseBlocks, "dense_blocks"},
                                                   {SddmmVariant::kStaged, "staged"},
                                                   {SddmmVariant::kTensorCore, "tensor_core"},
-                                                  {SddmmVariant::kTileView, "tile_view"}};
+                                                  {SddmmVariant::kTileView, "tile_view"},
+                                                  {SddmmVariant::kTileViewWgmma, "tile_view_wgmma"}};
 constexpr Named<SpmmReason> kSpmmReasons[] = {
     {SpmmReason::kForced, "forced", "the variant was named by the caller"},
     {SpmmReason::kWideRows, "wide_rows",

@@ -26,15 +26,17 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 
 // Rows [r0, r0 + kRows) x columns [c0, c0 + kCols) of a row-major [rows, cols] array of a 16-bit
-// type into `smem` ([kRows][kStride]), zeros outside the array, by the block's kThreads threads.
-// vec: the array's rows are whole 16-byte vectors on 16-byte boundaries (cols % 8 == 0, an aligned
-// base), copied by cp_async_16 (the caller commits the group); otherwise element by element.
+// type into `smem` ([kRows][kStride]), zeros outside the array, by kThreads threads of which this is
+// `thread` (the block's threads by default). vec: the array's rows are whole 16-byte vectors on
+// 16-byte boundaries (cols % 8 == 0, an aligned base), copied by cp_async_16 (the caller commits the
+// group); otherwise element by element.
 template <int kRows, int kCols, int kStride, int kThreads, typename T>
 __device__ __forceinline__ void stage_16bit_block(uint16_t* smem, const T* __restrict__ src, int64_t rows,
-                                                  int64_t cols, int64_t r0, int64_t c0, bool vec) {
+                                                  int64_t cols, int64_t r0, int64_t c0, bool vec,
+                                                  int thread = int(threadIdx.x)) {
   static_assert(sizeof(T) == 2 && kCols % 8 == 0, "16-bit values, rows of whole 16-byte segments");
   if (vec) {
-    for (int s = threadIdx.x; s < kRows * (kCols / 8); s += kThreads) {
+    for (int s = thread; s < kRows * (kCols / 8); s += kThreads) {
       const int row = s / (kCols / 8), seg = s % (kCols / 8);
       const int64_t r = r0 + row, c = c0 + seg * 8;
       const bool inside = r < rows && c < cols;
@@ -42,7 +44,7 @@ __device__ __forceinline__ void stage_16bit_block(uint16_t* smem, const T* __res
     }
   } else {
     const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
-    for (int e = threadIdx.x; e < kRows * kCols; e += kThreads) {
+    for (int e = thread; e < kRows * kCols; e += kThreads) {
       const int row = e / kCols, col = e % kCols;
       const int64_t r = r0 + row, c = c0 + col;
       smem[row * kStride + col] = r < rows && c < cols ? raw[r * cols + c] : uint16_t(0);

@@ -93,6 +93,33 @@ __device__ __forceinline__ uint32_t wg_swizzled(uint32_t row, uint32_t col) {
   return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
 }
 
+// Rows [r0, r0 + kRows) x columns [c0, c0 + 64) of a row-major [rows, cols] array of a 16-bit type
+// into `smem` ([kRows][64] in the 128-byte swizzle of wg_swizzled, 1024-byte aligned), zeros outside
+// the array, by kThreads threads of which this is `thread`. vec: the array's rows are whole 16-byte
+// vectors on 16-byte boundaries, copied by cp_async_16 (the caller commits the group); otherwise
+// element by element. Either way the tensor cores read them only after fence_proxy_async.
+template <int kRows, int kThreads, typename T>
+__device__ __forceinline__ void stage_16bit_rows_swizzled(unsigned char* smem, const T* __restrict__ src,
+                                                          int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                                                          bool vec, int thread) {
+  static_assert(sizeof(T) == 2, "16-bit values");
+  if (vec) {
+    for (int s = thread; s < kRows * 8; s += kThreads) {
+      const int row = s / 8, seg = s % 8;
+      const int64_t r = r0 + row, c = c0 + seg * 8;
+      const bool inside = r < rows && c < cols;
+      cp_async_16(smem + wg_swizzled(row, seg * 8), inside ? src + r * cols + c : src, inside ? 16 : 0);
+    }
+  } else {
+    const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+    for (int e = thread; e < kRows * 64; e += kThreads) {
+      const int row = e / 64, col = e % 64;
+      const int64_t r = r0 + row, c = c0 + col;
+      *reinterpret_cast<uint16_t*>(smem + wg_swizzled(row, col)) = r < rows && c < cols ? raw[r * cols + c] : 0;
+    }
+  }
+}
+
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous products.
 template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
@@ -138,53 +165,62 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
 
 // acc (64 x N, the m64nN accumulator layout: a warp's 16 rows as mma.sync m16n8's, n-tile j in
 // acc[4 j .. 4 j + 3]) += A (64 x 16) B^T (N x 16): A in registers, warp w of the warpgroup holding rows
-// 16 w .. 16 w + 15 as mma.sync m16n8k16's A operand; B K-major in shared memory.
-#define SNACK_WG_RS16(types)                                                                                         \
+// 16 w .. 16 w + 15 as mma.sync m16n8k16's A operand; B in shared memory, K-major, or with kMnMajorB
+// N-major (B's 16 rows of N values each 128 bytes apart in the 128-byte swizzle: N = 64 at most, one
+// swizzle atom wide, so that wg_descriptor's strides describe it).
+#define SNACK_WG_RS16(types, tnsp)                                                                                         \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n16k16.f32." types " {"                                             \
                "%0, %1, %2, %3, %4, %5, %6, %7"                                                                      \
-               "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"                                                          \
+               "}, {%8, %9, %10, %11}, %12, p, 1, 1, " tnsp ";\n}"                                                          \
                : SNACK_WG_ACC8(0)                                                                                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS32(types)                                                                                         \
+#define SNACK_WG_RS32(types, tnsp)                                                                                         \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n32k16.f32." types " {"                                             \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
-               "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"                                                        \
+               "}, {%16, %17, %18, %19}, %20, p, 1, 1, " tnsp ";\n}"                                                        \
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8)                                                                  \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS64(types)                                                                                         \
+#define SNACK_WG_RS64(types, tnsp)                                                                                         \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n64k16.f32." types " {"                                             \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
-               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"                                                        \
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, " tnsp ";\n}"                                                        \
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24)                            \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS128(types)                                                                                        \
+#define SNACK_WG_RS128(types, tnsp)                                                                                        \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n128k16.f32." types " {"                                            \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                    \
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                    \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                      \
-               "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"                                                        \
+               "}, {%64, %65, %66, %67}, %68, p, 1, 1, " tnsp ";\n}"                                                        \
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24),                           \
                  SNACK_WG_ACC8(32), SNACK_WG_ACC8(40), SNACK_WG_ACC8(48), SNACK_WG_ACC8(56)                          \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-template <typename T, int N>
+template <typename T, int N, bool kMnMajorB = false>
 __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
   static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64n16, n32, n64 or n128");
+  static_assert(!kMnMajorB || N <= 64, "an N-major B one swizzle atom wide");
   constexpr bool kBf16 = std::is_same_v<T, bfloat16>;
+#define SNACK_WG_RS_TYPED(shape)                                          \
+  if constexpr (kBf16 && kMnMajorB) shape("bf16.bf16", "1");              \
+  else if constexpr (kBf16) shape("bf16.bf16", "0");                      \
+  else if constexpr (kMnMajorB) shape("f16.f16", "1");                    \
+  else shape("f16.f16", "0")
   if constexpr (N == 16) {
-    if constexpr (kBf16) SNACK_WG_RS16("bf16.bf16"); else SNACK_WG_RS16("f16.f16");
+    SNACK_WG_RS_TYPED(SNACK_WG_RS16);
   } else if constexpr (N == 32) {
-    if constexpr (kBf16) SNACK_WG_RS32("bf16.bf16"); else SNACK_WG_RS32("f16.f16");
+    SNACK_WG_RS_TYPED(SNACK_WG_RS32);
   } else if constexpr (N == 64) {
-    if constexpr (kBf16) SNACK_WG_RS64("bf16.bf16"); else SNACK_WG_RS64("f16.f16");
+    SNACK_WG_RS_TYPED(SNACK_WG_RS64);
   } else {
-    if constexpr (kBf16) SNACK_WG_RS128("bf16.bf16"); else SNACK_WG_RS128("f16.f16");
+    SNACK_WG_RS_TYPED(SNACK_WG_RS128);
   }
+#undef SNACK_WG_RS_TYPED
 }
 #undef SNACK_WG_RS16
 #undef SNACK_WG_RS32

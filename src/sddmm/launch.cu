@@ -14,6 +14,7 @@
 #include "staged_kernel.cuh"
 #include "tensor_core_kernel.cuh"
 #include "tile_view_kernel.cuh"
+#include "wgmma.h"
 #include "snack/sddmm.h"
 
 namespace snack::cuda {
@@ -205,10 +206,22 @@ Status run_sddmm(const SddmmPlan& plan, const SlotPattern<Index>& w, const T* dy
       return InvalidArgument("sddmm: staged runs float32 operands");
     }
   }
-  const bool tiles_on_tensor_cores = plan.variant == SddmmVariant::kTensorCore || plan.variant == SddmmVariant::kTileView;
+  const bool tiles_on_tensor_cores = plan.variant == SddmmVariant::kTensorCore ||
+                                     plan.variant == SddmmVariant::kTileView ||
+                                     plan.variant == SddmmVariant::kTileViewWgmma;
   if (tiles_on_tensor_cores && w.nnz > 0 && n > 0) {  // dY and X read in place
     if constexpr (kIsHalfType<T>) {
-      const auto launch = [&](const auto& tile_out) {
+      const auto launch = [&](const auto& tile_out) -> Status {
+        if (plan.variant == SddmmVariant::kTileViewWgmma) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(tile_out)>, StoreGradient<T>>) {
+            detail::TileView view;
+            SNACK_RETURN_IF_ERROR(detail::tile_view_of(w, "sddmm: tile_view_wgmma", &view));
+            return detail::launch_sddmm_tile_view_wgmma(plan, view, dy, x, w.rows, w.cols, n, tile_out.dvalues,
+                                                        stream);
+          } else {
+            return InvalidArgument("sddmm: tile_view_wgmma stores the gradient (AdamW's step runs after it)");
+          }
+        }
         return plan.variant == SddmmVariant::kTileView ? launch_sddmm_tile_view(plan, w, dy, x, n, tile_out, stream)
                                                        : launch_sddmm_tensor_core(plan, w, dy, x, n, tile_out, stream);
       };

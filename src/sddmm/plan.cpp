@@ -5,6 +5,7 @@
 
 #include "../common/dense_blocks.h"
 #include "../common/grid.h"
+#include "../spmm/wgmma.h"
 #include "shapes.h"
 #include "snack/sddmm.h"
 
@@ -198,15 +199,25 @@ int tensor_core_tiles_per_block(const SddmmProblem& p, const DeviceLimits& limit
   return int(std::min<int64_t>(tiles, std::max<int64_t>(1, ceil_div(tiles * bands, wanted_blocks))));
 }
 
-// Why the tile-view kernel cannot run a problem (Ok where it can).
-Status tile_view_refusal(const SddmmProblem& p) {
+// Why a tile-view kernel (`name`: tile_view or tile_view_wgmma) cannot run a problem (Ok where it can).
+Status tile_view_refusal(const SddmmProblem& p, const std::string& name) {
   using namespace cuda::detail;
-  if (p.value_bytes != 2) return InvalidArgument("sddmm: tile_view runs 16-bit operands (bf16, fp16)");
+  if (p.value_bytes != 2) return InvalidArgument("sddmm: " + name + " runs 16-bit operands (bf16, fp16)");
   if (!p.tile_view)
-    return InvalidArgument("sddmm: tile_view: the pattern holds no tile view (it is built for layers of at most " +
+    return InvalidArgument("sddmm: " + name + ": the pattern holds no tile view (it is built for layers of at most " +
                            std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
   if (p.n > kTvDwMaxBatch)
-    return InvalidArgument("sddmm: tile_view runs batches of at most " + std::to_string(kTvDwMaxBatch));
+    return InvalidArgument("sddmm: " + name + " runs batches of at most " + std::to_string(kTvDwMaxBatch));
+  return Status::Ok();
+}
+
+// The blocks per band (per group of bands) a tile-view kernel was asked for, or why they cannot run.
+Status check_tile_view_splits(const SddmmProblem& p, const std::string& name) {
+  const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
+  if (p.tile_view_splits < 0 || p.tile_view_splits > chunks)  // 0 asks the planner
+    return InvalidArgument("sddmm: " + name + ": " + std::to_string(p.tile_view_splits) +
+                           " blocks per band asked; 1 to " + std::to_string(chunks) +
+                           " run this product (its bands' tiles)");
   return Status::Ok();
 }
 
@@ -263,6 +274,17 @@ bool tile_view_pays(const SddmmProblem& p) {
 // 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
 // 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
 // rule on waves would do better.
+// Blocks per group of bands of the wgmma tile-view kernel: its runs of tiles halved while the grid
+// stays under 4 warpgroups per SM, each run keeping at least one tile. Not tuned: the rule of the
+// mma.sync kernel's fewer-tiles case, counted in warpgroups.
+int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits& limits) {
+  const int64_t band_groups = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups);
+  const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
+  int splits = 1;
+  while (2 * splits <= chunks && band_groups * splits * groups < 4 * int64_t(limits.sms)) splits *= 2;
+  return splits;
+}
+
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
@@ -365,15 +387,40 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     *out = plan;
     return Status::Ok();
   }
+  if (plan.variant == SddmmVariant::kTileViewWgmma) {
+    using namespace cuda::detail;
+    const std::string name = "tile_view_wgmma";
+    SNACK_RETURN_IF_ERROR(tile_view_refusal(p, name));
+    if (limits.compute_capability != 90)
+      return InvalidArgument("sddmm: tile_view_wgmma: " + wgmma_needs_hopper(limits.compute_capability));
+    if (!limits.wgmma)
+      return InvalidArgument("sddmm: tile_view_wgmma: this build has no sm_90a code (build for CUDA architecture 90)");
+    SNACK_RETURN_IF_ERROR(check_tile_view_splits(p, name));
+    if (p.warpgroups < 0 || p.warpgroups > kTvWgMaxGroups)
+      return InvalidArgument("sddmm: tile_view_wgmma: " + std::to_string(p.warpgroups) +
+                             " warpgroups a block asked; 1 to " + std::to_string(kTvWgMaxGroups));
+    const int groups = p.warpgroups != 0 ? p.warpgroups : 1;
+    plan.threads = 128 * groups;
+    const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
+    plan.tile_splits = p.tile_view_splits != 0 ? p.tile_view_splits : tile_view_wgmma_splits(p, groups, limits);
+    plan.grid_x = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups) * plan.tile_splits;
+    const int64_t steps = ceil_div(chunks, plan.tile_splits);
+    plan.smem_bytes = tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, steps);
+    if (plan.smem_bytes > limits.smem_per_block)
+      return InvalidArgument("sddmm: tile_view_wgmma needs " + std::to_string(plan.smem_bytes) +
+                             " bytes of shared memory per block; this device offers " +
+                             std::to_string(limits.smem_per_block));
+    plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
+    plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
+    *out = plan;
+    return Status::Ok();
+  }
   if (plan.variant == SddmmVariant::kTileView) {
     using namespace cuda::detail;
-    SNACK_RETURN_IF_ERROR(tile_view_refusal(p));
+    SNACK_RETURN_IF_ERROR(tile_view_refusal(p, "tile_view"));
+    SNACK_RETURN_IF_ERROR(check_tile_view_splits(p, "tile_view"));
     plan.threads = kTvDwThreads;
     const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
-    if (p.tile_view_splits < 0 || p.tile_view_splits > chunks)  // 0 asks the planner
-      return InvalidArgument("sddmm: tile_view: " + std::to_string(p.tile_view_splits) +
-                             " blocks per band asked; 1 to " + std::to_string(chunks) +
-                             " run this product (its bands' tiles)");
     plan.tile_splits = p.tile_view_splits != 0 ? p.tile_view_splits : tile_view_splits(p, limits);
     plan.grid_x = std::max<int64_t>(1, tile_view_bands(p.rows)) * plan.tile_splits;
     const int64_t steps = ceil_div(chunks, plan.tile_splits);
@@ -462,6 +509,11 @@ std::string describe(const SddmmPlan& plan) {
   else if (plan.variant == SddmmVariant::kTileView)
     s += ", bands of " + std::to_string(kTileViewRows) + " rows, " + std::to_string(plan.tile_splits) + " block" +
          (plan.tile_splits > 1 ? "s" : "") + " per band, " + std::to_string(plan.grid_x) + " blocks";
+  else if (plan.variant == SddmmVariant::kTileViewWgmma)
+    s += ", bands of " + std::to_string(kTileViewRows) + " rows, " + std::to_string(plan.threads / 128) +
+         " warpgroup" + (plan.threads > 128 ? "s" : "") + " a block, " + std::to_string(plan.tile_splits) +
+         " block" + (plan.tile_splits > 1 ? "s" : "") + " per group of bands, " + std::to_string(plan.grid_x) +
+         " blocks";
   else
     s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";

@@ -110,4 +110,23 @@ constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
   return (size_t(3 * batch) + 64) * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t);
 }
 
+// The SDDMM over the tile view with wgmma (sddmm_tile_view_wgmma_kernel, Hopper, batches of at most
+// kTvDwMaxBatch): a warpgroup per band of 64 rows, one or kTvWgMaxGroups of them a block sharing each
+// chunk of X. dY's band stays in registers as wgmma's A operand; each tile's chunk of X is staged
+// N-major in the 128-byte swizzle (kTvWgStages stages, two tiles ahead), and a tile's products run
+// while the warpgroup reads out the tile before, which it rounded into one of two tiles in shared
+// memory.
+constexpr int kTvWgMaxGroups = 2;
+constexpr int kTvWgStages = 3;
+constexpr int kTvWgAlign = 1024;  // the swizzle's period: the stages start on it
+
+// Dynamic shared memory for a batch padded to `batch` rows, `groups` warpgroups and `steps` tiles per
+// block: the slack to align the stages, the stages of X's chunk ([batch][64] each), two rounded tiles
+// per warpgroup ([64][kTvDwStride] each; dY's band is staged there first), and each warpgroup's tile
+// pointers (steps + 1 and the spare word, as tv_dw_smem_bytes).
+constexpr size_t tv_wg_smem_bytes(int batch, int groups, int64_t steps) {
+  return size_t(kTvWgAlign) + size_t(kTvWgStages) * batch * 64 * sizeof(uint16_t) +
+         size_t(groups) * (2 * 64 * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t));
+}
+
 }  // namespace snack::cuda::detail

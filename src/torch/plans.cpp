@@ -90,7 +90,7 @@ class PlanCache {
     mix(uint64_t(p.x_t_stride));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.epilogue) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 2 | uint64_t(p.tf32) << 1 | uint64_t(p.tile_view));
-    mix(uint64_t(p.tile_view_splits));
+    mix(uint64_t(p.tile_view_splits) << 8 | uint64_t(p.warpgroups));
   }
   std::mutex mutex_;
   std::unordered_map<Key, Plan, Hash> plans_;

@@ -21,8 +21,9 @@ bool tf32_matmuls();
 /// A product (SpmmProblem or SddmmProblem) as the binding runs it: with its GEMM for kDenseBlocks
 /// (cuBLAS through ATen), float32 GEMMs in TF32 where torch allows them, a transposed SpMM
 /// reading the CSC view as the process asks (set_default_csc_read), told whether its pattern
-/// holds the tile view (`tile_view`), and the tile view's blocks per band and the fragment kernel's
-/// consumer warpgroups per block the process asks (set_default_tile_view_splits, set_default_fragment_warpgroups).
+/// holds the tile view (`tile_view`), and the tile view's blocks per band and the wgmma kernels'
+/// warpgroups per block (the forward over fragments, the tile-view SDDMM) the process asks
+/// (set_default_tile_view_splits, set_default_fragment_warpgroups).
 template <typename Problem>
 Problem binding_problem(Problem p, bool tile_view) {
   p.gemm = true;
@@ -32,7 +33,11 @@ Problem binding_problem(Problem p, bool tile_view) {
   }
   p.tile_view = tile_view;
   p.tile_view_splits = default_tile_view_splits();
-  if constexpr (std::is_same_v<Problem, SpmmProblem>) p.fragment_warpgroups = default_fragment_warpgroups();
+  if constexpr (std::is_same_v<Problem, SpmmProblem>) {
+    p.fragment_warpgroups = default_fragment_warpgroups();
+  } else {
+    p.warpgroups = default_fragment_warpgroups();
+  }
   return p;
 }
 

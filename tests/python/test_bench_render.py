@@ -99,7 +99,7 @@ def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
                                  ("dx", "snack_global_x", 35.0), ("dx", "snack_global_xt", 32.0),
                                  ("dx", "snack_tensor_core", 40.0), ("dx", "snack_tile_view", 25.0),
                                  ("dx", "dense", 50.0), ("dw", "snack", 30.0), ("dw", "snack_tensor_core", 45.0),
-                                 ("dw", "snack_tile_view", 33.0),
+                                 ("dw", "snack_tile_view", 33.0), ("dw", "snack_tile_view_wgmma", 28.0),
                                  ("dw", "snack_rows", 30.0), ("dw", "dense", 15.0))]
     rows += [dict(op="dw_adamw", M=4096, K=4096, N=16, sparsity=0.9, pattern="uniform", dtype="bf16", impl=impl,
                   median_us=us, floor_us=5.0)
@@ -108,9 +108,9 @@ def test_the_16bit_backward_summary_states_each_ratio(tmp_path):
     for r in rows:
         r["tflops"] = 1.0
     md = layer.summarize_16bit(rows, info)
-    # dX row kernels: the faster of global_x and global_xt.
+    # dX row kernels: the faster of global_x and global_xt; dW tile_view_wgmma beside tile_view.
     assert ("| 4096x4096 | 16 | 0.9 | 20.0 | 21.0 | 25.0 | 32.0 | 40.0 | 25.0 | 50.0 | 2.00x | 1.25x | 30.0 | 45.0 "
-            "| 33.0 | 30.0 | 15.0 | 0.50x |") in md
+            "| 33.0 | 28.0 | 30.0 | 15.0 | 0.50x |") in md
     # dW with AdamW's step: the planner's fused kernel, each forced one ("-" where it did not run), unfused.
     assert "| 4096x4096 | 16 | 0.9 | 60.0 | 60.0 | - | 90.0 | - | 80.0 |" in md
     assert "dX / forward, geomean: 1.25 (target <= 1.3)" in md

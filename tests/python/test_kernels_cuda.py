@@ -643,8 +643,9 @@ def sddmm_runs(variant, n, dtype, k):
         return dtype == torch.float32
     if variant == "tensor_core":
         return dtype in (torch.bfloat16, torch.float16)
-    if variant == "tile_view":
-        return dtype in (torch.bfloat16, torch.float16) and n <= 128 and k <= TILE_VIEW_MAX_INPUTS
+    if variant in ("tile_view", "tile_view_wgmma"):
+        return (dtype in (torch.bfloat16, torch.float16) and n <= 128 and k <= TILE_VIEW_MAX_INPUTS and
+                (variant == "tile_view" or HOPPER))
     return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
@@ -738,6 +739,50 @@ TILE_VIEW_SDDMM_CASES = [(2048, 9000, 0.05, 37, 0, False), (300, 1001, 0.3, 16, 
 @pytest.mark.parametrize("m,k,density,n,full_rows,misaligned", TILE_VIEW_SDDMM_CASES)
 def test_sddmm_tile_view_tiles(m, k, density, n, full_rows, misaligned, dtype):
     check_sddmm_tiles("tile_view", m, k, density, n, full_rows, misaligned, dtype)
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper")
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("m,k,density,n,full_rows,misaligned", TILE_VIEW_SDDMM_CASES)
+def test_sddmm_tile_view_wgmma_tiles(m, k, density, n, full_rows, misaligned, dtype, groups):
+    # The wgmma kernel on the mma.sync kernel's cases, with one warpgroup a block and with two (an odd
+    # count of bands leaves the last block's second warpgroup without one: 300, 129, 520 and 200 rows).
+    with snack.fragment_warpgroups(groups):
+        check_sddmm_tiles("tile_view_wgmma", m, k, density, n, full_rows, misaligned, dtype)
+        q = Weight(m, k, 10, device="cuda", dtype=dtype)
+        plan = snack.Plan(*ops.explain(q.values, q.tensors, n, "weight_grad", "tile_view_wgmma"))
+        assert plan.threads == 128 * groups, plan
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper")
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_sddmm_tile_view_wgmma_runs_of_tiles(splits):
+    # Runs of 1 to 22 tiles a block (the parity of a run's last tile picks the set of entries read
+    # last), tiles fuller than a warpgroup's round of 512 entries, a batch of three k-steps padded to 4.
+    p = Weight(256, 1400, 90000, device="cuda", dtype=torch.bfloat16, empty_rows=3, seed=splits)
+    dy, x = p.randn(50, 256, seed=11), p.randn(50, 1400, seed=12)
+    with snack.tile_view_splits(splits), snack.fragment_warpgroups(2):
+        poison_cache(torch.device("cuda"))
+        dv = ops.sddmm(dy, x, p.tensors, variant="tile_view_wgmma")
+    assert_close(dv, *p.slot_ref(dy, x), torch.bfloat16, "tile_view_wgmma")
+
+
+def test_sddmm_tile_view_wgmma_refusals():
+    p = Weight(64, 80, 900, device="cuda", dtype=torch.bfloat16)
+    dy, x = p.randn(16, 64, seed=1), p.randn(16, 80, seed=2)
+    if not HOPPER:
+        with pytest.raises(ValueError, match="compute capability 9.0"):
+            ops.sddmm(dy, x, p.tensors, variant="tile_view_wgmma")
+        return
+    fp32 = Weight(64, 80, 900, device="cuda")
+    with pytest.raises(ValueError, match="tile_view_wgmma runs 16-bit operands"):
+        ops.sddmm(fp32.randn(16, 64, seed=1), fp32.randn(16, 80, seed=2), fp32.tensors, variant="tile_view_wgmma")
+    with pytest.raises(ValueError, match="batches of at most 128"):
+        ops.sddmm(p.randn(129, 64, seed=1), p.randn(129, 80, seed=2), p.tensors, variant="tile_view_wgmma")
+    without = p.tensors[:5] + [torch.zeros(0, dtype=torch.int32, device="cuda")] * 2
+    with pytest.raises(ValueError, match="no tile view"):
+        ops.sddmm(dy, x, without, variant="tile_view_wgmma")
 
 
 def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays():

@@ -421,10 +421,12 @@ def sddmm_case(device, shape, dtype, variant):
         pytest.skip("rows runs batches up to 128")
     if variant == "staged" and dtype != torch.float32:
         pytest.skip("staged runs float32 operands")
-    if variant in ("tensor_core", "tile_view") and dtype not in (torch.bfloat16, torch.float16):
+    if variant in ("tensor_core", "tile_view", "tile_view_wgmma") and dtype not in (torch.bfloat16, torch.float16):
         pytest.skip(f"{variant} runs 16-bit operands")
-    if variant == "tile_view" and n > 128:
-        pytest.skip("tile_view runs batches up to 128")
+    if variant in ("tile_view", "tile_view_wgmma") and n > 128:
+        pytest.skip(f"{variant} runs batches up to 128")
+    if variant == "tile_view_wgmma" and not (device.type == "cuda" and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("tile_view_wgmma runs on Hopper")
     p = Weight(m, k, nnz, device=device, dtype=dtype, seed=m + n, empty_rows=empty)
     return p, p.randn(n, m, seed=1), p.randn(n, k, seed=2)
 
@@ -432,7 +434,7 @@ def sddmm_case(device, shape, dtype, variant):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core",
-                                     "tile_view"])
+                                     "tile_view", "tile_view_wgmma"])
 def test_sddmm_adamw_op(device, shape, dtype, variant):
     n = shape[3]
     if device.type == "cpu" and (variant not in ("auto", "dense_blocks") or dtype in (torch.bfloat16, torch.float16) and n > 5):
@@ -549,7 +551,7 @@ def test_bias_grad_adamw_op(device, dtype, n, m):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("variant", ["auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core",
-                                     "tile_view"])
+                                     "tile_view", "tile_view_wgmma"])
 def test_sddmm_adamw_updates_the_bias_in_the_same_pass(device, shape, dtype, variant):
     """With the bias's state, sddmm_adamw_ also updates the bias from dy.sum(0) (inside the rows
     kernel; after the product for the others) with its own settings and count, and the values

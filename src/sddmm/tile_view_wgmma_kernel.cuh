@@ -1,0 +1,178 @@
+// The SDDMM over the tile view on Hopper's wgmma (bf16, fp16; fp32 accumulation; compiled for sm_90a
+// in tile_view_wgmma.cu): the weight gradient of each 64 x 64 tile of W that holds slots, computed as
+// a dense tile of dY^T X, of which the tile's entries (snack/pattern.h) are read out.
+//
+// The same work as sddmm_tile_view_kernel (tile_view_kernel.cuh), arranged so that the products and
+// the read-out overlap: a warpgroup owns a band of 64 rows of W, its dY kept in registers as wgmma's A
+// operand (warp w holding rows 16 w .. 16 w + 15, mma.sync's A fragments) for all of the band's tiles,
+// and per tile it issues the tile's products (m64n64k16 over X's chunk, staged N-major in the 128-byte
+// swizzle, two tiles ahead in three stages), reads out the tile before from shared memory while they
+// run, then rounds the new tile into the other of its two tiles. Where a block holds two warpgroups,
+// each of a band of its own, they share every staged chunk of X: half the chunks' traffic from L2 per
+// tile. Every gradient is one fixed chain of products: deterministic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device/cp_async.cuh"
+#include "../device/hopper.cuh"
+#include "../device/mma.cuh"
+#include "../device/tile_view.cuh"
+#include "shapes.h"
+#include "snack/pattern.h"
+#include "tensor_core_kernel.cuh"
+
+namespace snack::cuda {
+namespace {
+
+// dv[s] = sum_n dY[n, row(s)] X[n, col(s)] for the slots of the G bands of block group blockIdx.x /
+// splits (bands G i .. G i + G - 1 of 64 rows, the last group possibly short) in its split's run of
+// tiles, handed to `out` rounded to T. The batch is padded to 16 * KS rows (zeros past n); n > 0.
+// vec_dy / vec_x: the operand's rows are 16-byte vectors (stage_16bit_block).
+template <typename T, int KS, int G, typename Out>
+__global__ void __launch_bounds__(G * 128)
+    sddmm_tile_view_wgmma_kernel(detail::TileView view, const T* __restrict__ dy, const T* __restrict__ x,
+                                 int64_t rows, int64_t cols, int64_t n, int64_t bands, int splits, bool vec_dy,
+                                 bool vec_x, Out out) {
+#if defined(SNACK_WGMMA_BUILT)
+  using namespace detail;
+  static_assert(!Out::kUpdatesState, "AdamW's step runs after the kernel (sddmm_adamw_from_gradient_kernel)");
+  static_assert(kTileViewRows == 64 && kTileViewCols == 64, "a warpgroup's m64n64 tile");
+  static_assert(G >= 1 && G <= kTvWgMaxGroups, "warpgroups a block");
+  constexpr int NB = 16 * KS;
+  static_assert(NB <= kTvDwMaxBatch && NB * kTvDwStride <= 2 * 64 * kTvDwStride, "dY's band fits the two tiles");
+  constexpr int kStride = kTvDwStride;
+  constexpr int kThreads = G * 128;
+  constexpr int kShare = 4 * 128;                       // entries per round of a warpgroup
+  constexpr uint32_t kStageBytes = NB * 64 * sizeof(uint16_t);  // [NB][64]: a multiple of the swizzle's period
+  constexpr uint32_t kKStepBytes = 16 * 64 * sizeof(uint16_t);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* xs = smem_raw + (kTvWgAlign - shared_address(smem_raw) % kTvWgAlign) % kTvWgAlign;
+  const int group = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = threadIdx.x % 32;
+  // This warpgroup's two tiles ([2][64][kStride]; dY's band [NB][kStride] first) and tile pointers.
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(xs + kTvWgStages * kStageBytes) + group * (2 * 64 * kStride);
+  const int split = int(blockIdx.x % unsigned(splits));
+  const int64_t band = int64_t(blockIdx.x / unsigned(splits)) * G + group;
+  const bool active = band < bands;  // a short last group: the spare warpgroup stages and waits only
+  const int64_t r0 = band * kTileViewRows;
+  const int64_t chunks = view.chunks;
+  const int64_t c_begin = chunks * split / splits, c_end = chunks * (split + 1) / splits;
+  const int steps = int(c_end - c_begin);
+  if (steps == 0) return;  // the same for the whole block
+  int32_t* tp = reinterpret_cast<int32_t*>(reinterpret_cast<uint16_t*>(xs + kTvWgStages * kStageBytes) +
+                                           G * (2 * 64 * kStride)) +
+                group * (steps + 2);
+  int64_t band_first = 0;
+  if (active) {
+    for (int i = t; i <= steps; i += 128) tp[i] = view.tile_ptr[band * chunks + c_begin + i];
+    if (t == 0) tp[steps + 1] = view.tile_ptr[band * chunks + c_end];  // the spare word (shapes.h)
+    band_first = view.row_ptr[r0];
+  }
+  const auto stage_x = [&](int i) {  // chunk i of the run into stage i % kTvWgStages
+    stage_16bit_rows_swizzled<NB, kThreads>(xs + (i % kTvWgStages) * kStageBytes, x, n, cols, 0,
+                                            (c_begin + i) * 64, vec_x, threadIdx.x);
+  };
+
+  // Group 0: dY's bands and X's first chunk; group 1: the second chunk (empty where there is none).
+  if (active) stage_16bit_block<NB, 64, kStride, 128>(tiles, dy, n, rows, 0, r0, vec_dy, t);
+  stage_x(0);
+  cp_async_commit();
+  if (steps > 1) stage_x(1);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+
+  // The warp's A fragments (its 16 rows x the padded batch), for every tile of the run.
+  uint32_t a[KS][4] = {};
+  if (active) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+      ldmatrix_x4_trans(a[ks],
+                        tiles + (ks * 16 + (lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
+  }
+  out.begin();
+
+  const auto load_entries = [&](TileShare<128>& s, int i) {
+    if (active && i < steps) load_tile_share(s, view.entries, tp[i], tp[i + 1], t);
+  };
+  // Tile i's gradients out of tiles[i % 2]. A share starts at a tile's first entry or a whole round
+  // past it: only the tile's end bounds it.
+  const auto read_out = [&](const TileShare<128>& s, int i) {
+    const uint16_t* tile = tiles + (i & 1) * 64 * kStride;
+    const int32_t end = tp[i + 1];
+    const auto apply = [&](const TileShare<128>& share) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (share.at(j) < end) {
+          const uint32_t pos = share.entry[j] & kTileViewPositionMask;
+          const int64_t slot = band_first + int64_t(share.entry[j] >> kTileViewSlotShift);
+          out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
+        }
+      }
+    };
+    apply(s);
+    // A tile fuller than one round of the warpgroup (kShare entries): the rest, read in place.
+    for (int32_t round = tp[i] + kShare; round < end; round += kShare) {
+      TileShare<128> more;
+      load_tile_share(more, view.entries, round, end, t);
+      apply(more);
+    }
+  };
+
+  TileShare<128> s0{}, s1{};  // the entries of the even and the odd tiles
+  load_entries(s0, 0);
+  load_entries(s1, 1);
+  // Step i: tile i's products, tile i - 1 read out with `before` (its entries), which then takes tile
+  // i + 1's.
+  const auto step = [&](int i, TileShare<128>& before) {
+    cp_async_wait<1>();
+    fence_proxy_async();  // this thread's copies of chunk i, before the tensor cores read them
+    __syncthreads();      // chunk i in place; tile i - 1 complete; every product of step i - 1 done
+    if (i + 2 < steps) stage_x(i + 2);  // into the stage that chunk i - 1 left
+    cp_async_commit();
+    if (!active) return;
+    float acc[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc[j] = 0.f;
+    wgmma_fence();
+    const uint64_t b0 = wg_descriptor(xs + (i % kTvWgStages) * kStageBytes);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+      wgmma_m64nk16_rs<T, 64, true>(acc, a[ks], b0 + ((ks * kKStepBytes) >> 4));
+    wgmma_commit();
+    if (i > 0) {
+      read_out(before, i - 1);
+      load_entries(before, i + 1);
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    uint16_t* tile = tiles + (i & 1) * 64 * kStride;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int r = warp * 16 + lane / 4, c = j * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t*>(tile + r * kStride + c) = round_pair<T>(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<uint32_t*>(tile + (r + 8) * kStride + c) = round_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  };
+  // Two steps a turn, so that the two sets of entries take turns without a copy.
+  for (int i = 0; i < steps; i += 2) {
+    step(i, s1);
+    if (i + 1 < steps) step(i + 1, s0);
+  }
+  __syncthreads();  // the last tile complete
+  if (active) {
+    if ((steps - 1) % 2 == 0)  // two calls, not a reference to either set: that would put both in local memory
+      read_out(s0, steps - 1);
+    else
+      read_out(s1, steps - 1);
+  }
+  cp_async_wait_all();
+#else
+  __trap();  // built without sm_90a: the launcher refuses it (check_wgmma_device)
+#endif
+}
+
+}  // namespace
+}  // namespace snack::cuda
