@@ -119,6 +119,9 @@ constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
 constexpr int kTvWgMaxGroups = 2;
 constexpr int kTvWgStages = 3;
 constexpr int kTvWgAlign = 1024;  // the swizzle's period: the stages start on it
+// Rounds of a warpgroup's 512 entries loaded into registers a step ahead of a tile's read-out; the
+// rest of a fuller tile is read in place.
+constexpr int kTvWgRoundsAhead = 1;
 
 // Dynamic shared memory for a batch padded to `batch` rows, `groups` warpgroups and `steps` tiles per
 // block: the slack to align the stages, the stages of X's chunk ([batch][64] each), two rounded tiles

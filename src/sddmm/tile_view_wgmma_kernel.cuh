@@ -94,12 +94,18 @@ __global__ void __launch_bounds__(G * 128)
   }
   out.begin();
 
-  const auto load_entries = [&](TileShare<128>& s, int i) {
-    if (active && i < steps) load_tile_share(s, view.entries, tp[i], tp[i + 1], t);
+  // A tile's first kTvWgRoundsAhead rounds of entries, loaded a step ahead of its read-out.
+  struct Entries {
+    TileShare<128> round[kTvWgRoundsAhead];
+  };
+  const auto load_entries = [&](Entries& s, int i) {
+    if (!active || i >= steps) return;
+#pragma unroll
+    for (int q = 0; q < kTvWgRoundsAhead; ++q) load_tile_share(s.round[q], view.entries, tp[i] + q * kShare, tp[i + 1], t);
   };
   // Tile i's gradients out of tiles[i % 2]. A share starts at a tile's first entry or a whole round
   // past it: only the tile's end bounds it.
-  const auto read_out = [&](const TileShare<128>& s, int i) {
+  const auto read_out = [&](const Entries& s, int i) {
     const uint16_t* tile = tiles + (i & 1) * 64 * kStride;
     const int32_t end = tp[i + 1];
     const auto apply = [&](const TileShare<128>& share) {
@@ -112,21 +118,22 @@ __global__ void __launch_bounds__(G * 128)
         }
       }
     };
-    apply(s);
-    // A tile fuller than one round of the warpgroup (kShare entries): the rest, read in place.
-    for (int32_t round = tp[i] + kShare; round < end; round += kShare) {
+#pragma unroll
+    for (int q = 0; q < kTvWgRoundsAhead; ++q) apply(s.round[q]);
+    // A tile fuller than the rounds loaded ahead: the rest, read in place.
+    for (int32_t round = tp[i] + kTvWgRoundsAhead * kShare; round < end; round += kShare) {
       TileShare<128> more;
       load_tile_share(more, view.entries, round, end, t);
       apply(more);
     }
   };
 
-  TileShare<128> s0{}, s1{};  // the entries of the even and the odd tiles
+  Entries s0{}, s1{};  // the entries of the even and the odd tiles
   load_entries(s0, 0);
   load_entries(s1, 1);
   // Step i: tile i's products, tile i - 1 read out with `before` (its entries), which then takes tile
   // i + 1's.
-  const auto step = [&](int i, TileShare<128>& before) {
+  const auto step = [&](int i, Entries& before) {
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's copies of chunk i, before the tensor cores read them
     __syncthreads();      // chunk i in place; tile i - 1 complete; every product of step i - 1 done
