@@ -47,6 +47,9 @@ def _worker(rank: int, world: int, port: int, result_dir: str, backend: str, alg
         torch.save({"rows": layer.row_idx.cpu(), "cols": layer.col_idx.cpu(), "values": layer.values.detach().cpu(),
                     "exp_avg": opt.state[layer.values]["exp_avg"].cpu(),
                     "moved": sum(r["moved"] for r in sched.report())}, os.path.join(result_dir, f"rank{rank}.pt"))
+        # Neither rank tears its group down while the other is still in a collective: gloo aborts the
+        # process whose threads are cut off ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
