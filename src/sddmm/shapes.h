@@ -122,6 +122,9 @@ constexpr int kTvWgAlign = 1024;  // the swizzle's period: the stages start on i
 // Rounds of a warpgroup's 512 entries loaded into registers a step ahead of a tile's read-out; the
 // rest of a fuller tile is read in place.
 constexpr int kTvWgRoundsAhead = 1;
+// Sets of those registers that take turns: a tile's entries are loaded kTvWgEntrySets - 1 steps
+// ahead of its read-out.
+constexpr int kTvWgEntrySets = 2;
 
 // Dynamic shared memory for a batch padded to `batch` rows, `groups` warpgroups and `steps` tiles per
 // block: the slack to align the stages, the stages of X's chunk ([batch][64] each), two rounded tiles

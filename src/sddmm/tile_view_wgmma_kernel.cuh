@@ -128,11 +128,17 @@ __global__ void __launch_bounds__(G * 128)
     }
   };
 
-  Entries s0{}, s1{};  // the entries of the even and the odd tiles
+  // kTvWgEntrySets sets of entries (two or three) take turns: set i % kTvWgEntrySets holds tile i's,
+  // loaded kTvWgEntrySets - 1 steps before its read-out. Named sets and unrolled turns keep them in
+  // registers (an array of them, or a reference to either, would go to local memory).
+  constexpr int kSets = kTvWgEntrySets;
+  static_assert(kSets == 2 || kSets == 3, "two or three sets of entries");
+  Entries s0{}, s1{}, s2{};
   load_entries(s0, 0);
   load_entries(s1, 1);
+  if constexpr (kSets == 3) load_entries(s2, 2);
   // Step i: tile i's products, tile i - 1 read out with `before` (its entries), which then takes tile
-  // i + 1's.
+  // i + kSets - 1's.
   const auto step = [&](int i, Entries& before) {
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's copies of chunk i, before the tensor cores read them
@@ -151,7 +157,7 @@ __global__ void __launch_bounds__(G * 128)
     wgmma_commit();
     if (i > 0) {
       read_out(before, i - 1);
-      load_entries(before, i + 1);
+      load_entries(before, i + kSets - 1);
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
@@ -163,17 +169,19 @@ __global__ void __launch_bounds__(G * 128)
       *reinterpret_cast<uint32_t*>(tile + (r + 8) * kStride + c) = round_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
     }
   };
-  // Two steps a turn, so that the two sets of entries take turns without a copy.
-  for (int i = 0; i < steps; i += 2) {
-    step(i, s1);
+  // kSets steps a turn, so that the sets take turns without a copy (a copy waits for the loads in
+  // flight into the set copied).
+  for (int i = 0; i < steps; i += kSets) {
+    step(i, kSets == 2 ? s1 : s2);
     if (i + 1 < steps) step(i + 1, s0);
+    if (kSets == 3 && i + 2 < steps) step(i + 2, s1);
   }
   __syncthreads();  // the last tile complete
   if (active) {
-    if ((steps - 1) % 2 == 0)  // two calls, not a reference to either set: that would put both in local memory
-      read_out(s0, steps - 1);
-    else
-      read_out(s1, steps - 1);
+    const int last = (steps - 1) % kSets;
+    if (last == 0) read_out(s0, steps - 1);
+    if (last == 1) read_out(s1, steps - 1);
+    if (kSets == 3 && last == 2) read_out(s2, steps - 1);
   }
   cp_async_wait_all();
 #else
