@@ -44,7 +44,8 @@ enum class SddmmVariant : int {
                  ///< its entries read out by the whole block. Needs a pattern with the tile view.
   kTileViewWgmma,  ///< kTileView's work on Hopper's wgmma: a warpgroup per band of 64 rows multiplies each tile
                    ///< while it reads out the one before; one or two warpgroups a block share X's chunks.
-                   ///< Needs the tile view, a build with sm_90a code and a GPU of compute capability 9.0.
+                   ///< Needs the tile view, a build with sm_90a code and a GPU of compute capability 9.0
+                   ///< (the planner's choice there past 32 batch rows).
 };
 
 /// Names used by the Python API ("auto", "slot", "vector", "rows", "dense_blocks", "staged", "tensor_core",
@@ -72,9 +73,10 @@ enum class SddmmReason : int {
   kStagedTiles,    ///< a float32 batch past the rows kernel's 128: dY and X staged on chip per tile of W
   kTensorCores,    ///< 16-bit operands where dense tiles of dY^T X on tensor cores beat the slots' gathers
   kTileView,       ///< 16-bit operands, up to 128 batch rows: the tile view's tiles on tensor cores
+  kTileViewWgmma,  ///< the same on Hopper past 32 batch rows: the tiles on wgmma, overlapped with the read-out
 };
 /// A short token ("forced", "small_batch", "rows_kernel", "beyond_rows", "adamw_batch_of_4",
-/// "dense_blocks", "staged_tiles", "tensor_cores", "tile_view") and
+/// "dense_blocks", "staged_tiles", "tensor_cores", "tile_view", "tile_view_wgmma") and
 /// a sentence saying what it means.
 const char* sddmm_reason_name(SddmmReason r);
 const char* sddmm_reason_text(SddmmReason r);

@@ -89,7 +89,10 @@ constexpr Named<SddmmReason> kSddmmReasons[] = {
      "memory, the stored slots read out of each tile (no gather of X per slot)"},
     {SddmmReason::kTileView, "tile_view",
      "16-bit operands, up to 128 batch rows: each 64 x 64 tile of the pattern's tile view that holds slots computed "
-     "as dense dY^T X on tensor cores, its slots read out of the list the view keeps"}};
+     "as dense dY^T X on tensor cores, its slots read out of the list the view keeps"},
+    {SddmmReason::kTileViewWgmma, "tile_view_wgmma",
+     "16-bit operands, 33-128 batch rows, on Hopper: the tile view's 64 x 64 tiles of dY^T X multiplied with wgmma "
+     "(dY's band in registers) while the warpgroup reads the slots of the tile before out of shared memory"}};
 
 template <typename E, size_t N>
 const Named<E>* find(const Named<E> (&table)[N], E v) {

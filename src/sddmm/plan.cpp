@@ -274,6 +274,26 @@ bool tile_view_pays(const SddmmProblem& p) {
 // 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
 // 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
 // rule on waves would do better.
+// Where the tile view pays, whether its wgmma kernel beats its mma.sync one: on Hopper (a build with
+// sm_90a code) past 32 batch rows. Measured on the H100 in bf16, each forced, in one run (768x3072 to
+// 16384x4096, 80-95%, N = 1-128, cold L2; the wgmma kernel with three sets of entries): at N = 64 it
+// is faster on every layer and density (16384x4096, 90%: 54.1 against 64.4 us; 4096x4096, 90%: 20.0
+// against 22.7; 768x3072, 90%: 8.7 against 8.9), at N = 128 by 1.1-1.7x with two warpgroups a block
+// (16384x4096, 95%: 60.7 against 100.6; 4096x4096, 90%: 24.4 against 35.8); at N = 32 mixed
+// (11008x4096, 95%: 37.8 against 34.5; 16384x4096, 90%: 47.9 against 57.4) and at N <= 16 slower
+// but on 16384x4096.
+bool tile_view_wgmma_pays(const SddmmProblem& p, const DeviceLimits& limits) {
+  return limits.wgmma && limits.compute_capability == 90 && p.n > 32;
+}
+
+// Warpgroups a block of the wgmma tile-view kernel: two, sharing each chunk of X, at a batch padded to
+// 128 rows, where the chunks' reads from L2 weigh most (the same run: 16384x4096, 90%, N = 128: 64.7
+// against 82.7 us with one; 4096x4096, 80%: 31.2 against 39.3), one below (N = 64: 11008x4096, 90%:
+// 46.9 against 52.1 with two; 768x3072, 90%: 8.7 against 8.8).
+int tile_view_wgmma_groups(const SddmmProblem& p) {
+  return cuda::detail::tv_dw_k_steps(p.n) * 16 > 64 ? 2 : 1;
+}
+
 // Blocks per group of bands of the wgmma tile-view kernel: its runs of tiles halved while the grid
 // stays under 4 warpgroups per SM, each run keeping at least one tile. Not tuned: the rule of the
 // mma.sync kernel's fewer-tiles case, counted in warpgroups.
@@ -331,8 +351,9 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
       plan.variant = SddmmVariant::kStaged;
       plan.reason = SddmmReason::kStagedTiles;
     } else if (tile_view_pays(p)) {
-      plan.variant = SddmmVariant::kTileView;
-      plan.reason = SddmmReason::kTileView;
+      const bool wgmma = tile_view_wgmma_pays(p, limits);
+      plan.variant = wgmma ? SddmmVariant::kTileViewWgmma : SddmmVariant::kTileView;
+      plan.reason = wgmma ? SddmmReason::kTileViewWgmma : SddmmReason::kTileView;
     } else if (dense.tensor_cores) {
       plan.variant = SddmmVariant::kTensorCore;
       plan.reason = SddmmReason::kTensorCores;
@@ -399,7 +420,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     if (p.warpgroups < 0 || p.warpgroups > kTvWgMaxGroups)
       return InvalidArgument("sddmm: tile_view_wgmma: " + std::to_string(p.warpgroups) +
                              " warpgroups a block asked; 1 to " + std::to_string(kTvWgMaxGroups));
-    const int groups = p.warpgroups != 0 ? p.warpgroups : 1;
+    const int groups = p.warpgroups != 0 ? p.warpgroups : tile_view_wgmma_groups(p);
     plan.threads = 128 * groups;
     const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
     plan.tile_splits = p.tile_view_splits != 0 ? p.tile_view_splits : tile_view_wgmma_splits(p, groups, limits);

@@ -1009,11 +1009,19 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
   SddmmPlan p;
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
-  EXPECT_EQ(p.threads, 128);  // one warpgroup unless asked
+  EXPECT_EQ(p.threads, 256);  // two warpgroups at a batch padded to 128 rows, unless asked
+  dw.warpgroups = 1;
+  ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+  EXPECT_EQ(p.threads, 128);
   EXPECT_EQ(p.tile_splits, 4);  // 256 bands x 4 runs of 16 tiles: 1024 warpgroups, past 4 per SM
   EXPECT_EQ(p.grid_x, 256 * 4);
   EXPECT_EQ(p.smem_bytes, size_t(1024) + 3 * 128 * 64 * 2 + 1 * (2 * 64 * 72 * 2 + 18 * 4));
   EXPECT_EQ(p.workspace_bytes, 0u);
+  dw.n = 64;  // one warpgroup below 128 padded rows
+  dw.warpgroups = 0;
+  ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+  EXPECT_EQ(p.threads, 128);
+  dw.n = 128;
   dw.warpgroups = 2;
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.threads, 256);
@@ -1058,12 +1066,22 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
   q = dw;
   q.tile_view_splits = 66;  // 4096 columns: 64 tiles a band
   EXPECT_NE(refusal(q, DeviceLimits::h100_sxm()).find("1 to 64 run this product"), std::string::npos);
-  // The planner does not choose it (its rule waits for measurements).
+  // The planner's choice where the tile view pays: on Hopper past 32 batch rows (its warpgroups as
+  // above), else the mma.sync kernel; never where the build has no sm_90a code or on an A100.
   dw.requested = SddmmVariant::kAuto;
-  for (const int64_t n : {16, 64, 128}) {
+  dw.warpgroups = 0;
+  for (const int64_t n : {16, 32, 33, 64, 128}) {
     dw.n = n;
     ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h100_sxm(), &p).ok());
-    EXPECT_NE(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
+    EXPECT_EQ(p.variant, n > 32 ? SddmmVariant::kTileViewWgmma : SddmmVariant::kTileView) << n << ": " << describe(p);
+    if (n > 32) {
+      EXPECT_EQ(p.reason, SddmmReason::kTileViewWgmma);
+      EXPECT_EQ(p.threads, n > 64 ? 256 : 128) << n;
+    }
+    for (const DeviceLimits& other : {no_sm90a, DeviceLimits::a100()}) {
+      ASSERT_TRUE(plan_sddmm(dw, other, &p).ok());
+      EXPECT_EQ(p.variant, SddmmVariant::kTileView) << n << ": " << describe(p);
+    }
   }
 }
 
@@ -1137,13 +1155,16 @@ TEST(Planner, SddmmTileViewGrid) {
       {3072, 768, 0.1, 16, false}};
   for (const auto& [epilogue, cases] :
        {std::pair{SddmmEpilogue::kStore, &store}, std::pair{SddmmEpilogue::kAdamW, &with_adamw}}) {
-    for (const Case& c : *cases)
-      EXPECT_EQ(automatic(c.rows, c.cols, c.density, c.n, epilogue) == SddmmVariant::kTileView, c.tile_view)
+    for (const Case& c : *cases)  // its wgmma kernel past 32 rows on Hopper (SddmmTileViewWgmmaGrid)
+      EXPECT_EQ(automatic(c.rows, c.cols, c.density, c.n, epilogue) ==
+                    (c.n > 32 ? SddmmVariant::kTileViewWgmma : SddmmVariant::kTileView),
+                c.tile_view)
           << c.rows << "x" << c.cols << " density " << c.density << " n " << c.n
           << (epilogue == SddmmEpilogue::kAdamW ? " with AdamW" : "");
   }
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
   EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileView);
+  EXPECT_NE(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, true, 4), SddmmVariant::kTileViewWgmma);
   for (const auto& [status, words] :
        {std::pair{forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 4), "16-bit"},
         std::pair{forced(4096, 4096, 1677722, 129), "at most 128"},

@@ -787,7 +787,11 @@ def test_sddmm_tile_view_wgmma_refusals():
 
 def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays():
     layer = snack.SparseLinear(4096, 16384, density=0.1, device="cuda")
-    assert snack.explain(layer, 64, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
+    past_32 = "tile_view_wgmma" if HOPPER else "tile_view"  # its wgmma kernel past 32 rows on Hopper
+    for n, groups in ((33, 1), (64, 1), (65, 2), (128, 2)):
+        plan = snack.explain(layer, n, dtype=torch.bfloat16, op="weight_grad")
+        assert plan.variant == past_32 and (not HOPPER or plan.threads == 128 * groups), (n, plan)
+    assert snack.explain(layer, 32, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
     assert snack.explain(layer, 16, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
     assert snack.explain(layer, 8, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
     assert snack.explain(layer, 7, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
