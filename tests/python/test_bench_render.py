@@ -209,3 +209,18 @@ def test_conv_paths_report_names_the_planners_path_against_the_fastest(tmp_path)
     assert "within 10% of the fastest in 1 of 2 rows" in md
     _, back = benchmark.read_csv(tmp_path / "conv_paths_test_gpu.csv", int_columns=("batch",))
     assert [r["plan"] for r in back] == ["dense_blocks", "in_place"]
+
+
+def test_dw_tile_view_summary_names_the_planners_kernel_against_the_best_and_dense(tmp_path):
+    from bench import dw_tile_view
+    info = {"gpu": "Test GPU", "commit": "0123456789"}
+    rows = [dict(M=4096, K=4096, N=64, sparsity=0.9, dtype="bf16", impl=impl, median_us=us,
+                 planner="tile_view_wgmma", rel_error=1e-3)
+            for impl, us in (("snack", 20.0), ("tile_view", 22.0), ("wgmma_1", 20.0), ("wgmma_2", 21.0),
+                             ("dense", 17.0))]
+    md = dw_tile_view.summarize(rows, info)
+    assert "| 4096x4096 | 64 | 0.9 | 20.0 | 22.0 | 20.0 | 21.0 | 17.0 | tile_view_wgmma | wgmma_1 | 1.00 | 0.85x |" in md
+    assert "snack faster in 0 of 1 problems" in md
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
+    dw_tile_view.plot(rows, tmp_path / "dw.png", info)
+    assert (tmp_path / "dw.png").stat().st_size > 0
