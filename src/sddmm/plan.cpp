@@ -274,6 +274,21 @@ bool tile_view_pays(const SddmmProblem& p) {
 // 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
 // 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
 // rule on waves would do better.
+// The end of a tile-view kernel's plan (`name`): its shared memory against the device's, and with
+// AdamW's step, which runs after the kernel over the stored gradient as for the tensor-core kernel,
+// the gradient in the workspace.
+Status finish_tile_view_plan(SddmmPlan plan, const std::string& name, const DeviceLimits& limits, SddmmPlan* out) {
+  if (plan.smem_bytes > limits.smem_per_block)
+    return InvalidArgument("sddmm: " + name + " needs " + std::to_string(plan.smem_bytes) +
+                           " bytes of shared memory per block; this device offers " +
+                           std::to_string(limits.smem_per_block));
+  const SddmmProblem& p = plan.problem;
+  plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
+  plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
+  *out = plan;
+  return Status::Ok();
+}
+
 // Where the tile view pays, whether its wgmma kernel beats its mma.sync one: on Hopper (a build with
 // sm_90a code) past 32 batch rows. Measured on the H100 in bf16, each forced, in one run (768x3072 to
 // 16384x4096, 80-95%, N = 1-128, cold L2; the wgmma kernel with three sets of entries): at N = 64 it
@@ -427,14 +442,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.grid_x = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups) * plan.tile_splits;
     const int64_t steps = ceil_div(chunks, plan.tile_splits);
     plan.smem_bytes = tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, steps);
-    if (plan.smem_bytes > limits.smem_per_block)
-      return InvalidArgument("sddmm: tile_view_wgmma needs " + std::to_string(plan.smem_bytes) +
-                             " bytes of shared memory per block; this device offers " +
-                             std::to_string(limits.smem_per_block));
-    plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
-    plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
-    *out = plan;
-    return Status::Ok();
+    return finish_tile_view_plan(plan, name, limits, out);
   }
   if (plan.variant == SddmmVariant::kTileView) {
     using namespace cuda::detail;
@@ -446,15 +454,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.grid_x = std::max<int64_t>(1, tile_view_bands(p.rows)) * plan.tile_splits;
     const int64_t steps = ceil_div(chunks, plan.tile_splits);
     plan.smem_bytes = tv_dw_smem_bytes(16 * tv_dw_k_steps(p.n), steps);
-    if (plan.smem_bytes > limits.smem_per_block)
-      return InvalidArgument("sddmm: tile_view needs " + std::to_string(plan.smem_bytes) +
-                             " bytes of shared memory per block; this device offers " +
-                             std::to_string(limits.smem_per_block));
-    // AdamW's step after it, over the stored gradient, as for the tensor-core kernel.
-    plan.gradient_in_workspace = p.epilogue == SddmmEpilogue::kAdamW;
-    plan.workspace_bytes = plan.gradient_in_workspace ? size_t(p.nnz) * size_t(p.value_bytes) : 0;
-    *out = plan;
-    return Status::Ok();
+    return finish_tile_view_plan(plan, "tile_view", limits, out);
   }
   if (plan.variant == SddmmVariant::kDenseBlocks) {
     if (!p.gemm)
