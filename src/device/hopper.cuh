@@ -168,36 +168,36 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
 // 16 w .. 16 w + 15 as mma.sync m16n8k16's A operand; B in shared memory, K-major, or with kMnMajorB
 // N-major (B's 16 rows of N values each 128 bytes apart in the 128-byte swizzle: N = 64 at most, one
 // swizzle atom wide, so that wg_descriptor's strides describe it).
-#define SNACK_WG_RS16(types, tnsp)                                                                                         \
+#define SNACK_WG_RS16(types, tnsp)                                                                                   \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n16k16.f32." types " {"                                             \
                "%0, %1, %2, %3, %4, %5, %6, %7"                                                                      \
-               "}, {%8, %9, %10, %11}, %12, p, 1, 1, " tnsp ";\n}"                                                          \
+               "}, {%8, %9, %10, %11}, %12, p, 1, 1, " tnsp ";\n}"                                                   \
                : SNACK_WG_ACC8(0)                                                                                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS32(types, tnsp)                                                                                         \
+#define SNACK_WG_RS32(types, tnsp)                                                                                   \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n32k16.f32." types " {"                                             \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
-               "}, {%16, %17, %18, %19}, %20, p, 1, 1, " tnsp ";\n}"                                                        \
+               "}, {%16, %17, %18, %19}, %20, p, 1, 1, " tnsp ";\n}"                                                 \
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8)                                                                  \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS64(types, tnsp)                                                                                         \
+#define SNACK_WG_RS64(types, tnsp)                                                                                   \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n64k16.f32." types " {"                                             \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
-               "}, {%32, %33, %34, %35}, %36, p, 1, 1, " tnsp ";\n}"                                                        \
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, " tnsp ";\n}"                                                 \
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24)                            \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS128(types, tnsp)                                                                                        \
+#define SNACK_WG_RS128(types, tnsp)                                                                                  \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                                        \
                " wgmma.mma_async.sync.aligned.m64n128k16.f32." types " {"                                            \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                    \
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                    \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                      \
-               "}, {%64, %65, %66, %67}, %68, p, 1, 1, " tnsp ";\n}"                                                        \
+               "}, {%64, %65, %66, %67}, %68, p, 1, 1, " tnsp ";\n}"                                                 \
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24),                           \
                  SNACK_WG_ACC8(32), SNACK_WG_ACC8(40), SNACK_WG_ACC8(48), SNACK_WG_ACC8(56)                          \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
