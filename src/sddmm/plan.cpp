@@ -262,18 +262,6 @@ bool tile_view_pays(const SddmmProblem& p) {
   return p.n > 8 || (p.n == 8 && (!huge(p) || d >= 0.075));
 }
 
-// Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays
-// under 4 blocks per SM, each run keeping at least one tile; under 8 where the tiles are fuller and
-// the batch at most 32 rows (one or two k-steps), so that more blocks cover each tile's chain.
-// Measured on the H200 in bf16 with the kernel forced under either grid (stand-alone runs, cold L2):
-// 8 per SM at 16384x4096, 90%, N = 16: 45.8 against 55.6 us; 4096x11008, 80%, N = 32: 50.3 against
-// 59.7; 4096x4096, 80%, N = 16: 17.9 against 20.6; but slower on 4096x4096 at 90% (N = 16: 14.1
-// against 13.5) and at 95% on the layers of 2^25 weights (4096x11008, N = 16: 24.9 against 23.7),
-// and from N = 64 (4096x4096, 90%: 25.3 against 21.9). Not measured above 25% density. In the result
-// file (backward_nvidia_h200_tile_view_bf16.md) against the one before the rule, 1.10-1.26x on
-// 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
-// 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
-// rule on waves would do better.
 // The end of a tile-view kernel's plan (`name`): its shared memory against the device's, and with
 // AdamW's step, which runs after the kernel over the stored gradient as for the tensor-core kernel,
 // the gradient in the workspace.
@@ -320,6 +308,18 @@ int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits
   return splits;
 }
 
+// Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays
+// under 4 blocks per SM, each run keeping at least one tile; under 8 where the tiles are fuller and
+// the batch at most 32 rows (one or two k-steps), so that more blocks cover each tile's chain.
+// Measured on the H200 in bf16 with the kernel forced under either grid (stand-alone runs, cold L2):
+// 8 per SM at 16384x4096, 90%, N = 16: 45.8 against 55.6 us; 4096x11008, 80%, N = 32: 50.3 against
+// 59.7; 4096x4096, 80%, N = 16: 17.9 against 20.6; but slower on 4096x4096 at 90% (N = 16: 14.1
+// against 13.5) and at 95% on the layers of 2^25 weights (4096x11008, N = 16: 24.9 against 23.7),
+// and from N = 64 (4096x4096, 90%: 25.3 against 21.9). Not measured above 25% density. In the result
+// file (backward_nvidia_h200_tile_view_bf16.md) against the one before the rule, 1.10-1.26x on
+// 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
+// 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
+// rule on waves would do better.
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
