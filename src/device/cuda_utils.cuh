@@ -23,6 +23,12 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 // Reports a failed launch (bad configuration, missing kernel image) right after it was enqueued.
 inline Status check_launch(const char* kernel_name) { return cuda_status(cudaGetLastError(), kernel_name); }
 
+// Whether a row-major matrix of 16-bit values at `base` with `cols` columns is rows of whole 16-byte
+// vectors from a 16-byte aligned start: the kernels that stage such rows copy them 16 bytes at a time.
+inline bool rows_of_16byte_vectors(const void* base, int64_t cols) {
+  return cols % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+}
+
 #define SNACK_CUDA_RETURN_IF_ERROR(call) SNACK_RETURN_IF_ERROR(::snack::cuda::detail::cuda_status((call), #call))
 
 // Accumulation type and conversions (snack/value_types.h): fp32 for fp32 and the 16-bit types,

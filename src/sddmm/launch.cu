@@ -117,9 +117,8 @@ Status launch_sddmm_tensor_core(const SddmmPlan& plan, const SlotPattern<Index>&
   const auto kernel = sddmm_tensor_core_kernel<T, Index, Out>;
   SNACK_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  // 16-byte copies of rows whole in vectors and on a 16-byte boundary.
-  const bool vec_dy = w.rows % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
-  const bool vec_x = w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec_dy = detail::rows_of_16byte_vectors(dy, w.rows);
+  const bool vec_x = detail::rows_of_16byte_vectors(x, w.cols);
   kernel<<<dim3(unsigned(plan.grid_x), unsigned(plan.grid_y)), detail::kTcDwThreads, plan.smem_bytes, stream>>>(
       w, dy, x, n, plan.tiles_per_block, vec_dy, vec_x, out);
   return check_launch("sddmm_tensor_core_kernel");
@@ -133,9 +132,8 @@ Status launch_sddmm_tile_view_steps(const SddmmPlan& plan, const detail::TileVie
   if (plan.smem_bytes > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  // 16-byte copies of rows whole in vectors and on a 16-byte boundary.
-  const bool vec_dy = rows % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
-  const bool vec_x = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec_dy = detail::rows_of_16byte_vectors(dy, rows);
+  const bool vec_x = detail::rows_of_16byte_vectors(x, cols);
   kernel<<<unsigned(plan.grid_x), detail::kTvDwThreads, plan.smem_bytes, stream>>>(view, dy, x, rows, cols, n,
                                                                                   plan.tile_splits, vec_dy, vec_x, out);
   return check_launch("sddmm_tile_view_kernel");

@@ -21,9 +21,8 @@ Status launch_steps(const SddmmPlan& plan, const TileView& view, const T* dy, co
   const auto kernel = sddmm_tile_view_wgmma_kernel<T, KS, G, StoreGradient<T>>;
   SNACK_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  // 16-byte copies of rows whole in vectors and on a 16-byte boundary.
-  const bool vec_dy = rows % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
-  const bool vec_x = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec_dy = rows_of_16byte_vectors(dy, rows);
+  const bool vec_x = rows_of_16byte_vectors(x, cols);
   const int64_t bands = tile_view_bands(rows);
   kernel<<<unsigned(plan.grid_x), G * 128, plan.smem_bytes, stream>>>(
       view, dy, x, rows, cols, n, bands, plan.tile_splits, vec_dy, vec_x, StoreGradient<T>{dvalues});

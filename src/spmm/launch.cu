@@ -136,7 +136,7 @@ Status launch_tensor_core_tile(const SpmmPlan& plan, View view, int64_t out_dim,
   const size_t smem = detail::tensor_core_smem_bytes(NT);
   if (smem > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const bool vec = detail::rows_of_16byte_vectors(in, in_dim);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), smem, stream,
                                                        unsigned(plan.k_splits), view, out_dim, in_dim, in, n, bias,
@@ -172,7 +172,7 @@ Status launch_tile_view_tile(const SpmmPlan& plan, const detail::TileView& view,
   if (plan.smem_bytes > 48 * 1024)
     SNACK_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-  const bool vec = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const bool vec = detail::rows_of_16byte_vectors(in, in_dim);
   const dim3 grid(unsigned(plan.grid_x), unsigned(detail::ceil_div(n, NT)));
   SNACK_CUDA_RETURN_IF_ERROR(detail::launch_clusters_x(kernel, grid, dim3(detail::kTcThreads), plan.smem_bytes, stream,
                                                        unsigned(plan.k_splits), view, values, out_dim, in_dim, in, n,
