@@ -58,8 +58,7 @@ __device__ __forceinline__ void load_tile_share(TileShare<kEntryStride>& s, cons
   } else {
     s.first = round + t;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (s.at(j) < end) s.entry[j] = __ldg(entries + s.at(j));
+    for (int j = 0; j < 4; ++j) s.entry[j] = s.at(j) < end ? __ldg(entries + s.at(j)) : 0u;
   }
 }
 

@@ -297,37 +297,50 @@ int tile_view_wgmma_groups(const SddmmProblem& p) {
   return cuda::detail::tv_dw_k_steps(p.n) * 16 > 64 ? 2 : 1;
 }
 
-// Blocks per group of bands of the wgmma tile-view kernel: its runs of tiles halved while the grid
-// stays under 4 warpgroups per SM, each run keeping at least one tile. Not tuned: the rule of the
-// mma.sync kernel's fewer-tiles case, counted in warpgroups.
+// Blocks per group of bands of the wgmma tile-view kernel: the power of two (at most the band's tiles)
+// whose grid takes the fewest tiles' time, counted as waves of the blocks an SM holds (by registers,
+// tv_wg_blocks_per_sm, or by shared memory) times each block's run of tiles and two more for its
+// start (dY's band staged and loaded, X's first chunks). Measured on the H200 in bf16 with the kernel
+// forced under 1-64 splits (768x3072 to 16384x4096, 80-98%, N = 32-128, one and two warpgroups, cold
+// L2): within 1% of the best split in geometric mean (1.11x at worst), against 4-5% (1.22x) for the
+// rule before, which halved runs while the grid stayed under 4 warpgroups per SM (11008x4096, 80%,
+// N = 128, two warpgroups: 73.4 against 87.9 us; 4096x4096, 90%, N = 64: 17.8 against 19.8).
 int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits& limits) {
+  using namespace cuda::detail;
   const int64_t band_groups = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups);
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
-  int splits = 1;
-  while (2 * splits <= chunks && band_groups * splits * groups < 4 * int64_t(limits.sms)) splits *= 2;
-  return splits;
+  const int batch = 16 * tv_dw_k_steps(p.n);
+  int best = 1;
+  int64_t best_cost = 0;
+  for (int splits = 1; splits <= chunks; splits *= 2) {
+    const int64_t steps = ceil_div(chunks, splits);
+    const size_t block_smem = tv_wg_smem_bytes(batch, groups, steps) + limits.reserved_smem_per_block;
+    const int64_t per_sm = std::max<int64_t>(
+        1, std::min<int64_t>(tv_wg_blocks_per_sm(groups), int64_t(limits.smem_per_sm / block_smem)));
+    const int64_t cost = ceil_div(band_groups * splits, per_sm * limits.sms) * (steps + 2);
+    if (splits == 1 || cost < best_cost) best = splits, best_cost = cost;
+  }
+  return best;
 }
 
-// Blocks per band of the tile-view kernel: runs of the band's tiles halved while the grid stays
-// under 4 blocks per SM, each run keeping at least one tile; under 8 where the tiles are fuller and
-// the batch at most 32 rows (one or two k-steps), so that more blocks cover each tile's chain.
-// Measured on the H200 in bf16 with the kernel forced under either grid (stand-alone runs, cold L2):
-// 8 per SM at 16384x4096, 90%, N = 16: 45.8 against 55.6 us; 4096x11008, 80%, N = 32: 50.3 against
-// 59.7; 4096x4096, 80%, N = 16: 17.9 against 20.6; but slower on 4096x4096 at 90% (N = 16: 14.1
-// against 13.5) and at 95% on the layers of 2^25 weights (4096x11008, N = 16: 24.9 against 23.7),
-// and from N = 64 (4096x4096, 90%: 25.3 against 21.9). Not measured above 25% density. In the result
-// file (backward_nvidia_h200_tile_view_bf16.md) against the one before the rule, 1.10-1.26x on
-// 16384x4096 and 4096x11008 at 80-90%, but 0.89-0.91x on 11008x4096 at 80% (N = 16: 64.3 against
-// 56.9), whose 172 bands make 1376 blocks, about 1.3 waves, and 0.97-0.98x on 4096x4096 at 80%: a
-// rule on waves would do better.
+// Blocks per band of the mma.sync tile-view kernel: runs of the band's tiles halved while a run holds
+// more entries than a block reads out best (2400 in all up to 32 batch rows, 9600 past, where each
+// tile's products take longer) or the grid is under 6 blocks per SM, each run keeping at least one
+// tile. Short runs pay: more blocks read out at once, which is what bounds the kernel. Measured on the
+// H200 in bf16 with the kernel forced under 1-64 splits (768x3072 to 16384x4096, 80-98%, N = 8-128,
+// cold L2): within 1% of the best split in geometric mean up to 32 rows (1.10x at worst), 2% past;
+// against 8% (1.74x at worst) and 3% for the rule before, on the grid alone (16384x4096, 80%, N = 16:
+// 51.3 against 78.2 us with 32 splits against 4; 11008x4096, 80%, N = 8: 37.0 against 63.7; 90%,
+// N = 16: 27.8 against 31.2).
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
-  const double d = density(p);
-  const bool fuller = p.n <= 32 && d <= 0.25 && (d >= 0.15 || (d >= 0.075 && huge(p)));
-  const int64_t per_sm = fuller ? 8 : 4;
+  const double per_tile = double(p.nnz) / double(bands * chunks);
+  const double run_entries = p.n <= 32 ? 2400.0 : 9600.0;
   int splits = 1;
-  while (2 * splits <= chunks && bands * splits < per_sm * int64_t(limits.sms)) splits *= 2;
+  while (2 * splits <= chunks && (double(ceil_div(chunks, splits)) * per_tile > run_entries ||
+                                  bands * splits < 6 * int64_t(limits.sms)))
+    splits *= 2;
   return splits;
 }
 

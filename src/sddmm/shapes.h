@@ -103,11 +103,11 @@ constexpr int tv_dw_k_steps(int64_t n) {
 }
 
 // Dynamic shared memory for a batch padded to `batch` rows and `steps` tiles per block: dY's band and
-// two stages of X's chunk ([batch][kTvDwStride] each), the rounded tile ([64][kTvDwStride]), and the
-// block's tile pointers (steps + 1, and one spare word: the compiler may read the next tile's pair of
-// pointers with one vector load before it knows whether there is a next tile).
+// two stages of X's chunk ([batch][kTvDwStride] each), the rounded tile ([64][64], tile_read_out.cuh),
+// and the block's tile pointers (steps + 1, and one spare word: the compiler may read the next tile's
+// pair of pointers with one vector load before it knows whether there is a next tile).
 constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
-  return (size_t(3 * batch) + 64) * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t);
+  return (size_t(3 * batch) * kTvDwStride + 64 * 64) * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t);
 }
 
 // The SDDMM over the tile view with wgmma (sddmm_tile_view_wgmma_kernel, Hopper, batches of at most
@@ -117,6 +117,8 @@ constexpr size_t tv_dw_smem_bytes(int batch, int64_t steps) {
 // while the warpgroup reads out the tile before, which it rounded into one of two tiles in shared
 // memory.
 constexpr int kTvWgMaxGroups = 2;
+// Blocks an SM holds by registers, the kernel's launch bound: at most 128 registers a thread.
+constexpr int tv_wg_blocks_per_sm(int groups) { return 4 / groups; }
 constexpr int kTvWgStages = 3;
 constexpr int kTvWgAlign = 1024;  // the swizzle's period: the stages start on it
 // Rounds of a warpgroup's 512 entries loaded into registers a step ahead of a tile's read-out; the
@@ -130,9 +132,10 @@ constexpr int kTvWgRoundsAhead = 1;
 constexpr int kTvWgEntrySets = 3;
 
 // Dynamic shared memory for a batch padded to `batch` rows, `groups` warpgroups and `steps` tiles per
-// block: the slack to align the stages, the stages of X's chunk ([batch][64] each), two rounded tiles
-// per warpgroup ([64][kTvDwStride] each; dY's band is staged there first), and each warpgroup's tile
-// pointers (steps + 1 and the spare word, as tv_dw_smem_bytes).
+// block: the slack to align the stages, the stages of X's chunk ([batch][64] each), per warpgroup a
+// region of [2][64][kTvDwStride] where dY's band is staged first and its two rounded tiles ([64][64]
+// each) are held after, and each warpgroup's tile pointers (steps + 1 and the spare word, as
+// tv_dw_smem_bytes).
 constexpr size_t tv_wg_smem_bytes(int batch, int groups, int64_t steps) {
   return size_t(kTvWgAlign) + size_t(kTvWgStages) * batch * 64 * sizeof(uint16_t) +
          size_t(groups) * (2 * 64 * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t));

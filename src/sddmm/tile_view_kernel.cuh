@@ -26,6 +26,7 @@
 #include "shapes.h"
 #include "snack/pattern.h"
 #include "tensor_core_kernel.cuh"
+#include "tile_read_out.cuh"
 
 namespace snack::cuda {
 namespace {
@@ -48,8 +49,8 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* dys = reinterpret_cast<uint16_t*>(smem);            // [NB][kStride]: dY's band
   uint16_t* xs = dys + NB * kStride;                             // [2][NB][kStride]: X's chunks
-  uint16_t* tile = xs + 2 * NB * kStride;                        // [64][kStride]: the rounded tile
-  int32_t* tp = reinterpret_cast<int32_t*>(tile + 64 * kStride);  // [steps + 1]: the tiles' first entries
+  uint16_t* tile = xs + 2 * NB * kStride;                        // [64][64]: the rounded tile (tile_read_out.cuh)
+  int32_t* tp = reinterpret_cast<int32_t*>(tile + 64 * 64);      // [steps + 1]: the tiles' first entries
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const int split = int(blockIdx.x % unsigned(splits));
@@ -88,14 +89,7 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   load_entries(s1, 1);
   // A share starts at a tile's first entry or a whole round past it: only the tile's end bounds it.
   const auto read_out = [&](const TileShare<kTvDwThreads>& s, int32_t end) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (s.at(j) < end) {
-        const uint32_t pos = s.entry[j] & kTileViewPositionMask;
-        const int64_t slot = band_first + int64_t(s.entry[j] >> kTileViewSlotShift);
-        out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
-      }
-    }
+    read_out_share<T>(s, end, tile, band_first, out);
   };
 
   // Tile i, whose entries `mine` holds.
@@ -121,8 +115,8 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int r = warp * 16 + lane / 4, c = j * 8 + (lane % 4) * 2;
-      *reinterpret_cast<uint32_t*>(tile + r * kStride + c) = round_pair<T>(acc[j][0], acc[j][1]);
-      *reinterpret_cast<uint32_t*>(tile + (r + 8) * kStride + c) = round_pair<T>(acc[j][2], acc[j][3]);
+      store_rounded_pair(tile, r, c, round_pair<T>(acc[j][0], acc[j][1]));
+      store_rounded_pair(tile, r + 8, c, round_pair<T>(acc[j][2], acc[j][3]));
     }
     __syncthreads();  // the tile is complete; every warp is done with X's chunk i
     if (i + 2 < steps)

@@ -23,6 +23,7 @@
 #include "shapes.h"
 #include "snack/pattern.h"
 #include "tensor_core_kernel.cuh"
+#include "tile_read_out.cuh"
 
 namespace snack::cuda {
 namespace {
@@ -32,7 +33,7 @@ namespace {
 // tiles, handed to `out` rounded to T. The batch is padded to 16 * KS rows (zeros past n); n > 0.
 // vec_dy / vec_x: the operand's rows are 16-byte vectors (stage_16bit_block).
 template <typename T, int KS, int G, typename Out>
-__global__ void __launch_bounds__(G * 128)
+__global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
     sddmm_tile_view_wgmma_kernel(detail::TileView view, const T* __restrict__ dy, const T* __restrict__ x,
                                  int64_t rows, int64_t cols, int64_t n, int64_t bands, int splits, bool vec_dy,
                                  bool vec_x, Out out) {
@@ -51,7 +52,8 @@ __global__ void __launch_bounds__(G * 128)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* xs = smem_raw + (kTvWgAlign - shared_address(smem_raw) % kTvWgAlign) % kTvWgAlign;
   const int group = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = threadIdx.x % 32;
-  // This warpgroup's two tiles ([2][64][kStride]; dY's band [NB][kStride] first) and tile pointers.
+  // This warpgroup's two rounded tiles ([2][64][64], tile_read_out.cuh) in a region of [2][64][kStride],
+  // where dY's band ([NB][kStride]) is staged first, and its tile pointers.
   uint16_t* tiles = reinterpret_cast<uint16_t*>(xs + kTvWgStages * kStageBytes) + group * (2 * 64 * kStride);
   const int split = int(blockIdx.x % unsigned(splits));
   const int64_t band = int64_t(blockIdx.x / unsigned(splits)) * G + group;
@@ -106,18 +108,9 @@ __global__ void __launch_bounds__(G * 128)
   // Tile i's gradients out of tiles[i % 2]. A share starts at a tile's first entry or a whole round
   // past it: only the tile's end bounds it.
   const auto read_out = [&](const Entries& s, int i) {
-    const uint16_t* tile = tiles + (i & 1) * 64 * kStride;
+    const uint16_t* tile = tiles + (i & 1) * 64 * 64;
     const int32_t end = tp[i + 1];
-    const auto apply = [&](const TileShare<128>& share) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (share.at(j) < end) {
-          const uint32_t pos = share.entry[j] & kTileViewPositionMask;
-          const int64_t slot = band_first + int64_t(share.entry[j] >> kTileViewSlotShift);
-          out.apply_rounded(slot, T{tile[(pos / 64) * kStride + pos % 64]}, out.fetch(slot));
-        }
-      }
-    };
+    const auto apply = [&](const TileShare<128>& share) { read_out_share<T>(share, end, tile, band_first, out); };
 #pragma unroll
     for (int q = 0; q < kTvWgRoundsAhead; ++q) apply(s.round[q]);
     // A tile fuller than the rounds loaded ahead: the rest, read in place.
@@ -161,12 +154,12 @@ __global__ void __launch_bounds__(G * 128)
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
-    uint16_t* tile = tiles + (i & 1) * 64 * kStride;
+    uint16_t* tile = tiles + (i & 1) * 64 * 64;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int r = warp * 16 + lane / 4, c = j * 8 + (lane % 4) * 2;
-      *reinterpret_cast<uint32_t*>(tile + r * kStride + c) = round_pair<T>(acc[4 * j], acc[4 * j + 1]);
-      *reinterpret_cast<uint32_t*>(tile + (r + 8) * kStride + c) = round_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+      store_rounded_pair(tile, r, c, round_pair<T>(acc[4 * j], acc[4 * j + 1]));
+      store_rounded_pair(tile, r + 8, c, round_pair<T>(acc[4 * j + 2], acc[4 * j + 3]));
     }
   };
   // kSets steps a turn, so that the sets take turns without a copy (a copy waits for the loads in

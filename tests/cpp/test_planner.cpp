@@ -992,11 +992,11 @@ TEST(Planner, SddmmTensorCoreGrid) {
   EXPECT_NE(refused.message().find("16-bit"), std::string::npos) << refused.message();
 }
 
-// The tile-view SDDMM on wgmma (forced only): what the mma.sync kernel needs, and Hopper with sm_90a
-// code; a warpgroup per band of 64 rows, one or two a block (two: the bands of a group share each
-// block, the last group short where the bands are odd); the runs halved while the grid stays under 4
-// warpgroups per SM; three stages of X's chunk, two tiles per warpgroup and its tile pointers, with
-// 1024 bytes to align the stages; with AdamW the gradient in the workspace.
+// The tile-view SDDMM on wgmma: what the mma.sync kernel needs, and Hopper with sm_90a code; a
+// warpgroup per band of 64 rows, one or two a block (two: the bands of a group share each block, the
+// last group short where the bands are odd); the runs that take the fewest tiles' time in waves of
+// the blocks an SM holds; three stages of X's chunk, two tiles per warpgroup and its tile pointers,
+// with 1024 bytes to align the stages; with AdamW the gradient in the workspace.
 TEST(Planner, SddmmTileViewWgmmaGrid) {
   SddmmProblem dw;
   dw.rows = 16384;
@@ -1013,7 +1013,9 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
   dw.warpgroups = 1;
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.threads, 128);
-  EXPECT_EQ(p.tile_splits, 4);  // 256 bands x 4 runs of 16 tiles: 1024 warpgroups, past 4 per SM
+  // 256 bands, 3 blocks per SM by shared memory: 4 runs of 16 tiles in 3 waves (54 tiles' time,
+  // against 66 unsplit, 68 with 2 runs and 60 with 8).
+  EXPECT_EQ(p.tile_splits, 4);
   EXPECT_EQ(p.grid_x, 256 * 4);
   EXPECT_EQ(p.smem_bytes, size_t(1024) + 3 * 128 * 64 * 2 + 1 * (2 * 64 * 72 * 2 + 18 * 4));
   EXPECT_EQ(p.workspace_bytes, 0u);
@@ -1025,9 +1027,11 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
   dw.warpgroups = 2;
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.threads, 256);
-  EXPECT_EQ(p.tile_splits, 4);  // 128 groups of two bands x 4 runs
-  EXPECT_EQ(p.grid_x, 128 * 4);
-  EXPECT_EQ(p.smem_bytes, size_t(1024) + 3 * 128 * 64 * 2 + 2 * (2 * 64 * 72 * 2 + 18 * 4));
+  // 128 groups of two bands, 2 blocks per SM: 2 runs of 32 tiles in one wave (34 tiles' time, against
+  // 36 with 4 runs in two).
+  EXPECT_EQ(p.tile_splits, 2);
+  EXPECT_EQ(p.grid_x, 128 * 2);
+  EXPECT_EQ(p.smem_bytes, size_t(1024) + 3 * 128 * 64 * 2 + 2 * (2 * 64 * 72 * 2 + 34 * 4));
   EXPECT_NE(describe(p).find("2 warpgroups a block"), std::string::npos) << describe(p);
   dw.rows = 4160;  // 65 bands: 33 groups, the last of one band
   dw.n = 16;
@@ -1086,9 +1090,10 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
 }
 
 // The tile-view SDDMM: 16-bit operands, batches of at most 128, a pattern that holds the view; a block
-// of 128 threads per run of a band's tiles, the runs halved while the grid stays under 4 blocks per
-// SM; dY's band, two stages of X's chunk (the batch padded to 16, 32, 64 or 128) and the tile in
-// shared memory; with AdamW the gradient in the workspace.
+// of 128 threads per run of a band's tiles, the runs halved while they hold more entries than a block
+// reads out best or the grid stays under 6 blocks per SM; dY's band, two stages of X's chunk (the
+// batch padded to 16, 32, 64 or 128) and the tile in shared memory; with AdamW the gradient in the
+// workspace.
 TEST(Planner, SddmmTileViewGrid) {
   const auto forced = [](int64_t rows, int64_t cols, int64_t nnz, int64_t n, SddmmEpilogue e = SddmmEpilogue::kStore,
                          int value_bytes = 2, bool view = true, SddmmPlan* out = nullptr) {
@@ -1100,28 +1105,32 @@ TEST(Planner, SddmmTileViewGrid) {
   SddmmPlan p;
   ASSERT_TRUE(forced(16384, 4096, 6710886, 64, SddmmEpilogue::kStore, 2, true, &p).ok());
   EXPECT_EQ(p.variant, SddmmVariant::kTileView) << describe(p);
-  EXPECT_EQ(p.tile_splits, 4);  // 256 bands x 4 runs of 16 tiles: 1024 blocks, past 4 per SM
+  // 256 bands of 64 tiles of ~410 entries (10%): past 32 rows, runs of at most 9600 entries: 4 of 16
+  // tiles (1024 blocks, past 6 per SM).
+  EXPECT_EQ(p.tile_splits, 4);
   EXPECT_EQ(p.grid_x, 256 * 4);
-  SddmmPlan fuller;  // 10% density, 32 rows: past 8 blocks per SM
-  ASSERT_TRUE(forced(16384, 4096, 6710886, 32, SddmmEpilogue::kStore, 2, true, &fuller).ok());
-  EXPECT_EQ(fuller.tile_splits, 8);
-  ASSERT_TRUE(forced(16384, 4096, 6710886 / 2, 32, SddmmEpilogue::kStore, 2, true, &fuller).ok());
-  EXPECT_EQ(fuller.tile_splits, 4);  // 5%
-  ASSERT_TRUE(forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 2, true, &fuller).ok());
-  EXPECT_EQ(fuller.tile_splits, 16);  // 64 bands; 10% on 2^24 weights: 4 per SM
-  ASSERT_TRUE(forced(4096, 4096, 2 * 1677722, 16, SddmmEpilogue::kStore, 2, true, &fuller).ok());
-  EXPECT_EQ(fuller.tile_splits, 32);  // 20%: 8 per SM
+  SddmmPlan shorter;  // up to 32 rows, runs of at most 2400 entries: 16 of 4 tiles
+  ASSERT_TRUE(forced(16384, 4096, 6710886, 32, SddmmEpilogue::kStore, 2, true, &shorter).ok());
+  EXPECT_EQ(shorter.tile_splits, 16);
+  ASSERT_TRUE(forced(16384, 4096, 6710886 / 2, 32, SddmmEpilogue::kStore, 2, true, &shorter).ok());
+  EXPECT_EQ(shorter.tile_splits, 8);  // 5%: 8 tiles of ~205 entries
+  ASSERT_TRUE(forced(4096, 4096, 1677722, 16, SddmmEpilogue::kStore, 2, true, &shorter).ok());
+  EXPECT_EQ(shorter.tile_splits, 16);  // 64 bands; 10%: runs of 4 tiles, 1024 blocks
+  ASSERT_TRUE(forced(4096, 4096, 2 * 1677722, 16, SddmmEpilogue::kStore, 2, true, &shorter).ok());
+  EXPECT_EQ(shorter.tile_splits, 32);  // 20%: runs of 2 tiles
+  ASSERT_TRUE(forced(4096, 4096, 1677722 / 5, 16, SddmmEpilogue::kStore, 2, true, &shorter).ok());
+  EXPECT_EQ(shorter.tile_splits, 16);  // 2%: runs of 4 tiles to keep 6 blocks per SM
   EXPECT_EQ(p.threads, 128);
-  EXPECT_EQ(p.smem_bytes, size_t(3 * 64 + 64) * 72 * 2 + 18 * 4);
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 64 * 72 + 64 * 64) * 2 + 18 * 4);
   EXPECT_EQ(p.workspace_bytes, 0u);
   EXPECT_FALSE(p.transpose_x || p.transpose_dy || p.reads_x_t);
   ASSERT_TRUE(forced(16384, 4096, 6710886, 100, SddmmEpilogue::kAdamW, 2, true, &p).ok());
-  EXPECT_EQ(p.smem_bytes, size_t(3 * 128 + 64) * 72 * 2 + 18 * 4);  // 100 rows padded to 128
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 128 * 72 + 64 * 64) * 2 + 18 * 4);  // 100 rows padded to 128
   EXPECT_TRUE(p.gradient_in_workspace);
   EXPECT_EQ(p.workspace_bytes, size_t(6710886) * 2);
   ASSERT_TRUE(forced(768, 3072, 235930, 1, SddmmEpilogue::kStore, 2, true, &p).ok());
   EXPECT_EQ(p.tile_splits, 32);  // 12 bands x 48 tiles: runs of 1-2 tiles
-  EXPECT_EQ(p.smem_bytes, size_t(3 * 16 + 64) * 72 * 2 + 4 * 4);
+  EXPECT_EQ(p.smem_bytes, size_t(3 * 16 * 72 + 64 * 64) * 2 + 4 * 4);
   // The planner's choice (a pattern with the view, 16 bits). Storing the gradient: on layers under 2^23
   // weights from 2 rows and 1% density; on larger ones from 4% past 8 rows, and at 8 rows below 2^25
   // weights (from 7.5% at 2^25 and more). With AdamW, from 4%: past 16 rows from 2^23 weights;

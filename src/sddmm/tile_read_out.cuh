@@ -1,0 +1,50 @@
+// The rounded tile of the tile-view SDDMM kernels (tile_view_kernel.cuh on mma.sync,
+// tile_view_wgmma_kernel.cuh on wgmma) and the read-out of its entries' gradients, which both share.
+//
+// The read-out is most of those kernels' instructions: a tile at 80% sparsity holds ~820 entries, each
+// one shared-memory load and one store at its slot. Two things keep it short: the tile is held in
+// 64-value rows whose 16-byte granules are swizzled by row (an entry's place is two operations from its
+// position, against five for padded rows, and a warp's accumulator rows still store without bank
+// conflicts), and a thread loads its four values before it stores any, so the loads' latencies overlap
+// and the stores need no branches.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device/tile_view.cuh"
+#include "snack/pattern.h"
+
+namespace snack::cuda::detail {
+
+// Where position `pos` (row * 64 + column) of a rounded tile lies in shared memory: [64][64] 16-bit
+// values, granule g (8 values) of row r at granule g ^ (r % 8). A warp's accumulator pairs (rows r0 +
+// lane / 4, columns 8 j + 2 (lane % 4)) then fall on 32 distinct banks.
+__device__ __forceinline__ uint32_t rounded_tile_index(uint32_t pos) { return pos ^ ((pos >> 3) & 0x38u); }
+
+// Stores a pair of rounded values at (row, col) of the tile, col even: the pair stays in one granule.
+__device__ __forceinline__ void store_rounded_pair(uint16_t* tile, int row, int col, uint32_t pair) {
+  *reinterpret_cast<uint32_t*>(tile + rounded_tile_index(uint32_t(row * 64 + col))) = pair;
+}
+
+// Thread's share `s` of a tile's gradients, out of the rounded tile: the gradients of the entries
+// before `end`, handed to `out` as T. band_first: the first slot of the tile's band (row_ptr of its
+// first row). The four values are read first, from whatever position each entry names (every masked
+// entry is a place in the tile, so those past `end` read harmlessly), then the stores.
+template <typename T, int kEntryStride, typename Out>
+__device__ __forceinline__ void read_out_share(const TileShare<kEntryStride>& s, int32_t end, const uint16_t* tile,
+                                               int64_t band_first, const Out& out) {
+  uint16_t bits[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) bits[j] = tile[rounded_tile_index(s.entry[j] & kTileViewPositionMask)];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (s.at(j) < end) {
+      const int64_t slot = band_first + int64_t(s.entry[j] >> kTileViewSlotShift);
+      out.apply_rounded(slot, T{bits[j]}, out.fetch(slot));
+    }
+  }
+}
+
+}  // namespace snack::cuda::detail
