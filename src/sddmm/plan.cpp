@@ -314,7 +314,8 @@ int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits
   int64_t best_cost = 0;
   for (int splits = 1; splits <= chunks; splits *= 2) {
     const int64_t steps = ceil_div(chunks, splits);
-    const size_t block_smem = tv_wg_smem_bytes(batch, groups, steps) + limits.reserved_smem_per_block;
+    const size_t block_smem =
+        tv_wg_smem_bytes(batch, groups, steps) + kTvWgStaticSmem + limits.reserved_smem_per_block;
     const int64_t per_sm = std::max<int64_t>(
         1, std::min<int64_t>(tv_wg_blocks_per_sm(groups), int64_t(limits.smem_per_sm / block_smem)));
     const int64_t cost = ceil_div(band_groups * splits, per_sm * limits.sms) * (steps + 2);

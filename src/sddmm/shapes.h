@@ -121,6 +121,7 @@ constexpr int kTvWgMaxGroups = 2;
 constexpr int tv_wg_blocks_per_sm(int groups) { return 4 / groups; }
 constexpr int kTvWgStages = 3;
 constexpr int kTvWgAlign = 1024;  // the swizzle's period: the stages start on it
+constexpr size_t kTvWgStaticSmem = kTvWgStages * sizeof(uint64_t);  // the stages' barriers (copy engine)
 // Rounds of a warpgroup's 512 entries loaded into registers a step ahead of a tile's read-out; the
 // rest of a fuller tile is read in place.
 constexpr int kTvWgRoundsAhead = 1;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "../device/cuda_utils.cuh"
+#include "../device/tensor_map.h"
 #include "../spmm/wgmma.h"
 #include "epilogues.cuh"
 #include "shapes.h"
@@ -23,9 +24,13 @@ Status launch_steps(const SddmmPlan& plan, const TileView& view, const T* dy, co
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
   const bool vec_dy = rows_of_16byte_vectors(dy, rows);
   const bool vec_x = rows_of_16byte_vectors(x, cols);
+  // X's chunks through the copy engine where its rows are whole 16-byte units.
+  CUtensorMap x_map{};
+  const bool mapped = tensor_map_16bit_fits(x, cols);
+  if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(x, n, cols, 64, uint32_t(16 * KS), &x_map));
   const int64_t bands = tile_view_bands(rows);
   kernel<<<unsigned(plan.grid_x), G * 128, plan.smem_bytes, stream>>>(
-      view, dy, x, rows, cols, n, bands, plan.tile_splits, vec_dy, vec_x, StoreGradient<T>{dvalues});
+      x_map, view, dy, x, rows, cols, n, bands, plan.tile_splits, vec_dy, vec_x, mapped, StoreGradient<T>{dvalues});
   return check_launch("sddmm_tile_view_wgmma_kernel");
 }
 

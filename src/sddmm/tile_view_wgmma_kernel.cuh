@@ -6,10 +6,11 @@
 // the read-out overlap: a warpgroup owns a band of 64 rows of W, its dY kept in registers as wgmma's A
 // operand (warp w holding rows 16 w .. 16 w + 15, mma.sync's A fragments) for all of the band's tiles,
 // and per tile it issues the tile's products (m64n64k16 over X's chunk, staged N-major in the 128-byte
-// swizzle, two tiles ahead in three stages), reads out the tile before from shared memory while they
-// run, then rounds the new tile into the other of its two tiles. Where a block holds two warpgroups,
-// each of a band of its own, they share every staged chunk of X: half the chunks' traffic from L2 per
-// tile. Every gradient is one fixed chain of products: deterministic.
+// swizzle, two tiles ahead in three stages, by the copy engine where X's rows are whole 16-byte
+// units), reads out the tile before from shared memory while they run, then rounds the new tile into
+// the other of its two tiles. Where a block holds two warpgroups, each of a band of its own, they
+// share every staged chunk of X: half the chunks' traffic from L2 per tile. Every gradient is one
+// fixed chain of products: deterministic.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,12 +32,14 @@ namespace {
 // dv[s] = sum_n dY[n, row(s)] X[n, col(s)] for the slots of the G bands of block group blockIdx.x /
 // splits (bands G i .. G i + G - 1 of 64 rows, the last group possibly short) in its split's run of
 // tiles, handed to `out` rounded to T. The batch is padded to 16 * KS rows (zeros past n); n > 0.
-// vec_dy / vec_x: the operand's rows are 16-byte vectors (stage_16bit_block).
+// vec_dy / vec_x: the operand's rows are 16-byte vectors (stage_16bit_block). mapped: x_map is X's
+// tensor map in boxes of 64 columns x 16 KS rows (tensor_map_16bit), and the copy engine stages each
+// chunk (one instruction, against 16 KS 16-byte copies per thread); otherwise the threads do.
 template <typename T, int KS, int G, typename Out>
 __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
-    sddmm_tile_view_wgmma_kernel(detail::TileView view, const T* __restrict__ dy, const T* __restrict__ x,
-                                 int64_t rows, int64_t cols, int64_t n, int64_t bands, int splits, bool vec_dy,
-                                 bool vec_x, Out out) {
+    sddmm_tile_view_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, detail::TileView view,
+                                 const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int64_t cols,
+                                 int64_t n, int64_t bands, int splits, bool vec_dy, bool vec_x, bool mapped, Out out) {
 #if defined(SNACK_WGMMA_BUILT)
   using namespace detail;
   static_assert(!Out::kUpdatesState, "AdamW's step runs after the kernel (sddmm_adamw_from_gradient_kernel)");
@@ -50,6 +53,7 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
   constexpr uint32_t kStageBytes = NB * 64 * sizeof(uint16_t);  // [NB][64]: a multiple of the swizzle's period
   constexpr uint32_t kKStepBytes = 16 * 64 * sizeof(uint16_t);
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ uint64_t x_ready[kTvWgStages];  // mapped: each stage's chunk landed (one phase a chunk)
   unsigned char* xs = smem_raw + (kTvWgAlign - shared_address(smem_raw) % kTvWgAlign) % kTvWgAlign;
   const int group = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = threadIdx.x % 32;
   // This warpgroup's two rounded tiles ([2][64][64], tile_read_out.cuh) in a region of [2][64][kStride],
@@ -73,9 +77,19 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
     band_first = view.row_ptr[r0];
   }
   const auto stage_x = [&](int i) {  // chunk i of the run into stage i % kTvWgStages
-    stage_16bit_rows_swizzled<NB, kThreads>(xs + (i % kTvWgStages) * kStageBytes, x, n, cols, 0,
-                                            (c_begin + i) * 64, vec_x, threadIdx.x);
+    unsigned char* stage = xs + (i % kTvWgStages) * kStageBytes;
+    if (!mapped) {
+      stage_16bit_rows_swizzled<NB, kThreads>(stage, x, n, cols, 0, (c_begin + i) * 64, vec_x, threadIdx.x);
+    } else if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(&x_ready[i % kTvWgStages], kStageBytes);
+      tma_load_2d(stage, &x_map, int32_t((c_begin + i) * 64), 0, &x_ready[i % kTvWgStages]);
+    }
   };
+  if (mapped && threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kTvWgStages; ++s) mbarrier_init(&x_ready[s], 1);
+    mbarrier_init_fence();
+  }
 
   // Group 0: dY's bands and X's first chunk; group 1: the second chunk (empty where there is none).
   if (active) stage_16bit_block<NB, 64, kStride, 128>(tiles, dy, n, rows, 0, r0, vec_dy, t);
@@ -139,6 +153,10 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
     if (i + 2 < steps) stage_x(i + 2);  // into the stage that chunk i - 1 left
     cp_async_commit();
     if (!active) return;
+    // The stage's k-th chunk (k = i / kTvWgStages) completes its barrier's phase k. The chunk after
+    // next goes into a stage only past the barrier above, by which every thread has waited for the
+    // stage's chunk before: no thread is two phases behind.
+    if (mapped) mbarrier_wait(&x_ready[i % kTvWgStages], uint32_t(i / kTvWgStages) & 1u);
     float acc[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) acc[j] = 0.f;
