@@ -7,7 +7,11 @@ each against a float64 reference, and reports, per problem, the times, the plann
 best one: the evidence for the planners' rules.
 
     python bench/tile_view_splits.py --dtype bf16
-    python bench/tile_view_splits.py --ops dw --counts 1,2,4,8,16 --tag dw
+    python bench/tile_view_splits.py --ops dw --counts 1,2,4,8,16,32,64 --tag dw
+    python bench/tile_view_splits.py --ops dw --variant tile_view_wgmma --warpgroups 2 --tag dw_wgmma_2
+
+``--variant tile_view_wgmma`` (Hopper, dW only) times the SDDMM's wgmma kernel instead, with
+``--warpgroups`` warpgroups a block (0: the planner's).
 
 Writes bench/results/tile_view_splits_<gpu>_<dtype>[_<tag>].{csv,md,png}.
 """
@@ -40,19 +44,21 @@ def bands_of(op: str, m: int, k: int) -> int:
     return math.ceil((k if op == "dx" else m) / 64)
 
 
-def planner_splits(op: str, values, pattern, m: int, k: int, n: int) -> int:
-    """The planner's blocks per band for the forced tile_view product (from its grid)."""
-    plan = snack.Plan(*snack.ops.explain(values, pattern.tensors, n, OP_NAMES[op], "tile_view"))
-    return plan.grid // bands_of(op, m, k)
+def planner_splits(op: str, values, pattern, m: int, k: int, n: int, variant: str = "tile_view") -> int:
+    """The planner's blocks per band (per group of bands for the wgmma SDDMM, a band a warpgroup) for
+    the forced product, from its grid."""
+    plan = snack.Plan(*snack.ops.explain(values, pattern.tensors, n, OP_NAMES[op], variant))
+    groups = plan.threads // 128 if variant == "tile_view_wgmma" else 1
+    return plan.grid // math.ceil(bands_of(op, m, k) / groups)
 
 
-def runner(op: str, values, pattern, x, dy):
+def runner(op: str, values, pattern, x, dy, variant: str = "tile_view"):
     t = pattern.tensors
     if op == "fwd":
         return lambda: snack.ops.spmm(x, values, t, None, variant="tile_view")
     if op == "dx":
         return lambda: snack.ops.spmm_t(dy, values, t, "tile_view")
-    return lambda: snack.ops.sddmm(dy, x, t, "tile_view")
+    return lambda: snack.ops.sddmm(dy, x, t, variant)
 
 
 def reference(op: str, w64, pattern, x, dy):
@@ -70,6 +76,10 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--sparsities", default=None, help="e.g. 0.9,0.95")
     parser.add_argument("--ns", default=None, help="batch rows for every op (default: per op)")
+    parser.add_argument("--variant", choices=["tile_view", "tile_view_wgmma"], default="tile_view",
+                        help="the kernel forced (tile_view_wgmma: the SDDMM's, dw only)")
+    parser.add_argument("--warpgroups", type=int, choices=[0, 1, 2], default=0,
+                        help="tile_view_wgmma's warpgroups a block (0: the planner's)")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--tag", default="")
@@ -82,13 +92,17 @@ def main(argv=None) -> int:
     unknown = [op for op in ops if op not in NS]
     if unknown:
         parser.error(f"unknown ops {unknown} (expected some of fwd, dx, dw)")
+    if args.variant == "tile_view_wgmma" and ops != ["dw"]:
+        parser.error("--variant tile_view_wgmma runs dw only")
     counts = [int(c) for c in args.counts.split(",")]
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else SHAPES
     sparsities = [float(v) for v in args.sparsities.split(",")] if args.sparsities else SPARSITIES
     dtype = benchmark.DTYPES[args.dtype]
     info = benchmark.provenance()
     info["method"] = (f"median of {args.reps} single calls, {benchmark.ColdTimer.METHOD}; {args.dtype}; "
-                      "the variant tile_view forced, its blocks per band set with snack.tile_view_splits")
+                      f"the variant {args.variant} forced, its blocks per band set with snack.tile_view_splits"
+                      + (f", {args.warpgroups or 'the planner'}'s warpgroups a block (snack.fragment_warpgroups)"
+                         if args.variant == "tile_view_wgmma" else ""))
     timer = benchmark.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures, skipped = [], [], []
@@ -103,10 +117,11 @@ def main(argv=None) -> int:
                 x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
                 dy = torch.randn(n, m, device="cuda", generator=gen).to(dtype)
                 ref = reference(op, w64, pattern, x, dy)
-                chosen = planner_splits(op, values, pattern, m, k, n)
+                with snack.fragment_warpgroups(args.warpgroups):
+                    chosen = planner_splits(op, values, pattern, m, k, n, args.variant)
                 for count in counts:
-                    with snack.tile_view_splits(count):
-                        fn = runner(op, values, pattern, x, dy)
+                    with snack.tile_view_splits(count), snack.fragment_warpgroups(args.warpgroups):
+                        fn = runner(op, values, pattern, x, dy, args.variant)
                         try:
                             err = benchmark.rel_error(fn(), ref)
                         except ValueError as exc:  # a count this product cannot run
@@ -121,9 +136,9 @@ def main(argv=None) -> int:
         del w64
     name = f"tile_view_splits_{benchmark.gpu_slug()}_{args.dtype}" + (f"_{args.tag}" if args.tag else "")
     benchmark.write_csv(args.out / f"{name}.csv", info, COLUMNS, rows)
-    md = summarize(rows, info, counts, failures, skipped)
+    md = summarize(rows, info, counts, failures, skipped, args.variant)
     (args.out / f"{name}.md").write_text(md)
-    plot(rows, counts, args.out / f"{name}.png", info)
+    plot(rows, counts, args.out / f"{name}.png", info, args.variant)
     print(md)
     return 1 if failures else 0
 
@@ -137,8 +152,8 @@ def problems(rows) -> dict:
     return out
 
 
-def summarize(rows, info, counts, failures, skipped) -> str:
-    lines = benchmark.markdown_head("Tile-view kernels: blocks per band", info)
+def summarize(rows, info, counts, failures, skipped, variant: str = "tile_view") -> str:
+    lines = benchmark.markdown_head(f"Tile-view kernels ({variant}): blocks per band", info)
     lines += ["Times in microseconds per count of blocks per band; `planner` is the planner's count, `best` "
               "the fastest count measured; `planner / best` the planner's time over the best one's (1.00: "
               "the planner took the fastest).", ""]
@@ -164,7 +179,7 @@ def summarize(rows, info, counts, failures, skipped) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, counts, path: Path, info) -> None:
+def plot(rows, counts, path: Path, info, variant: str = "tile_view") -> None:
     plt = benchmark.pyplot()
     if plt is None or not rows:
         return
@@ -182,7 +197,7 @@ def plot(rows, counts, path: Path, info) -> None:
     ax.set_xlabel("blocks per band (x: the planner's)")
     ax.set_yticks(range(len(keys)), [f"{op} {m}x{k} N={n} {s}" for op, m, k, n, s in keys], fontsize=5)
     fig.colorbar(image, ax=ax, label="time / best time (capped at 2)")
-    ax.set_title(f"tile_view blocks per band, {info['gpu']}, {info['commit'][:7]}", fontsize=9)
+    ax.set_title(f"{variant} blocks per band, {info['gpu']}, {info['commit'][:7]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
