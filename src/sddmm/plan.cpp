@@ -300,11 +300,13 @@ int tile_view_wgmma_groups(const SddmmProblem& p) {
 // Blocks per group of bands of the wgmma tile-view kernel: the power of two (at most the band's tiles)
 // whose grid takes the fewest tiles' time, counted as waves of the blocks an SM holds (by registers,
 // tv_wg_blocks_per_sm, or by shared memory) times each block's run of tiles and two more for its
-// start (dY's band staged and loaded, X's first chunks). Measured on the H200 in bf16 with the kernel
-// forced under 1-64 splits (768x3072 to 16384x4096, 80-98%, N = 32-128, one and two warpgroups, cold
-// L2): within 1% of the best split in geometric mean (1.11x at worst), against 4-5% (1.22x) for the
-// rule before, which halved runs while the grid stayed under 4 warpgroups per SM (11008x4096, 80%,
-// N = 128, two warpgroups: 73.4 against 87.9 us; 4096x4096, 90%, N = 64: 17.8 against 19.8).
+// start (dY's band staged and loaded, X's first chunks). Fitted to a sweep on the H200 with 1-64
+// splits forced (768x3072 to 16384x4096, 80-98%, N = 32-128, one and two warpgroups); measured on the
+// H100 with the planner's warpgroups (bench/results/tile_view_splits_nvidia_h100_80gb_hbm3_bf16_dw_wgmma.md,
+// commit fbe12d0): within 1.9% of the best count in geometric mean over 72 problems, 1.17x at worst
+// (16384x4096, 90%, N = 32: 59.5 against 50.8 us with 8). The rule before it, runs halved while the
+// grid stayed under 4 warpgroups per SM, took 4 where this takes 8 on 11008x4096 at 80%, N = 128 (96.2
+// against 80.4 us in the same file).
 int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits& limits) {
   using namespace cuda::detail;
   const int64_t band_groups = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups);
@@ -327,12 +329,14 @@ int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits
 // Blocks per band of the mma.sync tile-view kernel: runs of the band's tiles halved while a run holds
 // more entries than a block reads out best (2400 in all up to 32 batch rows, 9600 past, where each
 // tile's products take longer) or the grid is under 6 blocks per SM, each run keeping at least one
-// tile. Short runs pay: more blocks read out at once, which is what bounds the kernel. Measured on the
-// H200 in bf16 with the kernel forced under 1-64 splits (768x3072 to 16384x4096, 80-98%, N = 8-128,
-// cold L2): within 1% of the best split in geometric mean up to 32 rows (1.10x at worst), 2% past;
-// against 8% (1.74x at worst) and 3% for the rule before, on the grid alone (16384x4096, 80%, N = 16:
-// 51.3 against 78.2 us with 32 splits against 4; 11008x4096, 80%, N = 8: 37.0 against 63.7; 90%,
-// N = 16: 27.8 against 31.2).
+// tile. Short runs pay: more blocks read out at once, and the read-out bounds the kernel. Fitted to a
+// sweep on the H200 with 1-64 splits forced (768x3072 to 16384x4096, 80-98%, N = 8-128); measured on
+// the H100 (bench/results/tile_view_splits_nvidia_h100_80gb_hbm3_bf16_dw.md, commit fbe12d0): within
+// 2.3% of the best count in geometric mean over 144 problems (N = 1-128), 1.21x at worst (4096x11008,
+// 80%, N = 64: 77.8 against 64.1 us with 64; 16384x4096, 80%, N = 64: 100.1 against 87.1 with 16).
+// The rule before it, on the grid alone (under 8 blocks per SM at these densities), took 8 where this
+// takes 32 on 16384x4096 at 80%, N = 16 (96.9 against 62.2 us in the same file) and on 11008x4096
+// (67.1 against 45.6).
 int tile_view_splits(const SddmmProblem& p, const DeviceLimits& limits) {
   const int64_t bands = std::max<int64_t>(1, tile_view_bands(p.rows));
   const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
