@@ -116,7 +116,7 @@ sanitize() {
     -k "(spmm_channels_first and cuda and (float32 or bfloat16)) or fused" tests/python/test_conv.py \
     tests/python/test_attention.py || rc=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
-    -k "${SNACK_RACECHECK_K:-wide_rows_closes or long_rows_split or sddmm_skewed or (130x257 and float32) or (tensor_core_paths and bfloat16 and (130x1001 or 100x2051)) or (tile_view_paths and bfloat16 and (130x1001 or 64x64x4096)) or (sddmm_tensor_core_tiles and bfloat16 and not 2048) or (sddmm_tile_view_tiles and bfloat16 and (300-1001 or 520-3000 or 64-64))}" \
+    -k "${SNACK_RACECHECK_K:-wide_rows_closes or long_rows_split or sddmm_skewed or (130x257 and float32) or (tensor_core_paths and bfloat16 and (130x1001 or 100x2051)) or (tile_view_paths and bfloat16 and (130x1001 or 64x64x4096)) or (sddmm_tensor_core_tiles and bfloat16 and not 2048) or (sddmm_tile_view_tiles and bfloat16 and (300-1001 or 520-3000 or 64-64)) or (sddmm_tile_view_wgmma_tiles and bfloat16 and (300-1001 or 129-64))}" \
     tests/python/test_kernels_cuda.py || rc=1
   # The layer under autocast: the 16-bit products and the mixed-precision fused step.
   compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -x -p no:cacheprovider \
