@@ -101,7 +101,8 @@ def main(argv=None) -> int:
     info = benchmark.provenance()
     info["method"] = (f"median of {args.reps} single calls, {benchmark.ColdTimer.METHOD}; {args.dtype}; "
                       f"the variant {args.variant} forced, its blocks per band set with snack.tile_view_splits"
-                      + (f", {args.warpgroups or 'the planner'}'s warpgroups a block (snack.fragment_warpgroups)"
+                      + ((f", {args.warpgroups} warpgroups a block" if args.warpgroups else
+                          ", the planner's warpgroups a block") + " (snack.fragment_warpgroups)"
                          if args.variant == "tile_view_wgmma" else ""))
     timer = benchmark.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
