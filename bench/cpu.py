@@ -161,9 +161,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.shapes, args.sparsities, args.batches, args.dtypes = "4096x4096", "0.9", "1,16,128", "fp32"
-    args.shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
-    args.sparsities = [float(v) for v in args.sparsities.split(",")]
-    args.batches = [int(v) for v in args.batches.split(",")]
+    args.shapes = benchmark.shape_list(args.shapes)
+    args.sparsities = benchmark.number_list(args.sparsities, kind=float)
+    args.batches = benchmark.number_list(args.batches)
     args.dtypes = args.dtypes.split(",")
     unknown = set(args.dtypes) - set(DTYPES)
     if unknown:

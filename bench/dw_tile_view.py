@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/dw_tile_view.py needs a CUDA GPU")
         return 1
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    sparsities = [float(v) for v in args.sparsities.split(",")] if args.sparsities else SPARSITIES
-    ns = [int(v) for v in args.ns.split(",")] if args.ns else NS
+    shapes = benchmark.shape_list(args.shapes, SHAPES)
+    sparsities = benchmark.number_list(args.sparsities, SPARSITIES, float)
+    ns = benchmark.number_list(args.ns, NS)
     dtype = benchmark.DTYPES[args.dtype]
     info = benchmark.provenance()
     info["method"] = (f"median of {args.reps} single calls, {benchmark.ColdTimer.METHOD}; {args.dtype}; "

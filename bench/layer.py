@@ -523,12 +523,9 @@ def main(argv=None) -> int:
         print(text)
         return 0
     shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
-    if args.shapes:
-        shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")]
-    if args.ns:
-        ns = [int(v) for v in args.ns.split(",")]
-    if args.sparsities:
-        sparsities = [float(v) for v in args.sparsities.split(",")]
+    shapes = benchmark.shape_list(args.shapes, shapes)
+    ns = benchmark.number_list(args.ns, ns)
+    sparsities = benchmark.number_list(args.sparsities, sparsities, float)
     precisions = args.precisions.split(",")
     if set(precisions) - set(PRECISIONS):
         parser.error(f"unknown precisions {sorted(set(precisions) - set(PRECISIONS))}; choose from {PRECISIONS}")

@@ -132,9 +132,9 @@ def main(argv=None) -> int:
         print("bench/spmm.py needs a CUDA GPU")
         return 1
 
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    ns = [int(v) for v in args.ns.split(",")] if args.ns else NS
-    sparsities = [float(v) for v in args.sparsities.split(",")] if args.sparsities else SPARSITIES
+    shapes = benchmark.shape_list(args.shapes, SHAPES)
+    ns = benchmark.number_list(args.ns, NS)
+    sparsities = benchmark.number_list(args.sparsities, SPARSITIES, float)
     patterns = args.patterns.split(",") if args.patterns else PATTERNS
     if args.large:
         shapes = LARGE_SHAPES if not args.shapes else shapes

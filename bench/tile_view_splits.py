@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     if args.variant == "tile_view_wgmma" and ops != ["dw"]:
         parser.error("--variant tile_view_wgmma runs dw only")
     counts = [int(c) for c in args.counts.split(",")]
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    sparsities = [float(v) for v in args.sparsities.split(",")] if args.sparsities else SPARSITIES
+    shapes = benchmark.shape_list(args.shapes, SHAPES)
+    sparsities = benchmark.number_list(args.sparsities, SPARSITIES, float)
     dtype = benchmark.DTYPES[args.dtype]
     info = benchmark.provenance()
     info["method"] = (f"median of {args.reps} single calls, {benchmark.ColdTimer.METHOD}; {args.dtype}; "
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         w64 = torch.zeros(m, k, device="cuda", dtype=torch.float64)
         w64[pattern.row_idx.long(), pattern.col_idx.long()] = values.double()
         for op in ops:
-            for n in ([int(v) for v in args.ns.split(",")] if args.ns else NS[op]):
+            for n in benchmark.number_list(args.ns, NS[op]):
                 x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
                 dy = torch.randn(n, m, device="cuda", generator=gen).to(dtype)
                 ref = reference(op, w64, pattern, x, dy)

@@ -194,6 +194,16 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out64 - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
+def shape_list(text: str | None, default=()) -> list[tuple[int, ...]]:
+    """Shapes from a command line ("16384x4096,768x3072"), or `default` where it names none."""
+    return [tuple(int(v) for v in shape.split("x")) for shape in text.split(",")] if text else list(default)
+
+
+def number_list(text: str | None, default=(), kind=int) -> list:
+    """Numbers of type `kind` from a command line ("1,16,128"), or `default` where it names none."""
+    return [kind(v) for v in text.split(",")] if text else list(default)
+
+
 def geomean(values: Iterable[float]) -> float:
     values = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
