@@ -94,10 +94,25 @@ __device__ __forceinline__ uint32_t wg_swizzled(uint32_t row, uint32_t col) {
 }
 
 // Rows [r0, r0 + kRows) x columns [c0, c0 + 64) of a row-major [rows, cols] array of a 16-bit type
-// into `smem` ([kRows][64] in the 128-byte swizzle of wg_swizzled, 1024-byte aligned), zeros outside
-// the array, by kThreads threads of which this is `thread`. vec: the array's rows are whole 16-byte
-// vectors on 16-byte boundaries, copied by cp_async_16 (the caller commits the group); otherwise
-// element by element. Either way the tensor cores read them only after fence_proxy_async.
+// into `smem` ([kRows][64] in the 128-byte swizzle of wg_swizzled), zeros outside the array, element
+// by element (any alignment) by `threads` threads of which this is `thread`: the copy engine's layout
+// where its tensor map cannot read the array.
+template <int kRows, typename T>
+__device__ __forceinline__ void copy_16bit_rows_swizzled(unsigned char* smem, const T* __restrict__ src, int64_t rows,
+                                                         int64_t cols, int64_t r0, int64_t c0, int thread,
+                                                         int threads) {
+  static_assert(sizeof(T) == 2, "16-bit values");
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+  for (int e = thread; e < kRows * 64; e += threads) {
+    const int row = e / 64, col = e % 64;
+    const int64_t r = r0 + row, c = c0 + col;
+    *reinterpret_cast<uint16_t*>(smem + wg_swizzled(row, col)) = r < rows && c < cols ? raw[r * cols + c] : 0;
+  }
+}
+
+// The same block (smem 1024-byte aligned) by kThreads threads: vec, the array's rows are whole
+// 16-byte vectors on 16-byte boundaries, copied by cp_async_16 (the caller commits the group);
+// otherwise element by element. Either way the tensor cores read them only after fence_proxy_async.
 template <int kRows, int kThreads, typename T>
 __device__ __forceinline__ void stage_16bit_rows_swizzled(unsigned char* smem, const T* __restrict__ src,
                                                           int64_t rows, int64_t cols, int64_t r0, int64_t c0,
@@ -111,12 +126,7 @@ __device__ __forceinline__ void stage_16bit_rows_swizzled(unsigned char* smem, c
       cp_async_16(smem + wg_swizzled(row, seg * 8), inside ? src + r * cols + c : src, inside ? 16 : 0);
     }
   } else {
-    const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
-    for (int e = thread; e < kRows * 64; e += kThreads) {
-      const int row = e / 64, col = e % 64;
-      const int64_t r = r0 + row, c = c0 + col;
-      *reinterpret_cast<uint16_t*>(smem + wg_swizzled(row, col)) = r < rows && c < cols ? raw[r * cols + c] : 0;
-    }
+    copy_16bit_rows_swizzled<kRows>(smem, src, rows, cols, r0, c0, thread, kThreads);
   }
 }
 

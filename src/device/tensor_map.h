@@ -6,14 +6,15 @@
 
 #include <cstdint>
 
+#include "cuda_utils.cuh"
 #include "snack/status.h"
 
 namespace snack::cuda::detail {
 
 /// Whether a row-major matrix of 16-bit values at `base` with `cols` columns can have a tensor map:
-/// rows of whole 16-byte units from a 16-byte aligned start.
+/// rows of whole 16-byte units from a 16-byte aligned start (rows_of_16byte_vectors), and a row at all.
 inline bool tensor_map_16bit_fits(const void* base, int64_t cols) {
-  return cols > 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+  return cols > 0 && rows_of_16byte_vectors(base, cols);
 }
 
 /// The map of a row-major [rows][cols] matrix of 16-bit values at `base` whose boxes are `box_cols`

@@ -170,21 +170,6 @@ __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, c
   }
 }
 
-// Without a map of X (rows not 16-byte aligned) the consumer threads (t of `threads`) stage the chunk
-// of columns k0.. of batch rows n0.. in the copy engine's layout (zeros past the batch and the inputs).
-template <int NT, typename T>
-__device__ __forceinline__ void stage_fragment_x(unsigned char* chunk, const T* __restrict__ in, int64_t n,
-                                                 int64_t in_dim, int64_t n0, int64_t k0, int t, int threads) {
-  constexpr int CW = kTcChunk;
-  const uint16_t* raw = reinterpret_cast<const uint16_t*>(in);
-  for (int e = t; e < NT * CW; e += threads) {
-    const int row = e / CW, col = e % CW;
-    const int64_t r = n0 + row, c = k0 + col;
-    *reinterpret_cast<uint16_t*>(chunk + wg_swizzled(row, col)) =
-        r < n && c < in_dim ? raw[r * in_dim + c] : uint16_t(0);
-  }
-}
-
 // Launches a fragment kernel (`kernel`, its batch tiles of NT rows; `name` for a launch error) as
 // `plan` says: its grid, clusters, threads and shared memory. X goes through the copy engine where
 // its rows are whole 16-byte units, else the kernel's threads stage it.
@@ -251,8 +236,9 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     // stage i % stages, which every consumer left at the barrier of step i - stages + 1.
     auto stage_x = [&](int i) {
       if (st.step_tiles[i].y == 0) return;
-      stage_fragment_x<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk, t,
-                           kConsumerThreads);
+      static_assert(kTcChunk == 64, "a chunk is one swizzled row of 64 inputs");
+      copy_16bit_rows_swizzled<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk,
+                                   t, kConsumerThreads);
     };
     if (!mapped)
       for (int i = 0; i < stages - 1 && i < steps; ++i) stage_x(i);

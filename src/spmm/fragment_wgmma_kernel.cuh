@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
     // there (a barrier of the warpgroup), and fences their writes for the tensor cores' reads.
     auto stage_x = [&](int i) {
       if (st.step_tiles[i].y != 0)
-        stage_fragment_x<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk, t,
-                             kGroupThreads);
+        copy_16bit_rows_swizzled<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0,
+                                     (c_begin + i) * kTcChunk, t, kGroupThreads);
       fence_proxy_async();
     };
     if (!mapped) {
