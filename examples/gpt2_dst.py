@@ -6,7 +6,8 @@
 
 `--configs` lists BATCHxBLOCK:SPARSITY[:STEPS] runs; each trains snack, Dense+Mask and dense, in
 each of `--dtypes` (fp32; bf16: the forward under torch.autocast(bfloat16), float32 weights, as
-mixed-precision training runs; generation then runs under autocast too).
+mixed-precision training runs; generation then runs on the trained model converted to bf16, as such a
+model is served: no float32 weights cast at every token).
 
 The model is GPT2LMHeadModel built from GPT2Config (random initialisation, no download) with a
 byte-level vocabulary of 256. The corpus is the source code of Python's standard library on this
@@ -215,6 +216,10 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
     model.eval()
     for p in model.parameters():
         p.grad = None
+    if dtype == "bf16":
+        # Served as a model trained in mixed precision is: its weights in bf16, read as they are at
+        # every token, where autocast would cast every float32 weight again per token.
+        model.to(torch.bfloat16)
     if impl == "snack":
         snack.for_inference(model)
     if device.type == "cuda":
@@ -224,8 +229,8 @@ def run(impl, args, corpus, heldout, device, dtype="fp32"):
         before_generation = torch.cuda.memory_allocated()
     prompt = corpus[: min(32, args.block // 2)].long().to(device)[None]
     new_tokens = 8 if args.tiny else 64
-    with torch.no_grad(), precision(dtype, device):
-        # Warm-up over the same lengths: under autocast, cuDNN's attention builds a plan per new key
+    with torch.no_grad():
+        # Warm-up over the same lengths: in bf16, cuDNN's attention builds a plan per new key
         # length (~3 ms each on the H200), which the first model of a process would pay alone.
         model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         sync()
@@ -357,6 +362,9 @@ def _report(stem: Path, rows, curves, heldout_curves, info) -> None:
               f"{HELDOUT_EVERY}th source file).", "",
               "Peak MiB: the largest allocation of any training step above what was allocated before the model "
               "was built; update-step MiB: the same over the steps before a topology update.", "",
+              "Gen ms/token: batch-1 greedy generation with the KV cache after training, the model's weights in "
+              "the row's dtype (bf16 rows: converted to bf16, no autocast); inference MiB: those weights and "
+              "indices plus what generation allocates.", "",
               "| config | dtype | steps | impl | peak MiB | update-step MiB | step ms | graph ms | tokens/s | final loss | "
               "held-out ppl | gen ms/token | inference MiB |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
