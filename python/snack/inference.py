@@ -31,7 +31,9 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
         tile_view: keep the tile view. None (default): kept for the patterns of layers whose values are
             16-bit (their tensor-core forward reads it at batches of 17 to 128 rows, from 8 with tile
             fragments), dropped for the others (float32 and float64 values, sparse attention's
-            patterns).
+            patterns). A float32 model served under ``torch.autocast`` in 16 bits computes in 16 bits
+            but keeps no view by this default: convert it (``model.to(torch.bfloat16)``) before this
+            call, which also saves the cast of every weight at every forward, or pass True.
         pack_tiles: the :class:`SparseLinear` layers on a GPU with 16-bit values and a tile view hold
             a copy of their values in tile order, which the tile view's forward reads instead of the
             values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
