@@ -265,9 +265,11 @@ bool tile_view_pays(const SddmmProblem& p) {
 // The end of a tile-view kernel's plan (`name`): its shared memory against the device's, and with
 // AdamW's step, which runs after the kernel over the stored gradient as for the tensor-core kernel,
 // the gradient in the workspace.
-Status finish_tile_view_plan(SddmmPlan plan, const std::string& name, const DeviceLimits& limits, SddmmPlan* out) {
-  if (plan.smem_bytes > limits.smem_per_block)
-    return InvalidArgument("sddmm: " + name + " needs " + std::to_string(plan.smem_bytes) +
+// static_smem: the kernel's own __shared__ bytes, which the block's limit holds beside plan.smem_bytes.
+Status finish_tile_view_plan(SddmmPlan plan, const std::string& name, const DeviceLimits& limits, SddmmPlan* out,
+                             size_t static_smem = 0) {
+  if (plan.smem_bytes + static_smem > limits.smem_per_block)
+    return InvalidArgument("sddmm: " + name + " needs " + std::to_string(plan.smem_bytes + static_smem) +
                            " bytes of shared memory per block; this device offers " +
                            std::to_string(limits.smem_per_block));
   const SddmmProblem& p = plan.problem;
@@ -460,7 +462,7 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     plan.grid_x = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups) * plan.tile_splits;
     const int64_t steps = ceil_div(chunks, plan.tile_splits);
     plan.smem_bytes = tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, steps);
-    return finish_tile_view_plan(plan, name, limits, out);
+    return finish_tile_view_plan(plan, name, limits, out, kTvWgStaticSmem);
   }
   if (plan.variant == SddmmVariant::kTileView) {
     using namespace cuda::detail;

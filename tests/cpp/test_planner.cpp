@@ -1058,6 +1058,16 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
   SddmmProblem q = dw;
   q.warpgroups = 3;
   EXPECT_NE(refusal(q, DeviceLimits::h100_sxm()).find("1 to 2"), std::string::npos);
+  // The block's limit holds the kernel's own barriers beside the planned bytes: a limit of exactly
+  // the planned bytes is refused, one that also holds the barriers is not.
+  ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+  DeviceLimits tight = DeviceLimits::h200();
+  tight.smem_per_block = p.smem_bytes;
+  q = dw;
+  q.tile_view_splits = p.tile_splits;  // the same plan whatever the limit does to the planner's grid
+  EXPECT_NE(refusal(q, tight).find("bytes of shared memory per block"), std::string::npos);
+  tight.smem_per_block = p.smem_bytes + 3 * sizeof(uint64_t);  // its three stages' barriers
+  EXPECT_TRUE(plan_sddmm(q, tight, &p).ok());
   q = dw;
   q.value_bytes = 4;
   EXPECT_NE(refusal(q, DeviceLimits::h100_sxm()).find("tile_view_wgmma runs 16-bit"), std::string::npos);
