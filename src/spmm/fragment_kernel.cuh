@@ -170,6 +170,10 @@ __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, c
   }
 }
 
+// Where X's rows are not 16-byte aligned the consumers stage each chunk with copy_16bit_rows_swizzled
+// (hopper.cuh), whose rows are 64 values: the copy engine's box of a chunk.
+static_assert(kTcChunk == 64, "a chunk of X is one swizzled row of 64 inputs (copy_16bit_rows_swizzled)");
+
 // Launches a fragment kernel (`kernel`, its batch tiles of NT rows; `name` for a launch error) as
 // `plan` says: its grid, clusters, threads and shared memory. X goes through the copy engine where
 // its rows are whole 16-byte units, else the kernel's threads stage it.
@@ -236,7 +240,6 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
     // stage i % stages, which every consumer left at the barrier of step i - stages + 1.
     auto stage_x = [&](int i) {
       if (st.step_tiles[i].y == 0) return;
-      static_assert(kTcChunk == 64, "a chunk is one swizzled row of 64 inputs");
       copy_16bit_rows_swizzled<NT>(st.xs + (i % stages) * kChunkBytes, in, n, in_dim, n0, (c_begin + i) * kTcChunk,
                                    t, kConsumerThreads);
     };
