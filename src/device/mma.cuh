@@ -36,6 +36,20 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
                : "r"(shared_address(smem)));
 }
 
+// Stores four 8x8 matrices of 16-bit values (sm_90 and later): lanes 8 i .. 8 i + 7 name the rows
+// (16-byte aligned) of matrix i, and r[i] is the lane's pair of matrix i, row lane / 4, columns
+// 2 (lane % 4) and 2 (lane % 4) + 1: the layout of an mma accumulator rounded to pairs.
+__device__ __forceinline__ void stmatrix_x4(void* smem, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
+               :
+               : "r"(shared_address(smem)), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#else
+  __trap();  // callers take another path below sm_90
+#endif
+}
+
 // ldmatrix_x4 with each 8x8 matrix transposed: lane t receives elements [2 (t % 4)][t / 4] and
 // [2 (t % 4) + 1][t / 4] of the matrix whose rows the lanes 8 i .. 8 i + 7 address. Operands stored
 // with the reduction dimension along rows (dY and X as they lie in memory) become mma fragments.

@@ -112,12 +112,11 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
         mma_16816<T>(acc[2 * p], a[ks], b[0], b[1]);
         mma_16816<T>(acc[2 * p + 1], a[ks], b[2], b[3]);
       }
+    uint32_t pairs[8][2];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int r = warp * 16 + lane / 4, c = j * 8 + (lane % 4) * 2;
-      store_rounded_pair(tile, r, c, round_pair<T>(acc[j][0], acc[j][1]));
-      store_rounded_pair(tile, r + 8, c, round_pair<T>(acc[j][2], acc[j][3]));
-    }
+    for (int j = 0; j < 8; ++j)
+      pairs[j][0] = round_pair<T>(acc[j][0], acc[j][1]), pairs[j][1] = round_pair<T>(acc[j][2], acc[j][3]);
+    store_rounded_rows(tile, warp * 16, lane, pairs);
     __syncthreads();  // the tile is complete; every warp is done with X's chunk i
     if (i + 2 < steps)
       stage_16bit_block<NB, 64, kStride, kTvDwThreads>(xs + (i & 1) * NB * kStride, x, n, cols, 0,
