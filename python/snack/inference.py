@@ -39,11 +39,13 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
             values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
             cores' operands (``snack.ops.pack_tile_fragments``: about 5 bytes a connection at 90%
             sparsity; the fragment kernels run at 8-128 rows from 4.5% to 25% density, where their
-            worst case measured best: mma.sync's, and from 17 rows on Hopper wgmma's), "entries"
+            worst case measured best: mma.sync's, and from 17 rows on Hopper wgmma's, which also takes
+            129-512 rows, and up to 1024 on layers of 2^24 weights or more at 75-92.5%), "entries"
             packs them into the view's entries
             (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by the first
             forward and again whenever the values or the pattern change. Off by default: it trades
-            memory for speed at 8-128 batch rows only (docs/kernels.md, "Tile fragments").
+            memory for speed at 8-128 batch rows, to 1024 on Hopper (docs/kernels.md, "Tile
+            fragments").
     """
     keep: dict[int, tuple[Pattern, bool]] = {}
     for module in model.modules():

@@ -297,9 +297,27 @@ bool fragments_pay(const SpmmProblem& p) {
 // at 128 rows 1.07-1.84x (16384x4096, 90%: 47.3 against 86.9 us; batch tiles of 128 read each tile
 // once where mma.sync's 64 read it twice); at 8-16 rows 0.85-1.08x, 0.96x in geometric mean on the
 // layers of 4096x4096 and more, so there the mma.sync kernel stays.
+//
+// Past 128 rows it runs the batch in tiles of 128, each reading the fragments again. Measured on the
+// H200 in bf16 (spmm_nvidia_h200_bf16_large_fragments.md, commit 39ff459; 768x3072, 4096x4096 and
+// 16384x4096 at 80-95%, uniform rows; forced, against the planner's choice without the fragments,
+// `tensor_core` or `dense_blocks` there):
+//   - 256 rows: 1.9-3.3x faster on every layer (4096x4096, 90%: 30.6 against 95.1 us; dense 22.7);
+//   - 1024 rows: 1.12-1.21x on 4096x4096 and 16384x4096 at 80-90% (16384x4096, 90%: 345.5 against
+//     392.8 us), 1.31x on 16384x4096 at 95%, but 0.96x on 4096x4096 at 95% and 0.67-0.80x on 768x3072;
+//   - 4096 rows: 0.51-0.78x. It does the dense product's work, ~400 TFLOP/s dense-equivalent on the
+//     large layers, where cuBLAS reaches ~850.
+// So it takes up to 512 rows on every layer (512 not measured: between the 2x gain at 256 and the
+// small layer's loss at 1024), and up to 1024 on layers of 2^24 weights and more at 7.5-25% density.
+bool fragments_pay_past_128(const SpmmProblem& p) {
+  const double density = density_of(p);
+  if (p.n <= 128 || density < 0.045 || density > 0.25) return false;
+  return p.n <= 512 || (p.n <= 1024 && density >= 0.075 && p.out_dim * p.in_dim >= (int64_t(1) << 24));
+}
+
 bool fragment_wgmma_pays(const SpmmProblem& p, const DeviceLimits& limits) {
   return limits.wgmma && p.value_bytes == 2 && p.tile_view && !p.transposed &&
-         p.packed_tiles == TileValues::kFragments && fragments_pay(p) && p.n > 16;
+         p.packed_tiles == TileValues::kFragments && ((fragments_pay(p) && p.n > 16) || fragments_pay_past_128(p));
 }
 
 bool tile_view_pays(const SpmmProblem& p) {
@@ -378,6 +396,11 @@ detail::DenseBlocksProblem dense_blocks_problem(const SpmmProblem& p, bool tenso
 SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, double avg, SpmmReason* reason,
                            const DeviceLimits& limits) {
   using namespace cuda::detail;
+  // Given tile fragments where they pay, ahead of dense_blocks, which their rule was measured against.
+  if (fragment_wgmma_pays(p, limits)) {
+    *reason = SpmmReason::kFragmentWgmma;
+    return SpmmVariant::kWgmma;
+  }
   const bool tensor_cores = tensor_cores_pay(p);
   const bool shared_x = shared_x_pays(p, limits);
   if (p.gemm && detail::dense_blocks_pay(dense_blocks_problem(p, tensor_cores, shared_x), limits)) {
@@ -387,10 +410,6 @@ SpmmVariant choose_variant(const SpmmProblem& p, const WideRowsShape& wide, doub
   if (shared_x) {
     *reason = SpmmReason::kSharedInput;
     return SpmmVariant::kSharedX;
-  }
-  if (fragment_wgmma_pays(p, limits)) {
-    *reason = SpmmReason::kFragmentWgmma;
-    return SpmmVariant::kWgmma;
   }
   if (tile_view_pays(p)) {
     *reason = SpmmReason::kTileView;

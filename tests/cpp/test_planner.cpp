@@ -619,9 +619,42 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
         << describe(p);
   }
+  // Past 128 rows in batch tiles of 128: to 512 rows on every layer, to 1024 on layers of 2^24
+  // weights and more at 7.5-25% density, ahead of dense_blocks.
+  struct Large {
+    int64_t out, in;
+    double density;
+    int64_t n;
+    bool wgmma;
+  };
+  for (const Large& c : {Large{16384, 4096, 0.1, 129, true}, {768, 3072, 0.1, 512, true}, {768, 3072, 0.05, 256, true},
+                         {768, 3072, 0.1, 513, false}, {768, 3072, 0.2, 1024, false}, {4096, 4096, 0.1, 1024, true},
+                         {16384, 4096, 0.2, 1024, true}, {4096, 4096, 0.05, 1024, false},
+                         {4096, 4096, 0.1, 1025, false}, {16384, 4096, 0.1, 4096, false},
+                         {4096, 4096, 0.3, 256, false}, {4096, 4096, 0.03, 256, false}}) {
+    const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
+    EXPECT_EQ(p.variant == SpmmVariant::kWgmma, c.wgmma)
+        << c.out << "x" << c.in << " density " << c.density << " n " << c.n << ": " << describe(p);
+    if (c.wgmma) {
+      EXPECT_TRUE(p.reads_fragments);
+      EXPECT_EQ(p.reason, SpmmReason::kFragmentWgmma);
+      EXPECT_EQ(p.batch_tile, 128);
+    }
+  }
+  // Where the caller runs GEMMs: the fragments where dense_blocks would run without them.
+  for (const TileValues tiles : {TileValues::kFragments, TileValues::kNone}) {
+    SpmmProblem gemm{16384, 4096, nnz_for_density(16384, 4096, 0.1), 1024, 2, false, SpmmVariant::kAuto};
+    gemm.tile_view = true;
+    gemm.packed_tiles = tiles;
+    gemm.gemm = true;
+    SpmmPlan p;
+    ASSERT_TRUE(plan_spmm(gemm, DeviceLimits::h200(), &p).ok());
+    EXPECT_EQ(p.variant, tiles == TileValues::kFragments ? SpmmVariant::kWgmma : SpmmVariant::kDenseBlocks)
+        << describe(p);
+  }
   // Outside the fragments' range, without them, for dX and where the GPU or build has no wgmma: not.
-  EXPECT_NE(planned(16384, 4096, 0.1, 129).variant, SpmmVariant::kWgmma);
   EXPECT_NE(planned(16384, 4096, 0.3, 64).variant, SpmmVariant::kWgmma);
+  EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 256, TileValues::kNone).variant, SpmmVariant::kWgmma);
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kNone).variant, SpmmVariant::kWgmma);
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, true).variant,
             SpmmVariant::kWgmma);
@@ -649,7 +682,8 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   EXPECT_GE(wide.smem_bytes, size_t(2 * 128 * 68 * 4));
   EXPECT_NE(describe(wide).find("two warpgroups on alternate tiles"), std::string::npos) << describe(wide);
   EXPECT_EQ(planned(4096, 4096, 0.1, 64).consumer_warpgroups, 1);
-  EXPECT_EQ(planned(4096, 4096, 0.1, 200).consumer_warpgroups, 1);  // 64 bands x 2 batch tiles
+  EXPECT_EQ(planned(4096, 4096, 0.1, 200).consumer_warpgroups, 2);   // 64 bands x 2 batch tiles: 128 blocks
+  EXPECT_EQ(planned(4096, 4096, 0.1, 300).consumer_warpgroups, 1);   // x 3: 192 blocks, more than the SMs
   EXPECT_EQ(planned(768, 3072, 0.1, 128).consumer_warpgroups, 2);
   // Blocks per band: three blocks per SM at batch tiles of 32-64, one at 128.
   EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 2);
