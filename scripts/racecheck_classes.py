@@ -4,7 +4,7 @@ A racecheck run of the kernel tests can print tens of thousands of reports; what
 pairs of accesses they are. This runs the command under ``compute-sanitizer --tool racecheck
 --racecheck-report all --print-limit 0`` and groups every report by (severity, hazard, first
 access's site, second access's site), a site being the function and ``file:line`` the tool names
-(build with line information for the lines). Prints the classes, most frequent first, and the
+(build with line information for the lines); a report of another form is counted by its first line. Prints the classes, most frequent first, and the
 tool's summary; exits with the tool's status.
 
     python scripts/racecheck_classes.py -- python -m pytest -q tests/python/test_kernels_cuda.py -k sddmm_tile_view
@@ -19,7 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEADER = re.compile(r"=+ (Error|Warning|Info): (?:Potential )?(\w+) hazard detected at (__\w+__)")
+HEADER = re.compile(r"=+ (Error|Warning|Info): (?:\([^)]*\) )?(?:Potential )?(\w+) hazard detected at (__\w+__)")
+# Any report's first line, so that a form HEADER does not know is still counted and shown.
+REPORT = re.compile(r"=+ (Error|Warning|Info): (.*)")
 ACCESS = re.compile(r"=+\s+(Read|Write)(?: Thread| access)?.*? at (.+?)(?:\+0x[0-9a-f]+)?(?: in (\S+))?\s*$")
 SUMMARY = re.compile(r"RACECHECK SUMMARY|ERROR SUMMARY")
 
@@ -38,16 +40,25 @@ def site(function: str, where: str | None) -> str:
     return f"{name} ({where})" if where else name
 
 
+def unknown_form(text: str) -> str:
+    """A report line HEADER does not parse, its addresses and numbers dropped, so that one form is one class."""
+    return re.sub(r"0x[0-9a-f]+|\(\d+,\d+,\d+\)|\d+", "#", text.strip())
+
+
 def classify(lines) -> tuple[collections.Counter, list[str]]:
-    """The classes of the hazard reports in racecheck's output lines, and its summary lines."""
+    """The classes of the hazard reports in racecheck's output lines, and its summary lines. A report
+    whose first line is not of the hazard form known here is its own class, named by that line."""
     classes: collections.Counter = collections.Counter()
     summary, current = [], None
     for line in lines:
-        header = HEADER.search(line)
+        header = HEADER.search(line) or REPORT.search(line)
         if header:
             if current:
                 classes[tuple(current)] += 1
-            current = [header.group(1), header.group(2), header.group(3)]
+            if header.re is HEADER:
+                current = [header.group(1), header.group(2), header.group(3)]
+            else:
+                current = [header.group(1), "unparsed", unknown_form(header.group(2))]
             continue
         access = ACCESS.search(line)
         if current is not None and access and len(current) < 5:
