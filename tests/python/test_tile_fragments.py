@@ -238,6 +238,23 @@ def test_planner_reads_fragments_where_given():
         ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, True, True)
 
 
+@pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
+def test_planner_reads_fragments_past_128_rows_on_hopper():
+    # wgmma's fragment kernel in batch tiles of 128 to 1024 rows on a layer of 2^24 weights at 90%; not
+    # past 1024, nor without the fragments.
+    w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=3)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    for n in (129, 300, 1024, 1025):
+        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, True))
+        assert (plan.variant == "wgmma" and "tile fragments" in plan.describe) == (n <= 1024), plan
+        bare = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, False))
+        assert bare.variant != "wgmma", bare
+    x = w.randn(300, 4096, seed=5)
+    poison_cache(torch.device("cuda"))
+    assert_matmul(ops.spmm(x, w.values, w.tensors, tiles=fragments), x, w.dense64.T, torch.bfloat16,
+                  what="the planner's fragment kernel, N = 300")
+
+
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
 def test_layer_holds_fragments_for_inference_and_packs_again_after_changes(device, dtype):
     torch.manual_seed(0)
