@@ -188,11 +188,15 @@ struct SpmmProblem {
   /// them instead of gathering the values, and the planner takes it over a wider range. The
   /// transposed product ignores it.
   TileValues packed_tiles = TileValues::kNone;
+  /// Given no values in tile order (packed_tiles kNone), the caller can pack tile fragments for this
+  /// one product where the plan asks for them (SpmmPlan::packs_fragments). kAuto forward only.
+  bool can_pack_fragments = false;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
            transposed == o.transposed && requested == o.requested && gemm == o.gemm && tf32 == o.tf32 &&
            csc == o.csc && tile_view == o.tile_view && tile_view_splits == o.tile_view_splits &&
-           fragment_warpgroups == o.fragment_warpgroups && packed_tiles == o.packed_tiles;
+           fragment_warpgroups == o.fragment_warpgroups && packed_tiles == o.packed_tiles &&
+           can_pack_fragments == o.can_pack_fragments;
   }
 };
 
@@ -230,6 +234,10 @@ struct SpmmPlan {
   /// forced, or where they pay) or kWgmma's (always, given them). Otherwise kTileView's kernel reads
   /// the values (or the packed tile values).
   bool reads_fragments = false;
+  /// The caller packs the tile fragments (pack_tile_fragments) before the launch and gives them to it:
+  /// a problem that can (SpmmProblem::can_pack_fragments) and where the packing pays. The plan's
+  /// problem then names them given (packed_tiles kFragments).
+  bool packs_fragments = false;
   /// kWgmma over tile fragments: consumer warpgroups per block, each taking every other tile of the
   /// band with accumulators of its own (1 or 2).
   int consumer_warpgroups = 1;

@@ -836,6 +836,22 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   // A forward-only kernel runs dX only as the planner's choice over a copy of the CSC view, never by name.
   if (p.transposed && spmm_variant_is_forward_only(p.requested))
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
+  if (!p.transposed && p.can_pack_fragments && p.packed_tiles == TileValues::kNone &&
+      p.requested == SpmmVariant::kAuto) {
+    // Fragments packed for this one product where the wgmma kernel over them pays past 128 rows
+    // (fragments_pay_past_128: 1.9-3.3x the kernels without them at 256 rows). The packing is one
+    // pass over the weight's values and tile view, writing ~5 bytes a connection at 90% (16384x4096:
+    // ~34 MB), against the 13-111 us those layers gain at 256 rows. Not at 17-128 rows, where the
+    // kernel gains less than such a pass would cost on the small layers.
+    SpmmProblem packed = p;
+    packed.packed_tiles = TileValues::kFragments;
+    packed.can_pack_fragments = false;
+    if (fragments_pay_past_128(packed) && fragment_wgmma_pays(packed, limits)) {
+      SNACK_RETURN_IF_ERROR(plan_direct(packed, limits, out));
+      out->packs_fragments = true;
+      return Status::Ok();
+    }
+  }
   if (!p.transposed || p.csc == CscRead::kInPlace) return plan_direct(p, limits, out);
   // dense_blocks expands W^T from the CSC view itself, wgmma sorts the view's slots into its own
   // lists and tile_view reads the forward's tile view: they read the pattern in place.
@@ -905,9 +921,14 @@ std::string describe(const SpmmPlan& plan) {
                            ? (plan.consumer_warpgroups == 2 ? ", two warpgroups on alternate tiles" : "") +
                                  std::string(", A operands in registers")
                            : ", operands") +
-           " loaded from the tile fragments, " +
-           std::to_string(cuda::detail::kFragmentStages) + " stages of " +
-           std::to_string(words) + " register words";
+           " loaded from the tile fragments" +
+           (plan.packs_fragments
+                ? " (packed for this product, " +
+                      std::to_string(4 * tile_fragment_layout(plan.problem.out_dim, plan.problem.in_dim,
+                                                              plan.problem.nnz).words) + " B)"
+                : std::string()) +
+           ", " + std::to_string(cuda::detail::kFragmentStages) + " stages of " + std::to_string(words) +
+           " register words";
     } else if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles == TileValues::kPacked &&
              !plan.problem.transposed)
       s += ", values from the packed tile values";

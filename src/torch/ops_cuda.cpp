@@ -96,16 +96,37 @@ void dense_blocks_weight_grad(const PatternArg& p, const at::Tensor& dy, const a
   }
 }
 
+// The values of pattern `p` in the layout `kind`, on the current stream.
+at::Tensor pack_tiles_of(const PatternArg& p, const at::Tensor& values, TileValues kind, const char* op) {
+  at::Tensor out = empty_tiles(values, p, kind, op);
+  const c10::cuda::CUDAGuard guard(p.device);
+  const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
+  const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
+  throw_if_error(kind == TileValues::kFragments
+                     ? cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                                 p.tile_ptr.data_ptr<int32_t>(), entries, bits,
+                                                 out.data_ptr<int32_t>(), current_stream())
+                     : cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
+                                              static_cast<uint32_t*>(out.data_ptr()), current_stream()),
+                 op);
+  return out;
+}
+
 // The forward. keep_x_t: where the plan transposes the whole batch, its workspace is allocated as
 // that copy, [K + 1, batch tile] in the values' dtype (cuda::TransposedInput), and returned; else
 // an empty tensor.
-// tiles: the values in tile order (packed_tiles_arg), read where the plan runs kTileView.
+// tiles: the values in tile order (packed_tiles_arg), read where the plan runs kTileView; given none,
+// the plan may have the tile fragments packed for this one product (SpmmPlan::packs_fragments).
 std::tuple<at::Tensor, at::Tensor> forward(const SpmmInputs& in, const at::Tensor& values, SpmmVariant variant,
                                            bool keep_x_t, const char* op, GivenTiles tiles = {}) {
   const c10::cuda::CUDAGuard guard(in.p.device);
   const int64_t n = in.x.size(0);
-  const SpmmPlan plan =
-      spmm_plan(forward_problem(in.p, n, values, variant, tiles.kind), in.p.device.index(), op);
+  const SpmmPlan plan = spmm_plan(forward_problem(in.p, n, values, variant, tiles.kind), in.p.device.index(), op);
+  at::Tensor fragments;  // packed for this product where the plan asks: freed after it
+  if (plan.packs_fragments) {
+    fragments = pack_tiles_of(in.p, values, TileValues::kFragments, op);
+    tiles = {reinterpret_cast<const uint32_t*>(fragments.data_ptr()), TileValues::kFragments};
+  }
   at::Tensor ws, x_t = at::empty({0, 0}, values.options());
   if (plan.variant == SpmmVariant::kDenseBlocks) {  // its workspace is the block dense_blocks_product takes
     at::Tensor y = at::empty({n, in.p.rows}, values.options());
@@ -145,19 +166,7 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 
 // pack_tile_values and pack_tile_fragments: the values in the layout `kind`, on the current stream.
 at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op) {
-  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
-  at::Tensor out = empty_tiles(values, p, kind, op);
-  const c10::cuda::CUDAGuard guard(p.device);
-  const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
-  const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
-  throw_if_error(kind == TileValues::kFragments
-                     ? cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                                 p.tile_ptr.data_ptr<int32_t>(), entries, bits,
-                                                 out.data_ptr<int32_t>(), current_stream())
-                     : cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
-                                              static_cast<uint32_t*>(out.data_ptr()), current_stream()),
-                 op);
-  return out;
+  return pack_tiles_of(pattern_arg(pattern, op, PatternNeeds::kForward), values, kind, op);
 }
 
 at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {

@@ -78,7 +78,8 @@ class PlanCache {
     mix(uint64_t(p.n));
     mix(uint64_t(p.value_bytes) << 8 | uint64_t(p.transposed) << 4 | uint64_t(p.requested));
     mix(uint64_t(p.gemm) << 1 | uint64_t(p.tf32));
-    mix(uint64_t(p.csc) << 3 | uint64_t(p.tile_view) << 2 | uint64_t(p.packed_tiles));
+    mix(uint64_t(p.can_pack_fragments) << 5 | uint64_t(p.csc) << 3 | uint64_t(p.tile_view) << 2 |
+        uint64_t(p.packed_tiles));
     mix(uint64_t(p.tile_view_splits) << 8 | uint64_t(p.fragment_warpgroups));
   }
   template <typename Mix>

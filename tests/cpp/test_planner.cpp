@@ -706,6 +706,58 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   }
 }
 
+TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
+  // A 16-bit forward over the tile view given no values in tile order, whose caller can pack tile
+  // fragments: where wgmma's kernel over them pays past 128 rows the plan packs them and reads them;
+  // elsewhere it plans as without them, and it never packs for 17-128 rows, for dX, fp32, a forced
+  // variant, a GPU without wgmma or a caller that cannot pack.
+  const auto planned = [](int64_t out, int64_t in, double density, int64_t n, bool can_pack = true,
+                          SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false,
+                          const DeviceLimits& limits = DeviceLimits::h200()) {
+    SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed, requested};
+    problem.tile_view = true;
+    problem.gemm = true;
+    problem.can_pack_fragments = can_pack;
+    SpmmPlan p;
+    const Status s = plan_spmm(problem, limits, &p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return p;
+  };
+  for (const int64_t n : {129, 256, 512}) {
+    const SpmmPlan p = planned(768, 3072, 0.1, n);
+    EXPECT_TRUE(p.packs_fragments) << describe(p);
+    EXPECT_TRUE(p.reads_fragments);
+    EXPECT_EQ(p.variant, SpmmVariant::kWgmma);
+    EXPECT_EQ(p.problem.packed_tiles, TileValues::kFragments);  // the launch is given them
+    EXPECT_NE(describe(p).find("packed for this product, "), std::string::npos) << describe(p);
+  }
+  EXPECT_TRUE(planned(16384, 4096, 0.1, 1024).packs_fragments);
+  EXPECT_FALSE(planned(768, 3072, 0.1, 1024).packs_fragments);  // the small layer past 512 rows
+  EXPECT_FALSE(planned(16384, 4096, 0.1, 2048).packs_fragments);
+  for (const int64_t n : {1, 16, 64, 128}) {
+    const SpmmPlan p = planned(16384, 4096, 0.1, n);
+    EXPECT_FALSE(p.packs_fragments) << describe(p);
+    EXPECT_FALSE(p.reads_fragments) << describe(p);
+    EXPECT_EQ(describe(p).find("tile fragments"), std::string::npos) << describe(p);
+  }
+  EXPECT_FALSE(planned(16384, 4096, 0.1, 256, false).packs_fragments);
+  EXPECT_FALSE(planned(16384, 4096, 0.3, 256).packs_fragments);  // denser than the rule
+  EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kTensorCore).packs_fragments);
+  EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 4).packs_fragments);
+  EXPECT_FALSE(planned(4096, 16384, 0.1, 256, true, SpmmVariant::kAuto, 2, true).packs_fragments);
+  EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 2, false, DeviceLimits::a100())
+                   .packs_fragments);
+  // Given fragments, the plan reads them and packs nothing.
+  SpmmProblem given{16384, 4096, nnz_for_density(16384, 4096, 0.1), 256, 2, false, SpmmVariant::kAuto};
+  given.tile_view = true;
+  given.packed_tiles = TileValues::kFragments;
+  given.can_pack_fragments = true;
+  SpmmPlan p;
+  ASSERT_TRUE(plan_spmm(given, DeviceLimits::h200(), &p).ok());
+  EXPECT_TRUE(p.reads_fragments);
+  EXPECT_FALSE(p.packs_fragments);
+}
+
 TEST(Planner, TileViewSplits) {
   // Blocks per band of the tile view's kernel: the count of 1, 2, 4, 6, 8 that puts nearest four
   // blocks on each SM with batch tiles of 16 rows, three with 32-64, in one wave, at least one chunk a

@@ -240,19 +240,48 @@ def test_planner_reads_fragments_where_given():
 
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
 def test_planner_reads_fragments_past_128_rows_on_hopper():
-    # wgmma's fragment kernel in batch tiles of 128 to 1024 rows on a layer of 2^24 weights at 90%; not
-    # past 1024, nor without the fragments.
+    # wgmma's fragment kernel in batch tiles of 128 from 129 to 1024 rows on a layer of 2^24 weights
+    # at 90%, over the fragments given or, given none, packed for the product; not past 1024.
     w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=3)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     for n in (129, 300, 1024, 1025):
-        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, True))
-        assert (plan.variant == "wgmma" and "tile fragments" in plan.describe) == (n <= 1024), plan
-        bare = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, False))
-        assert bare.variant != "wgmma", bare
+        for given in (True, False):
+            plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, given))
+            assert (plan.variant == "wgmma" and "tile fragments" in plan.describe) == (n <= 1024), plan
+            assert ("packed for this product" in plan.describe) == (n <= 1024 and not given), plan
     x = w.randn(300, 4096, seed=5)
     poison_cache(torch.device("cuda"))
-    assert_matmul(ops.spmm(x, w.values, w.tensors, tiles=fragments), x, w.dense64.T, torch.bfloat16,
-                  what="the planner's fragment kernel, N = 300")
+    y = ops.spmm(x, w.values, w.tensors, tiles=fragments)
+    assert_matmul(y, x, w.dense64.T, torch.bfloat16, what="the planner's fragment kernel, N = 300")
+    assert torch.equal(ops.spmm(x, w.values, w.tensors), y)  # packed for the product: the same kernel
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_training_forward_packs_fragments_past_128_rows(dtype):
+    # A layer trained in 16 bits (its values cast by autocast, or 16-bit themselves) at 129-512 rows:
+    # its forward packs the fragments of the values it multiplies, so an update of the values is
+    # seen at the next forward; outputs and gradients against float64.
+    torch.manual_seed(2)
+    layer = snack.SparseLinear(520, 200, density=0.1, device="cuda", bias=True)
+    assert "packed for this product" in snack.explain(layer, 300, dtype=dtype).describe
+    x = torch.randn(3, 100, 520, device="cuda")
+    for step in range(2):
+        xg = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype):
+            y = layer(xg)
+        assert y.dtype == dtype
+        w16 = layer.to_dense().detach().to(dtype).double().cpu()
+        x16 = x.to(dtype).double().cpu()
+        assert_matmul(y.reshape(-1, 200), x16.reshape(-1, 520), w16.T, dtype, bias=layer.bias.detach().to(dtype),
+                      what=f"autocast forward, step {step}")
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        assert_matmul(xg.grad.reshape(-1, 520), dy.double().cpu().reshape(-1, 200), w16, dtype,
+                      what=f"dX, step {step}")
+        with torch.no_grad():
+            layer.values.mul_(-0.5)  # an update: the next forward must multiply the new values
+        layer.zero_grad()
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
