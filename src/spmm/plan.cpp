@@ -307,11 +307,12 @@ bool fragments_pay(const SpmmProblem& p) {
 //     392.8 us), 1.31x on 16384x4096 at 95%, but 0.96x on 4096x4096 at 95% and 0.67-0.80x on 768x3072;
 //   - 4096 rows: 0.51-0.78x. It does the dense product's work, ~400 TFLOP/s dense-equivalent on the
 //     large layers, where cuBLAS reaches ~850.
-// So it takes up to 512 rows on every layer (512 not measured: between the 2x gain at 256 and the
-// small layer's loss at 1024), and up to 1024 on layers of 2^24 weights and more at 7.5-25% density.
+// So it takes up to 512 rows on layers of 2^21 weights and more (768x3072 the smallest measured; 512
+// rows not measured: between the 2x gain at 256 and the small layer's loss at 1024), and up to 1024 on
+// layers of 2^24 weights and more at 7.5-25% density.
 bool fragments_pay_past_128(const SpmmProblem& p) {
   const double density = density_of(p);
-  if (p.n <= 128 || density < 0.045 || density > 0.25) return false;
+  if (p.n <= 128 || density < 0.045 || density > 0.25 || p.out_dim * p.in_dim < (int64_t(1) << 21)) return false;
   return p.n <= 512 || (p.n <= 1024 && density >= 0.075 && p.out_dim * p.in_dim >= (int64_t(1) << 24));
 }
 

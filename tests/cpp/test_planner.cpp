@@ -619,8 +619,8 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
         << describe(p);
   }
-  // Past 128 rows in batch tiles of 128: to 512 rows on every layer, to 1024 on layers of 2^24
-  // weights and more at 7.5-25% density, ahead of dense_blocks.
+  // Past 128 rows in batch tiles of 128: to 512 rows on layers of 2^21 weights and more, to 1024 on
+  // layers of 2^24 weights and more at 7.5-25% density, ahead of dense_blocks.
   struct Large {
     int64_t out, in;
     double density;
@@ -631,7 +631,8 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
                          {768, 3072, 0.1, 513, false}, {768, 3072, 0.2, 1024, false}, {4096, 4096, 0.1, 1024, true},
                          {16384, 4096, 0.2, 1024, true}, {4096, 4096, 0.05, 1024, false},
                          {4096, 4096, 0.1, 1025, false}, {16384, 4096, 0.1, 4096, false},
-                         {4096, 4096, 0.3, 256, false}, {4096, 4096, 0.03, 256, false}}) {
+                         {4096, 4096, 0.3, 256, false}, {4096, 4096, 0.03, 256, false},
+                         {512, 1024, 0.1, 256, false}}) {  // under 2^21 weights: not measured
     const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
     EXPECT_EQ(p.variant == SpmmVariant::kWgmma, c.wgmma)
         << c.out << "x" << c.in << " density " << c.density << " n " << c.n << ": " << describe(p);
@@ -741,6 +742,7 @@ TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
     EXPECT_EQ(describe(p).find("tile fragments"), std::string::npos) << describe(p);
   }
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, false).packs_fragments);
+  EXPECT_FALSE(planned(512, 512, 0.1, 196, true).packs_fragments);  // a MobileNet pointwise layer: too small
   EXPECT_FALSE(planned(16384, 4096, 0.3, 256).packs_fragments);  // denser than the rule
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kTensorCore).packs_fragments);
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 4).packs_fragments);

@@ -259,13 +259,13 @@ def test_planner_reads_fragments_past_128_rows_on_hopper():
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
 def test_training_forward_packs_fragments_past_128_rows(dtype):
-    # A layer trained in 16 bits (its values cast by autocast, or 16-bit themselves) at 129-512 rows:
+    # A layer of 2^21 weights and more trained under autocast at 129-512 rows:
     # its forward packs the fragments of the values it multiplies, so an update of the values is
     # seen at the next forward; outputs and gradients against float64.
     torch.manual_seed(2)
-    layer = snack.SparseLinear(520, 200, density=0.1, device="cuda", bias=True)
+    layer = snack.SparseLinear(3072, 768, density=0.1, device="cuda", bias=True)
     assert "packed for this product" in snack.explain(layer, 300, dtype=dtype).describe
-    x = torch.randn(3, 100, 520, device="cuda")
+    x = torch.randn(3, 100, 3072, device="cuda")
     for step in range(2):
         xg = x.clone().requires_grad_(True)
         with torch.autocast("cuda", dtype):
@@ -273,11 +273,11 @@ def test_training_forward_packs_fragments_past_128_rows(dtype):
         assert y.dtype == dtype
         w16 = layer.to_dense().detach().to(dtype).double().cpu()
         x16 = x.to(dtype).double().cpu()
-        assert_matmul(y.reshape(-1, 200), x16.reshape(-1, 520), w16.T, dtype, bias=layer.bias.detach().to(dtype),
+        assert_matmul(y.reshape(-1, 768), x16.reshape(-1, 3072), w16.T, dtype, bias=layer.bias.detach().to(dtype),
                       what=f"autocast forward, step {step}")
         dy = torch.randn_like(y)
         y.backward(dy)
-        assert_matmul(xg.grad.reshape(-1, 520), dy.double().cpu().reshape(-1, 200), w16, dtype,
+        assert_matmul(xg.grad.reshape(-1, 3072), dy.double().cpu().reshape(-1, 768), w16, dtype,
                       what=f"dX, step {step}")
         with torch.no_grad():
             layer.values.mul_(-0.5)  # an update: the next forward must multiply the new values
