@@ -4,8 +4,8 @@ A racecheck run of the kernel tests can print tens of thousands of reports; what
 pairs of accesses they are. This runs the command under ``compute-sanitizer --tool racecheck
 --racecheck-report all --print-limit 0`` and groups every report by (severity, hazard, first
 access's site, second access's site), a site being the function and ``file:line`` the tool names
-(build with line information for the lines); a report of another form is counted by its first line. Prints the classes, most frequent first, and the
-tool's summary; exits with the tool's status.
+(build with line information for the lines); a report of another form is counted by its first line.
+Prints the classes, most frequent first, and the tool's summary; exits with the tool's status.
 
     python scripts/racecheck_classes.py -- python -m pytest -q tests/python/test_kernels_cuda.py -k sddmm_tile_view
     python scripts/racecheck_classes.py --kernel regex:tile_view --log /tmp/rc.txt -- python my_script.py
