@@ -175,8 +175,10 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
     uint16_t* tile = tiles + (i & 1) * 64 * 64;
     uint32_t pairs[8][2];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      pairs[j][0] = round_pair<T>(acc[4 * j], acc[4 * j + 1]), pairs[j][1] = round_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    for (int j = 0; j < 8; ++j) {
+      pairs[j][0] = round_pair<T>(acc[4 * j], acc[4 * j + 1]);
+      pairs[j][1] = round_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    }
     store_rounded_rows(tile, warp * 16, lane, pairs);
   };
   // kSets steps a turn, so that the sets take turns without a copy (a copy waits for the loads in

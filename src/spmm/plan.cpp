@@ -847,7 +847,7 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     SpmmProblem packed = p;
     packed.packed_tiles = TileValues::kFragments;
     packed.can_pack_fragments = false;
-    if (fragments_pay_past_128(packed) && fragment_wgmma_pays(packed, limits)) {
+    if (p.n > 128 && fragment_wgmma_pays(packed, limits)) {  // past 128 rows: fragments_pay_past_128
       SNACK_RETURN_IF_ERROR(plan_direct(packed, limits, out));
       out->packs_fragments = true;
       return Status::Ok();
