@@ -29,6 +29,17 @@ struct StoreGradient {
   __device__ __forceinline__ void apply(int64_t e, accum_t<T> g, Fetched) const { dvalues[e] = from_accum<T>(g); }
   // apply() for a gradient already rounded to T.
   __device__ __forceinline__ void apply_rounded(int64_t e, T g, Fetched) const { dvalues[e] = g; }
+  // The same store with its slots counted from `first`, for a kernel that holds a band's slots as
+  // 32-bit offsets from its first (the tile view's entries): each store's address is then one 32-bit
+  // multiply-add onto this pointer. The empty asm keeps the pointer whole (the optimiser would
+  // otherwise fold each offset back into a 64-bit sum with `first`, two instructions more a slot), and
+  // the assumption keeps its stores global ones.
+  __device__ __forceinline__ StoreGradient from_slot(int64_t first) const {
+    T* band = dvalues + first;
+    asm("" : "+l"(band));
+    __builtin_assume(__isGlobal(band));
+    return {band};
+  }
   // Whether apply8_rounded() may run: 16-bit gradients and dvalues on a 16-byte boundary.
   __device__ __forceinline__ bool stores_vectors() const {
     return sizeof(T) == 2 && (reinterpret_cast<uintptr_t>(dvalues) & 15) == 0;

@@ -55,20 +55,21 @@ __device__ __forceinline__ void store_rounded_rows(uint16_t* tile, int row0, int
 }
 
 // Thread's share `s` of a tile's gradients, out of the rounded tile: the gradients of the entries
-// before `end`, handed to `out` as T. band_first: the first slot of the tile's band (row_ptr of its
-// first row). The four values are read first, from whatever position each entry names (every masked
-// entry is a place in the tile, so those past `end` read harmlessly), then the stores.
+// before `end`, handed as T to `band_out`, whose slots count from the first of the tile's band
+// (Out::from_slot(row_ptr[64 b])). The four values are read first, from whatever position each entry
+// names (every masked entry is a place in the tile, so those past `end` read harmlessly), then the
+// stores.
 template <typename T, int kEntryStride, typename Out>
 __device__ __forceinline__ void read_out_share(const TileShare<kEntryStride>& s, int32_t end, const uint16_t* tile,
-                                               int64_t band_first, const Out& out) {
+                                               const Out& band_out) {
   uint16_t bits[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) bits[j] = tile[rounded_tile_index(s.entry[j] & kTileViewPositionMask)];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (s.at(j) < end) {
-      const int64_t slot = band_first + int64_t(s.entry[j] >> kTileViewSlotShift);
-      out.apply_rounded(slot, T{bits[j]}, out.fetch(slot));
+      const int64_t slot = int64_t(s.entry[j] >> kTileViewSlotShift);
+      band_out.apply_rounded(slot, T{bits[j]}, band_out.fetch(slot));
     }
   }
 }

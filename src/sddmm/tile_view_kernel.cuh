@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   for (int ks = 0; ks < KS; ++ks)
     ldmatrix_x4_trans(a[ks], dys + (ks * 16 + (lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
   out.begin();
+  const Out band_out = out.from_slot(band_first);
 
   const auto load_entries = [&](TileShare<kTvDwThreads>& s, int i) {
     if (i < steps) load_tile_share(s, view.entries, tp[i], tp[i + 1], t);
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(detail::kTvDwThreads)
   load_entries(s1, 1);
   // A share starts at a tile's first entry or a whole round past it: only the tile's end bounds it.
   const auto read_out = [&](const TileShare<kTvDwThreads>& s, int32_t end) {
-    read_out_share<T>(s, end, tile, band_first, out);
+    read_out_share<T>(s, end, tile, band_out);
   };
 
   // Tile i, whose entries `mine` holds.

@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
                         tiles + (ks * 16 + (lane / 16) * 8 + lane % 8) * kStride + warp * 16 + ((lane / 8) % 2) * 8);
   }
   out.begin();
+  const Out band_out = out.from_slot(band_first);
 
   // A tile's first kTvWgRoundsAhead rounds of entries, loaded a step ahead of its read-out.
   struct Entries {
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
   const auto read_out = [&](const Entries& s, int i) {
     const uint16_t* tile = tiles + (i & 1) * 64 * 64;
     const int32_t end = tp[i + 1];
-    const auto apply = [&](const TileShare<128>& share) { read_out_share<T>(share, end, tile, band_first, out); };
+    const auto apply = [&](const TileShare<128>& share) { read_out_share<T>(share, end, tile, band_out); };
 #pragma unroll
     for (int q = 0; q < kTvWgRoundsAhead; ++q) apply(s.round[q]);
     // A tile fuller than the rounds loaded ahead: the rest, read in place.
