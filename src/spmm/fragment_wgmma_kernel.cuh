@@ -132,6 +132,14 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
       }
       if ((s += kGroups) >= stages) s -= stages, parity ^= 1u;
     }
+    // A warpgroup with a step fewer than the first (an odd count of steps) passes its barrier once
+    // more, so that both run as many: compute-sanitizer's racecheck pairs the block's barriers by
+    // how many each thread has passed, whatever their id, and with unequal counts reports the
+    // partial tiles' stores and reads below, which the block barrier orders, as races.
+    if (!mapped) {
+      const int taken = steps > group ? (steps - group + kGroups - 1) / kGroups : 0;
+      for (int k = taken; k < (steps + kGroups - 1) / kGroups; ++k) named_barrier_sync(1 + group, kGroupThreads);
+    }
   }
 
   // Each warpgroup's partial tile into its own place over the stages (every copy has landed: the
