@@ -210,6 +210,9 @@ inline int csc_copy_index_bytes(const SpmmProblem& p) {
 /// where that is more: the workspace stays within the product's own activation operand (X, or dY
 /// for the transposed product) wherever the planner chooses it (at batches of at least this).
 inline constexpr int64_t kDenseBlockMinRows = 128;
+/// The most batch rows for which a forward packs tile fragments for one product
+/// (SpmmPlan::packs_fragments): past them the packing costs more than it gains.
+inline constexpr int64_t kFragmentPackMaxRows = 512;
 
 /// How a CUDA product runs. Made by plan_spmm() for one problem; the launch checks that it is given
 /// that problem.

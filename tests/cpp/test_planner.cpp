@@ -732,7 +732,11 @@ TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
     EXPECT_EQ(p.problem.packed_tiles, TileValues::kFragments);  // the launch is given them
     EXPECT_NE(describe(p).find("packed for this product, "), std::string::npos) << describe(p);
   }
-  EXPECT_TRUE(planned(16384, 4096, 0.1, 1024).packs_fragments);
+  for (const int64_t n : {int64_t(513), int64_t(1024)}) {  // past kFragmentPackMaxRows: as without fragments
+    const SpmmPlan p = planned(16384, 4096, 0.1, n);
+    EXPECT_FALSE(p.packs_fragments) << describe(p);
+    EXPECT_FALSE(p.reads_fragments) << describe(p);
+  }
   EXPECT_FALSE(planned(768, 3072, 0.1, 1024).packs_fragments);  // the small layer past 512 rows
   EXPECT_FALSE(planned(16384, 4096, 0.1, 2048).packs_fragments);
   for (const int64_t n : {1, 16, 64, 128}) {

@@ -242,14 +242,16 @@ def test_planner_reads_fragments_where_given():
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
 def test_planner_reads_fragments_past_128_rows_on_hopper():
     # wgmma's fragment kernel in batch tiles of 128 from 129 to 1024 rows on a layer of 2^24 weights
-    # at 90%, over the fragments given or, given none, packed for the product; not past 1024.
+    # at 90% over the fragments given, not past 1024; given none, packed for the product up to 512
+    # rows (kFragmentPackMaxRows), past which the plan is the one without them.
     w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=3)
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
-    for n in (129, 300, 1024, 1025):
+    for n in (129, 300, 512, 513, 1024, 1025):
         for given in (True, False):
             plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, given))
-            assert (plan.variant == "wgmma" and "tile fragments" in plan.describe) == (n <= 1024), plan
-            assert ("packed for this product" in plan.describe) == (n <= 1024 and not given), plan
+            reads = n <= 1024 if given else n <= 512
+            assert (plan.variant == "wgmma" and "tile fragments" in plan.describe) == reads, plan
+            assert ("packed for this product" in plan.describe) == (n <= 512 and not given), plan
     x = w.randn(300, 4096, seed=5)
     poison_cache(torch.device("cuda"))
     y = ops.spmm(x, w.values, w.tensors, tiles=fragments)
