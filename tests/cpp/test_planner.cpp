@@ -709,9 +709,9 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
 
 TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
   // A 16-bit forward over the tile view given no values in tile order, whose caller can pack tile
-  // fragments: where wgmma's kernel over them pays past 128 rows the plan packs them and reads them;
-  // elsewhere it plans as without them, and it never packs for 17-128 rows, for dX, fp32, a forced
-  // variant, a GPU without wgmma or a caller that cannot pack.
+  // fragments: where wgmma's kernel over them pays at 129-512 rows the plan packs them and reads them;
+  // elsewhere it plans as without them, and it never packs for 17-128 rows or past 512, for dX, fp32,
+  // a forced variant, a GPU without wgmma or a caller that cannot pack.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n, bool can_pack = true,
                           SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false,
                           const DeviceLimits& limits = DeviceLimits::h200()) {
