@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,17 @@
 
 namespace snack::test {
 namespace {
+
+// A problem of a planner rule's table and whether the rule takes it.
+struct RuleCase {
+  int64_t out, in;
+  double density;
+  int64_t n;
+  bool taken;
+};
+std::ostream& operator<<(std::ostream& os, const RuleCase& c) {
+  return os << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+}
 
 SpmmPlan plan(int64_t out_dim, int64_t in_dim, int64_t nnz, int64_t n, int value_bytes = 4,
               SpmmVariant requested = SpmmVariant::kAuto, bool transposed = false,
@@ -425,12 +437,6 @@ TEST(Planner, TileViewRulesAndShape) {
   // The tile view's forward (a pattern that holds the view): 17-64 rows at 7.5-12% density; 12-25% on
   // layers of 8192 rows or more or under 2^23 weights; below 7.5% from 33 rows on tall layers and from
   // 17 on small ones; 65-128 rows on small layers and at 7.5-12%. Never without the view or in fp32.
-  struct Case {
-    int64_t out, in;
-    double density;
-    int64_t n;
-    bool tile_view;
-  };
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n, bool view, int value_bytes = 2,
                           bool transposed = false) {
     SpmmProblem problem{out, in, nnz_for_density(out, in, density), n, value_bytes, transposed};
@@ -440,14 +446,13 @@ TEST(Planner, TileViewRulesAndShape) {
     EXPECT_TRUE(s.ok()) << s.message();
     return p;
   };
-  for (const Case& c : {Case{16384, 4096, 0.1, 32, true}, {16384, 4096, 0.1, 64, true}, {16384, 4096, 0.1, 16, false},
-                        {4096, 4096, 0.1, 128, true}, {4096, 4096, 0.1, 129, false}, {4096, 4096, 0.2, 32, false},
-                        {16384, 4096, 0.2, 64, true}, {3072, 768, 0.2, 64, true}, {4096, 4096, 0.05, 64, false},
-                        {16384, 4096, 0.05, 32, false}, {16384, 4096, 0.05, 64, true}, {768, 3072, 0.05, 32, true},
-                        {16384, 4096, 0.2, 128, false}, {768, 3072, 0.2, 128, true}, {16384, 4096, 0.3, 64, false},
-                        {768, 3072, 0.5, 128, false}}) {
-    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true).variant == SpmmVariant::kTileView, c.tile_view)
-        << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+  for (const RuleCase& c : {RuleCase{16384, 4096, 0.1, 32, true}, {16384, 4096, 0.1, 64, true},
+                            {16384, 4096, 0.1, 16, false}, {4096, 4096, 0.1, 128, true}, {4096, 4096, 0.1, 129, false},
+                            {4096, 4096, 0.2, 32, false}, {16384, 4096, 0.2, 64, true}, {3072, 768, 0.2, 64, true},
+                            {4096, 4096, 0.05, 64, false}, {16384, 4096, 0.05, 32, false},
+                            {16384, 4096, 0.05, 64, true}, {768, 3072, 0.05, 32, true}, {16384, 4096, 0.2, 128, false},
+                            {768, 3072, 0.2, 128, true}, {16384, 4096, 0.3, 64, false}, {768, 3072, 0.5, 128, false}}) {
+    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true).variant == SpmmVariant::kTileView, c.taken) << c;
   }
   EXPECT_NE(planned(16384, 4096, 0.1, 64, false).variant, SpmmVariant::kTileView);        // no view
   EXPECT_NE(planned(16384, 4096, 0.1, 64, true, 4).variant, SpmmVariant::kTileView);      // fp32
@@ -455,14 +460,15 @@ TEST(Planner, TileViewRulesAndShape) {
   // dX (the transposed product, out = K, in = M): 16-128 rows from 4% density but not 65-128 rows
   // above 40% on 2^26 weights; 2-15 rows from 4% on 2^24 weights, from 7.5% with 2048 outputs; one
   // row from 7.5% on 2^24 weights, wide ones up to 25%.
-  for (const Case& c : {Case{4096, 16384, 0.1, 64, true}, {4096, 16384, 0.05, 16, true}, {4096, 16384, 0.01, 64, false},
-                        {4096, 16384, 0.5, 128, false}, {4096, 16384, 0.5, 64, true}, {4096, 4096, 0.5, 128, true},
-                        {4096, 4096, 0.05, 8, true}, {3072, 768, 0.1, 8, true}, {768, 3072, 0.2, 8, false},
-                        {768, 3072, 0.1, 16, true}, {3072, 768, 0.05, 8, false}, {4096, 16384, 0.1, 1, true},
-                        {4096, 16384, 0.05, 1, false}, {11008, 4096, 0.2, 1, true}, {11008, 4096, 0.5, 1, false},
-                        {4096, 4096, 0.5, 1, true}, {3072, 768, 0.1, 1, false}, {4096, 16384, 0.1, 129, false}}) {
-    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true, 2, true).variant == SpmmVariant::kTileView, c.tile_view)
-        << "dX " << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+  for (const RuleCase& c : {RuleCase{4096, 16384, 0.1, 64, true}, {4096, 16384, 0.05, 16, true},
+                            {4096, 16384, 0.01, 64, false}, {4096, 16384, 0.5, 128, false},
+                            {4096, 16384, 0.5, 64, true}, {4096, 4096, 0.5, 128, true}, {4096, 4096, 0.05, 8, true},
+                            {3072, 768, 0.1, 8, true}, {768, 3072, 0.2, 8, false}, {768, 3072, 0.1, 16, true},
+                            {3072, 768, 0.05, 8, false}, {4096, 16384, 0.1, 1, true}, {4096, 16384, 0.05, 1, false},
+                            {11008, 4096, 0.2, 1, true}, {11008, 4096, 0.5, 1, false}, {4096, 4096, 0.5, 1, true},
+                            {3072, 768, 0.1, 1, false}, {4096, 16384, 0.1, 129, false}}) {
+    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true, 2, true).variant == SpmmVariant::kTileView, c.taken)
+        << "dX " << c;
   }
   EXPECT_NE(planned(4096, 16384, 0.1, 64, false, 2, true).variant, SpmmVariant::kTileView);  // dX, no view
 
@@ -516,18 +522,12 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
     return plan_with_tiles(out, in, density, n, packed ? TileValues::kPacked : TileValues::kNone, SpmmVariant::kAuto,
                            value_bytes, transposed);
   };
-  struct Case {
-    int64_t out, in;
-    double density;
-    int64_t n;
-    bool tile_view;
-  };
-  for (const Case& c : {Case{4096, 4096, 0.2, 32, true}, {16384, 4096, 0.2, 128, true}, {4096, 4096, 0.05, 32, true},
-                        {11008, 4096, 0.1, 16, true}, {4096, 4096, 0.2, 16, true}, {16384, 4096, 0.05, 16, false},
-                        {768, 3072, 0.1, 16, false}, {4096, 4096, 0.1, 8, false}, {4096, 4096, 0.1, 129, false},
-                        {4096, 4096, 0.3, 64, false}, {4096, 4096, 0.03, 64, false}}) {
-    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true).variant == SpmmVariant::kTileView, c.tile_view)
-        << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+  for (const RuleCase& c : {RuleCase{4096, 4096, 0.2, 32, true}, {16384, 4096, 0.2, 128, true},
+                            {4096, 4096, 0.05, 32, true}, {11008, 4096, 0.1, 16, true}, {4096, 4096, 0.2, 16, true},
+                            {16384, 4096, 0.05, 16, false}, {768, 3072, 0.1, 16, false}, {4096, 4096, 0.1, 8, false},
+                            {4096, 4096, 0.1, 129, false}, {4096, 4096, 0.3, 64, false},
+                            {4096, 4096, 0.03, 64, false}}) {
+    EXPECT_EQ(planned(c.out, c.in, c.density, c.n, true).variant == SpmmVariant::kTileView, c.taken) << c;
   }
   // Without them, the same products that the gathering kernel loses keep their kernels.
   EXPECT_NE(planned(4096, 4096, 0.2, 32, false).variant, SpmmVariant::kTileView);
@@ -550,19 +550,14 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
                            SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false) {
     return plan_with_tiles(out, in, density, n, TileValues::kFragments, requested, value_bytes, transposed, no_wgmma);
   };
-  struct Case {
-    int64_t out, in;
-    double density;
-    int64_t n;
-    bool fragments;
-  };
-  for (const Case& c : {Case{16384, 4096, 0.1, 16, true}, {16384, 4096, 0.2, 32, true}, {4096, 4096, 0.1, 32, true},
-                        {768, 3072, 0.2, 16, true}, {768, 3072, 0.1, 32, true}, {16384, 4096, 0.05, 16, true},
-                        {16384, 4096, 0.03, 16, false}, {16384, 4096, 0.2, 64, true}, {768, 3072, 0.05, 64, true},
-                        {4096, 4096, 0.1, 128, true}, {16384, 4096, 0.1, 128, true}, {16384, 4096, 0.1, 8, true},
-                        {4096, 4096, 0.1, 7, false}, {4096, 4096, 0.1, 129, false}, {4096, 4096, 0.3, 32, false}}) {
+  for (const RuleCase& c : {RuleCase{16384, 4096, 0.1, 16, true}, {16384, 4096, 0.2, 32, true},
+                            {4096, 4096, 0.1, 32, true}, {768, 3072, 0.2, 16, true}, {768, 3072, 0.1, 32, true},
+                            {16384, 4096, 0.05, 16, true}, {16384, 4096, 0.03, 16, false}, {16384, 4096, 0.2, 64, true},
+                            {768, 3072, 0.05, 64, true}, {4096, 4096, 0.1, 128, true}, {16384, 4096, 0.1, 128, true},
+                            {16384, 4096, 0.1, 8, true}, {4096, 4096, 0.1, 7, false}, {4096, 4096, 0.1, 129, false},
+                            {4096, 4096, 0.3, 32, false}}) {
     const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
-    EXPECT_EQ(p.reads_fragments, c.fragments) << c.out << "x" << c.in << " density " << c.density << " n " << c.n;
+    EXPECT_EQ(p.reads_fragments, c.taken) << c;
     if (p.reads_fragments) {
       EXPECT_EQ(p.variant, SpmmVariant::kTileView);
       EXPECT_EQ(p.batch_tile, c.n <= 16 ? 16 : c.n <= 32 ? 32 : 64);
@@ -621,22 +616,16 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   }
   // Past 128 rows in batch tiles of 128: to 512 rows on layers of 2^21 weights and more, to 1024 on
   // layers of 2^24 weights and more at 7.5-25% density, ahead of dense_blocks.
-  struct Large {
-    int64_t out, in;
-    double density;
-    int64_t n;
-    bool wgmma;
-  };
-  for (const Large& c : {Large{16384, 4096, 0.1, 129, true}, {768, 3072, 0.1, 512, true}, {768, 3072, 0.05, 256, true},
-                         {768, 3072, 0.1, 513, false}, {768, 3072, 0.2, 1024, false}, {4096, 4096, 0.1, 1024, true},
-                         {16384, 4096, 0.2, 1024, true}, {4096, 4096, 0.05, 1024, false},
-                         {4096, 4096, 0.1, 1025, false}, {16384, 4096, 0.1, 4096, false},
-                         {4096, 4096, 0.3, 256, false}, {4096, 4096, 0.03, 256, false},
-                         {512, 1024, 0.1, 256, false}}) {  // under 2^21 weights: not measured
+  for (const RuleCase& c : {RuleCase{16384, 4096, 0.1, 129, true}, {768, 3072, 0.1, 512, true},
+                            {768, 3072, 0.05, 256, true}, {768, 3072, 0.1, 513, false}, {768, 3072, 0.2, 1024, false},
+                            {4096, 4096, 0.1, 1024, true}, {16384, 4096, 0.2, 1024, true},
+                            {4096, 4096, 0.05, 1024, false}, {4096, 4096, 0.1, 1025, false},
+                            {16384, 4096, 0.1, 4096, false}, {4096, 4096, 0.3, 256, false},
+                            {4096, 4096, 0.03, 256, false},
+                            {512, 1024, 0.1, 256, false}}) {  // under 2^21 weights: not measured
     const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
-    EXPECT_EQ(p.variant == SpmmVariant::kWgmma, c.wgmma)
-        << c.out << "x" << c.in << " density " << c.density << " n " << c.n << ": " << describe(p);
-    if (c.wgmma) {
+    EXPECT_EQ(p.variant == SpmmVariant::kWgmma, c.taken) << c << ": " << describe(p);
+    if (c.taken) {
       EXPECT_TRUE(p.reads_fragments);
       EXPECT_EQ(p.reason, SpmmReason::kFragmentWgmma);
       EXPECT_EQ(p.batch_tile, 128);
@@ -1244,21 +1233,14 @@ TEST(Planner, SddmmTileViewGrid) {
                    view)
         .variant;
   };
-  // (rows, cols, density, n, whether the tile view is taken)
-  struct Case {
-    int64_t rows, cols;
-    double density;
-    int64_t n;
-    bool tile_view;
-  };
-  const std::vector<Case> store = {
+  const std::vector<RuleCase> store = {
       {16384, 4096, 0.1, 64, true},  {16384, 4096, 0.2, 64, true},  {16384, 4096, 0.05, 16, true},
       {16384, 4096, 0.5, 9, true},   {16384, 4096, 0.1, 8, true},   {16384, 4096, 0.05, 8, false},
       {11008, 4096, 0.075, 8, true}, {11008, 4096, 0.07, 8, false}, {4096, 4096, 0.1, 8, true},
       {4096, 4096, 0.1, 7, false},   {4096, 4096, 0.1, 1, false},   {768, 3072, 0.1, 2, true},
       {768, 3072, 0.1, 1, false},    {768, 3072, 0.01, 64, true},   {768, 3072, 0.005, 64, false},
       {4096, 4096, 0.03, 64, false}, {4096, 4096, 0.04, 64, true},  {4096, 4096, 0.1, 129, false}};
-  const std::vector<Case> with_adamw = {
+  const std::vector<RuleCase> with_adamw = {
       {16384, 4096, 0.1, 16, false}, {16384, 4096, 0.1, 17, true}, {16384, 4096, 0.03, 64, false},
       {768, 3072, 0.05, 16, false},  {768, 3072, 0.05, 17, true},  {3072, 768, 0.05, 32, false},
       {3072, 768, 0.05, 33, true},   {3072, 768, 0.1, 17, true},   {768, 3072, 0.1, 9, true},
@@ -1266,11 +1248,11 @@ TEST(Planner, SddmmTileViewGrid) {
       {3072, 768, 0.1, 16, false}};
   for (const auto& [epilogue, cases] :
        {std::pair{SddmmEpilogue::kStore, &store}, std::pair{SddmmEpilogue::kAdamW, &with_adamw}}) {
-    for (const Case& c : *cases)  // its wgmma kernel past 32 rows on Hopper (SddmmTileViewWgmmaGrid)
-      EXPECT_EQ(automatic(c.rows, c.cols, c.density, c.n, epilogue) ==
+    for (const RuleCase& c : *cases)  // its wgmma kernel past 32 rows on Hopper (SddmmTileViewWgmmaGrid)
+      EXPECT_EQ(automatic(c.out, c.in, c.density, c.n, epilogue) ==
                     (c.n > 32 ? SddmmVariant::kTileViewWgmma : SddmmVariant::kTileView),
-                c.tile_view)
-          << c.rows << "x" << c.cols << " density " << c.density << " n " << c.n
+                c.taken)
+          << c
           << (epilogue == SddmmEpilogue::kAdamW ? " with AdamW" : "");
   }
   EXPECT_EQ(automatic(16384, 4096, 0.1, 64, SddmmEpilogue::kStore, false), SddmmVariant::kTensorCore);
