@@ -110,9 +110,9 @@ inline int64_t tile_view_entries_length(int64_t rows, int64_t cols, int64_t nnz)
 ///   [headers, headers + 128 * tiles) per tile, per (group, lane): the 16-bit mask of the registers
 ///                                    stored | their first word's offset from the tile's first << 16
 ///   [values, ...)                    each tile's stored registers, (group, lane, register) ascending,
-///                                    zero-padded to a multiple of 4 words; band b's tiles from word
-///                                    values + tile_fragment_band_base(b, ...), so that the length is
-///                                    known from the sizes alone.
+///                                    zero-padded up to the next tile's first word, which follows from
+///                                    the tile view alone (tile_fragment_start: no tile waits for the
+///                                    ones before it to be packed), as does the length.
 /// They hold a copy of the values: packed again whenever the values or the pattern change.
 inline constexpr int kFragmentGroups = 4;        // k-steps of 16 columns per tile
 inline constexpr int kFragmentLanes = 32;
@@ -144,16 +144,22 @@ inline FragmentLayout tile_fragment_layout(int64_t rows, int64_t cols, int64_t n
   l.tiles = tile_view_bands(rows) * tile_view_chunks(cols);
   l.headers = (2 * l.tiles + 3) / 4 * 4;
   l.values = l.headers + kFragmentHeaderWords * l.tiles;
-  // Each stored register holds a slot; a tile pads at most 3 words, a band's start at most 3.
-  l.words = l.values + (nnz + 3) / 4 * 4 + (4 * tile_view_chunks(cols) + 4) * tile_view_bands(rows);
+  l.words = l.values + (nnz + 3) / 4 * 4 + 8 * l.tiles + 8 * tile_view_bands(rows);  // tile_fragment_start
   return l;
 }
-/// The first value word of band b (from FragmentLayout::values), whose first slot is `first_slot`.
+/// The first value word (from FragmentLayout::values) of tile `chunk` of band `band`, whose first
+/// slot is `first_slot` and whose tile starts at entry `first_entry` of the tile view (tile_ptr):
+/// the band's start, 16-byte aligned, the tile's entries before it rounded down to a multiple of 4,
+/// and 8 words a tile. A tile stores at most a register per entry, padded by at most 3, so it ends
+/// before the next one starts (chunk + 1, whose entries are its own further on; the next band's
+/// first, at least 8 words a tile past this band's start and its slots); chunk = chunks gives the
+/// band's end.
 #if defined(__CUDACC__)
 __host__ __device__
 #endif
-constexpr int64_t tile_fragment_band_base(int64_t band, int64_t first_slot, int64_t chunks) {
-  return (first_slot + 3) / 4 * 4 + (4 * chunks + 4) * band;
+constexpr int64_t tile_fragment_start(int64_t band, int64_t chunk, int64_t chunks, int64_t first_slot,
+                                      int64_t first_entry) {
+  return (first_slot + 3) / 4 * 4 + 8 * (chunks + 1) * band + (first_entry - first_slot) / 4 * 4 + 8 * chunk;
 }
 
 /// Read-only view of a slot pattern: which positions of a `rows x cols` matrix are stored.

@@ -121,7 +121,7 @@ Status build_tile_view(int64_t m, int64_t k, int64_t nnz, const Index* row_idx, 
 Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
                         const uint16_t* value_bits, uint32_t* packed, Stream stream);
 
-/// As cpu::pack_tile_fragments, on `stream` (two passes of a block per tile); never synchronises.
+/// As cpu::pack_tile_fragments, on `stream` (a block per tile); never synchronises.
 Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
                            const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
                            Stream stream);

@@ -216,9 +216,9 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
   std::vector<uint32_t> masks(static_cast<size_t>(kFragmentHeaderWords));
   for (int64_t b = 0; b < tile_view_bands(m); ++b) {
     const int32_t first = row_ptr[b * kTileViewRows];
-    int64_t at = tile_fragment_band_base(b, first, chunks);  // from layout.values
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t tile = b * chunks + c;
+      const int64_t at = tile_fragment_start(b, c, chunks, first, tile_ptr[tile]);  // from layout.values
       std::fill(regs.begin(), regs.end(), 0u);
       std::fill(masks.begin(), masks.end(), 0u);
       for (int32_t e = tile_ptr[tile]; e < tile_ptr[tile + 1]; ++e) {
@@ -240,7 +240,6 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
       const int64_t words = (stored + 3) / 4 * 4;
       fragments[2 * tile] = stored > 0 ? int32_t(at) : 0;
       fragments[2 * tile + 1] = int32_t(words);
-      at += words;
     }
   }
   return Status::Ok();

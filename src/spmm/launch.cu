@@ -468,15 +468,20 @@ Status expand_block(const SlotPattern<Index>& w, const T* values, bool transpose
     return InvalidArgument("expand_block: block and values must not be null");
   const bool vector_rows = reinterpret_cast<uintptr_t>(block) % 16 == 0 && (width * int64_t(sizeof(T))) % 16 == 0;
   constexpr int kThreads = detail::kExpandThreads;
-  const unsigned grid = detail::grid_for(count * 32, kThreads);
-  if (transposed) {
-    const CscView<T, Index> view{w.col_ptr, w.csc_perm, w.row_idx, values};
+  const int64_t row_bytes = detail::expand_staged_row_bytes(width, int64_t(sizeof(T)));
+  const auto expand = [&](const auto& view) {
+    if (row_bytes <= detail::kExpandStagedMaxBytes) {
+      const unsigned grid = unsigned(std::min(count, detail::kExpandStagedMaxBlocks));
+      detail::expand_block_staged_kernel<T><<<grid, kThreads, size_t(row_bytes), stream>>>(view, first, count, width,
+                                                                                           vector_rows, block);
+      return check_launch("expand_block_staged_kernel");
+    }
+    const unsigned grid = detail::grid_for(count * 32, kThreads);
     detail::expand_block_kernel<T><<<grid, kThreads, 0, stream>>>(view, first, count, width, vector_rows, block);
-  } else {
-    const CsrView<T, Index> view{w.row_ptr, w.col_idx, values};
-    detail::expand_block_kernel<T><<<grid, kThreads, 0, stream>>>(view, first, count, width, vector_rows, block);
-  }
-  return check_launch("expand_block_kernel");
+    return check_launch("expand_block_kernel");
+  };
+  if (transposed) return expand(CscView<T, Index>{w.col_ptr, w.csc_perm, w.row_idx, values});
+  return expand(CsrView<T, Index>{w.row_ptr, w.col_idx, values});
 }
 
 namespace {

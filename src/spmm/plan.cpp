@@ -814,10 +814,20 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       SNACK_RETURN_IF_ERROR(plan.reads_fragments ? fragment_wgmma_plan(p, &plan, limits)
                                                  : wgmma_plan(p, &plan, limits));
       break;
-    case SpmmVariant::kDenseBlocks:  // the expansion of one block: a warp per output
-      plan.threads = cuda::detail::kExpandThreads;
-      plan.grid_x = std::max<int64_t>(1, ceil_div(plan.block_rows, plan.threads / 32));
+    case SpmmVariant::kDenseBlocks: {  // the expansion of one block: a block per output staged in
+      // shared memory where its row fits, else a warp per output
+      using namespace cuda::detail;
+      const int64_t width = p.transposed ? p.out_dim : p.in_dim;
+      const int64_t row_bytes = expand_staged_row_bytes(width, p.value_bytes);
+      plan.threads = kExpandThreads;
+      if (row_bytes <= kExpandStagedMaxBytes) {
+        plan.grid_x = std::max<int64_t>(1, std::min(plan.block_rows, kExpandStagedMaxBlocks));
+        plan.smem_bytes = size_t(row_bytes);
+      } else {
+        plan.grid_x = std::max<int64_t>(1, ceil_div(plan.block_rows, plan.threads / 32));
+      }
       break;
+    }
     default:
       SNACK_RETURN_IF_ERROR(rows_grid(p, &plan, limits));
       break;

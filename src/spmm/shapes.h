@@ -256,7 +256,15 @@ static_assert(kWgBandRows == 128 && kWgBatchTile == 256 && kWgChunk == 64 && kWg
               "the kernel's roles and wgmma shape assume these");
 
 // ---- dense blocks ----
-constexpr int kExpandThreads = 256;  // a warp per expanded output row
+constexpr int kExpandThreads = 256;  // a warp per expanded output row; the staged kernel's block per row
+// The widest row the staged expansion builds in shared memory (the default 48 KB a block, no opt-in):
+// 24576 16-bit or 12288 fp32 values; wider rows take the warp-per-row kernel.
+constexpr int64_t kExpandStagedMaxBytes = 48 * 1024;
+constexpr int64_t expand_staged_row_bytes(int64_t width, int64_t value_bytes) {
+  return (width * value_bytes + 15) / 16 * 16;
+}
+// Blocks of the staged expansion: a row each, at most this many in flight over a grid that loops.
+constexpr int64_t kExpandStagedMaxBlocks = 8192;
 
 // ---- the reference kernels ----
 constexpr int kCooItems = 8;  // consecutive slots per thread of the atomic COO kernel

@@ -2,7 +2,6 @@
 // tile view.
 #include <cuda_runtime.h>
 
-#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cstdint>
@@ -340,100 +339,62 @@ __global__ void __launch_bounds__(kPackThreads)
     for (int64_t e = nnz + threadIdx.x; e < padded; e += kPackThreads) packed[e] = 0;
 }
 
-// Tile fragments (snack/pattern.h) in two passes of a block per tile, so that every tile of every
-// band packs at once (a block per band walking its tiles in turn left most SMs idle: 12 blocks for a
-// 768x3072 layer, and a band's 48-64 tiles one after another took ~200 us). Thread t owns
-// (group, lane) t of the tile: its header word and its stored registers.
+// Tile fragments (snack/pattern.h), a block per tile: every tile of every band packs at once, its
+// first word following from the tile view (tile_fragment_start), so no tile waits for the others.
+// (A block per band walking its tiles in turn left most SMs idle: 12 blocks for a 768x3072 layer.)
+// The block ORs each entry's value into its register and the register's bit into its owner's mask
+// in shared memory (the two values of a register may come from two threads), then thread t, owner
+// of (group, lane) t, writes its header word and its stored registers at the offset a block scan
+// gives it, and the block zeros the rest of the tile's words up to the next tile's first (the
+// band's end after its last tile, the layout's after the last band's), so that every word of the
+// layout is written.
 constexpr int kFragmentPackThreads = int(kFragmentHeaderWords);
-
-// Tile `tile` of band `band`'s entries, in their order: f(entry's fragment owner, register, half,
-// the 16-bit value bits of its slot). A view that is not the pattern's packs zeros, reading nothing
-// out of bounds.
-template <typename F>
-__device__ __forceinline__ void for_tile_entries(int64_t tile, int32_t first, int32_t last,
-                                                 const int32_t* __restrict__ tile_ptr,
-                                                 const uint32_t* __restrict__ tile_entries,
-                                                 const uint16_t* __restrict__ value_bits, F&& f) {
-  for (int32_t e = tile_ptr[tile] + int32_t(threadIdx.x); e < tile_ptr[tile + 1]; e += kFragmentPackThreads) {
-    const uint32_t entry = tile_entries[e], pos = entry & kTileViewPositionMask;
-    const FragmentPlace p = fragment_place(int(pos / kTileViewCols), int(pos % kTileViewCols));
-    const int64_t slot = int64_t(first) + (entry >> kTileViewSlotShift);
-    f(p.group * kFragmentLanes + p.lane, p.reg, p.half, value_bits ? (slot < last ? value_bits[slot] : 0u) : 0u);
-  }
-}
-
-// Pass 1, a block per tile: which registers each (group, lane) stores (the OR of its entries' bits)
-// and where they start among the tile's (a block scan), as the tile's header words, and the tile's
-// value words (its stored registers rounded up to 4) as the second word of its pair.
 __global__ void __launch_bounds__(kFragmentPackThreads)
-    fragment_headers_kernel(int64_t m, int64_t chunks, const int32_t* __restrict__ row_ptr,
-                            const int32_t* __restrict__ tile_ptr, const uint32_t* __restrict__ tile_entries,
-                            int32_t* __restrict__ fragments, FragmentLayout layout) {
+    pack_tile_fragments_kernel(int64_t m, int64_t chunks, const int32_t* __restrict__ row_ptr,
+                               const int32_t* __restrict__ tile_ptr, const uint32_t* __restrict__ tile_entries,
+                               const uint16_t* __restrict__ value_bits, int32_t* __restrict__ fragments,
+                               FragmentLayout layout) {
   using Scan = cub::BlockScan<int, kFragmentPackThreads>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ uint32_t masks[kFragmentHeaderWords];
-  const int t = int(threadIdx.x);
-  const int64_t tile = blockIdx.x, band = tile / chunks;
-  const int32_t first = row_ptr[band * kTileViewRows];
-  const int32_t last = row_ptr[(band + 1) * kTileViewRows < m ? (band + 1) * kTileViewRows : m];
-  masks[t] = 0;
-  __syncthreads();
-  for_tile_entries(tile, first, last, tile_ptr, tile_entries, nullptr,
-                   [&](int owner, int reg, int, uint32_t) { atomicOr(&masks[owner], 1u << reg); });
-  __syncthreads();
-  const uint32_t mask = masks[t];
-  int offset = 0, stored = 0;
-  Scan(scan).ExclusiveSum(__popc(mask), offset, stored);
-  fragments[layout.headers + kFragmentHeaderWords * tile + t] = int32_t(mask | uint32_t(offset) << 16);
-  if (t == 0) fragments[2 * tile + 1] = int32_t((stored + 3) / 4 * 4);
-  if (tile == 0)  // the pairs' padding
-    for (int64_t w = 2 * layout.tiles + t; w < layout.headers; w += kFragmentPackThreads) fragments[w] = 0;
-}
-
-// Pass 2, a block per tile: its first value word (the band's base plus the words of the band's tiles
-// before it, from pass 1), then each (group, lane)'s stored registers (the OR of its entries' values)
-// at the offset of its header word, zeros in the tile's padding, and, for a band's last tile, zeros
-// up to the next band's base (the end of the layout after the last band), so that every word of the
-// layout is written.
-__global__ void __launch_bounds__(kFragmentPackThreads)
-    fragment_values_kernel(int64_t m, int64_t chunks, const int32_t* __restrict__ row_ptr,
-                           const int32_t* __restrict__ tile_ptr, const uint32_t* __restrict__ tile_entries,
-                           const uint16_t* __restrict__ value_bits, int32_t* __restrict__ fragments,
-                           FragmentLayout layout) {
-  using Reduce = cub::BlockReduce<int64_t, kFragmentPackThreads>;
-  __shared__ typename Reduce::TempStorage reduce;
   __shared__ uint32_t regs[kFragmentHeaderWords * kFragmentRegisters];
-  __shared__ int64_t tile_start;
+  __shared__ uint32_t masks[kFragmentHeaderWords];
   const int t = int(threadIdx.x);
   const int64_t tile = blockIdx.x, band = tile / chunks, chunk = tile % chunks;
   const int64_t r1 = (band + 1) * kTileViewRows < m ? (band + 1) * kTileViewRows : m;
   const int32_t first = row_ptr[band * kTileViewRows], last = row_ptr[r1];
-  int64_t before = 0;  // value words of the band's tiles left of this one
-  for (int64_t c = t; c < chunk; c += kFragmentPackThreads) before += fragments[2 * (band * chunks + c) + 1];
-  before = Reduce(reduce).Sum(before);
-  if (t == 0) tile_start = tile_fragment_band_base(band, first, chunks) + before;
+  const int32_t e0 = tile_ptr[tile], e1 = tile_ptr[tile + 1];
   for (int i = t; i < kFragmentHeaderWords * kFragmentRegisters; i += kFragmentPackThreads) regs[i] = 0;
+  masks[t] = 0;
   __syncthreads();
-  for_tile_entries(tile, first, last, tile_ptr, tile_entries, value_bits,
-                   [&](int owner, int reg, int half, uint32_t bits) {
-                     atomicOr(&regs[owner * kFragmentRegisters + reg], bits << (16 * half));
-                   });
-  __syncthreads();
-  const int64_t at = tile_start;
-  const int32_t words = fragments[2 * tile + 1];
-  const uint32_t head = uint32_t(fragments[layout.headers + kFragmentHeaderWords * tile + t]);
-  int32_t* out = fragments + layout.values + at;
-  for (int r = 0, k = int(head >> 16); r < kFragmentRegisters; ++r)
-    if (head >> r & 1u) out[k++] = int32_t(regs[t * kFragmentRegisters + r]);
-  // The stored registers end within the tile's last 4 words; its padding follows them.
-  const int32_t stored = t == kFragmentPackThreads - 1 ? int32_t(head >> 16) + __popc(head & 0xffffu) : 0;
-  if (t == kFragmentPackThreads - 1)
-    for (int32_t w = stored; w < words; ++w) out[w] = 0;
-  if (t == 0) fragments[2 * tile] = words > 0 ? int32_t(at) : 0;
-  if (chunk == chunks - 1) {
-    const int64_t next = r1 < m ? tile_fragment_band_base(band + 1, last, chunks) : layout.words - layout.values;
-    for (int64_t w = at + words + t; w < next; w += kFragmentPackThreads) fragments[layout.values + w] = 0;
+  for (int32_t e = e0 + t; e < e1; e += kFragmentPackThreads) {
+    const uint32_t entry = tile_entries[e], pos = entry & kTileViewPositionMask;
+    const FragmentPlace f = fragment_place(int(pos / kTileViewCols), int(pos % kTileViewCols));
+    const int owner = f.group * kFragmentLanes + f.lane;
+    const int64_t slot = int64_t(first) + (entry >> kTileViewSlotShift);
+    const uint32_t bits = slot < last ? value_bits[slot] : 0u;  // a foreign view reads nothing out of bounds
+    atomicOr(&regs[owner * kFragmentRegisters + f.reg], bits << (16 * f.half));
+    atomicOr(&masks[owner], 1u << f.reg);
   }
+  __syncthreads();
+  const uint32_t mask = masks[t];
+  int offset = 0, stored = 0;
+  Scan(scan).ExclusiveSum(__popc(mask), offset, stored);
+  const int64_t at = tile_fragment_start(band, chunk, chunks, first, e0);
+  const int32_t words = (stored + 3) / 4 * 4;
+  fragments[layout.headers + kFragmentHeaderWords * tile + t] = int32_t(mask | uint32_t(offset) << 16);
+  int32_t* out = fragments + layout.values + at;
+  for (int r = 0, k = offset; r < kFragmentRegisters; ++r)
+    if (mask >> r & 1u) out[k++] = int32_t(regs[t * kFragmentRegisters + r]);
+  const int64_t next = chunk + 1 < chunks ? tile_fragment_start(band, chunk + 1, chunks, first, e1)
+                       : r1 < m           ? tile_fragment_start(band + 1, 0, chunks, last, last)
+                                          : layout.words - layout.values;
+  for (int64_t w = stored + t; w < next - at; w += kFragmentPackThreads) out[w] = 0;
+  if (t == 0) {
+    fragments[2 * tile] = stored > 0 ? int32_t(at) : 0;
+    fragments[2 * tile + 1] = words;
+  }
+  if (tile == 0)  // the pairs' padding
+    for (int64_t w = 2 * layout.tiles + t; w < layout.headers; w += kFragmentPackThreads) fragments[w] = 0;
 }
 
 }  // namespace
@@ -454,13 +415,9 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
                                                                  value_bits, fragments));
   const FragmentLayout layout = tile_fragment_layout(m, k, nnz);
   if (layout.tiles == 0) return Status::Ok();
-  const int64_t chunks = tile_view_chunks(k);
-  fragment_headers_kernel<<<unsigned(layout.tiles), kFragmentPackThreads, 0, stream>>>(m, chunks, row_ptr, tile_ptr,
-                                                                                       tile_entries, fragments, layout);
-  SNACK_RETURN_IF_ERROR(check_launch("fragment_headers_kernel"));
-  fragment_values_kernel<<<unsigned(layout.tiles), kFragmentPackThreads, 0, stream>>>(
-      m, chunks, row_ptr, tile_ptr, tile_entries, value_bits, fragments, layout);
-  return check_launch("fragment_values_kernel");
+  pack_tile_fragments_kernel<<<unsigned(layout.tiles), kFragmentPackThreads, 0, stream>>>(
+      m, tile_view_chunks(k), row_ptr, tile_ptr, tile_entries, value_bits, fragments, layout);
+  return check_launch("pack_tile_fragments_kernel");
 }
 
 template <typename Index>
