@@ -173,7 +173,7 @@ def _report(stem: Path, rows, info, impls, plot: bool = True) -> None:
         ax.set_xlabel("sequence length")
         ax.set_ylabel("forward + backward us")
         ax.legend()
-    fig.suptitle(f"Sparse attention ({rows[0]['dtype']}) - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.suptitle(f"Sparse attention ({rows[0]['dtype']}) - {info['gpu']}, commit {benchmark.short_commit(info)}")
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110)
 

@@ -100,7 +100,7 @@ def write_report(stem: Path, info: dict, rows: list[dict]) -> None:
     ax.set_xticks(range(len(rows)), [f"w{r['width']:g} b{r['batch']} {r['dtype']} {r['in_channels']}->"
                                      f"{r['out_channels']}@{r['side']}" for r in rows], rotation=90, fontsize=5)
     ax.set_ylabel("cuDNN time / path time")
-    ax.set_title(f"Sparse 1x1 convolutions, NCHW - {info['gpu']}, commit {info['commit'][:10]}", fontsize=9)
+    ax.set_title(f"Sparse 1x1 convolutions, NCHW - {info['gpu']}, commit {benchmark.short_commit(info)}", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=120)

@@ -156,7 +156,7 @@ def plot(rows, path: Path, info) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(keys)), [f"{m}x{k} N={n} {s}" for m, k, n, s in keys], rotation=90, fontsize=5)
     ax.set_ylabel("time / dense time (below 1: faster)")
-    ax.set_title(f"dW over the tile view, {info['gpu']}, {info['commit'][:7]}", fontsize=9)
+    ax.set_title(f"dW over the tile view, {info['gpu']}, {benchmark.short_commit(info, 7)}", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

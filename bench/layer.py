@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
 import statistics
 import time
 from pathlib import Path
@@ -470,7 +471,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--render", action="store_true",
-                        help="only rebuild the summaries (.md), and the backward-only files' plots, from the result CSVs in --out")
+                        help="only rebuild the summaries (.md) and the plots from the result CSVs in --out")
     parser.add_argument("--out", type=Path, default=benchmark.RESULTS_DIR)
     parser.add_argument("--shapes", default=None, help="e.g. 4096x4096,16384x4096")
     parser.add_argument("--ns", default=None, help="e.g. 1,16")
@@ -504,6 +505,8 @@ def main(argv=None) -> int:
             slug = layer_csv.stem[len("layer_"):]
             md = render_from_csv(layer_csv, args.out / f"backward_{slug}.csv")
             (args.out / f"layer_{slug}.md").write_text(md)
+            info, layer_rows = benchmark.read_csv(layer_csv)
+            plot(layer_rows, args.out / f"layer_{slug}.png", info)
             print(md)
         for backward_csv in sorted(args.out.glob("backward_*_kernels.csv")):
             info, back_rows = benchmark.read_csv(backward_csv)
@@ -632,11 +635,14 @@ def summarize(layer_rows, back_rows, info) -> str:
          for r in layer_rows}
     keys = sorted({(r["M"], r["K"], r["N"], r["sparsity"], r.get("dtype", "fp32"), r["optimizer"]) for r in layer_rows})
     lines.append("GPU us per step (events) / graph-replay us / wall us / peak MiB. Speedups: GPU time of the baseline "
-                 "over snack's. Precision: fp32 (TF32 off), tf32 (allowed for torch's matmuls), bf16_autocast (the "
-                 "forward under torch.autocast).")
+                 "over snack's (events, which also count the GPU waiting for the host); \"graph vs dense\": dense's "
+                 "graph-replay time over snack's and over snack_fused_step's, the GPU work of the step alone. "
+                 "Precision: fp32 (TF32 off), tf32 (allowed for torch's matmuls), bf16_autocast (the forward under "
+                 "torch.autocast).")
     lines.append("")
-    lines.append("| M x K | N | sparsity | precision | opt | " + " | ".join(IMPLS) + " | vs dense | vs D+M | memory vs dense |")
-    lines.append("|---|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|")
+    lines.append("| M x K | N | sparsity | precision | opt | " + " | ".join(IMPLS) +
+                 " | vs dense | vs D+M | graph vs dense | memory vs dense |")
+    lines.append("|---|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|---|")
     for key in keys:
         cells, snack_row = [], t.get(key[:5] + ("snack", key[5]))
         for impl in IMPLS:
@@ -645,8 +651,11 @@ def summarize(layer_rows, back_rows, info) -> str:
         d, dm = t.get(key[:5] + ("dense", key[5])), t.get(key[:5] + ("dense_mask", key[5]))
         sp = lambda b: f"{b['gpu_us'] / snack_row['gpu_us']:.2f}x" if b and snack_row else "-"  # noqa: E731
         mem = less_or_more(snack_row["peak_mib"], d["peak_mib"]) if d and snack_row else "-"
+        fused = t.get(key[:5] + ("snack_fused_step", key[5]))
+        graph = " / ".join(f"{d['graph_us'] / r['graph_us']:.2f}x"
+                           if d and r and math.isfinite(d["graph_us"] / r["graph_us"]) else "-" for r in (snack_row, fused))
         lines.append(f"| {key[0]}x{key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]} | " + " | ".join(cells) +
-                     f" | {sp(d)} | {sp(dm)} | {mem} |")
+                     f" | {sp(d)} | {sp(dm)} | {graph} | {mem} |")
     key = (16384, 4096, 16, 0.9, "fp32")
     target_rows = []
     for opt_name, flavour in (("adamw", "default (foreach)"), ("adamw_fused", "fused=True")):
@@ -779,7 +788,7 @@ def plot_weight_grad_paths(back_rows, path, info):
     ax.set_xticklabels([f"{m}x{k}\nN={n}\n{s:g}" for m, k, n, s in labels], fontsize=6)
     ax.set_ylabel("useful TFLOP/s (2 nnz N / time)")
     ax.legend(fontsize=7)
-    ax.set_title(f"dW paths, {sel[0]['dtype']} - {info['gpu']}, commit {info['commit'][:10]}")
+    ax.set_title(f"dW paths, {sel[0]['dtype']} - {info['gpu']}, commit {benchmark.short_commit(info)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -788,25 +797,30 @@ def plot(layer_rows, path, info):
     plt = benchmark.pyplot()
     if plt is None:
         return
-    # AdamW at 90%, in fp32 where the run has it, else in its first precision.
-    sel = [r for r in layer_rows if r["optimizer"] == "adamw" and r["sparsity"] == 0.9]
-    if not sel:
+    # AdamW at 90% (the run's first sparsity if it has no 90%), in fp32 where the run has it, else in its
+    # first precision; the graph-replay time, the GPU work of the step without the host's waits.
+    adamw = [r for r in layer_rows if r["optimizer"] == "adamw"]
+    if not adamw:
         return
+    sparsity = 0.9 if any(r["sparsity"] == 0.9 for r in adamw) else adamw[0]["sparsity"]
+    sel = [r for r in adamw if r["sparsity"] == sparsity]
     precision = "fp32" if any(r.get("dtype", "fp32") == "fp32" for r in sel) else sel[0]["dtype"]
     sel = [r for r in sel if r.get("dtype", "fp32") == precision]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     labels = sorted({(r["M"], r["K"], r["N"]) for r in sel})
-    for ax, field, title in zip(axes, ["gpu_us", "peak_mib"], ["GPU us per step (AdamW, 90%)", "peak MiB (AdamW, 90%)"]):
+    percent = f"{100 * sparsity:g}%"
+    for ax, field, title in zip(axes, ["graph_us", "peak_mib"],
+                                [f"graph-replay us per step (AdamW, {percent})", f"peak MiB (AdamW, {percent})"]):
         width = 0.8 / len(IMPLS)
         for i, impl in enumerate(IMPLS):
             vals = [next((r[field] for r in sel if (r["M"], r["K"], r["N"]) == lab and r["impl"] == impl), 0) for lab in labels]
             ax.bar([j + i * width for j in range(len(labels))], vals, width, label=impl)
         ax.set_xticks([j + 0.4 for j in range(len(labels))])
-        ax.set_xticklabels([f"{m}x{k}\nN={n}" for m, k, n in labels], fontsize=7)
+        ax.set_xticklabels([f"{m}x{k}\nN={n}" for m, k, n in labels], fontsize=7, rotation=45, ha="right")
         ax.set_yscale("log")
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.suptitle(f"one layer, fwd+bwd+step, {precision} - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.suptitle(f"one layer, fwd+bwd+step, {precision} - {info['gpu']}, commit {benchmark.short_commit(info)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -832,7 +846,7 @@ def plot_16bit(back_rows, path, info):
         ax.set_ylabel(f"dense {op} us / snack {op} us")
         ax.set_title(f"{op}: speedup over dense {back_rows[0]['dtype'] if back_rows else ''}")
         ax.legend(fontsize=7)
-    fig.suptitle(f"backward kernels - {info['gpu']}, commit {info['commit'][:10]}")
+    fig.suptitle(f"backward kernels - {info['gpu']}, commit {benchmark.short_commit(info)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -400,7 +400,7 @@ def plot(rows, path: Path, info, dtype: str = "fp32") -> None:
         ax.set_ylabel(f"speedup of snack over {base} (geomean over shapes)")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"snack forward SpMM, {dtype}, uniform pattern - {info['gpu']}, commit {info['commit'][:10]}", fontsize=10)
+    fig.suptitle(f"snack forward SpMM, {dtype}, uniform pattern - {info['gpu']}, commit {benchmark.short_commit(info)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -198,7 +198,7 @@ def plot(rows, counts, path: Path, info, variant: str = "tile_view") -> None:
     ax.set_xlabel("blocks per band (x: the planner's)")
     ax.set_yticks(range(len(keys)), [f"{op} {m}x{k} N={n} {s}" for op, m, k, n, s in keys], fontsize=5)
     fig.colorbar(image, ax=ax, label="time / best time (capped at 2)")
-    ax.set_title(f"{variant} blocks per band, {info['gpu']}, {info['commit'][:7]}", fontsize=9)
+    ax.set_title(f"{variant} blocks per band, {info['gpu']}, {benchmark.short_commit(info, 7)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -76,6 +76,11 @@ def provenance(device=None) -> dict[str, str]:
     }
 
 
+def short_commit(info: dict[str, str], length: int = 10) -> str:
+    """The commit a result file names, for a plot's title: its hash alone, without a note after it."""
+    return info.get("commit", "unknown").split()[0][:length]
+
+
 def command_line() -> str:
     """The command that is running, as a user would type it from the repository's root."""
     argv = list(sys.argv)
