@@ -851,14 +851,15 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       p.requested == SpmmVariant::kAuto) {
     // Fragments packed for this one product where the wgmma kernel over them pays past 128 rows
     // (fragments_pay_past_128: 1.9-3.3x the kernels without them at 256 rows), up to 512 rows. The
-    // packing (two passes over the weight's values and tile view, writing ~5 bytes a connection at
-    // 90%) costs the planner given the fragments 10-16 us on 768x3072, 22-51 on 4096x4096 and 58-168 on
-    // 16384x4096 at 80-95% (H100, bf16: spmm_nvidia_h100_80gb_hbm3_bf16_large_packed.md, commit
-    // 8fcf7bc, `snack` against `snack_fragments`). With it the product still beats dense_blocks at
-    // 256 and 512 rows (16384x4096, 80%, 512 rows: 348 against 652 us) but not at 1024 (141 against
-    // 117 us on 4096x4096 and 517 against 460 on 16384x4096 at 80%), where the plan is the one
-    // without fragments. Not at 17-128 rows, where the kernel gains less than the packing costs on
-    // the small layers.
+    // packing (one pass over the weight's values and tile view, writing ~5 bytes a connection at 90%)
+    // costs the planner given the fragments 6-8 us on 768x3072 and 3072x768, 17-29 on 4096x4096 and
+    // 54-97 on 16384x4096 at 80-95% (H100, bf16: spmm_nvidia_h100_80gb_hbm3_bf16_pack_batch.md,
+    // commit d897787, `snack` against `snack_fragments`). With it the product still beats
+    // dense_blocks at 256 and 512 rows (16384x4096, 80%, 512 rows: 275 against 496 us) but not at
+    // 1024, where the kernel given the fragments plus the packing exceed dense_blocks (16384x4096,
+    // 80%: 351 + ~97 against 393 us, spmm_nvidia_h100_80gb_hbm3_bf16_large_one_pass.md), so the
+    // plan is the one without fragments. Not at 17-128 rows, where the kernel gains less than the
+    // packing costs on the small layers.
     SpmmProblem packed = p;
     packed.packed_tiles = TileValues::kFragments;
     packed.can_pack_fragments = false;
