@@ -114,6 +114,10 @@ inline int64_t tile_view_entries_length(int64_t rows, int64_t cols, int64_t nnz)
 ///                                    the tile view alone (tile_fragment_start: no tile waits for the
 ///                                    ones before it to be packed), as does the length.
 /// They hold a copy of the values: packed again whenever the values or the pattern change.
+/// Transposed tile fragments are W^T's, for dX = dY W as a forward of the K x M weight W^T: tile
+/// (c, b) of W^T is tile (b, c) of W with its rows and columns swapped, laid out as above, with the
+/// pairs and headers in W^T's tile order (tile c * bands + b) and the value words where W's tile
+/// (b, c) would have them, so the length is W's (tile_fragment_layout(rows, cols, nnz)).
 inline constexpr int kFragmentGroups = 4;        // k-steps of 16 columns per tile
 inline constexpr int kFragmentLanes = 32;
 inline constexpr int kFragmentRegisters = 16;    // registers of two values per lane and group

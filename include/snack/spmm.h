@@ -186,10 +186,11 @@ struct SpmmProblem {
   int fragment_warpgroups = 0;
   /// What the forward is given of the weight's values in tile order (snack/pattern.h): kTileView reads
   /// them instead of gathering the values, and the planner takes it over a wider range. The
-  /// transposed product ignores it.
+  /// transposed product is given none (a plan that packs W^T's fragments names kFragments).
   TileValues packed_tiles = TileValues::kNone;
   /// Given no values in tile order (packed_tiles kNone), the caller can pack tile fragments for this
-  /// one product where the plan asks for them (SpmmPlan::packs_fragments). kAuto forward only.
+  /// one product where the plan asks for them (SpmmPlan::packs_fragments): W's for the forward, W^T's
+  /// (transposed tile fragments) for the transposed product. kAuto only.
   bool can_pack_fragments = false;
   bool operator==(const SpmmProblem& o) const {
     return out_dim == o.out_dim && in_dim == o.in_dim && nnz == o.nnz && n == o.n && value_bytes == o.value_bytes &&
@@ -237,9 +238,10 @@ struct SpmmPlan {
   /// forced, or where they pay) or kWgmma's (always, given them). Otherwise kTileView's kernel reads
   /// the values (or the packed tile values).
   bool reads_fragments = false;
-  /// The caller packs the tile fragments (pack_tile_fragments) before the launch and gives them to it:
-  /// a problem that can (SpmmProblem::can_pack_fragments) and where the packing pays. The plan's
-  /// problem then names them given (packed_tiles kFragments).
+  /// The caller packs the tile fragments (pack_tile_fragments; transposed for the transposed product,
+  /// which then runs as the forward of W^T over them) before the launch and gives them to it: a
+  /// problem that can (SpmmProblem::can_pack_fragments) and where the packing pays. The plan's problem
+  /// then names them given (packed_tiles kFragments).
   bool packs_fragments = false;
   /// kWgmma over tile fragments: consumer warpgroups per block, each taking every other tile of the
   /// band with accumulators of its own (1 or 2).
@@ -346,9 +348,12 @@ template <typename T, typename Index>
 Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, int64_t n, const T* bias, T* y,
                     const SpmmPlan& plan, void* workspace, Stream stream, Activation act = Activation::kNone,
                     const uint32_t* packed_tiles = nullptr);
+/// fragments (spmm_transposed): W^T's tile fragments (pack_tile_fragments, transposed), made from
+/// `values` and this pattern, on a 16-byte boundary, where the plan reads them (plan.reads_fragments,
+/// a plan that packs them); else nullptr.
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
-                       const SpmmPlan& plan, void* workspace, Stream stream);
+                       const SpmmPlan& plan, void* workspace, Stream stream, const uint32_t* fragments = nullptr);
 
 /// kDenseBlocks: outputs [first, first + count) of the product's view of W written dense into
 /// `block` ([count, in_dim] row-major; zeros where no slot is stored): rows of W for the forward

@@ -83,10 +83,12 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
 /// operands of mma.sync, tile by tile, only the registers that hold a slot.
 ///   row_ptr: [m + 1]; tile_ptr, tile_entries: the tile view (build_tile_view);
 ///   value_bits: [nnz], the bits of bfloat16 or float16 values, in slot order;
-///   fragments: [tile_fragment_layout(m, k, nnz).words], written whole (zeros where nothing is stored).
+///   fragments: [tile_fragment_layout(m, k, nnz).words], written whole (zeros where nothing is stored);
+///   transposed: W^T's fragments instead (snack/pattern.h, transposed tile fragments), for dX.
 /// kInvalidArgument where the pattern has no tile view.
 Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
-                           const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments);
+                           const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
+                           bool transposed = false);
 
 /// Positions of the `count` entries of largest magnitude in a dense row-major `m x k` matrix,
 /// written ascending to positions[count]. Ties go to the smaller position, so the result is
@@ -124,7 +126,7 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
 /// As cpu::pack_tile_fragments, on `stream` (a block per tile); never synchronises.
 Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
                            const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
-                           Stream stream);
+                           Stream stream, bool transposed = false);
 
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,

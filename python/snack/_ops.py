@@ -98,7 +98,7 @@ def _pack_tile_values_fake(values, pattern):
 
 
 @_register_fake("pack_tile_fragments")
-def _pack_tile_fragments_fake(values, pattern):
+def _pack_tile_fragments_fake(values, pattern, transposed=False):
     rows, cols = _shape(pattern)
     words = ops.tile_fragment_words(rows, cols, _nnz(pattern))
     return values.new_empty((words,), dtype=torch.int32)

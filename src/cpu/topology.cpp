@@ -206,30 +206,33 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
 }
 
 Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
-                           const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments) {
+                           const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
+                           bool transposed) {
   SNACK_RETURN_IF_ERROR(detail::check_pack_tile_fragments(m, k, nnz, row_ptr, tile_ptr, tile_entries, value_bits,
                                                           fragments));
   const FragmentLayout layout = tile_fragment_layout(m, k, nnz);
   std::fill(fragments, fragments + layout.words, 0);
-  const int64_t chunks = tile_view_chunks(k);
+  const int64_t chunks = tile_view_chunks(k), bands = tile_view_bands(m);
   std::vector<uint32_t> regs(static_cast<size_t>(kFragmentHeaderWords * kFragmentRegisters));
   std::vector<uint32_t> masks(static_cast<size_t>(kFragmentHeaderWords));
-  for (int64_t b = 0; b < tile_view_bands(m); ++b) {
+  for (int64_t b = 0; b < bands; ++b) {
     const int32_t first = row_ptr[b * kTileViewRows];
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t tile = b * chunks + c;
       const int64_t at = tile_fragment_start(b, c, chunks, first, tile_ptr[tile]);  // from layout.values
+      const int64_t index = transposed ? c * bands + b : tile;                       // of its pair and header
       std::fill(regs.begin(), regs.end(), 0u);
       std::fill(masks.begin(), masks.end(), 0u);
       for (int32_t e = tile_ptr[tile]; e < tile_ptr[tile + 1]; ++e) {
         const uint32_t entry = tile_entries[e], pos = entry & kTileViewPositionMask;
-        const FragmentPlace f = fragment_place(int(pos / kTileViewCols), int(pos % kTileViewCols));
+        const int row = int(pos / kTileViewCols), col = int(pos % kTileViewCols);
+        const FragmentPlace f = transposed ? fragment_place(col, row) : fragment_place(row, col);
         const int owner = f.group * kFragmentLanes + f.lane;
         regs[size_t(owner) * kFragmentRegisters + f.reg] |=
             uint32_t(value_bits[first + int64_t(entry >> kTileViewSlotShift)]) << (16 * f.half);
         masks[size_t(owner)] |= 1u << f.reg;
       }
-      int32_t* header = fragments + layout.headers + kFragmentHeaderWords * tile;
+      int32_t* header = fragments + layout.headers + kFragmentHeaderWords * index;
       int64_t stored = 0;
       for (int owner = 0; owner < kFragmentHeaderWords; ++owner) {
         header[owner] = int32_t(masks[size_t(owner)] | uint32_t(stored) << 16);
@@ -238,8 +241,8 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
             fragments[layout.values + at + stored++] = int32_t(regs[size_t(owner) * kFragmentRegisters + r]);
       }
       const int64_t words = (stored + 3) / 4 * 4;
-      fragments[2 * tile] = stored > 0 ? int32_t(at) : 0;
-      fragments[2 * tile + 1] = int32_t(words);
+      fragments[2 * index] = stored > 0 ? int32_t(at) : 0;
+      fragments[2 * index + 1] = int32_t(words);
     }
   }
   return Status::Ok();

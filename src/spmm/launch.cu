@@ -221,10 +221,11 @@ Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& v
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
 // values and this pattern): kTileView's mma.sync kernel in batch tiles of 16, 32 or 64 rows, or
-// kWgmma's in batch tiles of 16 to 128.
+// kWgmma's in batch tiles of 16 to 128. Transposed: dX = dY W as the forward of W^T over W^T's
+// fragments (in: dY, out: dX), whose layout has W's offsets and W^T's tiles (W's rows as chunks).
 template <typename T, typename Index>
 Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const T* in, int64_t n, const T* bias,
-                        T* out, Activation act, Stream stream, const uint32_t* fragments) {
+                        T* out, Activation act, Stream stream, const uint32_t* fragments, bool transposed = false) {
   if constexpr (kIsHalfType<T>) {
     if (tile_view_ptr_length(w.rows, w.cols) == 0)
       return InvalidArgument(std::string(spmm_variant_name(plan.variant)) +
@@ -233,14 +234,15 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
       return InvalidArgument(std::string(spmm_variant_name(plan.variant)) +
                              ": tile fragments must start on a 16-byte boundary");
     const FragmentLayout layout = tile_fragment_layout(w.rows, w.cols, w.nnz);
+    const int64_t out_dim = transposed ? w.cols : w.rows, in_dim = transposed ? w.rows : w.cols;
     const detail::FragmentView view{reinterpret_cast<const int2*>(fragments), fragments + layout.headers,
-                                    fragments + layout.values, tile_view_chunks(w.cols)};
+                                    fragments + layout.values, tile_view_chunks(in_dim)};
     if (plan.variant == SpmmVariant::kWgmma)
-      return detail::launch_fragments_wgmma<T>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
+      return detail::launch_fragments_wgmma<T>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     switch (plan.batch_tile) {
-      case 16: return launch_fragments_tile<T, 16>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
-      case 32: return launch_fragments_tile<T, 32>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
-      case 64: return launch_fragments_tile<T, 64>(plan, view, w.rows, w.cols, in, n, bias, out, act, stream);
+      case 16: return launch_fragments_tile<T, 16>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 32: return launch_fragments_tile<T, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+      case 64: return launch_fragments_tile<T, 64>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
       default:
         return InvalidArgument("tile_view over tile fragments: unsupported batch tile " +
                                std::to_string(plan.batch_tile));
@@ -431,11 +433,20 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
 
 template <typename T, typename Index>
 Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy, int64_t n, T* dx,
-                       const SpmmPlan& plan, void* workspace, Stream stream) {
+                       const SpmmPlan& plan, void* workspace, Stream stream, const uint32_t* fragments) {
   using snack::detail::required_if;
   SNACK_RETURN_IF_ERROR(snack::detail::check_op(
       w, n, values, {{"dy", required_if(n * w.rows > 0, dy)}, {"dx", required_if(n * w.cols > 0, dx)}}));
   SNACK_RETURN_IF_ERROR(check_plan_matches(plan, problem_of<T>(w.cols, w.rows, w.nnz, n, true)));
+  if (fragments != nullptr && !plan.reads_fragments)
+    return InvalidArgument("spmm_transposed: tile fragments given to a plan that does not read them");
+  if (plan.reads_fragments) {
+    if (fragments == nullptr)
+      return InvalidArgument("spmm_transposed: the plan reads W^T's tile fragments, and none are given");
+    if (n == 0 || w.cols == 0) return Status::Ok();
+    return launch_fragments<T, Index>(plan, w, dy, n, static_cast<const T*>(nullptr), dx, Activation::kNone, stream,
+                                      fragments, true);
+  }
   if (plan.csc_copied) {
     if (plan.variant == SpmmVariant::kCooAtomic || plan.variant == SpmmVariant::kDenseBlocks ||
         plan.variant == SpmmVariant::kWgmma)
@@ -529,7 +540,7 @@ Status spmm_transposed(const SlotPattern<Index>& w, const T* values, const T* dy
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
                                          const SpmmPlan&, void*, Stream, Activation, const uint32_t*);           \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*,          \
-                                            const SpmmPlan&, void*, Stream);                                     \
+                                            const SpmmPlan&, void*, Stream, const uint32_t*);                    \
   template Status spmm_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, const T*, T*,   \
                                          Stream, Activation);                                                    \
   template Status spmm_transposed<T, Index>(const SlotPattern<Index>&, const T*, const T*, int64_t, T*, Stream); \

@@ -869,6 +869,25 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       return Status::Ok();
     }
   }
+  if (p.transposed && p.can_pack_fragments && p.requested == SpmmVariant::kAuto) {
+    // dX = dY W as the forward of the K x M weight W^T over its tile fragments (transposed tile
+    // fragments, packed for this product from W's tile view), where that forward's rule holds: the
+    // same kernel, the same 129-512 rows. W's rows are W^T's columns, which the tile view bounds.
+    SpmmProblem forward = p;
+    forward.transposed = false;
+    forward.csc = CscRead::kAuto;
+    forward.packed_tiles = TileValues::kFragments;
+    forward.can_pack_fragments = false;
+    if (p.n > 128 && p.n <= kFragmentPackMaxRows && p.in_dim <= kTileViewMaxCols &&
+        fragment_wgmma_pays(forward, limits)) {
+      SNACK_RETURN_IF_ERROR(plan_direct(forward, limits, out));
+      out->problem = p;
+      out->problem.packed_tiles = TileValues::kFragments;
+      out->problem.can_pack_fragments = false;
+      out->packs_fragments = true;
+      return Status::Ok();
+    }
+  }
   if (!p.transposed || p.csc == CscRead::kInPlace) return plan_direct(p, limits, out);
   // dense_blocks expands W^T from the CSC view itself, wgmma sorts the view's slots into its own
   // lists and tile_view reads the forward's tile view: they read the pattern in place.
@@ -933,16 +952,18 @@ std::string describe(const SpmmPlan& plan) {
          std::to_string(plan.chunk) + " columns, " + std::to_string(plan.k_splits) +
          " block" + (plan.k_splits > 1 ? "s" : "") + " per band";
     if (plan.reads_fragments) {
-      const int words = cuda::detail::fragment_stage_words(plan.problem.out_dim, plan.problem.in_dim, plan.problem.nnz);
+      const SpmmProblem& q = plan.problem;
+      const int words = cuda::detail::fragment_stage_words(q.out_dim, q.in_dim, q.nnz);
+      // W's dimensions: the transposed product's out_dim is W's columns
+      const int64_t rows = q.transposed ? q.in_dim : q.out_dim, cols = q.transposed ? q.out_dim : q.in_dim;
       s += std::string(plan.variant == SpmmVariant::kWgmma
                            ? (plan.consumer_warpgroups == 2 ? ", two warpgroups on alternate tiles" : "") +
                                  std::string(", A operands in registers")
                            : ", operands") +
-           " loaded from the tile fragments" +
+           " loaded from the tile fragments" + (q.transposed ? " of W^T" : "") +
            (plan.packs_fragments
-                ? " (packed for this product, " +
-                      std::to_string(4 * tile_fragment_layout(plan.problem.out_dim, plan.problem.in_dim,
-                                                              plan.problem.nnz).words) + " B)"
+                ? " (packed for this product, " + std::to_string(4 * tile_fragment_layout(rows, cols, q.nnz).words) +
+                      " B)"
                 : std::string()) +
            ", " + std::to_string(cuda::detail::kFragmentStages) + " stages of " + std::to_string(words) +
            " register words";

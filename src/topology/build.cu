@@ -349,20 +349,22 @@ __global__ void __launch_bounds__(kPackThreads)
 // (group, lane) t, then writes its header word and moves its stored registers to the offset a block
 // scan gives it, so that the block stores the tile's words in order, coalesced, with zeros up to the
 // next tile's first (the band's end after its last tile, the layout's after the last band's): every
-// word of the layout is written.
+// word of the layout is written. Transposed (W^T's fragments), the block swaps each entry's row and
+// column and writes its tile's pair and header at W^T's tile index.
 constexpr int kFragmentPackThreads = int(kFragmentHeaderWords);
 constexpr int kFragmentPackBatch = 8;  // 1024 entries a round: a tile at 75% sparsity in one
 __global__ void __launch_bounds__(kFragmentPackThreads)
     pack_tile_fragments_kernel(int64_t m, int64_t chunks, const int32_t* __restrict__ row_ptr,
                                const int32_t* __restrict__ tile_ptr, const uint32_t* __restrict__ tile_entries,
                                const uint16_t* __restrict__ value_bits, int32_t* __restrict__ fragments,
-                               FragmentLayout layout) {
+                               FragmentLayout layout, bool transposed) {
   using Scan = cub::BlockScan<int, kFragmentPackThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ alignas(16) uint32_t regs[kFragmentHeaderWords * kFragmentRegisters];
   __shared__ uint32_t masks[kFragmentHeaderWords];
   const int t = int(threadIdx.x);
   const int64_t tile = blockIdx.x, band = tile / chunks, chunk = tile % chunks;
+  const int64_t index = transposed ? chunk * (layout.tiles / chunks) + band : tile;  // of its pair and header
   const int64_t r1 = (band + 1) * kTileViewRows < m ? (band + 1) * kTileViewRows : m;
   const int32_t first = row_ptr[band * kTileViewRows], last = row_ptr[r1];
   const int32_t e0 = tile_ptr[tile], e1 = tile_ptr[tile + 1];
@@ -386,7 +388,8 @@ __global__ void __launch_bounds__(kFragmentPackThreads)
     for (int i = 0; i < kFragmentPackBatch; ++i) {
       if (base + i * kFragmentPackThreads >= e1) break;
       const uint32_t pos = entries[i] & kTileViewPositionMask;
-      const FragmentPlace f = fragment_place(int(pos / kTileViewCols), int(pos % kTileViewCols));
+      const int row = int(pos / kTileViewCols), col = int(pos % kTileViewCols);
+      const FragmentPlace f = transposed ? fragment_place(col, row) : fragment_place(row, col);
       const int owner = f.group * kFragmentLanes + f.lane;
       atomicOr(&regs[owner * kFragmentRegisters + f.reg], bits[i] << (16 * f.half));
       atomicOr(&masks[owner], 1u << f.reg);
@@ -404,7 +407,7 @@ __global__ void __launch_bounds__(kFragmentPackThreads)
   Scan(scan).ExclusiveSum(__popc(mask), offset, stored);
   const int64_t at = tile_fragment_start(band, chunk, chunks, first, e0);
   const int32_t words = (stored + 3) / 4 * 4;
-  fragments[layout.headers + kFragmentHeaderWords * tile + t] = int32_t(mask | uint32_t(offset) << 16);
+  fragments[layout.headers + kFragmentHeaderWords * index + t] = int32_t(mask | uint32_t(offset) << 16);
   __syncthreads();  // every thread has its registers before any is overwritten
 #pragma unroll
   for (int r = 0, k = offset; r < kFragmentRegisters; ++r)
@@ -416,8 +419,8 @@ __global__ void __launch_bounds__(kFragmentPackThreads)
                                           : layout.words - layout.values;
   for (int64_t w = t; w < next - at; w += kFragmentPackThreads) out[w] = w < stored ? int32_t(regs[w]) : 0;
   if (t == 0) {
-    fragments[2 * tile] = stored > 0 ? int32_t(at) : 0;
-    fragments[2 * tile + 1] = words;
+    fragments[2 * index] = stored > 0 ? int32_t(at) : 0;
+    fragments[2 * index + 1] = words;
   }
   if (tile == 0)  // the pairs' padding
     for (int64_t w = 2 * layout.tiles + t; w < layout.headers; w += kFragmentPackThreads) fragments[w] = 0;
@@ -436,13 +439,13 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
 
 Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
                            const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
-                           Stream stream) {
+                           Stream stream, bool transposed) {
   SNACK_RETURN_IF_ERROR(snack::detail::check_pack_tile_fragments(m, k, nnz, row_ptr, tile_ptr, tile_entries,
                                                                  value_bits, fragments));
   const FragmentLayout layout = tile_fragment_layout(m, k, nnz);
   if (layout.tiles == 0) return Status::Ok();
   pack_tile_fragments_kernel<<<unsigned(layout.tiles), kFragmentPackThreads, 0, stream>>>(
-      m, tile_view_chunks(k), row_ptr, tile_ptr, tile_entries, value_bits, fragments, layout);
+      m, tile_view_chunks(k), row_ptr, tile_ptr, tile_entries, value_bits, fragments, layout, transposed);
   return check_launch("pack_tile_fragments_kernel");
 }
 

@@ -218,23 +218,26 @@ void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, cons
 
 // The values over a checked pattern that holds the tile view, in the layout `kind` (packed tile
 // values or tile fragments), into `out` (empty_tiles).
-void pack_into(const PatternArg& p, const at::Tensor& values, TileValues kind, at::Tensor& out, const char* op) {
+// Transposed: W^T's tile fragments.
+void pack_into(const PatternArg& p, const at::Tensor& values, TileValues kind, at::Tensor& out, const char* op,
+               bool transposed = false) {
   const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
   const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
   throw_if_error(kind == TileValues::kFragments
                      ? cpu::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
                                                 p.tile_ptr.data_ptr<int32_t>(), entries, bits,
-                                                out.data_ptr<int32_t>())
+                                                out.data_ptr<int32_t>(), transposed)
                      : cpu::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
                                              static_cast<uint32_t*>(out.data_ptr())),
                  op);
 }
 
-at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op) {
+at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op,
+                      bool transposed = false) {
   const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
   at::Tensor out = empty_tiles(values, p, kind, op);
   check_contents(p, op);
-  pack_into(p, values, kind, out, op);
+  pack_into(p, values, kind, out, op, transposed);
   return out;
 }
 
@@ -242,8 +245,8 @@ at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
   return pack_tiles(values, pattern, TileValues::kPacked, "pack_tile_values");
 }
 
-at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
-  return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments");
+at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern, bool transposed) {
+  return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments", transposed);
 }
 
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,

@@ -97,7 +97,8 @@ void dense_blocks_weight_grad(const PatternArg& p, const at::Tensor& dy, const a
 }
 
 // The values of pattern `p` in the layout `kind`, on the current stream.
-at::Tensor pack_tiles_of(const PatternArg& p, const at::Tensor& values, TileValues kind, const char* op) {
+at::Tensor pack_tiles_of(const PatternArg& p, const at::Tensor& values, TileValues kind, const char* op,
+                         bool transposed = false) {
   at::Tensor out = empty_tiles(values, p, kind, op);
   const c10::cuda::CUDAGuard guard(p.device);
   const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
@@ -105,7 +106,7 @@ at::Tensor pack_tiles_of(const PatternArg& p, const at::Tensor& values, TileValu
   throw_if_error(kind == TileValues::kFragments
                      ? cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
                                                  p.tile_ptr.data_ptr<int32_t>(), entries, bits,
-                                                 out.data_ptr<int32_t>(), current_stream())
+                                                 out.data_ptr<int32_t>(), current_stream(), transposed)
                      : cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
                                               static_cast<uint32_t*>(out.data_ptr()), current_stream()),
                  op);
@@ -165,16 +166,17 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
 }
 
 // pack_tile_values and pack_tile_fragments: the values in the layout `kind`, on the current stream.
-at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op) {
-  return pack_tiles_of(pattern_arg(pattern, op, PatternNeeds::kForward), values, kind, op);
+at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op,
+                      bool transposed = false) {
+  return pack_tiles_of(pattern_arg(pattern, op, PatternNeeds::kForward), values, kind, op, transposed);
 }
 
 at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
   return pack_tiles(values, pattern, TileValues::kPacked, "pack_tile_values");
 }
 
-at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern) {
-  return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments");
+at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern, bool transposed) {
+  return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments", transposed);
 }
 
 // kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each
@@ -278,6 +280,11 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
     dense_blocks_product(in.p, values, in.dy, std::nullopt, Activation::kNone, plan, dx, op);
     return dx;
   }
+  // W^T's tile fragments, packed for this product where the plan asks: freed after it
+  const at::Tensor fragments = plan.packs_fragments
+                                   ? pack_tiles_of(in.p, values, TileValues::kFragments, op, /*transposed=*/true)
+                                   : at::Tensor();
+  const auto* words = fragments.defined() ? reinterpret_cast<const uint32_t*>(fragments.data_ptr()) : nullptr;
   const at::Tensor ws = workspace(plan.workspace_bytes, values);
   dispatch_value_type(values, op, [&](auto tag) {
     using T = decltype(tag);
@@ -285,7 +292,7 @@ at::Tensor spmm_t(const at::Tensor& dy, const at::Tensor& values, at::TensorList
                                 [&](auto w) {
                                   return cuda::spmm_transposed(w, data_as<T>(values), data_as<T>(in.dy), n,
                                                                data_as<T>(dx), plan, data_or_null(ws),
-                                                               current_stream());
+                                                               current_stream(), words);
                                 }),
                    op);
   });

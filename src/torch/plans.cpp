@@ -221,8 +221,10 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
                                                     spmm_variant_arg(variant, transposed, op)},
                                         p.has_tile_view());
   TORCH_CHECK_VALUE(!(packed && fragments), "snack.explain: give packed or fragments, not both");
-  // The planner reads it for the forward's 16-bit products over the view.
-  problem.packed_tiles = fragments ? TileValues::kFragments : packed ? TileValues::kPacked : TileValues::kNone;
+  // The planner reads it for the forward's 16-bit products over the view (dX is given none: what the
+  // layer holds in tile order is W's, and spmm_t packs W^T's where its plan asks).
+  if (!transposed)
+    problem.packed_tiles = fragments ? TileValues::kFragments : packed ? TileValues::kPacked : TileValues::kNone;
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),

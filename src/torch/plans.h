@@ -23,15 +23,15 @@ bool tf32_matmuls();
 /// reading the CSC view as the process asks (set_default_csc_read), told whether its pattern
 /// holds the tile view (`tile_view`), and the tile view's blocks per band and the wgmma kernels'
 /// warpgroups per block (the forward over fragments, the tile-view SDDMM) the process asks
-/// (set_default_tile_view_splits, set_default_fragment_warpgroups). A 16-bit forward over the view
-/// can have tile fragments packed for it where its plan asks (the CUDA forward packs them).
+/// (set_default_tile_view_splits, set_default_fragment_warpgroups). A 16-bit product over the view
+/// can have tile fragments packed for it where its plan asks (the CUDA forward packs W's, dX W^T's).
 template <typename Problem>
 Problem binding_problem(Problem p, bool tile_view) {
   p.gemm = true;
   p.tf32 = p.value_bytes == 4 && tf32_matmuls();
   if constexpr (std::is_same_v<Problem, SpmmProblem>) {
     if (p.transposed) p.csc = default_csc_read();
-    p.can_pack_fragments = !p.transposed && p.value_bytes == 2 && tile_view;
+    p.can_pack_fragments = p.value_bytes == 2 && tile_view;
   }
   p.tile_view = tile_view;
   p.tile_view_splits = default_tile_view_splits();

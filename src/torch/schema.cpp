@@ -33,7 +33,8 @@ TORCH_LIBRARY(snack, m) {
   // The tile fragments of 16-bit values over a pattern that holds the tile view (snack/pattern.h):
   // int32 [tile_fragment_layout(...).words], the A operands of mma.sync tile by tile, only the
   // registers that hold a slot. A copy of the values: pack again after they or the pattern change.
-  m.def("pack_tile_fragments(Tensor values, Tensor[] pattern) -> Tensor");
+  // transposed: W^T's fragments (dX = dY W as the forward of W^T), the same length.
+  m.def("pack_tile_fragments(Tensor values, Tensor[] pattern, bool transposed=False) -> Tensor");
   // The forward as a fused training step runs it: y as spmm computes it, and x_t, X transposed where
   // the CUDA plan made that copy of the whole batch (else an empty tensor), for sddmm_adamw_.
   m.def("spmm_for_step(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\")"

@@ -697,10 +697,10 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
 }
 
 TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
-  // A 16-bit forward over the tile view given no values in tile order, whose caller can pack tile
-  // fragments: where wgmma's kernel over them pays at 129-512 rows the plan packs them and reads them;
-  // elsewhere it plans as without them, and it never packs for 17-128 rows or past 512, for dX, fp32,
-  // a forced variant, a GPU without wgmma or a caller that cannot pack.
+  // A 16-bit product over the tile view given no values in tile order, whose caller can pack tile
+  // fragments: where wgmma's kernel over them pays at 129-512 rows the plan packs them (W^T's for dX)
+  // and reads them; elsewhere it plans as without them, and it never packs for 17-128 rows or past
+  // 512, for fp32, a forced variant, a GPU without wgmma or a caller that cannot pack.
   const auto planned = [](int64_t out, int64_t in, double density, int64_t n, bool can_pack = true,
                           SpmmVariant requested = SpmmVariant::kAuto, int value_bytes = 2, bool transposed = false,
                           const DeviceLimits& limits = DeviceLimits::h200()) {
@@ -739,7 +739,31 @@ TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
   EXPECT_FALSE(planned(16384, 4096, 0.3, 256).packs_fragments);  // denser than the rule
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kTensorCore).packs_fragments);
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 4).packs_fragments);
-  EXPECT_FALSE(planned(4096, 16384, 0.1, 256, true, SpmmVariant::kAuto, 2, true).packs_fragments);
+  for (const int64_t n : {129, 256, 512}) {  // dX of a 16384 x 4096 weight: the forward of W^T
+    const SpmmPlan p = planned(4096, 16384, 0.1, n, true, SpmmVariant::kAuto, 2, true);
+    EXPECT_TRUE(p.packs_fragments) << describe(p);
+    EXPECT_TRUE(p.reads_fragments);
+    EXPECT_EQ(p.variant, SpmmVariant::kWgmma);
+    EXPECT_FALSE(p.csc_copied);
+    EXPECT_TRUE(p.problem.transposed);
+    EXPECT_EQ(p.problem.packed_tiles, TileValues::kFragments);
+    EXPECT_NE(describe(p).find("tile fragments of W^T (packed for this product, "), std::string::npos) << describe(p);
+    SpmmProblem forward{4096, 16384, p.problem.nnz, n, 2, false, SpmmVariant::kAuto};
+    forward.tile_view = true;
+    forward.gemm = true;
+    forward.packed_tiles = TileValues::kFragments;
+    SpmmPlan f;
+    ASSERT_TRUE(plan_spmm(forward, DeviceLimits::h200(), &f).ok());
+    EXPECT_EQ(p.grid_x, f.grid_x);  // W^T's forward, launched as planned for it
+    EXPECT_EQ(p.batch_tile, f.batch_tile);
+    EXPECT_EQ(p.k_splits, f.k_splits);
+    EXPECT_EQ(p.smem_bytes, f.smem_bytes);
+  }
+  for (const int64_t n : {int64_t(128), int64_t(513)})
+    EXPECT_FALSE(planned(4096, 16384, 0.1, n, true, SpmmVariant::kAuto, 2, true).packs_fragments);
+  EXPECT_FALSE(planned(4096, 16384, 0.1, 256, false, SpmmVariant::kAuto, 2, true).packs_fragments);
+  // W's rows past the tile view's columns: W^T would have no tile view
+  EXPECT_FALSE(planned(4096, 32768, 0.1, 256, true, SpmmVariant::kAuto, 2, true).packs_fragments);
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 2, false, DeviceLimits::a100())
                    .packs_fragments);
   // Given fragments, the plan reads them and packs nothing.

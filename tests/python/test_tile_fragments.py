@@ -48,14 +48,15 @@ def register_positions(group: int, lane: int, reg: int) -> tuple[int, int]:
     return row, col
 
 
-def decode(fragments: torch.Tensor, m: int, k: int, slots: dict) -> dict:
-    """{(row, col): value bits} of tile fragments; checks the layout's invariants on the way."""
+def decode(fragments: torch.Tensor, m: int, k: int, slots: dict, length: int | None = None) -> dict:
+    """{(row, col): value bits} of the tile fragments of an m x k matrix; checks the layout's
+    invariants on the way. length: the words, where not the m x k layout's (W^T's fragments have W's)."""
     words = fragments.cpu().long() & 0xFFFFFFFF
     bands, chunks = -(-m // TILE_ROWS), -(-k // TILE_COLS)
     tiles = bands * chunks
     headers = (2 * tiles + 3) // 4 * 4
     values = headers + HEADER_WORDS * tiles
-    assert words.numel() == ops.tile_fragment_words(m, k, len(slots))
+    assert words.numel() == (ops.tile_fragment_words(m, k, len(slots)) if length is None else length)
     found = {}
     for tile in range(tiles):
         band, chunk = divmod(tile, chunks)
@@ -102,6 +103,42 @@ def test_every_slot_in_its_register(device, m, k, n, nnz, empty_rows, dtype):
     if device.type == "cuda":  # both backends pack the same words
         cpu = copy.deepcopy(w.pattern).to("cpu")
         assert torch.equal(ops.pack_tile_fragments(w.values.cpu(), cpu.tensors), fragments.cpu())
+
+
+@pytest.mark.parametrize("m,k,n,nnz,empty_rows", ODD_SHAPES + [(64, 64, 1, 4096, 0), (130, 200, 1, 0, 0),
+                                                 (200, 70, 1, 3000, 20)])
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_transposed_fragments_are_w_t_fragments(device, m, k, n, nnz, empty_rows, dtype):
+    # W^T's tile fragments (dX = dY W as the forward of W^T): tile (c, b) of W^T holds W's tile (b, c)
+    # transposed, in W's length.
+    w = Weight(m, k, nnz, device=device, dtype=dtype, empty_rows=empty_rows, seed=m + 2 * k)
+    poison_cache(device)
+    fragments = ops.pack_tile_fragments(w.values, w.tensors, transposed=True)
+    assert fragments.shape == (ops.tile_fragment_words(m, k, nnz),) and fragments.dtype == torch.int32
+    slots_t = {(c, r): bits for (r, c), bits in slot_bits(w).items()}
+    assert decode(fragments, k, m, slots_t, length=ops.tile_fragment_words(m, k, nnz)) == slots_t
+    if device.type == "cuda":  # both backends pack the same words
+        cpu = copy.deepcopy(w.pattern).to("cpu")
+        assert torch.equal(ops.pack_tile_fragments(w.values.cpu(), cpu.tensors, transposed=True), fragments.cpu())
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
+@pytest.mark.parametrize("m,k,empty_rows", [(1030, 2053, 40), (2048, 1024, 0)])
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_input_grad_packs_w_t_fragments_past_128_rows(m, k, empty_rows, dtype):
+    # dX of a 16-bit layer of 2^21 weights and more at 129-512 rows: W^T's fragments packed for the
+    # product, wgmma's forward kernel over them (dY rows not 16-byte aligned where W has 1030 rows),
+    # against float64; elsewhere the plan is the one without them.
+    w = Weight(m, k, m * k // 10, device="cuda", dtype=dtype, empty_rows=empty_rows, seed=m)
+    for n in (128, 129, 300, 512, 513):
+        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "input_grad", "auto", "none", 1, False, False))
+        assert ("tile fragments of W^T (packed for this product" in plan.describe) == (128 < n <= 512), plan
+    for n in (129, 300, 512):
+        dy = w.randn(n, m, seed=n)
+        poison_cache(torch.device("cuda"))
+        dx = ops.spmm_t(dy, w.values, w.tensors)
+        assert_matmul(dx, dy, w.dense64, dtype, what=f"dX over W^T's fragments, N = {n}")
+        assert torch.equal(ops.spmm_t(dy, w.values, w.tensors), dx), "deterministic"
 
 
 def test_packing_follows_a_pattern_kept_for_inference(device):
@@ -268,6 +305,7 @@ def test_training_forward_packs_fragments_past_128_rows(dtype):
     torch.manual_seed(2)
     layer = snack.SparseLinear(3072, 768, density=0.1, device="cuda", bias=True)
     assert "packed for this product" in snack.explain(layer, 300, dtype=dtype).describe
+    assert "of W^T (packed for this product" in snack.explain(layer, 300, op="input_grad", dtype=dtype).describe
     x = torch.randn(3, 100, 3072, device="cuda")
     for step in range(2):
         xg = x.clone().requires_grad_(True)
