@@ -113,11 +113,13 @@ def precision_mode(precision: str):
 
 def training_step(layer, opt, x, target, precision="fp32"):
     """The step every implementation is timed on: forward (under autocast for bf16_autocast),
-    squared-error loss in fp32, backward, optimizer step."""
+    squared-error loss in fp32, backward (dX too where x requires its gradient, as for a layer inside
+    a network), optimizer step."""
     autocast = precision == "bf16_autocast"
 
     def step():
         opt.zero_grad()  # PyTorch's default, set_to_none=True: backward writes fresh gradients
+        x.grad = None
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast, cache_enabled=False):
             out = layer(x)
         ((out.float() - target) ** 2).mean().backward()
@@ -126,13 +128,13 @@ def training_step(layer, opt, x, target, precision="fp32"):
     return step
 
 
-def time_layer(impl, ref, n, opt_name, steps=20, precision="fp32"):
+def time_layer(impl, ref, n, opt_name, steps=20, precision="fp32", input_grad=False):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     layer = make_layer(impl, ref)
     opt = make_optimizer(opt_name, layer.parameters(), impl=impl)
-    x = torch.randn(n, ref.in_features, device="cuda")
+    x = torch.randn(n, ref.in_features, device="cuda", requires_grad=input_grad)
     target = torch.randn(n, ref.out_features, device="cuda")
     step = training_step(layer, opt, x, target, precision)
     for _ in range(3):
@@ -480,6 +482,9 @@ def main(argv=None) -> int:
                         help=f"comma-separated, of {', '.join(OPTIMIZER_CHOICES)} (adamw: torch's default, foreach)")
     parser.add_argument("--tag", default="", help="suffix of the result files' names (layer_<gpu>_<tag>.*)")
     parser.add_argument("--backward-only", action="store_true", help="only the backward kernels (no layer steps)")
+    parser.add_argument("--input-grad", action="store_true",
+                        help="the layer steps compute dX too (the input requires its gradient, as for a layer inside "
+                             "a network); without it the input is data, as for a first layer")
     parser.add_argument("--precisions", default="fp32",
                         help=f"layer steps in each of {', '.join(PRECISIONS)} (comma-separated): fp32 with TF32 off, "
                              "TF32 allowed for torch's matmuls, the forward under autocast bf16")
@@ -542,6 +547,8 @@ def main(argv=None) -> int:
     info["method"] = ("layer: median of 20 warm steps (CUDA events), CUDA-graph replay median, wall = 20 steps "
                       "back to back / 20, peak = max_memory_allocated over one step minus memory before the layer; "
                       f"backward kernels: median of 20 single calls, {benchmark.ColdTimer.METHOD}")
+    info["step"] = ("forward, dX, dW, optimizer step (the input requires its gradient)" if args.input_grad else
+                    "forward, dW, optimizer step (the input is data: no dX)")
     timer = benchmark.ColdTimer()
     layer_rows, back_rows = [], []
     configs = list(itertools.product(shapes, sparsities))
@@ -568,7 +575,8 @@ def main(argv=None) -> int:
                     continue
                 try:
                     with precision_mode(precision):
-                        gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name, precision=precision)
+                        gpu, graph_us, wall, peak = time_layer(impl, ref, n, opt_name, precision=precision,
+                                                               input_grad=args.input_grad)
                 except RuntimeError as exc:  # a baseline without this precision (torch.sparse under autocast)
                     if impl.startswith("snack") or precision == "fp32":
                         raise
