@@ -869,10 +869,11 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
       return Status::Ok();
     }
   }
-  if (p.transposed && p.can_pack_fragments && p.requested == SpmmVariant::kAuto) {
+  if (p.transposed && p.can_pack_fragments && p.requested == SpmmVariant::kAuto && p.csc == CscRead::kAuto) {
     // dX = dY W as the forward of the K x M weight W^T over its tile fragments (transposed tile
     // fragments, packed for this product from W's tile view), where that forward's rule holds: the
     // same kernel, the same 129-512 rows. W's rows are W^T's columns, which the tile view bounds.
+    // A CSC read asked for (in place or copied) keeps dX on the CSC view.
     SpmmProblem forward = p;
     forward.transposed = false;
     forward.csc = CscRead::kAuto;

@@ -762,6 +762,17 @@ TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
   for (const int64_t n : {int64_t(128), int64_t(513)})
     EXPECT_FALSE(planned(4096, 16384, 0.1, n, true, SpmmVariant::kAuto, 2, true).packs_fragments);
   EXPECT_FALSE(planned(4096, 16384, 0.1, 256, false, SpmmVariant::kAuto, 2, true).packs_fragments);
+  for (const CscRead read : {CscRead::kInPlace, CscRead::kCopied}) {  // a CSC read asked for: dX stays on it
+    SpmmProblem dx{4096, 16384, nnz_for_density(4096, 16384, 0.1), 256, 2, true, SpmmVariant::kAuto};
+    dx.tile_view = true;
+    dx.gemm = true;
+    dx.can_pack_fragments = true;
+    dx.csc = read;
+    SpmmPlan p;
+    ASSERT_TRUE(plan_spmm(dx, DeviceLimits::h200(), &p).ok());
+    EXPECT_FALSE(p.packs_fragments) << describe(p);
+    EXPECT_FALSE(p.reads_fragments) << describe(p);
+  }
   // W's rows past the tile view's columns: W^T would have no tile view
   EXPECT_FALSE(planned(4096, 32768, 0.1, 256, true, SpmmVariant::kAuto, 2, true).packs_fragments);
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 2, false, DeviceLimits::a100())
