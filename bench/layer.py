@@ -462,13 +462,6 @@ def less_or_more(value: float, reference: float) -> str:
     return f"{change:.0f}% less" if change >= 0 else f"{-change:.0f}% more"
 
 
-def render_from_csv(layer_csv: Path, backward_csv: Path) -> str:
-    """Rebuilds the Markdown summary from result files written by an earlier run."""
-    info, layer_rows = benchmark.read_csv(layer_csv)
-    _, back_rows = benchmark.read_csv(backward_csv)
-    return summarize(layer_rows, back_rows, info)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -508,9 +501,10 @@ def main(argv=None) -> int:
             print(write_16bit_summary(backward_csv, back_rows, info))
         for layer_csv in sorted(args.out.glob("layer_*.csv")):
             slug = layer_csv.stem[len("layer_"):]
-            md = render_from_csv(layer_csv, args.out / f"backward_{slug}.csv")
-            (args.out / f"layer_{slug}.md").write_text(md)
             info, layer_rows = benchmark.read_csv(layer_csv)
+            _, back_rows = benchmark.read_csv(args.out / f"backward_{slug}.csv")
+            md = summarize(layer_rows, back_rows, info)
+            (args.out / f"layer_{slug}.md").write_text(md)
             plot(layer_rows, args.out / f"layer_{slug}.png", info)
             print(md)
         for backward_csv in sorted(args.out.glob("backward_*_kernels.csv")):

@@ -166,6 +166,15 @@ constexpr int64_t tile_fragment_start(int64_t band, int64_t chunk, int64_t chunk
   return (first_slot + 3) / 4 * 4 + 8 * (chunks + 1) * band + (first_entry - first_slot) / 4 * 4 + 8 * chunk;
 }
 
+/// Where W's tile `chunk` of band `band` (of `bands`) keeps its pair and header in W^T's tile
+/// fragments: its index in W^T's tile order (W^T's band `chunk`, chunk `band`).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int64_t transposed_fragment_tile(int64_t band, int64_t chunk, int64_t bands) {
+  return chunk * bands + band;
+}
+
 /// Read-only view of a slot pattern: which positions of a `rows x cols` matrix are stored.
 ///
 /// The slots are kept sorted row-major (by row, then column), so slot s of row r lies in

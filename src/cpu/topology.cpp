@@ -220,7 +220,7 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t tile = b * chunks + c;
       const int64_t at = tile_fragment_start(b, c, chunks, first, tile_ptr[tile]);  // from layout.values
-      const int64_t index = transposed ? c * bands + b : tile;                       // of its pair and header
+      const int64_t index = transposed ? transposed_fragment_tile(b, c, bands) : tile;  // its pair and header
       std::fill(regs.begin(), regs.end(), 0u);
       std::fill(masks.begin(), masks.end(), 0u);
       for (int32_t e = tile_ptr[tile]; e < tile_ptr[tile + 1]; ++e) {

@@ -479,16 +479,15 @@ Status expand_block(const SlotPattern<Index>& w, const T* values, bool transpose
     return InvalidArgument("expand_block: block and values must not be null");
   const bool vector_rows = reinterpret_cast<uintptr_t>(block) % 16 == 0 && (width * int64_t(sizeof(T))) % 16 == 0;
   constexpr int kThreads = detail::kExpandThreads;
-  const int64_t row_bytes = detail::expand_staged_row_bytes(width, int64_t(sizeof(T)));
+  const detail::ExpandLaunch launch = detail::expand_launch(count, width, int64_t(sizeof(T)));
   const auto expand = [&](const auto& view) {
-    if (row_bytes <= detail::kExpandStagedMaxBytes) {
-      const unsigned grid = unsigned(std::min(count, detail::kExpandStagedMaxBlocks));
-      detail::expand_block_staged_kernel<T><<<grid, kThreads, size_t(row_bytes), stream>>>(view, first, count, width,
-                                                                                           vector_rows, block);
+    if (launch.staged) {
+      detail::expand_block_staged_kernel<T><<<unsigned(launch.grid), kThreads, launch.smem_bytes, stream>>>(
+          view, first, count, width, vector_rows, block);
       return check_launch("expand_block_staged_kernel");
     }
-    const unsigned grid = detail::grid_for(count * 32, kThreads);
-    detail::expand_block_kernel<T><<<grid, kThreads, 0, stream>>>(view, first, count, width, vector_rows, block);
+    detail::expand_block_kernel<T><<<unsigned(launch.grid), kThreads, 0, stream>>>(view, first, count, width,
+                                                                                    vector_rows, block);
     return check_launch("expand_block_kernel");
   };
   if (transposed) return expand(CscView<T, Index>{w.col_ptr, w.csc_perm, w.row_idx, values});

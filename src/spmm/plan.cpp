@@ -814,18 +814,12 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       SNACK_RETURN_IF_ERROR(plan.reads_fragments ? fragment_wgmma_plan(p, &plan, limits)
                                                  : wgmma_plan(p, &plan, limits));
       break;
-    case SpmmVariant::kDenseBlocks: {  // the expansion of one block: a block per output staged in
-      // shared memory where its row fits, else a warp per output
-      using namespace cuda::detail;
-      const int64_t width = p.transposed ? p.out_dim : p.in_dim;
-      const int64_t row_bytes = expand_staged_row_bytes(width, p.value_bytes);
-      plan.threads = kExpandThreads;
-      if (row_bytes <= kExpandStagedMaxBytes) {
-        plan.grid_x = std::max<int64_t>(1, std::min(plan.block_rows, kExpandStagedMaxBlocks));
-        plan.smem_bytes = size_t(row_bytes);
-      } else {
-        plan.grid_x = std::max<int64_t>(1, ceil_div(plan.block_rows, plan.threads / 32));
-      }
+    case SpmmVariant::kDenseBlocks: {  // the expansion of one block, as expand_block launches it
+      const cuda::detail::ExpandLaunch launch =
+          cuda::detail::expand_launch(plan.block_rows, p.transposed ? p.out_dim : p.in_dim, p.value_bytes);
+      plan.threads = cuda::detail::kExpandThreads;
+      plan.grid_x = launch.grid;
+      plan.smem_bytes = launch.smem_bytes;
       break;
     }
     default:
@@ -847,42 +841,30 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   // A forward-only kernel runs dX only as the planner's choice over a copy of the CSC view, never by name.
   if (p.transposed && spmm_variant_is_forward_only(p.requested))
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
-  if (!p.transposed && p.can_pack_fragments && p.packed_tiles == TileValues::kNone &&
-      p.requested == SpmmVariant::kAuto) {
+  if (p.can_pack_fragments && p.packed_tiles == TileValues::kNone && p.requested == SpmmVariant::kAuto &&
+      (!p.transposed || p.csc == CscRead::kAuto) && p.n > 128 && p.n <= kFragmentPackMaxRows) {
     // Fragments packed for this one product where the wgmma kernel over them pays past 128 rows
-    // (fragments_pay_past_128: 1.9-3.3x the kernels without them at 256 rows), up to 512 rows. The
-    // packing (one pass over the weight's values and tile view, writing ~5 bytes a connection at 90%)
-    // costs the planner given the fragments 6-8 us on 768x3072 and 3072x768, 17-29 on 4096x4096 and
-    // 54-97 on 16384x4096 at 80-95% (H100, bf16: spmm_nvidia_h100_80gb_hbm3_bf16_pack_batch.md,
+    // (fragments_pay_past_128: 1.9-3.3x the kernels without them at 256 rows), up to 512 rows: W's
+    // for the forward; for dX = dY W, W^T's (transposed tile fragments, from the same tile view), the
+    // product then running as the forward of the K x M weight W^T, whose rule it follows (W's rows
+    // are W^T's columns, which the tile view bounds; a CSC read asked for keeps dX on the CSC view).
+    // The packing (one pass over the weight's values and tile view, writing ~5 bytes a connection at
+    // 90%) costs the planner given the fragments 6-8 us on 768x3072 and 3072x768, 17-29 on 4096x4096
+    // and 54-97 on 16384x4096 at 80-95% (H100, bf16: spmm_nvidia_h100_80gb_hbm3_bf16_pack_batch.md,
     // commit d897787, `snack` against `snack_fragments`). With it the product still beats
     // dense_blocks at 256 and 512 rows (16384x4096, 80%, 512 rows: 275 against 496 us) but not at
     // 1024, where the kernel given the fragments plus the packing exceed dense_blocks (16384x4096,
     // 80%: 351 + ~97 against 393 us, spmm_nvidia_h100_80gb_hbm3_bf16_large_one_pass.md), so the
     // plan is the one without fragments. Not at 17-128 rows, where the kernel gains less than the
     // packing costs on the small layers.
-    SpmmProblem packed = p;
-    packed.packed_tiles = TileValues::kFragments;
-    packed.can_pack_fragments = false;
-    if (p.n > 128 && p.n <= kFragmentPackMaxRows && fragment_wgmma_pays(packed, limits)) {
-      SNACK_RETURN_IF_ERROR(plan_direct(packed, limits, out));
-      out->packs_fragments = true;
-      return Status::Ok();
-    }
-  }
-  if (p.transposed && p.can_pack_fragments && p.requested == SpmmVariant::kAuto && p.csc == CscRead::kAuto) {
-    // dX = dY W as the forward of the K x M weight W^T over its tile fragments (transposed tile
-    // fragments, packed for this product from W's tile view), where that forward's rule holds: the
-    // same kernel, the same 129-512 rows. W's rows are W^T's columns, which the tile view bounds.
-    // A CSC read asked for (in place or copied) keeps dX on the CSC view.
     SpmmProblem forward = p;
     forward.transposed = false;
     forward.csc = CscRead::kAuto;
     forward.packed_tiles = TileValues::kFragments;
     forward.can_pack_fragments = false;
-    if (p.n > 128 && p.n <= kFragmentPackMaxRows && p.in_dim <= kTileViewMaxCols &&
-        fragment_wgmma_pays(forward, limits)) {
+    if (p.in_dim <= kTileViewMaxCols && fragment_wgmma_pays(forward, limits)) {
       SNACK_RETURN_IF_ERROR(plan_direct(forward, limits, out));
-      out->problem = p;
+      out->problem = p;  // the launch is given them
       out->problem.packed_tiles = TileValues::kFragments;
       out->problem.can_pack_fragments = false;
       out->packs_fragments = true;

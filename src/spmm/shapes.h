@@ -265,6 +265,22 @@ constexpr int64_t expand_staged_row_bytes(int64_t width, int64_t value_bytes) {
 }
 // Blocks of the staged expansion: a row each, at most this many in flight over a grid that loops.
 constexpr int64_t kExpandStagedMaxBlocks = 8192;
+// How expand_block launches for `count` outputs of `width` values (and so what the planner's
+// kDenseBlocks plan reports): a block per output row staged in shared memory (smem_bytes) where the
+// row fits, else a warp per output row; kExpandThreads threads either way.
+struct ExpandLaunch {
+  bool staged = false;
+  int64_t grid = 1;
+  size_t smem_bytes = 0;
+};
+constexpr ExpandLaunch expand_launch(int64_t count, int64_t width, int64_t value_bytes) {
+  const int64_t row_bytes = expand_staged_row_bytes(width, value_bytes);
+  if (row_bytes <= kExpandStagedMaxBytes)
+    return {true, count < 1 ? 1 : count < kExpandStagedMaxBlocks ? count : kExpandStagedMaxBlocks, size_t(row_bytes)};
+  const int64_t rows_per_block = kExpandThreads / 32, blocks = (count + rows_per_block - 1) / rows_per_block;
+  constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid_for's cap: the warps loop over the rest
+  return {false, blocks < 1 ? 1 : blocks < kMaxBlocks ? blocks : kMaxBlocks, 0};
+}
 
 // ---- the reference kernels ----
 constexpr int kCooItems = 8;  // consecutive slots per thread of the atomic COO kernel

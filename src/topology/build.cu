@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(kFragmentPackThreads)
   __shared__ uint32_t masks[kFragmentHeaderWords];
   const int t = int(threadIdx.x);
   const int64_t tile = blockIdx.x, band = tile / chunks, chunk = tile % chunks;
-  const int64_t index = transposed ? chunk * (layout.tiles / chunks) + band : tile;  // of its pair and header
+  const int64_t index = transposed ? transposed_fragment_tile(band, chunk, layout.tiles / chunks) : tile;
   const int64_t r1 = (band + 1) * kTileViewRows < m ? (band + 1) * kTileViewRows : m;
   const int32_t first = row_ptr[band * kTileViewRows], last = row_ptr[r1];
   const int32_t e0 = tile_ptr[tile], e1 = tile_ptr[tile + 1];
