@@ -155,6 +155,10 @@ def main(argv=None) -> int:
     timer = benchmark.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out, failures, skipped = [], [], []
+    slug = benchmark.gpu_slug()
+    suffix = (("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_large" if args.large else "") +
+              ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else ""))
+    csv_path = args.out / f"spmm_{slug}{suffix}.csv"
     configs = list(itertools.product(shapes, sparsities, patterns))
     for (m, k), sparsity, pattern in benchmark.progress(configs, len(configs), "spmm"):
         pat = make_pattern(m, k, sparsity, pattern, gen)
@@ -189,11 +193,7 @@ def main(argv=None) -> int:
                 rows_out.append(dict(op="fwd", M=m, K=k, N=n, sparsity=sparsity, pattern=pattern, dtype=args.dtype,
                                      impl=name, median_us=us, floor_us=fl, tflops=benchmark.useful_tflops(nnz, n, us)))
         del dense_w, mask, w64
-    slug = benchmark.gpu_slug()
-    suffix = (("" if args.dtype == "fp32" else f"_{args.dtype}") + ("_large" if args.large else "") +
-              ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else ""))
-    csv_path = args.out / f"spmm_{slug}{suffix}.csv"
-    benchmark.write_csv(csv_path, info, COLUMNS, rows_out)
+        benchmark.write_csv(csv_path, info, COLUMNS, rows_out)  # after every configuration: a cut-off run keeps its rows
     md = summarize(rows_out, info, failures, args.dtype)
     if skipped:
         md += f"\n{len(skipped)} runs were not possible (a forced variant's shared memory, or a baseline without {args.dtype}), e.g. {skipped[0]}\n"
