@@ -211,23 +211,9 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
                : SNACK_WG_ACC8(0), SNACK_WG_ACC8(8), SNACK_WG_ACC8(16), SNACK_WG_ACC8(24),                           \
                  SNACK_WG_ACC8(32), SNACK_WG_ACC8(40), SNACK_WG_ACC8(48), SNACK_WG_ACC8(56)                          \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
-#define SNACK_WG_RS256(types, tnsp)                                                                                  \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"                                                       \
-               " wgmma.mma_async.sync.aligned.m64n256k16.f32." types " {"                                            \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                    \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                    \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                    \
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                    \
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                    \
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "        \
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"      \
-               "}, {%128, %129, %130, %131}, %132, p, 1, 1, " tnsp ";\n}"                                            \
-               : SNACK_WG_ACC32(0), SNACK_WG_ACC32(32), SNACK_WG_ACC32(64), SNACK_WG_ACC32(96)                       \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 template <typename T, int N, bool kMnMajorB = false>
 __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "m64n16, n32, n64, n128 or n256");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64n16, n32, n64 or n128");
   static_assert(!kMnMajorB || N <= 64, "an N-major B one swizzle atom wide");
   constexpr bool kBf16 = std::is_same_v<T, bfloat16>;
 #define SNACK_WG_RS_TYPED(shape)                                          \
@@ -241,10 +227,8 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32
     SNACK_WG_RS_TYPED(SNACK_WG_RS32);
   } else if constexpr (N == 64) {
     SNACK_WG_RS_TYPED(SNACK_WG_RS64);
-  } else if constexpr (N == 128) {
-    SNACK_WG_RS_TYPED(SNACK_WG_RS128);
   } else {
-    SNACK_WG_RS_TYPED(SNACK_WG_RS256);
+    SNACK_WG_RS_TYPED(SNACK_WG_RS128);
   }
 #undef SNACK_WG_RS_TYPED
 }
@@ -252,7 +236,6 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[N / 2], const uint32
 #undef SNACK_WG_RS32
 #undef SNACK_WG_RS64
 #undef SNACK_WG_RS128
-#undef SNACK_WG_RS256
 #undef SNACK_WG_ACC32
 #undef SNACK_WG_ACC8
 

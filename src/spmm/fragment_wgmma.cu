@@ -17,10 +17,7 @@ template <typename T, int NT>
 Status launch_tile(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in,
                    int64_t n, const T* bias, T* out, Activation act, Stream stream) {
   static_assert(kFragmentWgmmaMaxGroups == 2, "the counts below");
-  if constexpr (NT == 256) {
-    if (plan.consumer_warpgroups != 1)
-      return InvalidArgument("wgmma over tile fragments: one consumer warpgroup a block at batch tiles of 256");
-  } else if (plan.consumer_warpgroups == 2)
+  if (plan.consumer_warpgroups == 2)
     return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 2>, "spmm_fragment_wgmma_kernel", plan, view,
                                        out_dim, in_dim, in, n, bias, out, act, stream);
   return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 1>, "spmm_fragment_wgmma_kernel", plan, view,
@@ -41,7 +38,6 @@ Status launch_fragments_wgmma(const SpmmPlan& plan, const FragmentView& view, in
     case 32: return launch_tile<T, 32>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case 64: return launch_tile<T, 64>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     case 128: return launch_tile<T, 128>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
-    case 256: return launch_tile<T, 256>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     default:
       return InvalidArgument("wgmma over tile fragments: unsupported batch tile " + std::to_string(plan.batch_tile));
   }

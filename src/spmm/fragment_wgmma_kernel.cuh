@@ -47,7 +47,7 @@ __device__ __forceinline__ void load_row_block(uint32_t (&a)[kTcWarps][4], const
 
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
 // the batch tile of blockIdx.y, as spmm_fragment_kernel computes it (the same arguments), with NT =
-// 16-256 batch rows a block and kGroups (1 or 2; 1 at 256) consumer warpgroups.
+// 16-128 batch rows a block and kGroups (1 or 2) consumer warpgroups.
 template <typename T, int NT, int kGroups>
 __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmma_blocks_per_sm(NT, kGroups))
     spmm_fragment_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim,
@@ -55,8 +55,7 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
                                T* __restrict__ out, Activation act, int splits, int stage_words, int stages,
                                bool mapped) {
 #if defined(SNACK_WGMMA_BUILT)
-  static_assert(NT == 16 || NT == 32 || NT == 64 || NT == 128 || NT == 256, "batch tiles of 16 to 256 rows");
-  static_assert(NT <= 128 || kGroups == 1, "one warpgroup at batch tiles of 256: 128 accumulators a thread");
+  static_assert(NT == 16 || NT == 32 || NT == 64 || NT == 128, "batch tiles of 16, 32, 64 or 128 rows");
   static_assert(kGroups >= 1 && kGroups <= kFragmentWgmmaMaxGroups, "one or two consumer warpgroups");
   static_assert(kTcChunk * sizeof(T) == 128, "a chunk's row of X is one 128-byte swizzled row");
   constexpr uint32_t kChunkBytes = NT * kTcChunk * sizeof(T);

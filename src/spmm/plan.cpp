@@ -18,9 +18,9 @@ namespace {
 using cuda::detail::kSpmmWarps;
 using detail::ceil_div;
 
-int next_pow2(int64_t v, int cap = 128) {
+int next_pow2(int64_t v) {
   int p = 1;
-  while (p < v && p < cap) p <<= 1;
+  while (p < v && p < 128) p <<= 1;
   return p;
 }
 
@@ -498,7 +498,7 @@ int tile_view_splits(int64_t bands, int64_t batch_tiles, int64_t chunks, int bat
   // of four; N = 128 32.4 in pairs against 39.8 unsplit).
   const int fragment_words = fragments.words;
   const double wanted = batch_tile == 16 ? 4.0
-                        : fragments.wgmma ? (batch_tile >= 128 ? 1.0 : 3.0 / fragments.parts)
+                        : fragments.wgmma ? (batch_tile == 128 ? 1.0 : 3.0 / fragments.parts)
                         : batch_tile == 64 && fragment_words > 0
                             ? double(std::min<int64_t>(batch_tiles, fragments.blocks_per_sm))
                             : 3.0;
@@ -650,7 +650,7 @@ int fragment_wgmma_groups(const SpmmProblem& p, int batch_tile, const DeviceLimi
   using namespace cuda::detail;
   if (p.fragment_warpgroups != 0) return p.fragment_warpgroups;
   const int64_t blocks = ceil_div(p.out_dim, kTcBandRows) * ceil_div(std::max<int64_t>(p.n, 1), batch_tile);
-  return batch_tile == 128 && blocks < limits.sms ? 2 : 1;
+  return batch_tile == kFragmentWgmmaMaxTile && blocks < limits.sms ? 2 : 1;
 }
 
 // The forward over tile fragments with wgmma: the tile_view grid (bands of 64 rows, clusters from
@@ -665,10 +665,7 @@ Status fragment_wgmma_plan(const SpmmProblem& p, SpmmPlan* plan, const DeviceLim
     return InvalidArgument("wgmma: " + std::to_string(p.fragment_warpgroups) +
                            " consumer warpgroups a block asked over tile fragments (1 or 2; 0: the planner's)");
   plan->chunk = kTcChunk;
-  // Two warpgroups asked for: batch tiles of up to 128 (at 256 each thread would hold 128 accumulators,
-  // beyond what a block of two warpgroups has registers for).
-  const int64_t max_tile = p.fragment_warpgroups == 2 ? 128 : kFragmentWgmmaMaxTile;
-  plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n, kFragmentWgmmaMaxTile), kTcMinTile, max_tile));
+  plan->batch_tile = int(std::clamp<int64_t>(next_pow2(p.n), kTcMinTile, kFragmentWgmmaMaxTile));
   plan->consumer_warpgroups = fragment_wgmma_groups(p, plan->batch_tile, limits);
   return tensor_core_grid(p, plan, limits);
 }

@@ -177,7 +177,7 @@ SNACK_HOST_DEVICE constexpr size_t fragment_smem_bytes(int tile, int stage_words
 // One or two consumer warpgroups (warp w of a warpgroup multiplies row block w of every k-step of a
 // tile, its A operands in registers, with wgmma m64nNk16 over the chunk of X in shared memory; two
 // take the band's tiles in turn, each with accumulators of its own) and the producer warp.
-constexpr int kFragmentWgmmaMaxTile = 256;  // batch rows per block: 16 to 256 (the wgmma's N)
+constexpr int kFragmentWgmmaMaxTile = 128;  // batch rows per block: 16, 32, 64 or 128 (the wgmma's N)
 constexpr int kFragmentWgmmaMaxGroups = kMaxFragmentWarpgroups;
 static_assert(kFragmentStages % kFragmentWgmmaMaxGroups == 0, "a warpgroup's steps keep to its own stages");
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int groups) { return (groups * kTcWarps + 1) * 32; }
@@ -187,7 +187,7 @@ SNACK_HOST_DEVICE constexpr int fragment_wgmma_threads(int groups) { return (gro
 // with two, no local memory. One warpgroup: 5 / 5 / 4 / 2 blocks (at 128 the stages' shared memory
 // holds two); two: 3 / 3 / 2 / 1.
 SNACK_HOST_DEVICE constexpr int fragment_wgmma_blocks_per_sm(int tile, int groups = 1) {
-  return groups == 1 ? (tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : tile == 128 ? 2 : 1)
+  return groups == 1 ? (tile == 16 || tile == 32 ? 5 : tile == 64 ? 4 : 2)
                      : (tile == 16 || tile == 32 ? 3 : tile == 64 ? 2 : 1);
 }
 

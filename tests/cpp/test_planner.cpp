@@ -614,7 +614,7 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
         << describe(p);
   }
-  // Past 128 rows in batch tiles of 256: to 512 rows on layers of 2^21 weights and more, to 1024 on
+  // Past 128 rows in batch tiles of 128: to 512 rows on layers of 2^21 weights and more, to 1024 on
   // layers of 2^24 weights and more at 7.5-25% density, ahead of dense_blocks.
   for (const RuleCase& c : {RuleCase{16384, 4096, 0.1, 129, true}, {768, 3072, 0.1, 512, true},
                             {768, 3072, 0.05, 256, true}, {768, 3072, 0.1, 513, false}, {768, 3072, 0.2, 1024, false},
@@ -628,8 +628,7 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     if (c.taken) {
       EXPECT_TRUE(p.reads_fragments);
       EXPECT_EQ(p.reason, SpmmReason::kFragmentWgmma);
-      EXPECT_EQ(p.batch_tile, 256);
-      EXPECT_EQ(p.consumer_warpgroups, 1);
+      EXPECT_EQ(p.batch_tile, 128);
     }
   }
   // Where the caller runs GEMMs: the fragments where dense_blocks would run without them.
@@ -654,9 +653,9 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
                                        limits);
     EXPECT_NE(p.variant, SpmmVariant::kWgmma);
   }
-  // Forced, wherever asked on Hopper, in batch tiles of 16 to 256; refused elsewhere.
+  // Forced, wherever asked on Hopper, in batch tiles of 16 to 128; refused elsewhere.
   EXPECT_EQ(planned(4096, 4096, 0.1, 5, SpmmVariant::kWgmma).batch_tile, 16);
-  EXPECT_EQ(planned(4096, 4096, 0.1, 300, SpmmVariant::kWgmma).batch_tile, 256);
+  EXPECT_EQ(planned(4096, 4096, 0.1, 300, SpmmVariant::kWgmma).batch_tile, 128);
   SpmmProblem on_a100{4096, 4096, nnz_for_density(4096, 4096, 0.1), 64, 2, false, SpmmVariant::kWgmma};
   on_a100.tile_view = true;
   on_a100.packed_tiles = TileValues::kFragments;
@@ -673,10 +672,8 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
   EXPECT_GE(wide.smem_bytes, size_t(2 * 128 * 68 * 4));
   EXPECT_NE(describe(wide).find("two warpgroups on alternate tiles"), std::string::npos) << describe(wide);
   EXPECT_EQ(planned(4096, 4096, 0.1, 64).consumer_warpgroups, 1);
-  for (const int64_t n : {200, 300}) {  // past 128 rows: batch tiles of 256, one warpgroup
-    EXPECT_EQ(planned(4096, 4096, 0.1, n).batch_tile, 256);
-    EXPECT_EQ(planned(4096, 4096, 0.1, n).consumer_warpgroups, 1);
-  }
+  EXPECT_EQ(planned(4096, 4096, 0.1, 200).consumer_warpgroups, 2);   // 64 bands x 2 batch tiles: 128 blocks
+  EXPECT_EQ(planned(4096, 4096, 0.1, 300).consumer_warpgroups, 1);   // x 3: 192 blocks, more than the SMs
   EXPECT_EQ(planned(768, 3072, 0.1, 128).consumer_warpgroups, 2);
   // Blocks per band: three blocks per SM at batch tiles of 32-64, one at 128.
   EXPECT_EQ(planned(16384, 4096, 0.1, 64).k_splits, 2);
