@@ -11,7 +11,11 @@ best one: the evidence for the planners' rules.
     python bench/tile_view_splits.py --ops dw --variant tile_view_wgmma --warpgroups 2 --tag dw_wgmma_2
 
 ``--variant tile_view_wgmma`` (Hopper, dW only) times the SDDMM's wgmma kernel instead, with
-``--warpgroups`` warpgroups a block (0: the planner's).
+``--warpgroups`` warpgroups a block (0: the planner's). ``--fragments`` (forward only) gives the
+forward its tile fragments (``snack.ops.pack_tile_fragments``), so that the fragment kernels run
+(``mma.sync`` to 16 rows, ``wgmma`` above on Hopper, ``--warpgroups`` there too):
+
+    python bench/tile_view_splits.py --ops fwd --fragments --ns 256,512 --counts 1,2,3,4 --tag fragments_large
 
 Writes bench/results/tile_view_splits_<gpu>_<dtype>[_<tag>].{csv,md,png}.
 """
@@ -44,16 +48,20 @@ def bands_of(op: str, m: int, k: int) -> int:
     return math.ceil((k if op == "dx" else m) / 64)
 
 
-def planner_splits(op: str, values, pattern, m: int, k: int, n: int, variant: str = "tile_view") -> int:
+def planner_splits(op: str, values, pattern, m: int, k: int, n: int, variant: str = "tile_view",
+                   fragments: bool = False) -> int:
     """The planner's blocks per band (per group of bands for the wgmma SDDMM, a band a warpgroup) for
-    the forced product, from its grid."""
-    plan = snack.Plan(*snack.ops.explain(values, pattern.tensors, n, OP_NAMES[op], variant))
+    the forced product, from its grid; `fragments`: the forward given its tile fragments."""
+    plan = snack.Plan(*(snack.ops.explain(values, pattern.tensors, n, "forward", "auto", "none", 1, False, True)
+                        if fragments else snack.ops.explain(values, pattern.tensors, n, OP_NAMES[op], variant)))
     groups = plan.threads // 128 if variant == "tile_view_wgmma" else 1
     return plan.grid // math.ceil(bands_of(op, m, k) / groups)
 
 
-def runner(op: str, values, pattern, x, dy, variant: str = "tile_view"):
+def runner(op: str, values, pattern, x, dy, variant: str = "tile_view", fragments=None):
     t = pattern.tensors
+    if op == "fwd" and fragments is not None:
+        return lambda: snack.ops.spmm(x, values, t, None, tiles=fragments)
     if op == "fwd":
         return lambda: snack.ops.spmm(x, values, t, None, variant="tile_view")
     if op == "dx":
@@ -80,6 +88,8 @@ def main(argv=None) -> int:
                         help="the kernel forced (tile_view_wgmma: the SDDMM's, dw only)")
     parser.add_argument("--warpgroups", type=int, choices=[0, 1, 2], default=0,
                         help="tile_view_wgmma's warpgroups a block (0: the planner's)")
+    parser.add_argument("--fragments", action="store_true",
+                        help="the forward given its tile fragments (the fragment kernels; --ops fwd)")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--tag", default="")
@@ -94,6 +104,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown ops {unknown} (expected some of fwd, dx, dw)")
     if args.variant == "tile_view_wgmma" and ops != ["dw"]:
         parser.error("--variant tile_view_wgmma runs dw only")
+    if args.fragments and ops != ["fwd"]:
+        parser.error("--fragments runs fwd only")
     counts = [int(c) for c in args.counts.split(",")]
     shapes = benchmark.shape_list(args.shapes, SHAPES)
     sparsities = benchmark.number_list(args.sparsities, SPARSITIES, float)
@@ -103,7 +115,8 @@ def main(argv=None) -> int:
                       f"the variant {args.variant} forced, its blocks per band set with snack.tile_view_splits"
                       + ((f", {args.warpgroups} warpgroups a block" if args.warpgroups else
                           ", the planner's warpgroups a block") + " (snack.fragment_warpgroups)"
-                         if args.variant == "tile_view_wgmma" else ""))
+                         if args.variant == "tile_view_wgmma" or args.fragments else "")
+                      + ("; the forward given its tile fragments (pack_tile_fragments)" if args.fragments else ""))
     timer = benchmark.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures, skipped = [], [], []
@@ -113,16 +126,17 @@ def main(argv=None) -> int:
         values = torch.randn(pattern.nnz, device="cuda", generator=gen).to(dtype)
         w64 = torch.zeros(m, k, device="cuda", dtype=torch.float64)
         w64[pattern.row_idx.long(), pattern.col_idx.long()] = values.double()
+        fragments = snack.ops.pack_tile_fragments(values, pattern.tensors) if args.fragments else None
         for op in ops:
             for n in benchmark.number_list(args.ns, NS[op]):
                 x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
                 dy = torch.randn(n, m, device="cuda", generator=gen).to(dtype)
                 ref = reference(op, w64, pattern, x, dy)
                 with snack.fragment_warpgroups(args.warpgroups):
-                    chosen = planner_splits(op, values, pattern, m, k, n, args.variant)
+                    chosen = planner_splits(op, values, pattern, m, k, n, args.variant, args.fragments)
                 for count in counts:
                     with snack.tile_view_splits(count), snack.fragment_warpgroups(args.warpgroups):
-                        fn = runner(op, values, pattern, x, dy, args.variant)
+                        fn = runner(op, values, pattern, x, dy, args.variant, fragments)
                         try:
                             err = benchmark.rel_error(fn(), ref)
                         except ValueError as exc:  # a count this product cannot run
