@@ -491,9 +491,10 @@ def main(argv=None) -> int:
                         help="bf16 / fp16: only the backward kernels, values and activations in that dtype, against "
                              "dense cuBLAS in it (backward_<gpu>_<dtype>.*)")
     parser.add_argument("--profile", action="store_true",
-                        help="only write layer_profile_<gpu>.txt: where the GPU time of the issue's target step goes "
-                             "(16384x4096, N=16, 90%%): snack with torch's AdamW, and snack_fused_step with the "
-                             "in-backward AdamW, kernel by kernel")
+                        help="only write layer_profile_<gpu>[_<tag>].txt: where the GPU time of a step goes, kernel "
+                             "by kernel, for snack with torch's AdamW, snack_fused_step with the in-backward AdamW "
+                             "and dense; by default the issue's target step (16384x4096, N=16, 90%%, fp32), else "
+                             "every --shapes x --ns x --sparsities x --precisions step (with --input-grad: dX too)")
     args = parser.parse_args(argv)
     if args.render:  # every layer_<slug>.csv in --out, with its backward_<slug>.csv; every backward-only file
         for backward_csv in sorted(args.out.glob("backward_*_bf16.csv")) + sorted(args.out.glob("backward_*_fp16.csv")):
@@ -519,9 +520,16 @@ def main(argv=None) -> int:
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.profile:
-        text = "\n\n".join(profile_step(16384, 4096, 16, 0.9, impl, opt_name)
-                             for impl, opt_name in (("snack", "adamw"), ("snack_fused_step", "adamw_fused")))
-        benchmark.write_text(args.out / f"layer_profile_{benchmark.gpu_slug()}.txt", benchmark.provenance(), text)
+        chosen = args.shapes or args.ns or args.sparsities or args.precisions != "fp32" or args.input_grad
+        steps = ([(m, k, n, s, p) for (m, k), n, s, p in itertools.product(
+                     benchmark.shape_list(args.shapes, [(16384, 4096)]), benchmark.number_list(args.ns, [16]),
+                     benchmark.number_list(args.sparsities, [0.9], float), args.precisions.split(","))]
+                 if chosen else [(16384, 4096, 16, 0.9, "fp32")])
+        impls = (("snack", "adamw"), ("snack_fused_step", "adamw_fused")) + ((("dense", "adamw"),) if chosen else ())
+        text = "\n\n".join(profile_step(m, k, n, s, impl, opt_name, precision=p, input_grad=args.input_grad)
+                             for m, k, n, s, p in steps for impl, opt_name in impls)
+        name = f"layer_profile_{benchmark.gpu_slug()}" + (f"_{args.tag}" if args.tag else "")
+        benchmark.write_text(args.out / f"{name}.txt", benchmark.provenance(), text)
         print(text)
         return 0
     shapes, ns, sparsities = (SHAPES[:1] + SHAPES[2:], [1, 16], [0.9]) if args.quick else (SHAPES, NS, SPARSITIES)
@@ -586,26 +594,30 @@ def main(argv=None) -> int:
     return 0
 
 
-def profile_step(m, k, n, sparsity, impl="snack", opt_name="adamw", steps=10) -> str:
-    """torch.profiler over `steps` warm steps of `impl` with `opt_name`: each kernel's GPU time per step."""
+def profile_step(m, k, n, sparsity, impl="snack", opt_name="adamw", steps=10, precision="fp32",
+                 input_grad=False) -> str:
+    """torch.profiler over `steps` warm steps of `impl` with `opt_name` in `precision` (dX too where
+    `input_grad`): each kernel's GPU time per step."""
     from torch.profiler import ProfilerActivity, profile
     ref = snack.SparseLinear(k, m, sparsity=sparsity, device="cuda", generator=torch.Generator().manual_seed(0))
     layer = make_layer(impl, ref)
     opt = make_optimizer(opt_name, layer.parameters(), impl=impl)
-    x = torch.randn(n, k, device="cuda")
+    x = torch.randn(n, k, device="cuda", requires_grad=input_grad)
     target = torch.randn(n, m, device="cuda")
-    step = training_step(layer, opt, x, target)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+    step = training_step(layer, opt, x, target, precision)
+    with precision_mode(precision):
+        for _ in range(3):
             step()
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     events.sort(key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in events) / steps
-    lines = [f"{impl} step {m}x{k}, N={n}, sparsity {sparsity}, {opt_name}: {total:.1f} us of kernels per step "
+    lines = [f"{impl} step {m}x{k}, N={n}, sparsity {sparsity}, {opt_name}, {precision}"
+             f"{', with dX' if input_grad else ''}: {total:.1f} us of kernels per step "
              f"(sum of self device times over {steps} steps / {steps})", "",
              "| us per step | share | calls per step | kernel |", "|---|---|---|---|"]
     for e in events:
