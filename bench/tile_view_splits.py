@@ -112,11 +112,12 @@ def main(argv=None) -> int:
     dtype = benchmark.DTYPES[args.dtype]
     info = benchmark.provenance()
     info["method"] = (f"median of {args.reps} single calls, {benchmark.ColdTimer.METHOD}; {args.dtype}; "
-                      f"the variant {args.variant} forced, its blocks per band set with snack.tile_view_splits"
+                      + ("the forward given its tile fragments (pack_tile_fragments), the planner's fragment kernel"
+                         if args.fragments else f"the variant {args.variant} forced")
+                      + ", its blocks per band set with snack.tile_view_splits"
                       + ((f", {args.warpgroups} warpgroups a block" if args.warpgroups else
                           ", the planner's warpgroups a block") + " (snack.fragment_warpgroups)"
-                         if args.variant == "tile_view_wgmma" or args.fragments else "")
-                      + ("; the forward given its tile fragments (pack_tile_fragments)" if args.fragments else ""))
+                         if args.variant == "tile_view_wgmma" or args.fragments else ""))
     timer = benchmark.ColdTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures, skipped = [], [], []
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
         del w64
     name = f"tile_view_splits_{benchmark.gpu_slug()}_{args.dtype}" + (f"_{args.tag}" if args.tag else "")
     benchmark.write_csv(args.out / f"{name}.csv", info, COLUMNS, rows)
-    md = summarize(rows, info, counts, failures, skipped, args.variant)
+    md = summarize(rows, info, counts, failures, skipped, "tile fragments" if args.fragments else args.variant)
     (args.out / f"{name}.md").write_text(md)
     plot(rows, counts, args.out / f"{name}.png", info, args.variant)
     print(md)
