@@ -136,6 +136,20 @@ constexpr FragmentPlace fragment_place(int row, int col) {
   return FragmentPlace{col / 16, (row % 8) * 4 + (col % 8) / 2, (row / 16) * 4 + (row % 16) / 8 + 2 * ((col % 16) / 8),
                        col % 2};
 }
+/// Where a tile view entry's position lies in its tile's fragments, W's or (transposed) W^T's.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr FragmentPlace entry_fragment_place(uint32_t entry, bool transposed) {
+  const int row = int((entry & kTileViewPositionMask) / kTileViewCols);
+  const int col = int((entry & kTileViewPositionMask) % kTileViewCols);
+  return transposed ? fragment_place(col, row) : fragment_place(row, col);
+}
+/// The (group, lane) that owns a place: the index of its header word within the tile.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int fragment_owner(FragmentPlace f) { return f.group * kFragmentLanes + f.lane; }
 
 /// Words of the tile fragments' parts for a `rows x cols` pattern of nnz slots (see above): the
 /// per-tile pairs (rounded up to 4 words), the headers, the values; all 0 where the tile view is absent.

@@ -224,10 +224,9 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
       std::fill(regs.begin(), regs.end(), 0u);
       std::fill(masks.begin(), masks.end(), 0u);
       for (int32_t e = tile_ptr[tile]; e < tile_ptr[tile + 1]; ++e) {
-        const uint32_t entry = tile_entries[e], pos = entry & kTileViewPositionMask;
-        const int row = int(pos / kTileViewCols), col = int(pos % kTileViewCols);
-        const FragmentPlace f = transposed ? fragment_place(col, row) : fragment_place(row, col);
-        const int owner = f.group * kFragmentLanes + f.lane;
+        const uint32_t entry = tile_entries[e];
+        const FragmentPlace f = entry_fragment_place(entry, transposed);
+        const int owner = fragment_owner(f);
         regs[size_t(owner) * kFragmentRegisters + f.reg] |=
             uint32_t(value_bits[first + int64_t(entry >> kTileViewSlotShift)]) << (16 * f.half);
         masks[size_t(owner)] |= 1u << f.reg;

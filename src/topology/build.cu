@@ -387,10 +387,8 @@ __global__ void __launch_bounds__(kFragmentPackThreads)
 #pragma unroll
     for (int i = 0; i < kFragmentPackBatch; ++i) {
       if (base + i * kFragmentPackThreads >= e1) break;
-      const uint32_t pos = entries[i] & kTileViewPositionMask;
-      const int row = int(pos / kTileViewCols), col = int(pos % kTileViewCols);
-      const FragmentPlace f = transposed ? fragment_place(col, row) : fragment_place(row, col);
-      const int owner = f.group * kFragmentLanes + f.lane;
+      const FragmentPlace f = entry_fragment_place(entries[i], transposed);
+      const int owner = fragment_owner(f);
       atomicOr(&regs[owner * kFragmentRegisters + f.reg], bits[i] << (16 * f.half));
       atomicOr(&masks[owner], 1u << f.reg);
     }
