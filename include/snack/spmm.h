@@ -214,6 +214,8 @@ inline constexpr int64_t kDenseBlockMinRows = 128;
 /// The most batch rows for which a forward packs tile fragments for one product
 /// (SpmmPlan::packs_fragments): past them the packing costs more than it gains.
 inline constexpr int64_t kFragmentPackMaxRows = 512;
+/// ... and the densest weight (stored slots over rows x cols) for which it does.
+inline constexpr double kFragmentPackMaxDensity = 0.25;
 
 /// How a CUDA product runs. Made by plan_spmm() for one problem; the launch checks that it is given
 /// that problem.

@@ -38,9 +38,10 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
             a copy of their values in tile order, which the tile view's forward reads instead of the
             values (``SparseLinear.tile_format``): True or "fragments" lays them out as the tensor
             cores' operands (``snack.ops.pack_tile_fragments``: about 5 bytes a connection at 90%
-            sparsity; the fragment kernels run at 8-128 rows from 4.5% to 25% density, where their
-            worst case measured best: mma.sync's, and from 17 rows on Hopper wgmma's, which also takes
-            129-512 rows on layers of 2^21 weights or more, 1024 on those of 2^24 at 75-92.5%), "entries"
+            sparsity; the fragment kernels run at 8-128 rows from 4.5% to 50% density and at 1-7
+            rows from 35%, where their worst case measured best: mma.sync's, and from 17 rows on
+            Hopper wgmma's, which also takes 129-512 rows on layers of 2^20 weights or more, 1024 on
+            those of 2^24 at 75-92.5% sparsity), "entries"
             packs them into the view's entries
             (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by the first
             forward and again whenever the values or the pattern change. Off by default: it trades

@@ -267,8 +267,8 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
   return p.n > 16 || (density >= 0.075 && p.in_dim >= 4096);
 }
 
-// Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 25%
-// density, on every layer: the kernel whose worst case is best, since the planner does not see how
+// Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 50%
+// density (and at 1-7 rows from 35%), on every layer: the kernel whose worst case is best, since the planner does not see how
 // the slots spread over the rows. Measured on the H100 in bf16
 // (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit df9c518; the rule came from the kernel
 // before its producer warp, at e6ef0af and 5191b25, with the same conclusions; 768x3072 to
@@ -283,10 +283,19 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 //     and wins 2.26x on power-law rows, where the kernels without it fall to a third of dense's
 //     speed;
 //   - below 8 rows and outside 4.5-25% density it is not measured.
-// Elsewhere the planner chooses as without the fragments.
+// At 25-50% density (50-75% sparsity) the kernels without them stream the slots and their columns,
+// near or above dense's bytes, while the fragments' registers hold two values each. Measured on the
+// H100 in bf16 (spmm_nvidia_h100_80gb_hbm3_bf16_fragments_dense_side.md, commit 5899644; 768x3072,
+// 4096x4096, 4096x11008 and 16384x4096 at 50/60/70%, uniform rows, N = 1-128, each fragment kernel
+// forced): from 8 rows the fragment kernels are 1.4-3.6x faster than the planner's choice without
+// them on every layer (16384x4096, 70%, N = 16: 1.32x dense's speed against 0.77x; 4096x4096, 50%,
+// N = 128: 28.0 against 98.8 us), at one row from 40% density (4096x11008, 50%: 1.00x dense
+// against 0.84x) but not at 30%, where wide_rows ties or wins (768x3072, 70%: 0.95x against 1.06x).
+// Past 50% density it is not measured. Elsewhere the planner chooses as without the fragments.
 bool fragments_pay(const SpmmProblem& p) {
   const double density = density_of(p);
-  return p.n >= 8 && p.n <= 128 && density >= 0.045 && density <= 0.25;
+  if (p.n > 128 || density < 0.045 || density > 0.5) return false;
+  return p.n >= 8 || (p.n >= 1 && density >= 0.35);
 }
 
 // Given tile fragments on Hopper (a build with sm_90a code), from 17 rows the forward multiplies them
@@ -307,13 +316,17 @@ bool fragments_pay(const SpmmProblem& p) {
 //     392.8 us), 1.31x on 16384x4096 at 95%, but 0.96x on 4096x4096 at 95% and 0.67-0.80x on 768x3072;
 //   - 4096 rows: 0.51-0.78x. It does the dense product's work, ~400 TFLOP/s dense-equivalent on the
 //     large layers, where cuBLAS reaches ~850.
-// So it takes up to 512 rows on layers of 2^21 weights and more (768x3072 the smallest measured; 512
-// rows not measured: between the 2x gain at 256 and the small layer's loss at 1024), and up to 1024 on
-// layers of 2^24 weights and more at 7.5-25% density.
+// So it takes up to 512 rows on layers of 2^20 weights and more, and up to 1024 on layers of 2^24
+// weights and more at 7.5-25% density. 768x2304 (1.77 M weights) at 256 and 512 rows, H200
+// (spmm_nvidia_h200_bf16_large_small_layers.md, commit 5899644): 12.0 / 15.6 us forced at 80%
+// against 25.1 / 24.0 for the plan without them. At 25-50% density, 256 and 512 rows (H100,
+// spmm_nvidia_h100_80gb_hbm3_bf16_large_fragments_dense_side.md, the four layers at 50/70%): 2.0-4.5x
+// the plan without them (16384x4096, 50%, 512 rows: 201.1 against 549.7 us, dense_blocks 507.2).
 bool fragments_pay_past_128(const SpmmProblem& p) {
   const double density = density_of(p);
-  if (p.n <= 128 || density < 0.045 || density > 0.25 || p.out_dim * p.in_dim < (int64_t(1) << 21)) return false;
-  return p.n <= 512 || (p.n <= 1024 && density >= 0.075 && p.out_dim * p.in_dim >= (int64_t(1) << 24));
+  if (p.n <= 128 || density < 0.045 || density > 0.5 || p.out_dim * p.in_dim < (int64_t(1) << 20)) return false;
+  return p.n <= 512 ||
+         (p.n <= 1024 && density >= 0.075 && density <= 0.25 && p.out_dim * p.in_dim >= (int64_t(1) << 24));
 }
 
 bool fragment_wgmma_pays(const SpmmProblem& p, const DeviceLimits& limits) {
@@ -842,7 +855,8 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
   if (p.transposed && spmm_variant_is_forward_only(p.requested))
     return InvalidArgument(std::string(spmm_variant_name(p.requested)) + " runs only the forward product");
   if (p.can_pack_fragments && p.packed_tiles == TileValues::kNone && p.requested == SpmmVariant::kAuto &&
-      (!p.transposed || p.csc == CscRead::kAuto) && p.n > 128 && p.n <= kFragmentPackMaxRows) {
+      (!p.transposed || p.csc == CscRead::kAuto) && p.n > 128 && p.n <= kFragmentPackMaxRows &&
+      density_of(p) <= kFragmentPackMaxDensity) {
     // Fragments packed for this one product where the wgmma kernel over them pays past 128 rows
     // (fragments_pay_past_128: 1.9-3.3x the kernels without them at 256 rows), up to 512 rows: W's
     // for the forward; for dX = dY W, W^T's (transposed tile fragments, from the same tile view), the
@@ -856,7 +870,9 @@ Status plan_spmm(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* out
     // 1024, where the kernel given the fragments plus the packing exceed dense_blocks (16384x4096,
     // 80%: 351 + ~97 against 393 us, spmm_nvidia_h100_80gb_hbm3_bf16_large_one_pass.md), so the
     // plan is the one without fragments. Not at 17-128 rows, where the kernel gains less than the
-    // packing costs on the small layers.
+    // packing costs on the small layers, nor past 25% density, where the packing (its time grows with
+    // the slots: ~2.5x at 50% what it costs at 80%) is not measured against the gain (16384x4096, 50%,
+    // 256 rows: 107.8 us given the fragments against 285.9 without, so about even).
     SpmmProblem forward = p;
     forward.transposed = false;
     forward.csc = CscRead::kAuto;

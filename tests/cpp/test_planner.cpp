@@ -540,8 +540,8 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
 }
 
 TEST(Planner, TileFragmentsRunTheirKernel) {
-  // Given tile fragments the forward runs the fragment kernel at 8-128 rows from 4.5% to 25% density
-  // on every layer; forced, wherever asked. Elsewhere the planner chooses as without them, and a
+  // Given tile fragments the forward runs the fragment kernel at 8-128 rows from 4.5% to 50% density
+  // on every layer, and at 1-7 rows from 35%; forced, wherever asked. Elsewhere the planner chooses as without them, and a
   // tile view it takes then reads the values. Never for dX or fp32. (A GPU or build without wgmma:
   // the mma.sync kernel at every batch; FragmentsOnHopperRunWgmma below for the rest.)
   DeviceLimits no_wgmma = DeviceLimits::h200();
@@ -555,7 +555,9 @@ TEST(Planner, TileFragmentsRunTheirKernel) {
                             {16384, 4096, 0.05, 16, true}, {16384, 4096, 0.03, 16, false}, {16384, 4096, 0.2, 64, true},
                             {768, 3072, 0.05, 64, true}, {4096, 4096, 0.1, 128, true}, {16384, 4096, 0.1, 128, true},
                             {16384, 4096, 0.1, 8, true}, {4096, 4096, 0.1, 7, false}, {4096, 4096, 0.1, 129, false},
-                            {4096, 4096, 0.3, 32, false}}) {
+                            {4096, 4096, 0.3, 32, true}, {16384, 4096, 0.5, 8, true}, {4096, 4096, 0.55, 32, false},
+                            {4096, 4096, 0.4, 1, true}, {768, 3072, 0.5, 4, true}, {4096, 4096, 0.3, 1, false},
+                            {16384, 4096, 0.2, 1, false}}) {
     const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
     EXPECT_EQ(p.reads_fragments, c.taken) << c;
     if (p.reads_fragments) {
@@ -614,15 +616,18 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
     EXPECT_NE(describe(p).find("A operands in registers loaded from the tile fragments"), std::string::npos)
         << describe(p);
   }
-  // Past 128 rows in batch tiles of 128: to 512 rows on layers of 2^21 weights and more, to 1024 on
-  // layers of 2^24 weights and more at 7.5-25% density, ahead of dense_blocks.
+  // Past 128 rows in batch tiles of 128: to 512 rows on layers of 2^20 weights and more at 4.5-50%
+  // density, to 1024 on layers of 2^24 weights and more at 7.5-25%, ahead of dense_blocks.
   for (const RuleCase& c : {RuleCase{16384, 4096, 0.1, 129, true}, {768, 3072, 0.1, 512, true},
                             {768, 3072, 0.05, 256, true}, {768, 3072, 0.1, 513, false}, {768, 3072, 0.2, 1024, false},
                             {4096, 4096, 0.1, 1024, true}, {16384, 4096, 0.2, 1024, true},
                             {4096, 4096, 0.05, 1024, false}, {4096, 4096, 0.1, 1025, false},
-                            {16384, 4096, 0.1, 4096, false}, {4096, 4096, 0.3, 256, false},
+                            {16384, 4096, 0.1, 4096, false}, {4096, 4096, 0.3, 256, true},
+                            {16384, 4096, 0.5, 512, true}, {4096, 4096, 0.55, 256, false},
+                            {16384, 4096, 0.3, 1024, false},
                             {4096, 4096, 0.03, 256, false},
-                            {512, 1024, 0.1, 256, false}}) {  // under 2^21 weights: not measured
+                            {768, 2304, 0.1, 512, true},
+                            {512, 1024, 0.1, 256, false}}) {  // under 2^20 weights: not measured
     const SpmmPlan p = planned(c.out, c.in, c.density, c.n);
     EXPECT_EQ(p.variant == SpmmVariant::kWgmma, c.taken) << c << ": " << describe(p);
     if (c.taken) {
@@ -643,7 +648,7 @@ TEST(Planner, FragmentsOnHopperRunWgmma) {
         << describe(p);
   }
   // Outside the fragments' range, without them, for dX and where the GPU or build has no wgmma: not.
-  EXPECT_NE(planned(16384, 4096, 0.3, 64).variant, SpmmVariant::kWgmma);
+  EXPECT_NE(planned(16384, 4096, 0.55, 64).variant, SpmmVariant::kWgmma);
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 256, TileValues::kNone).variant, SpmmVariant::kWgmma);
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kNone).variant, SpmmVariant::kWgmma);
   EXPECT_NE(plan_with_tiles(16384, 4096, 0.1, 64, TileValues::kFragments, SpmmVariant::kAuto, 2, true).variant,
@@ -736,7 +741,8 @@ TEST(Planner, FragmentsPackedForOneProductPastTheirRows) {
   }
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, false).packs_fragments);
   EXPECT_FALSE(planned(512, 512, 0.1, 196, true).packs_fragments);  // a MobileNet pointwise layer: too small
-  EXPECT_FALSE(planned(16384, 4096, 0.3, 256).packs_fragments);  // denser than the rule
+  EXPECT_FALSE(planned(16384, 4096, 0.3, 256).packs_fragments);  // denser than the packing's rule
+  EXPECT_FALSE(planned(4096, 4096, 0.5, 512).packs_fragments);      // (given them, wgmma would run)
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kTensorCore).packs_fragments);
   EXPECT_FALSE(planned(16384, 4096, 0.1, 256, true, SpmmVariant::kAuto, 4).packs_fragments);
   for (const int64_t n : {129, 256, 512}) {  // dX of a 16384 x 4096 weight: the forward of W^T

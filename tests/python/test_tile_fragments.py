@@ -276,6 +276,27 @@ def test_planner_reads_fragments_where_given():
         ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, True, True)
 
 
+@pytest.mark.skipif(not CUDA, reason="the planner's CUDA plan")
+@pytest.mark.parametrize("density", [0.3, 0.5])
+def test_planner_reads_fragments_at_denser_weights(density):
+    # At 25-50% density the fragments given are read from 8 rows, and from one row at 35% and more;
+    # past 128 rows on Hopper too, but never packed for one product there. Outputs against float64.
+    k = 1000  # inputs not a multiple of 8: X staged by the threads
+    w = Weight(1100, k, int(1100 * k * density), device="cuda", dtype=torch.bfloat16, seed=4)  # 2^20 weights and more
+    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    for n in (1, 3, 8, 40, 128) + ((300,) if HOPPER else ()):
+        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, True))
+        reads = n >= 8 or density >= 0.35
+        assert ("tile fragments" in plan.describe) == reads, (n, plan)
+        if n > 128:
+            packed = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, False))
+            assert "tile fragments" not in packed.describe, packed
+        x = w.randn(n, k, seed=n)
+        poison_cache(torch.device("cuda"))
+        y = ops.spmm(x, w.values, w.tensors, tiles=fragments)
+        assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"the planner given fragments, {density}, N = {n}")
+
+
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
 def test_planner_reads_fragments_past_128_rows_on_hopper():
     # wgmma's fragment kernel in batch tiles of 128 from 129 to 1024 rows on a layer of 2^24 weights
