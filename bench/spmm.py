@@ -7,7 +7,8 @@
                                          # (tile_view in 16 bits adds snack_tile_view_packed and
                                          # snack_tile_view_fragments: its kernels reading packed tile
                                          # values or tile fragments, snack.ops.pack_tile_values /
-                                         # pack_tile_fragments; wgmma adds snack_wgmma_fragments;
+                                         # pack_tile_fragments; wgmma adds snack_wgmma_fragments
+                                         # and snack_wgmma_fragments_packed, packed in the call;
                                          # 16 bits also times snack_packed and snack_fragments, the
                                          # planner given them)
     python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
@@ -96,6 +97,10 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
                     impls[f"snack_{v}_{name}"] = (lambda t, v: lambda: snack.ops.spmm(
                         x, values, tensors, None, variant=v, tiles=t))(tiles, v)
             if "wgmma" in variants and name == "fragments":
+                # ... and with the fragments packed inside the timed call, as a plan that packs them
+                # for one product runs (snack_wgmma_fragments_packed): where packing per product pays.
+                impls["snack_wgmma_fragments_packed"] = lambda: snack.ops.spmm(
+                    x, values, tensors, None, variant="wgmma", tiles=snack.ops.pack_tile_fragments(values, tensors))
                 for groups, label in ((1, "1group"), (2, "2groups")):
                     impls[f"snack_wgmma_fragments_{label}"] = (lambda t, g: lambda: _with_warpgroups(
                         g, lambda: snack.ops.spmm(x, values, tensors, None, variant="wgmma", tiles=t)))(tiles, groups)
