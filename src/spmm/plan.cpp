@@ -268,8 +268,8 @@ bool packed_tile_view_pays(const SpmmProblem& p) {
 }
 
 // Given tile fragments, the forward runs the fragment kernel at 8-128 rows from 4.5% to 50%
-// density (and at 1-7 rows from 35%), on every layer: the kernel whose worst case is best, since the planner does not see how
-// the slots spread over the rows. Measured on the H100 in bf16
+// density (and at 1-7 rows from 35%), on every layer: the kernel whose worst case is best, since
+// the planner does not see how the slots spread over the rows. Measured on the H100 in bf16
 // (spmm_nvidia_h100_80gb_hbm3_bf16_fragments.md, commit df9c518; the rule came from the kernel
 // before its producer warp, at e6ef0af and 5191b25, with the same conclusions; 768x3072 to
 // 16384x4096 at 80-95%, uniform and power-law rows, the kernel forced against the planner's choice
