@@ -141,8 +141,8 @@ constexpr FragmentPlace fragment_place(int row, int col) {
 __host__ __device__
 #endif
 constexpr FragmentPlace entry_fragment_place(uint32_t entry, bool transposed) {
-  const int row = int((entry & kTileViewPositionMask) / kTileViewCols);
-  const int col = int((entry & kTileViewPositionMask) % kTileViewCols);
+  const uint32_t pos = entry & kTileViewPositionMask;
+  const int row = int(pos / kTileViewCols), col = int(pos % kTileViewCols);
   return transposed ? fragment_place(col, row) : fragment_place(row, col);
 }
 /// The (group, lane) that owns a place: the index of its header word within the tile.

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../common/grid.h"
 #include "snack/pattern.h"
 #include "snack/spmm.h"
 #include "snack/value_types.h"
@@ -273,13 +274,11 @@ struct ExpandLaunch {
   int64_t grid = 1;
   size_t smem_bytes = 0;
 };
-constexpr ExpandLaunch expand_launch(int64_t count, int64_t width, int64_t value_bytes) {
+inline ExpandLaunch expand_launch(int64_t count, int64_t width, int64_t value_bytes) {
   const int64_t row_bytes = expand_staged_row_bytes(width, value_bytes);
   if (row_bytes <= kExpandStagedMaxBytes)
-    return {true, count < 1 ? 1 : count < kExpandStagedMaxBlocks ? count : kExpandStagedMaxBlocks, size_t(row_bytes)};
-  const int64_t rows_per_block = kExpandThreads / 32, blocks = (count + rows_per_block - 1) / rows_per_block;
-  constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid_for's cap: the warps loop over the rest
-  return {false, blocks < 1 ? 1 : blocks < kMaxBlocks ? blocks : kMaxBlocks, 0};
+    return {true, ::snack::detail::grid_for(count, 1, kExpandStagedMaxBlocks), size_t(row_bytes)};
+  return {false, ::snack::detail::grid_for(count * 32, kExpandThreads), 0};  // the warps loop past its cap
 }
 
 // ---- the reference kernels ----

@@ -542,8 +542,8 @@ TEST(Planner, PackedTileValuesWidenTheTileView) {
 TEST(Planner, TileFragmentsRunTheirKernel) {
   // Given tile fragments the forward runs the fragment kernel at 8-128 rows from 4.5% to 50% density
   // on every layer, and at 1-7 rows from 35%; forced, wherever asked. Elsewhere the planner chooses as
-  // without them, and a tile view it takes then reads the values. Never for dX or fp32. (A GPU or build without wgmma:
-  // the mma.sync kernel at every batch; FragmentsOnHopperRunWgmma below for the rest.)
+  // without them, and a tile view it takes then reads the values. Never for dX or fp32. (A GPU or build
+  // without wgmma: the mma.sync kernel at every batch; FragmentsOnHopperRunWgmma below for the rest.)
   DeviceLimits no_wgmma = DeviceLimits::h200();
   no_wgmma.wgmma = false;
   const auto planned = [&](int64_t out, int64_t in, double density, int64_t n,

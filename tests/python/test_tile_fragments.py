@@ -282,7 +282,7 @@ def test_planner_reads_fragments_at_denser_weights(density):
     # At 25-50% density the fragments given are read from 8 rows, and from one row at 35% and more;
     # past 128 rows on Hopper too, but never packed for one product there. Outputs against float64.
     k = 1000  # inputs not a multiple of 8: X staged by the threads
-    w = Weight(1100, k, int(1100 * k * density), device="cuda", dtype=torch.bfloat16, seed=4)  # 2^20 weights and more
+    w = Weight(1100, k, int(1100 * k * density), device="cuda", dtype=torch.bfloat16, seed=4)  # >= 2^20 weights
     fragments = ops.pack_tile_fragments(w.values, w.tensors)
     for n in (1, 3, 8, 40, 128) + ((300,) if HOPPER else ()):
         plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, True))
