@@ -1122,7 +1122,7 @@ TEST(Planner, SddmmTensorCoreGrid) {
 TEST(Planner, SddmmTileViewWgmmaBatchChunks) {
   // Past 128 batch rows, forced: the batch in chunks of 128, dY's band kept in each warpgroup's shared
   // memory after its two tiles; two warpgroups a block where they fit (3 chunks), else one (4).
-  // The planner does not take it there.
+  // The planner takes it there up to 256 rows, and up to 512 on layers under 2^24 weights.
   SddmmProblem dw;
   dw.rows = 3072;
   dw.cols = 768;
@@ -1151,11 +1151,27 @@ TEST(Planner, SddmmTileViewWgmmaBatchChunks) {
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(describe(p).find("chunks of"), std::string::npos) << describe(p);
   dw.requested = SddmmVariant::kAuto;
-  for (const int64_t n : {129, 300, 512}) {
+  for (const int64_t n : {129, 256, 300, 512, 513}) {
     dw.n = n;
     ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
-    EXPECT_NE(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
+    EXPECT_EQ(p.variant == SddmmVariant::kTileViewWgmma, n <= 512) << describe(p);
   }
+  SddmmProblem large = dw;  // 4096 x 4096 at 10% density: 2^24 weights
+  large.rows = large.cols = 4096;
+  large.nnz = 4096 * 410;
+  for (const int64_t n : {200, 256, 257, 512}) {
+    large.n = n;
+    ASSERT_TRUE(plan_sddmm(large, DeviceLimits::h200(), &p).ok());
+    EXPECT_EQ(p.variant == SddmmVariant::kTileViewWgmma, n <= 256) << describe(p);
+  }
+  large.n = 200;
+  large.epilogue = SddmmEpilogue::kAdamW;  // not measured with AdamW's step
+  ASSERT_TRUE(plan_sddmm(large, DeviceLimits::h200(), &p).ok());
+  EXPECT_NE(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
+  large.epilogue = SddmmEpilogue::kStore;
+  large.nnz = 4096 * 2048;  // 50% density: not measured
+  ASSERT_TRUE(plan_sddmm(large, DeviceLimits::h200(), &p).ok());
+  EXPECT_NE(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
 }
 
 TEST(Planner, SddmmTileViewWgmmaGrid) {
@@ -1309,7 +1325,9 @@ TEST(Planner, SddmmTileViewGrid) {
   // weights from 2 rows and 1% density; on larger ones from 4% past 8 rows, and at 8 rows below 2^25
   // weights (from 7.5% at 2^25 and more). With AdamW, from 4%: past 16 rows from 2^23 weights;
   // below, past 16 rows (from 8 at 10% density) where rows <= columns, else past 32 (16 from 10%).
-  // Never without the view or in float32.
+  // Past 128 rows its wgmma kernel over the batch in chunks, storing the gradient at 4-25% density: to
+  // 256 rows, to 512 under 2^24 weights (SddmmTileViewWgmmaBatchChunks). Never without the view or in
+  // float32.
   const auto automatic = [](int64_t rows, int64_t cols, double density, int64_t n,
                             SddmmEpilogue e = SddmmEpilogue::kStore, bool view = true, int value_bytes = 2) {
     return plan_dw(rows, cols, nnz_for_density(rows, cols, density), n, e, SddmmVariant::kAuto, 0, value_bytes, false,
@@ -1322,7 +1340,8 @@ TEST(Planner, SddmmTileViewGrid) {
       {11008, 4096, 0.075, 8, true}, {11008, 4096, 0.07, 8, false}, {4096, 4096, 0.1, 8, true},
       {4096, 4096, 0.1, 7, false},   {4096, 4096, 0.1, 1, false},   {768, 3072, 0.1, 2, true},
       {768, 3072, 0.1, 1, false},    {768, 3072, 0.01, 64, true},   {768, 3072, 0.005, 64, false},
-      {4096, 4096, 0.03, 64, false}, {4096, 4096, 0.04, 64, true},  {4096, 4096, 0.1, 129, false}};
+      {4096, 4096, 0.03, 64, false}, {4096, 4096, 0.04, 64, true},  {4096, 4096, 0.1, 129, true},
+      {4096, 4096, 0.1, 257, false}, {4096, 4096, 0.5, 129, false}, {768, 3072, 0.1, 512, true}};
   const std::vector<RuleCase> with_adamw = {
       {16384, 4096, 0.1, 16, false}, {16384, 4096, 0.1, 17, true}, {16384, 4096, 0.03, 64, false},
       {768, 3072, 0.05, 16, false},  {768, 3072, 0.05, 17, true},  {3072, 768, 0.05, 32, false},

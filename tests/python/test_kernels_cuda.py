@@ -638,14 +638,15 @@ def sddmm_cases():
 def sddmm_runs(variant, n, dtype, k):
     """The rows kernel runs batches of at most 128 (padded to a multiple of 4), the staged kernel
     float32 operands, the tensor-core kernel 16-bit ones, the tile-view kernel 16-bit ones of at most
-    128 rows on patterns that hold the view (k: W's columns); the others any."""
+    128 rows on patterns that hold the view (k: W's columns), its wgmma form up to 512 (in chunks of
+    128); the others any."""
     if variant == "staged":
         return dtype == torch.float32
     if variant == "tensor_core":
         return dtype in (torch.bfloat16, torch.float16)
     if variant in ("tile_view", "tile_view_wgmma"):
-        return (dtype in (torch.bfloat16, torch.float16) and n <= 128 and k <= TILE_VIEW_MAX_INPUTS and
-                (variant == "tile_view" or HOPPER))
+        return (dtype in (torch.bfloat16, torch.float16) and n <= (128 if variant == "tile_view" else 512) and
+                k <= TILE_VIEW_MAX_INPUTS and (variant == "tile_view" or HOPPER))
     return variant != "rows" or (n + 3) // 4 * 4 <= 128
 
 
@@ -826,6 +827,12 @@ def test_the_planner_takes_the_tile_view_for_the_weight_gradient_where_it_pays()
     small = snack.SparseLinear(3072, 768, density=0.1, device="cuda")
     assert snack.explain(small, 8, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view"
     assert snack.explain(small, 1, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view"
+    if HOPPER:  # past 128 rows, the batch in chunks of 128: to 256 rows, to 512 on layers under 2^24 weights
+        for n in (129, 256):
+            assert snack.explain(layer, n, dtype=torch.bfloat16, op="weight_grad").variant == "tile_view_wgmma", n
+        assert snack.explain(layer, 300, dtype=torch.bfloat16, op="weight_grad").variant != "tile_view_wgmma"
+        plan = snack.explain(small, 512, dtype=torch.bfloat16, op="weight_grad")
+        assert plan.variant == "tile_view_wgmma" and "the batch in 4 chunks" in plan.describe, plan
 
 
 def test_sddmm_tile_view_refuses_what_it_cannot_run():
