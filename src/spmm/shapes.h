@@ -151,8 +151,8 @@ constexpr int kFragmentMaxTile = 64;    // batch rows per block: 16, 32 or 64
 SNACK_HOST_DEVICE constexpr int fragment_consumers(int tile) { return tile == 64 ? 2 * kTcWarps : kTcWarps; }
 SNACK_HOST_DEVICE constexpr int fragment_threads(int tile) { return (fragment_consumers(tile) + 1) * 32; }
 // Blocks an SM holds by their registers: the kernel's __launch_bounds__ minimum (64 / 96 / 96
-// registers a thread at batch tiles of 16 / 32 / 64, no local memory), which the planner's clusters
-// count on.
+// registers a thread at batch tiles of 16 / 32 / 64; no local memory at 16, 32-36 bytes a thread
+// spilled at 32 and 64 by CUDA 13.0's ptxas), which the planner's clusters count on.
 SNACK_HOST_DEVICE constexpr int fragment_blocks_per_sm(int tile) { return tile == 16 ? 6 : tile == 32 ? 4 : 2; }
 
 // The part of a block's shared memory that holds first its `stages` stages (a chunk of X, a tile's
