@@ -1119,18 +1119,24 @@ TEST(Planner, SddmmTensorCoreGrid) {
 // last group short where the bands are odd); the runs that take the fewest tiles' time in waves of
 // the blocks an SM holds; three stages of X's chunk, two tiles per warpgroup and its tile pointers,
 // with 1024 bytes to align the stages; with AdamW the gradient in the workspace.
+// dW of 16-bit operands over a pattern with the tile view, its wgmma kernel asked for.
+SddmmProblem tile_view_wgmma_dw(int64_t rows, int64_t cols, int64_t nnz, int64_t n) {
+  SddmmProblem dw;
+  dw.rows = rows;
+  dw.cols = cols;
+  dw.nnz = nnz;
+  dw.n = n;
+  dw.value_bytes = 2;
+  dw.requested = SddmmVariant::kTileViewWgmma;
+  dw.tile_view = true;
+  return dw;
+}
+
 TEST(Planner, SddmmTileViewWgmmaBatchChunks) {
   // Past 128 batch rows, forced: the batch in chunks of 128, dY's band kept in each warpgroup's shared
   // memory after its two tiles; two warpgroups a block where they fit (3 chunks), else one (4).
   // The planner takes it there up to 256 rows, and up to 512 on layers under 2^24 weights.
-  SddmmProblem dw;
-  dw.rows = 3072;
-  dw.cols = 768;
-  dw.nnz = 471859;
-  dw.n = 300;
-  dw.value_bytes = 2;
-  dw.requested = SddmmVariant::kTileViewWgmma;
-  dw.tile_view = true;
+  SddmmProblem dw = tile_view_wgmma_dw(3072, 768, 471859, 300);
   SddmmPlan p;
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.threads, 256) << describe(p);
@@ -1175,14 +1181,7 @@ TEST(Planner, SddmmTileViewWgmmaBatchChunks) {
 }
 
 TEST(Planner, SddmmTileViewWgmmaGrid) {
-  SddmmProblem dw;
-  dw.rows = 16384;
-  dw.cols = 4096;
-  dw.nnz = 6710886;
-  dw.n = 128;
-  dw.value_bytes = 2;
-  dw.requested = SddmmVariant::kTileViewWgmma;
-  dw.tile_view = true;
+  SddmmProblem dw = tile_view_wgmma_dw(16384, 4096, 6710886, 128);
   SddmmPlan p;
   ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
   EXPECT_EQ(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
