@@ -154,7 +154,8 @@ constexpr size_t tv_wg_group_elems(int batch, int batch_chunks) {
 // ([batch_chunks * batch][kTvDwStride]) after its two tiles.
 constexpr size_t tv_wg_smem_bytes(int batch, int groups, int64_t steps, int batch_chunks = 1) {
   return size_t(kTvWgAlign) + size_t(kTvWgStages) * batch * 64 * sizeof(uint16_t) +
-         size_t(groups) * (tv_wg_group_elems(batch, batch_chunks) * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t));
+         size_t(groups) *
+             (tv_wg_group_elems(batch, batch_chunks) * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t));
 }
 
 }  // namespace snack::cuda::detail
