@@ -200,14 +200,17 @@ int tensor_core_tiles_per_block(const SddmmProblem& p, const DeviceLimits& limit
 }
 
 // Why a tile-view kernel (`name`: tile_view or tile_view_wgmma) cannot run a problem (Ok where it can).
+// The wgmma kernel takes batches past kTvDwMaxBatch in chunks of it (forced only: not measured against
+// the planner's choices there yet), up to kTvWgMaxBatch.
 Status tile_view_refusal(const SddmmProblem& p, const std::string& name) {
   using namespace cuda::detail;
+  const int64_t max_batch = name == "tile_view_wgmma" ? kTvWgMaxBatch : kTvDwMaxBatch;
   if (p.value_bytes != 2) return InvalidArgument("sddmm: " + name + " runs 16-bit operands (bf16, fp16)");
   if (!p.tile_view)
     return InvalidArgument("sddmm: " + name + ": the pattern holds no tile view (it is built for layers of at most " +
                            std::to_string(kTileViewMaxCols) + " inputs, unless left out)");
-  if (p.n > kTvDwMaxBatch)
-    return InvalidArgument("sddmm: " + name + " runs batches of at most " + std::to_string(kTvDwMaxBatch));
+  if (p.n > max_batch)
+    return InvalidArgument("sddmm: " + name + " runs batches of at most " + std::to_string(max_batch));
   return Status::Ok();
 }
 
@@ -318,8 +321,8 @@ int tile_view_wgmma_splits(const SddmmProblem& p, int groups, const DeviceLimits
   int64_t best_cost = 0;
   for (int splits = 1; splits <= chunks; splits *= 2) {
     const int64_t steps = ceil_div(chunks, splits);
-    const size_t block_smem =
-        tv_wg_smem_bytes(batch, groups, steps) + kTvWgStaticSmem + limits.reserved_smem_per_block;
+    const size_t block_smem = tv_wg_smem_bytes(batch, groups, steps, tv_wg_batch_chunks(p.n)) + kTvWgStaticSmem +
+                              limits.reserved_smem_per_block;
     const int64_t per_sm = std::max<int64_t>(
         1, std::min<int64_t>(tv_wg_blocks_per_sm(groups), int64_t(limits.smem_per_sm / block_smem)));
     const int64_t cost = ceil_div(band_groups * splits, per_sm * limits.sms) * (steps + 2);
@@ -455,13 +458,19 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     if (p.warpgroups < 0 || p.warpgroups > kTvWgMaxGroups)
       return InvalidArgument("sddmm: tile_view_wgmma: " + std::to_string(p.warpgroups) +
                              " warpgroups a block asked; 1 to " + std::to_string(kTvWgMaxGroups));
-    const int groups = p.warpgroups != 0 ? p.warpgroups : tile_view_wgmma_groups(p);
+    int groups = p.warpgroups != 0 ? p.warpgroups : tile_view_wgmma_groups(p);
+    const int batch_chunks = tv_wg_batch_chunks(p.n);
+    // Past one chunk each warpgroup keeps dY's band: one warpgroup a block where two do not fit.
+    if (p.warpgroups == 0 && groups > 1 &&
+        tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, tile_view_chunks(p.cols), batch_chunks) + kTvWgStaticSmem >
+            limits.smem_per_block)
+      groups = 1;
     plan.threads = 128 * groups;
     const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
     plan.tile_splits = p.tile_view_splits != 0 ? p.tile_view_splits : tile_view_wgmma_splits(p, groups, limits);
     plan.grid_x = ceil_div(std::max<int64_t>(1, tile_view_bands(p.rows)), groups) * plan.tile_splits;
     const int64_t steps = ceil_div(chunks, plan.tile_splits);
-    plan.smem_bytes = tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, steps);
+    plan.smem_bytes = tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, steps, batch_chunks);
     return finish_tile_view_plan(plan, name, limits, out, kTvWgStaticSmem);
   }
   if (plan.variant == SddmmVariant::kTileView) {
@@ -554,7 +563,11 @@ std::string describe(const SddmmPlan& plan) {
     s += ", bands of " + std::to_string(kTileViewRows) + " rows, " + std::to_string(plan.threads / 128) +
          " warpgroup" + (plan.threads > 128 ? "s" : "") + " a block, " + std::to_string(plan.tile_splits) +
          " block" + (plan.tile_splits > 1 ? "s" : "") + " per group of bands, " + std::to_string(plan.grid_x) +
-         " blocks";
+         " blocks" +
+         (cuda::detail::tv_wg_batch_chunks(plan.problem.n) > 1
+              ? ", the batch in " + std::to_string(cuda::detail::tv_wg_batch_chunks(plan.problem.n)) + " chunks of " +
+                    std::to_string(cuda::detail::kTvDwMaxBatch) + " rows"
+              : std::string());
   else
     s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";

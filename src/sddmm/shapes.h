@@ -132,14 +132,29 @@ constexpr int kTvWgRoundsAhead = 1;
 // N = 16, two warpgroups: 82.8 against 90.2 us), 90-95% 1.04-1.07x slower (N = 16: 50.7 against 48.9).
 constexpr int kTvWgEntrySets = 3;
 
+// Batches of kTvDwMaxBatch + 1 to kTvWgMaxBatch rows run in batch_chunks chunks of kTvDwMaxBatch: dY's
+// band stays in shared memory, each chunk's A operand is loaded from it in turn, and each tile's
+// products accumulate over the chunks of X, staged one after another through the same stages.
+constexpr int kTvWgMaxBatch = 4 * kTvDwMaxBatch;
+constexpr int tv_wg_batch_chunks(int64_t n) {
+  return n <= kTvDwMaxBatch ? 1 : int((n + kTvDwMaxBatch - 1) / kTvDwMaxBatch);
+}
+// 16-bit values of a warpgroup's region: its two rounded tiles ([2][64][kTvDwStride]), where dY's band
+// is staged first when it fits one chunk, and past one chunk dY's band after them.
+constexpr size_t tv_wg_group_elems(int batch, int batch_chunks) {
+  return size_t(2 * 64 * kTvDwStride) + (batch_chunks > 1 ? size_t(batch_chunks) * batch * kTvDwStride : 0);
+}
+
 // Dynamic shared memory for a batch padded to `batch` rows, `groups` warpgroups and `steps` tiles per
 // block: the slack to align the stages, the stages of X's chunk ([batch][64] each), per warpgroup a
 // region of [2][64][kTvDwStride] where dY's band is staged first and its two rounded tiles ([64][64]
 // each) are held after, and each warpgroup's tile pointers (steps + 1 and the spare word, as
 // tv_dw_smem_bytes).
-constexpr size_t tv_wg_smem_bytes(int batch, int groups, int64_t steps) {
+// Past kTvDwMaxBatch rows (batch_chunks > 1) each warpgroup's region also holds all of dY's band
+// ([batch_chunks * batch][kTvDwStride]) after its two tiles.
+constexpr size_t tv_wg_smem_bytes(int batch, int groups, int64_t steps, int batch_chunks = 1) {
   return size_t(kTvWgAlign) + size_t(kTvWgStages) * batch * 64 * sizeof(uint16_t) +
-         size_t(groups) * (2 * 64 * kTvDwStride * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t));
+         size_t(groups) * (tv_wg_group_elems(batch, batch_chunks) * sizeof(uint16_t) + size_t(steps + 2) * sizeof(int32_t));
 }
 
 }  // namespace snack::cuda::detail

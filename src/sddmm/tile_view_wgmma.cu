@@ -16,10 +16,10 @@ namespace snack::cuda::detail {
 
 namespace {
 
-template <typename T, int KS, int G>
+template <typename T, int KS, int G, bool kChunked = false>
 Status launch_steps(const SddmmPlan& plan, const TileView& view, const T* dy, const T* x, int64_t rows, int64_t cols,
                     int64_t n, T* dvalues, Stream stream) {
-  const auto kernel = sddmm_tile_view_wgmma_kernel<T, KS, G, StoreGradient<T>>;
+  const auto kernel = sddmm_tile_view_wgmma_kernel<T, KS, G, kChunked, StoreGradient<T>>;
   SNACK_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
   const bool vec_dy = rows_of_16byte_vectors(dy, rows);
@@ -29,21 +29,27 @@ Status launch_steps(const SddmmPlan& plan, const TileView& view, const T* dy, co
   const bool mapped = tensor_map_16bit_fits(x, cols);
   if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(x, n, cols, 64, uint32_t(16 * KS), &x_map));
   const int64_t bands = tile_view_bands(rows);
-  kernel<<<unsigned(plan.grid_x), G * 128, plan.smem_bytes, stream>>>(
-      x_map, view, dy, x, rows, cols, n, bands, plan.tile_splits, vec_dy, vec_x, mapped, StoreGradient<T>{dvalues});
+  const int batch_chunks = tv_wg_batch_chunks(n);  // as planned (tv_wg_smem_bytes): the plan is this product's
+  kernel<<<unsigned(plan.grid_x), G * 128, plan.smem_bytes, stream>>>(x_map, view, dy, x, rows, cols, n, bands,
+                                                                      plan.tile_splits, batch_chunks, vec_dy, vec_x,
+                                                                      mapped, StoreGradient<T>{dvalues});
   return check_launch("sddmm_tile_view_wgmma_kernel");
 }
 
 template <typename T, int G>
 Status launch_groups(const SddmmPlan& plan, const TileView& view, const T* dy, const T* x, int64_t rows,
                      int64_t cols, int64_t n, T* dvalues, Stream stream) {
-  switch (tv_dw_k_steps(n)) {
+  if (n > kTvWgMaxBatch)
+    return InvalidArgument("sddmm: tile_view_wgmma runs batches of at most " + std::to_string(kTvWgMaxBatch));
+  switch (tv_dw_k_steps(n)) {  // past kTvDwMaxBatch rows: 8, in tv_wg_batch_chunks(n) chunks
     case 1: return launch_steps<T, 1, G>(plan, view, dy, x, rows, cols, n, dvalues, stream);
     case 2: return launch_steps<T, 2, G>(plan, view, dy, x, rows, cols, n, dvalues, stream);
     case 4: return launch_steps<T, 4, G>(plan, view, dy, x, rows, cols, n, dvalues, stream);
-    case 8: return launch_steps<T, 8, G>(plan, view, dy, x, rows, cols, n, dvalues, stream);
+    case 8:
+      return tv_wg_batch_chunks(n) > 1 ? launch_steps<T, 8, G, true>(plan, view, dy, x, rows, cols, n, dvalues, stream)
+                                       : launch_steps<T, 8, G>(plan, view, dy, x, rows, cols, n, dvalues, stream);
     default:
-      return InvalidArgument("sddmm: tile_view_wgmma runs batches of at most " + std::to_string(kTvDwMaxBatch));
+      return InvalidArgument("sddmm: tile_view_wgmma runs batches of at most " + std::to_string(kTvWgMaxBatch));
   }
 }
 

@@ -12,7 +12,7 @@
 namespace snack::cuda::detail {
 
 /// dvalues[s] = sum_n dY[n, row(s)] X[n, col(s)], rounded to T, for every slot of the view's tiles:
-/// `dy` [n][rows], `x` [n][cols], 0 < n <= kTvDwMaxBatch, on the plan's grid (plan.threads / 128
+/// `dy` [n][rows], `x` [n][cols], 0 < n <= kTvWgMaxBatch, on the plan's grid (plan.threads / 128
 /// warpgroups a block, each a band of 64 rows; plan.tile_splits blocks per group of bands).
 /// kUnsupported without sm_90a code or on a device other than compute capability 9.0.
 template <typename T>

@@ -1119,6 +1119,45 @@ TEST(Planner, SddmmTensorCoreGrid) {
 // last group short where the bands are odd); the runs that take the fewest tiles' time in waves of
 // the blocks an SM holds; three stages of X's chunk, two tiles per warpgroup and its tile pointers,
 // with 1024 bytes to align the stages; with AdamW the gradient in the workspace.
+TEST(Planner, SddmmTileViewWgmmaBatchChunks) {
+  // Past 128 batch rows, forced: the batch in chunks of 128, dY's band kept in each warpgroup's shared
+  // memory after its two tiles; two warpgroups a block where they fit (3 chunks), else one (4).
+  // The planner does not take it there.
+  SddmmProblem dw;
+  dw.rows = 3072;
+  dw.cols = 768;
+  dw.nnz = 471859;
+  dw.n = 300;
+  dw.value_bytes = 2;
+  dw.requested = SddmmVariant::kTileViewWgmma;
+  dw.tile_view = true;
+  SddmmPlan p;
+  ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+  EXPECT_EQ(p.threads, 256) << describe(p);
+  const auto steps = [&](const SddmmPlan& plan) { return int64_t((12 + plan.tile_splits - 1) / plan.tile_splits); };
+  EXPECT_EQ(p.smem_bytes, size_t(1024) + 3 * 128 * 64 * 2 + 2 * ((2 * 64 + 3 * 128) * 72 * 2 + (steps(p) + 2) * 4));
+  EXPECT_NE(describe(p).find("the batch in 3 chunks of 128 rows"), std::string::npos) << describe(p);
+  dw.n = 512;
+  ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+  EXPECT_EQ(p.threads, 128) << describe(p);
+  EXPECT_EQ(p.smem_bytes, size_t(1024) + 3 * 128 * 64 * 2 + ((2 * 64 + 4 * 128) * 72 * 2 + (steps(p) + 2) * 4));
+  EXPECT_LE(p.smem_bytes + 3 * sizeof(uint64_t), DeviceLimits::h200().smem_per_block);
+  dw.warpgroups = 2;  // asked for: more than a block holds
+  SddmmPlan refused;
+  EXPECT_NE(plan_sddmm(dw, DeviceLimits::h200(), &refused).message().find("bytes of shared memory per block"),
+            std::string::npos);
+  dw.warpgroups = 0;
+  dw.n = 128;  // one chunk: dY's band in registers, staged where the tiles go
+  ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+  EXPECT_EQ(describe(p).find("chunks of"), std::string::npos) << describe(p);
+  dw.requested = SddmmVariant::kAuto;
+  for (const int64_t n : {129, 300, 512}) {
+    dw.n = n;
+    ASSERT_TRUE(plan_sddmm(dw, DeviceLimits::h200(), &p).ok());
+    EXPECT_NE(p.variant, SddmmVariant::kTileViewWgmma) << describe(p);
+  }
+}
+
 TEST(Planner, SddmmTileViewWgmmaGrid) {
   SddmmProblem dw;
   dw.rows = 16384;
@@ -1194,6 +1233,9 @@ TEST(Planner, SddmmTileViewWgmmaGrid) {
   q.value_bytes = 4;
   EXPECT_NE(refusal(q, DeviceLimits::h100_sxm()).find("tile_view_wgmma runs 16-bit"), std::string::npos);
   q = dw;
+  q.n = 513;
+  EXPECT_NE(refusal(q, DeviceLimits::h100_sxm()).find("at most 512"), std::string::npos);
+  q.requested = SddmmVariant::kTileView;  // the mma.sync kernel: one chunk
   q.n = 129;
   EXPECT_NE(refusal(q, DeviceLimits::h100_sxm()).find("at most 128"), std::string::npos);
   q = dw;

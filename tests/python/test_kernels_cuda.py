@@ -755,6 +755,29 @@ def test_sddmm_tile_view_wgmma_tiles(m, k, density, n, full_rows, misaligned, dt
         assert plan.threads == 128 * groups, plan
 
 
+# Past 128 batch rows the wgmma kernel runs the batch in chunks of 128 (dY's band kept in shared
+# memory): two to four chunks, the last one short, K not a multiple of 8 with unaligned operands,
+# full rows (whole tiles), runs of several tiles per block, nnz = 0.
+TILE_VIEW_WGMMA_CHUNK_CASES = [(300, 1001, 0.3, 129, 4, False), (520, 3000, 0.05, 300, 2, True),
+                               (129, 64, 0.5, 512, 0, False), (2048, 1000, 0.1, 260, 0, False),
+                               (200, 90, 0.0, 300, 0, False)]
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper")
+@pytest.mark.parametrize("groups", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("m,k,density,n,full_rows,misaligned", TILE_VIEW_WGMMA_CHUNK_CASES)
+def test_sddmm_tile_view_wgmma_batch_chunks(m, k, density, n, full_rows, misaligned, dtype, groups):
+    if groups == 2 and n > 384:
+        pytest.skip("two warpgroups keeping four chunks of dY exceed a block's shared memory")
+    with snack.fragment_warpgroups(groups):  # 0: the planner's count
+        check_sddmm_tiles("tile_view_wgmma", m, k, density, n, full_rows, misaligned, dtype)
+        q = Weight(m, k, 10, device="cuda", dtype=dtype)
+        plan = snack.Plan(*ops.explain(q.values, q.tensors, n, "weight_grad", "tile_view_wgmma"))
+        assert f"the batch in {(n + 127) // 128} chunks of 128 rows" in plan.describe, plan
+        assert plan.threads == 128 * (groups or (2 if n <= 384 else 1)), plan
+
+
 @pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper")
 @pytest.mark.parametrize("splits", [1, 3, 7])
 def test_sddmm_tile_view_wgmma_runs_of_tiles(splits):
@@ -778,8 +801,10 @@ def test_sddmm_tile_view_wgmma_refusals():
     fp32 = Weight(64, 80, 900, device="cuda")
     with pytest.raises(ValueError, match="tile_view_wgmma runs 16-bit operands"):
         ops.sddmm(fp32.randn(16, 64, seed=1), fp32.randn(16, 80, seed=2), fp32.tensors, variant="tile_view_wgmma")
+    with pytest.raises(ValueError, match="batches of at most 512"):
+        ops.sddmm(p.randn(513, 64, seed=1), p.randn(513, 80, seed=2), p.tensors, variant="tile_view_wgmma")
     with pytest.raises(ValueError, match="batches of at most 128"):
-        ops.sddmm(p.randn(129, 64, seed=1), p.randn(129, 80, seed=2), p.tensors, variant="tile_view_wgmma")
+        ops.sddmm(p.randn(129, 64, seed=1), p.randn(129, 80, seed=2), p.tensors, variant="tile_view")
     without = p.tensors[:5] + [torch.zeros(0, dtype=torch.int32, device="cuda")] * 2
     with pytest.raises(ValueError, match="no tile view"):
         ops.sddmm(dy, x, without, variant="tile_view_wgmma")
