@@ -5,12 +5,13 @@
     python bench/spmm.py --variants      # also each snack kernel variant, forced (impl snack_<variant>)
     python bench/spmm.py --variants dense_blocks,global_xt   # ... or the variants named
                                          # (tile_view in 16 bits adds snack_tile_view_packed and
-                                         # snack_tile_view_fragments: its kernels reading packed tile
-                                         # values or tile fragments, snack.ops.pack_tile_values /
-                                         # pack_tile_fragments; wgmma adds snack_wgmma_fragments
-                                         # and snack_wgmma_fragments_packed, packed in the call;
-                                         # 16 bits also times snack_packed and snack_fragments, the
-                                         # planner given them)
+                                         # snack_tile_view_fragments, snack_tile_view_bitmaps: its
+                                         # kernels reading packed tile values, tile fragments or bitmap
+                                         # fragments, snack.ops.pack_tile_values / pack_tile_fragments /
+                                         # pack_tile_bitmaps; wgmma adds snack_wgmma_fragments,
+                                         # snack_wgmma_bitmaps and snack_wgmma_fragments_packed, packed
+                                         # in the call; 16 bits also times snack_packed,
+                                         # snack_fragments and snack_bitmaps, the planner given them)
     python bench/spmm.py --dtype bf16    # bf16 (or fp16) values and activations: spmm_<gpu>_bf16.*
     python bench/spmm.py --large         # training batches, N = 256-16384: spmm_<gpu>[_bf16]_large.*
 
@@ -86,14 +87,16 @@ def build_impls(pattern: snack.Pattern, values, dense_w, mask, x, variants=()):
     if values.dtype in (torch.bfloat16, torch.float16) and pattern.has_tile_view:
         # Given the values in tile order (packed once, untimed): the values packed into the view's
         # entries or laid out as tile fragments, the planner's choice then (snack_packed,
-        # snack_fragments), and the tile view's kernels reading them (snack_tile_view_packed,
-        # snack_tile_view_fragments) and wgmma's reading the fragments (snack_wgmma_fragments; with one
-        # or two consumer warpgroups forced: snack_wgmma_fragments_1group, snack_wgmma_fragments_2groups).
-        for name, pack in (("packed", snack.ops.pack_tile_values), ("fragments", snack.ops.pack_tile_fragments)):
+        # snack_fragments, snack_bitmaps for the bitmap fragments), and the tile view's kernels reading
+        # them (snack_tile_view_packed, snack_tile_view_fragments, snack_tile_view_bitmaps) and wgmma's
+        # reading either fragments (snack_wgmma_fragments, snack_wgmma_bitmaps; with one or two consumer
+        # warpgroups forced: snack_wgmma_fragments_1group, snack_wgmma_fragments_2groups).
+        for name, pack in (("packed", snack.ops.pack_tile_values), ("fragments", snack.ops.pack_tile_fragments),
+                           ("bitmaps", snack.ops.pack_tile_bitmaps)):
             tiles = pack(values, tensors)
             impls[f"snack_{name}"] = (lambda t: lambda: snack.ops.spmm(x, values, tensors, None, tiles=t))(tiles)
             for v in ("tile_view", "wgmma"):  # wgmma reads the fragments only
-                if v in variants and (v == "tile_view" or name == "fragments"):
+                if v in variants and (v == "tile_view" or name != "packed"):
                     impls[f"snack_{v}_{name}"] = (lambda t, v: lambda: snack.ops.spmm(
                         x, values, tensors, None, variant=v, tiles=t))(tiles, v)
             if "wgmma" in variants and name == "fragments":

@@ -180,6 +180,59 @@ constexpr int64_t tile_fragment_start(int64_t band, int64_t chunk, int64_t chunk
   return (first_slot + 3) / 4 * 4 + 8 * (chunks + 1) * band + (first_entry - first_slot) / 4 * 4 + 8 * chunk;
 }
 
+/// Bitmap fragments: the tile fragments' places with the values stored one by one instead of a
+/// register per pair, for denser weights, where half-filled registers cost the most: at 50% density
+/// ~1.1 bytes a weight position against ~1.6 for the tile fragments and 2 for dense. The unit is the
+/// 8 x 8 block of an A operand: register `reg` of group `group` over its 32 lanes (two values each),
+/// block group * 16 + reg; its 64-bit mask holds the block's stored positions, bit 2 * lane + half
+/// (bitmap_place), and its values follow one another in that order, so that the 32 lanes loading a
+/// register read one run of at most 128 bytes of shared memory (no bank conflict). The words (int32):
+///   [0, 2 * tiles)                   per tile: its first value word (counted from the values part) and
+///                                    its value words (a multiple of 4; 0 for a tile without slots)
+///   [headers, headers + 144 * tiles) per tile: the 64 blocks' masks, low word first (128 words), then
+///                                    per 16 x 16 operand (group * 4 + row block: four blocks each) the
+///                                    index of its first value among the tile's values (16 words)
+///   [values, ...)                    each tile's stored values as 16-bit halves, blocks ascending and
+///                                    each block's in bit order (the first in a word's low half),
+///                                    zero-padded up to the next tile's first word (tile_bitmap_start:
+///                                    from the tile view alone).
+/// Transposed bitmap fragments are W^T's, as transposed tile fragments are.
+inline constexpr int kBitmapBlocks = kFragmentGroups * kFragmentRegisters;  // 8 x 8 blocks a tile
+inline constexpr int kBitmapOperands = kFragmentGroups * kFragmentRegisters / 4;  // 16 x 16 operands a tile
+inline constexpr int64_t kBitmapHeaderWords = 2 * kBitmapBlocks + kBitmapOperands;
+
+/// Where a place lies in bitmap fragments: its 8 x 8 block and its bit in the block's mask.
+struct BitmapPlace {
+  int block, bit;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr BitmapPlace bitmap_place(FragmentPlace f) {
+  return BitmapPlace{f.group * kFragmentRegisters + f.reg, 2 * f.lane + f.half};
+}
+
+inline FragmentLayout tile_bitmap_layout(int64_t rows, int64_t cols, int64_t nnz) {
+  FragmentLayout l;
+  if (tile_view_ptr_length(rows, cols) == 0) return l;
+  l.tiles = tile_view_bands(rows) * tile_view_chunks(cols);
+  l.headers = (2 * l.tiles + 3) / 4 * 4;
+  l.values = l.headers + kBitmapHeaderWords * l.tiles;
+  l.words = l.values + (nnz + 7) / 8 * 4 + 8 * l.tiles + 8 * tile_view_bands(rows);  // tile_bitmap_start
+  return l;
+}
+/// The first value word (from FragmentLayout::values) of tile `chunk` of band `band` in bitmap
+/// fragments, as tile_fragment_start gives it for the tile fragments: a tile of e entries stores e
+/// halves, at most e / 2 + 3.5 words with its padding, and the next tile starts at least e / 2 + 4.5
+/// words further on.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int64_t tile_bitmap_start(int64_t band, int64_t chunk, int64_t chunks, int64_t first_slot,
+                                    int64_t first_entry) {
+  return (first_slot + 7) / 8 * 4 + 8 * (chunks + 1) * band + (first_entry - first_slot) / 8 * 4 + 8 * chunk;
+}
+
 /// Where W's tile `chunk` of band `band` (of `bands`) keeps its pair and header in W^T's tile
 /// fragments: its index in W^T's tile order (W^T's band `chunk`, chunk `band`).
 #if defined(__CUDACC__)

@@ -153,7 +153,13 @@ enum class TileValues : int {
   kPacked,     ///< packed tile values (pack_tile_values): kTileView reads them with the view's entries
   kFragments,  ///< tile fragments (pack_tile_fragments): kTileView loads them as mma.sync operands, kWgmma as
                ///< wgmma's A operands
+  kBitmaps,    ///< bitmap fragments (pack_tile_bitmaps): read by the same kernels as kFragments, each
+               ///< operand built from the stored values one by one
 };
+
+/// Whether the forward is given tile fragments of either layout (kFragments, kBitmaps): the planner
+/// plans both alike.
+constexpr bool holds_fragments(TileValues t) { return t == TileValues::kFragments || t == TileValues::kBitmaps; }
 
 /// The most consumer warpgroups a block of the wgmma forward over tile fragments holds
 /// (SpmmProblem::fragment_warpgroups).

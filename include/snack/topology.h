@@ -90,6 +90,13 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
                            const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
                            bool transposed = false);
 
+/// Lays the 16-bit values of a pattern's slots out as bitmap fragments (snack/pattern.h): the tile
+/// fragments' places, each (group, lane) a mask of its stored values and the values one by one.
+/// Arguments as pack_tile_fragments; bitmaps: [tile_bitmap_layout(m, k, nnz).words], written whole.
+Status pack_tile_bitmaps(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
+                         const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* bitmaps,
+                         bool transposed = false);
+
 /// Positions of the `count` entries of largest magnitude in a dense row-major `m x k` matrix,
 /// written ascending to positions[count]. Ties go to the smaller position, so the result is
 /// deterministic. Non-finite entries are rejected (kInvalidArgument).
@@ -127,6 +134,11 @@ Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_pt
 Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
                            const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* fragments,
                            Stream stream, bool transposed = false);
+
+/// As cpu::pack_tile_bitmaps, on `stream` (a block per tile); never synchronises.
+Status pack_tile_bitmaps(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
+                         const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* bitmaps, Stream stream,
+                         bool transposed = false);
 
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions,

@@ -104,6 +104,13 @@ def _pack_tile_fragments_fake(values, pattern, transposed=False):
     return values.new_empty((words,), dtype=torch.int32)
 
 
+@_register_fake("pack_tile_bitmaps")
+def _pack_tile_bitmaps_fake(values, pattern, transposed=False):
+    rows, cols = _shape(pattern)
+    words = ops.tile_bitmap_words(rows, cols, _nnz(pattern))
+    return values.new_empty((2 * words,), dtype=torch.int16)
+
+
 @_register_fake("spmm_channels_first")
 def _spmm_channels_first_fake(x, values, pattern, bias=None, activation="none", variant="auto"):
     return values.new_empty((x.shape[0], _shape(pattern)[0], x.shape[2]))

@@ -41,7 +41,10 @@ def for_inference(model: nn.Module, *, tile_view: Optional[bool] = None,
             sparsity; the fragment kernels run at 8-128 rows from 4.5% to 50% density and at 1-7
             rows from 35%, where their worst case measured best: mma.sync's, and from 17 rows on
             Hopper wgmma's, which also takes 129-512 rows on layers of 2^20 weights or more, 1024 on
-            those of 2^24 at 75-92.5% sparsity), "entries"
+            those of 2^24 at 75-92.5% sparsity), "bitmaps" as the same operands built from each
+            lane's mask of stored values and the values one by one (``snack.ops.pack_tile_bitmaps``:
+            about 1.1 bytes a weight position at 50% sparsity against 1.6 for "fragments"; read by
+            the same kernels under the same rules), "entries"
             packs them into the view's entries
             (``snack.ops.pack_tile_values``: 4 bytes a connection, 16-128 rows). Packed by the first
             forward and again whenever the values or the pattern change. Off by default: it trades

@@ -72,7 +72,7 @@ def explain(layer, n: int, *, op: str = "forward", variant: str = "auto", dtype=
     activation = getattr(layer, "activation", "none")
     tiles = getattr(layer, "tile_format", "entries") if getattr(layer, "pack_tiles", False) else None
     return Plan(*ops.explain(values, layer.pattern.tensors, n, op, variant, activation, pixels, tiles == "entries",
-                             tiles == "fragments"))
+                             tiles == "fragments", tiles == "bitmaps"))
 
 
 # The process-wide choices that "auto" defers to, as last set (the C++ side holds the live value).

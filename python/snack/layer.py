@@ -64,7 +64,7 @@ def nnz_for_density(out_features: int, in_features: int, density: float) -> int:
 
 
 #: What SparseLinear.pack_tiles holds, by its tile_format: the op that lays the values out.
-TILE_FORMATS = {"fragments": ops.pack_tile_fragments, "entries": ops.pack_tile_values}
+TILE_FORMATS = {"fragments": ops.pack_tile_fragments, "bitmaps": ops.pack_tile_bitmaps, "entries": ops.pack_tile_values}
 
 
 class SparseLinear(nn.Module):
@@ -100,7 +100,9 @@ class SparseLinear(nn.Module):
 
     ``pack_tiles`` is False unless :func:`snack.for_inference` was asked to pack (on a GPU): then a
     forward without gradients on 16-bit values reads them in tile order, laid out as ``tile_format``
-    says: "fragments" (``snack.ops.pack_tile_fragments``, the tensor cores' operands) or "entries"
+    says: "fragments" (``snack.ops.pack_tile_fragments``, the tensor cores' operands), "bitmaps"
+    (``snack.ops.pack_tile_bitmaps``, the same operands built from a mask and the values one by one,
+    fewer bytes at 50-75% sparsity) or "entries"
     (``snack.ops.pack_tile_values``, packed into the tile view's entries). The copy is made by the
     first such forward and again after any change of the values or the pattern, counted in
     :meth:`nbytes`, never part of a checkpoint. Set on a CPU layer, the CPU checks the copy instead of

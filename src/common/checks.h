@@ -65,19 +65,20 @@ inline Status check_pack_tile_values(int64_t m, int64_t k, int64_t nnz, const in
   return Status::Ok();
 }
 
-// Arguments of pack_tile_fragments (both backends).
+// Arguments of pack_tile_fragments and pack_tile_bitmaps (`op`; both backends).
 inline Status check_pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr,
                                         const int32_t* tile_ptr, const uint32_t* tile_entries,
-                                        const uint16_t* value_bits, const int32_t* fragments) {
+                                        const uint16_t* value_bits, const int32_t* fragments,
+                                        const std::string& op = "pack_tile_fragments") {
   if (m < 0 || k < 0 || nnz < 0 || (m * k > 0 ? nnz > m * k : nnz != 0))
-    return InvalidArgument("pack_tile_fragments: sizes " + std::to_string(m) + "x" + std::to_string(k) +
+    return InvalidArgument(op + ": sizes " + std::to_string(m) + "x" + std::to_string(k) +
                            " with nnz=" + std::to_string(nnz) + " are not a pattern's");
   if (tile_view_ptr_length(m, k) == 0)
-    return InvalidArgument("pack_tile_fragments: a " + std::to_string(m) + "x" + std::to_string(k) +
+    return InvalidArgument(op + ": a " + std::to_string(m) + "x" + std::to_string(k) +
                            " pattern has no tile view (empty, or more than " + std::to_string(kTileViewMaxCols) +
                            " columns)");
   if (!row_ptr || !tile_ptr || !fragments || (nnz > 0 && (!tile_entries || !value_bits)))
-    return InvalidArgument("pack_tile_fragments: null array");
+    return InvalidArgument(op + ": null array");
   return Status::Ok();
 }
 

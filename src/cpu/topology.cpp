@@ -247,6 +247,49 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
   return Status::Ok();
 }
 
+Status pack_tile_bitmaps(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
+                         const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* bitmaps, bool transposed) {
+  SNACK_RETURN_IF_ERROR(detail::check_pack_tile_fragments(m, k, nnz, row_ptr, tile_ptr, tile_entries, value_bits,
+                                                          bitmaps, "pack_tile_bitmaps"));
+  const FragmentLayout layout = tile_bitmap_layout(m, k, nnz);
+  std::fill(bitmaps, bitmaps + layout.words, 0);
+  const int64_t chunks = tile_view_chunks(k), bands = tile_view_bands(m);
+  constexpr int kBlockValues = 64;
+  std::vector<uint16_t> halves(static_cast<size_t>(kBitmapBlocks * kBlockValues));
+  std::vector<uint64_t> masks(static_cast<size_t>(kBitmapBlocks));
+  for (int64_t b = 0; b < bands; ++b) {
+    const int32_t first = row_ptr[b * kTileViewRows];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t tile = b * chunks + c;
+      const int64_t at = tile_bitmap_start(b, c, chunks, first, tile_ptr[tile]);  // from layout.values
+      const int64_t index = transposed ? transposed_fragment_tile(b, c, bands) : tile;  // its pair and header
+      std::fill(masks.begin(), masks.end(), uint64_t(0));
+      for (int32_t e = tile_ptr[tile]; e < tile_ptr[tile + 1]; ++e) {
+        const uint32_t entry = tile_entries[e];
+        const BitmapPlace place = bitmap_place(entry_fragment_place(entry, transposed));
+        halves[size_t(place.block) * kBlockValues + size_t(place.bit)] =
+            value_bits[first + int64_t(entry >> kTileViewSlotShift)];
+        masks[size_t(place.block)] |= uint64_t(1) << place.bit;
+      }
+      int32_t* header = bitmaps + layout.headers + kBitmapHeaderWords * index;
+      auto* values = reinterpret_cast<uint16_t*>(bitmaps + layout.values + at);  // little-endian: low half first
+      int64_t stored = 0;
+      for (int block = 0; block < kBitmapBlocks; ++block) {
+        const uint64_t mask = masks[size_t(block)];
+        if (block % 4 == 0) header[2 * kBitmapBlocks + block / 4] = int32_t(stored);
+        header[2 * block] = int32_t(uint32_t(mask));
+        header[2 * block + 1] = int32_t(uint32_t(mask >> 32));
+        for (int bit = 0; bit < kBlockValues; ++bit)
+          if (mask >> bit & 1u) values[stored++] = halves[size_t(block) * kBlockValues + size_t(bit)];
+      }
+      const int64_t words = (stored + 7) / 8 * 4;
+      bitmaps[2 * index] = stored > 0 ? int32_t(at) : 0;
+      bitmaps[2 * index + 1] = int32_t(words);
+    }
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 Status dense_topk_positions(int64_t m, int64_t k, const T* dense, int64_t count, int64_t* positions) {
   SNACK_RETURN_IF_ERROR(detail::check_topk(m, k, count, dense, positions));

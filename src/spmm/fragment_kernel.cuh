@@ -41,13 +41,42 @@ namespace snack::cuda::detail {
 static_assert(kTcBandRows == kTileViewRows && kTcChunk == kTileViewCols && kTcWarps == kFragmentGroups,
               "a warp per k-step of the view's tiles");
 
-// What the kernel reads of the tile fragments (pack_tile_fragments).
+// What the kernel reads of the tile fragments (pack_tile_fragments) or bitmap fragments
+// (pack_tile_bitmaps).
 struct FragmentView {
   const int2* __restrict__ tiles;        // per tile: first value word (from `values`), value words
-  const uint32_t* __restrict__ headers;  // per tile, kFragmentHeaderWords
+  const uint32_t* __restrict__ headers;  // per tile, fragment_header_words(bitmaps)
   const uint32_t* __restrict__ values;
   int64_t chunks;  // tiles per band
+  bool bitmaps;    // bitmap fragments: the kernels' kBitmaps
 };
+
+// Header words a tile's stage holds.
+SNACK_HOST_DEVICE constexpr int fragment_header_words(bool bitmaps) {
+  return int(bitmaps ? kBitmapHeaderWords : kFragmentHeaderWords);
+}
+
+// a = one 16 x 16 A operand (a k-step's row block) from bitmap fragments: its four 8 x 8 blocks'
+// masks (`masks`, eight words, 8-byte aligned, in shared memory) and values from `vals` (the
+// operand's first, in shared memory or kInPlace global memory), zeros where nothing is stored. A
+// lane's two positions of a block are its bits 2 lane and 2 lane + 1; `below` masks the bits before
+// them. The lanes loading a block read one run of at most 64 values.
+template <bool kInPlace>
+__device__ __forceinline__ void load_bitmap_operand(uint32_t (&a)[4], const uint32_t* masks, const uint16_t* vals,
+                                                    uint64_t below, int lane) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint2 words = reinterpret_cast<const uint2*>(masks)[q];
+    const uint64_t mask = uint64_t(words.x) | uint64_t(words.y) << 32;
+    const uint32_t two = uint32_t(mask >> (2 * lane)) & 3u;
+    const uint16_t* at = vals + __popcll(mask & below);
+    uint32_t lo = 0u, hi = 0u;
+    if (two & 1u) lo = kInPlace ? __ldg(at) : *at;
+    if (two & 2u) hi = kInPlace ? __ldg(at + (two & 1u)) : at[two & 1u];
+    a[q] = lo | hi << 16;
+    vals += __popcll(mask);
+  }
+}
 
 // acc[m] += the warp's k-step of the tile (its row blocks m < kBlocks) x the chunk of X (b: the
 // k-step's B fragments, two n-tiles of 8 per entry). `mask` and `regs`: the lane's stored registers
@@ -74,11 +103,32 @@ __device__ __forceinline__ void multiply_fragments(float (&acc)[kBlocks][NT / 8]
   }
 }
 
+// acc[m] += the warp's k-step of the tile as multiply_fragments, from bitmap fragments: `header` the
+// tile's (masks and operands' first values), `vals` its values; the warp's k-step `group` and its
+// first row block.
+template <typename T, int NT, int kBlocks, bool kInPlace>
+__device__ __forceinline__ void multiply_bitmaps(float (&acc)[kBlocks][NT / 8][4], const uint32_t (&b)[NT / 16][4],
+                                                 const uint32_t* header, const uint16_t* vals, int group,
+                                                 int first_block, int lane) {
+  const uint64_t below = (uint64_t(1) << (2 * lane)) - 1u;
+#pragma unroll
+  for (int m = 0; m < kBlocks; ++m) {
+    const int operand = group * 4 + first_block + m;
+    uint32_t a[4];
+    load_bitmap_operand<kInPlace>(a, header + 8 * operand, vals + header[2 * kBitmapBlocks + operand], below, lane);
+#pragma unroll
+    for (int j = 0; j < NT / 16; ++j) {
+      mma_16816<T>(acc[m][2 * j], a, b[j][0], b[j][1]);
+      mma_16816<T>(acc[m][2 * j + 1], a, b[j][2], b[j][3]);
+    }
+  }
+}
+
 // Where a block's stages lie in its dynamic shared memory (fragment_smem_bytes): the chunks of X,
-// [stages][NT][128 bytes] swizzled from a 1024-byte boundary, then per stage a tile's header and up to
-// stage_words of its registers; after the body (fragment_body_bytes, which the partial tiles reuse at
-// the end) the stages' barriers (filled: the step landed; released: the consumers are done with it)
-// and the block's steps' tiles.
+// [stages][NT][128 bytes] swizzled from a 1024-byte boundary, then per stage a tile's header
+// (header_words) and up to stage_words of its registers (its values, for bitmap fragments); after the
+// body (fragment_body_bytes, which the partial tiles reuse at the end) the stages' barriers (filled:
+// the step landed; released: the consumers are done with it) and the block's steps' tiles.
 struct FragmentStages {
   unsigned char* xs;
   uint32_t* words;
@@ -90,14 +140,15 @@ struct FragmentStages {
 };
 template <int NT>
 __device__ __forceinline__ FragmentStages carve_fragment_stages(unsigned char* smem_raw, int stage_words, int stages,
-                                                                int parts) {
+                                                                int parts, int header_words) {
   constexpr uint32_t kChunkBytes = NT * kTcChunk * 2;
   unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
   FragmentStages st;
   st.xs = smem;
   st.words = reinterpret_cast<uint32_t*>(smem + stages * kChunkBytes);
-  st.stride = int(kFragmentHeaderWords) + stage_words;
-  st.filled = reinterpret_cast<uint64_t*>(smem + fragment_body_bytes(NT, stage_words, stages, parts));
+  st.stride = header_words + stage_words;
+  st.filled = reinterpret_cast<uint64_t*>(
+      smem + fragment_body_bytes(NT, stage_words + header_words - int(kFragmentHeaderWords), stages, parts));
   st.released = st.filled + stages;
   st.step_tiles = reinterpret_cast<int2*>(st.released + stages);
   st.partials = reinterpret_cast<float*>(smem);
@@ -145,7 +196,8 @@ __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, c
                                                      const FragmentView& view, int64_t first_tile, int64_t c_begin,
                                                      int64_t n0, int steps, int stage_words, int stages, bool mapped,
                                                      int lane) {
-  constexpr uint32_t kHeaderBytes = kFragmentHeaderWords * sizeof(uint32_t);
+  const int header_words = fragment_header_words(view.bitmaps);
+  const uint32_t header_bytes = uint32_t(header_words) * sizeof(uint32_t);
   constexpr uint32_t kChunkBytes = NT * kTcChunk * 2;
   int s = 0;
   uint32_t parity = 0u;  // of the phase of released[s] that frees the stage
@@ -158,10 +210,10 @@ __device__ __forceinline__ void feed_fragment_stages(const FragmentStages& st, c
         mbarrier_arrive(bar);
       } else {
         const bool fits = at.y <= stage_words;
-        mbarrier_arrive_expect_tx(bar, kHeaderBytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
+        mbarrier_arrive_expect_tx(bar, header_bytes + (fits ? uint32_t(at.y) * 4u : 0u) + (mapped ? kChunkBytes : 0u));
         uint32_t* dst = st.words + s * st.stride;
-        bulk_load(dst, view.headers + (first_tile + i) * kFragmentHeaderWords, kHeaderBytes, bar);
-        if (fits) bulk_load(dst + kFragmentHeaderWords, view.values + at.x, uint32_t(at.y) * 4u, bar);
+        bulk_load(dst, view.headers + (first_tile + i) * header_words, header_bytes, bar);
+        if (fits) bulk_load(dst + header_words, view.values + at.x, uint32_t(at.y) * 4u, bar);
         if (mapped) tma_load_2d(st.xs + s * kChunkBytes, &x_map, int32_t((c_begin + i) * kTcChunk), int32_t(n0), bar);
       }
     }
@@ -187,7 +239,10 @@ Status launch_fragment_kernel(void (*kernel)(Params...), const char* name, const
   CUtensorMap x_map{};
   const bool mapped = tensor_map_16bit_fits(in, in_dim);
   if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(in, n, in_dim, kTcChunk, NT, &x_map));
-  const int stage_words = fragment_stage_words(out_dim, in_dim, plan.problem.nnz);
+  // Bitmap fragments hold fewer value words than registers, at every density: their stages take the
+  // registers' shared memory (as the planner counted it), the longer header included.
+  const int stage_words = fragment_stage_words(out_dim, in_dim, plan.problem.nnz) -
+                          (fragment_header_words(view.bitmaps) - int(kFragmentHeaderWords));
   const dim3 grid(unsigned(plan.grid_x), unsigned(ceil_div(n, NT)));
   SNACK_CUDA_RETURN_IF_ERROR(launch_clusters_x(kernel, grid, dim3(unsigned(plan.threads)), plan.smem_bytes, stream,
                                                unsigned(plan.k_splits), x_map, view, out_dim, in_dim, in, n, bias,
@@ -206,7 +261,10 @@ Status launch_fragment_kernel(void (*kernel)(Params...), const char* name, const
 // `stages` steps ahead: it waits for a stage's `released` barrier (every consumer's arrival), then
 // one lane hands the step's copies to the copy engine, which completes them on the stage's `filled`
 // barrier. No block barrier per step: a consumer waits only for its stage to land.
-template <typename T, int NT>
+//
+// kBitmaps: `view` holds bitmap fragments (pack_tile_bitmaps): each operand built from its blocks'
+// masks and values (load_bitmap_operand).
+template <typename T, int NT, bool kBitmaps>
 __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(NT)) spmm_fragment_kernel(
     const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim, int64_t in_dim,
     const T* __restrict__ in, int64_t n, const T* __restrict__ bias, T* __restrict__ out, Activation act, int splits,
@@ -219,7 +277,8 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
   constexpr int kProducer = kConsumers;            // the warp that feeds the stages
   constexpr int kBlocks = 4 * kTcWarps / kConsumers;  // row blocks of 16 per consumer
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kTcWarps);
+  constexpr int kHeaderWords = fragment_header_words(kBitmaps);
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kTcWarps, kHeaderWords);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
   const FragmentSteps share = begin_fragment_steps<NT>(st, view, splits, stages, kConsumers, fragment_threads(NT));
@@ -256,11 +315,6 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
       const int2 at = st.step_tiles[i];
       if (at.y != 0) {
         const uint32_t* stage = st.words + s * st.stride;
-        const uint32_t head = stage[group * kFragmentLanes + lane];
-        // The warp's row blocks' bits of the lane's mask, and where their registers start.
-        const uint32_t before = (1u << (4 * first_block)) - 1u;
-        const uint32_t mask = (head & 0xffffu) >> (4 * first_block);
-        const uint32_t offset = (head >> 16) + (first_block == 0 ? 0u : __popc(head & before));
         // B fragments: 8 x 8 matrices of batch rows (2 j + lane / 16) * 8 + lane % 8, columns 16 group +
         // 8 ((lane / 8) % 2), in the swizzled chunk.
         uint32_t b[NT / 16][4];
@@ -269,10 +323,26 @@ __global__ void __launch_bounds__(fragment_threads(NT), fragment_blocks_per_sm(N
         for (int j = 0; j < NT / 16; ++j)
           ldmatrix_x4(b[j],
                       x_chunk + wg_swizzled((2 * j + lane / 16) * 8 + lane % 8, group * 16 + ((lane / 8) % 2) * 8));
-        if (at.y <= stage_words)
-          multiply_fragments<T, NT, kBlocks, false>(acc, b, mask, stage + kFragmentHeaderWords + offset);
-        else
-          multiply_fragments<T, NT, kBlocks, true>(acc, b, mask, view.values + at.x + offset);
+        if constexpr (kBitmaps) {
+          if (at.y <= stage_words)
+            multiply_bitmaps<T, NT, kBlocks, false>(acc, b, stage,
+                                                    reinterpret_cast<const uint16_t*>(stage + kHeaderWords), group,
+                                                    first_block, lane);
+          else
+            multiply_bitmaps<T, NT, kBlocks, true>(acc, b, stage,
+                                                   reinterpret_cast<const uint16_t*>(view.values + at.x), group,
+                                                   first_block, lane);
+        } else {
+          // The warp's row blocks' bits of the lane's mask, and where their registers start.
+          const uint32_t head = stage[group * kFragmentLanes + lane];
+          const uint32_t before = (1u << (4 * first_block)) - 1u;
+          const uint32_t mask = (head & 0xffffu) >> (4 * first_block);
+          const uint32_t offset = (head >> 16) + (first_block == 0 ? 0u : __popc(head & before));
+          if (at.y <= stage_words)
+            multiply_fragments<T, NT, kBlocks, false>(acc, b, mask, stage + kHeaderWords + offset);
+          else
+            multiply_fragments<T, NT, kBlocks, true>(acc, b, mask, view.values + at.x + offset);
+        }
       }
       // The warp's reads of the stage are done (its registers hold what it loaded): one arrival.
       __syncwarp();

@@ -13,15 +13,22 @@ namespace snack::cuda::detail {
 
 namespace {
 
+template <typename T, int NT, bool kBitmaps>
+Status launch_format(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in,
+                     int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  static_assert(kFragmentWgmmaMaxGroups == 2, "the counts below");
+  if (plan.consumer_warpgroups == 2)
+    return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 2, kBitmaps>, "spmm_fragment_wgmma_kernel",
+                                      plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+  return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 1, kBitmaps>, "spmm_fragment_wgmma_kernel",
+                                    plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+}
+
 template <typename T, int NT>
 Status launch_tile(const SpmmPlan& plan, const FragmentView& view, int64_t out_dim, int64_t in_dim, const T* in,
                    int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  static_assert(kFragmentWgmmaMaxGroups == 2, "the counts below");
-  if (plan.consumer_warpgroups == 2)
-    return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 2>, "spmm_fragment_wgmma_kernel", plan, view,
-                                       out_dim, in_dim, in, n, bias, out, act, stream);
-  return launch_fragment_kernel<NT>(spmm_fragment_wgmma_kernel<T, NT, 1>, "spmm_fragment_wgmma_kernel", plan, view,
-                                     out_dim, in_dim, in, n, bias, out, act, stream);
+  if (view.bitmaps) return launch_format<T, NT, true>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
+  return launch_format<T, NT, false>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
 }
 
 }  // namespace

@@ -45,10 +45,23 @@ __device__ __forceinline__ void load_row_block(uint32_t (&a)[kTcWarps][4], const
   }
 }
 
+// load_row_block from bitmap fragments: `header` the tile's masks and operands' first values,
+// `vals` its values.
+template <bool kInPlace>
+__device__ __forceinline__ void load_bitmap_row_block(uint32_t (&a)[kTcWarps][4], const uint32_t* header,
+                                                      const uint16_t* vals, int block, int lane) {
+  const uint64_t below = (uint64_t(1) << (2 * lane)) - 1u;
+#pragma unroll
+  for (int g = 0; g < kTcWarps; ++g) {
+    const int operand = g * 4 + block;
+    load_bitmap_operand<kInPlace>(a[g], header + 8 * operand, vals + header[2 * kBitmapBlocks + operand], below, lane);
+  }
+}
+
 // out[n, o] = act(sum_e value(e) * in[n, input(e)] + bias[o]) for the band of blockIdx.x / splits and
 // the batch tile of blockIdx.y, as spmm_fragment_kernel computes it (the same arguments), with NT =
-// 16-128 batch rows a block and kGroups (1 or 2) consumer warpgroups.
-template <typename T, int NT, int kGroups>
+// 16-128 batch rows a block and kGroups (1 or 2) consumer warpgroups; kBitmaps as there.
+template <typename T, int NT, int kGroups, bool kBitmaps>
 __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmma_blocks_per_sm(NT, kGroups))
     spmm_fragment_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, FragmentView view, int64_t out_dim,
                                int64_t in_dim, const T* __restrict__ in, int64_t n, const T* __restrict__ bias,
@@ -63,7 +76,8 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
   constexpr int kConsumerThreads = kGroups * kGroupThreads;
   constexpr int kProducer = kGroups * kTcWarps;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kGroups);
+  constexpr int kHeaderWords = fragment_header_words(kBitmaps);
+  const FragmentStages st = carve_fragment_stages<NT>(smem_raw, stage_words, stages, kGroups, kHeaderWords);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / kTcWarps, block = warp % kTcWarps, t = threadIdx.x % kGroupThreads;
@@ -98,10 +112,17 @@ __global__ void __launch_bounds__(fragment_wgmma_threads(kGroups), fragment_wgmm
       const int2 at = st.step_tiles[i];
       if (at.y == 0) return false;
       const uint32_t* stage = st.words + s * st.stride;
-      if (at.y <= stage_words)
-        load_row_block<false>(a, stage, stage + kFragmentHeaderWords, block, lane);
-      else
-        load_row_block<true>(a, stage, view.values + at.x, block, lane);
+      if constexpr (kBitmaps) {
+        if (at.y <= stage_words)
+          load_bitmap_row_block<false>(a, stage, reinterpret_cast<const uint16_t*>(stage + kHeaderWords), block, lane);
+        else
+          load_bitmap_row_block<true>(a, stage, reinterpret_cast<const uint16_t*>(view.values + at.x), block, lane);
+      } else {
+        if (at.y <= stage_words)
+          load_row_block<false>(a, stage, stage + kHeaderWords, block, lane);
+        else
+          load_row_block<true>(a, stage, view.values + at.x, block, lane);
+      }
       return true;
     };
     // One step at a time: the operands are loaded after the products that read the previous ones

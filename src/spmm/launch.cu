@@ -215,8 +215,11 @@ Status launch_tile_view(const SpmmPlan& plan, const SlotPattern<Index>& w, const
 template <typename T, int NT>
 Status launch_fragments_tile(const SpmmPlan& plan, const detail::FragmentView& view, int64_t out_dim, int64_t in_dim,
                              const T* in, int64_t n, const T* bias, T* out, Activation act, Stream stream) {
-  return detail::launch_fragment_kernel<NT>(detail::spmm_fragment_kernel<T, NT>, "spmm_fragment_kernel", plan, view,
-                                            out_dim, in_dim, in, n, bias, out, act, stream);
+  if (view.bitmaps)
+    return detail::launch_fragment_kernel<NT>(detail::spmm_fragment_kernel<T, NT, true>, "spmm_fragment_kernel", plan,
+                                              view, out_dim, in_dim, in, n, bias, out, act, stream);
+  return detail::launch_fragment_kernel<NT>(detail::spmm_fragment_kernel<T, NT, false>, "spmm_fragment_kernel", plan,
+                                            view, out_dim, in_dim, in, n, bias, out, act, stream);
 }
 
 // The forward over tile fragments (snack/pattern.h, the words pack_tile_fragments wrote for these
@@ -233,10 +236,12 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
     if (reinterpret_cast<uintptr_t>(fragments) % 16 != 0)
       return InvalidArgument(std::string(spmm_variant_name(plan.variant)) +
                              ": tile fragments must start on a 16-byte boundary");
-    const FragmentLayout layout = tile_fragment_layout(w.rows, w.cols, w.nnz);
+    const bool bitmaps = plan.problem.packed_tiles == TileValues::kBitmaps;
+    const FragmentLayout layout =
+        bitmaps ? tile_bitmap_layout(w.rows, w.cols, w.nnz) : tile_fragment_layout(w.rows, w.cols, w.nnz);
     const int64_t out_dim = transposed ? w.cols : w.rows, in_dim = transposed ? w.rows : w.cols;
     const detail::FragmentView view{reinterpret_cast<const int2*>(fragments), fragments + layout.headers,
-                                    fragments + layout.values, tile_view_chunks(in_dim)};
+                                    fragments + layout.values, tile_view_chunks(in_dim), bitmaps};
     if (plan.variant == SpmmVariant::kWgmma)
       return detail::launch_fragments_wgmma<T>(plan, view, out_dim, in_dim, in, n, bias, out, act, stream);
     switch (plan.batch_tile) {
@@ -401,7 +406,7 @@ Status spmm_forward(const SlotPattern<Index>& w, const T* values, const T* x, in
   if (packed_tiles != nullptr && plan.problem.packed_tiles == TileValues::kNone)
     return InvalidArgument("spmm: values in tile order given to a plan made without them (set "
                            "SpmmProblem::packed_tiles)");
-  if (packed_tiles == nullptr && plan.problem.packed_tiles == TileValues::kFragments)
+  if (packed_tiles == nullptr && holds_fragments(plan.problem.packed_tiles))
     return InvalidArgument("spmm: the plan was made for tile fragments, and none are given");
   if (n == 0 || w.rows == 0) return Status::Ok();
   if (plan.variant == SpmmVariant::kCooAtomic) {

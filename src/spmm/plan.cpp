@@ -331,13 +331,13 @@ bool fragments_pay_past_128(const SpmmProblem& p) {
 
 bool fragment_wgmma_pays(const SpmmProblem& p, const DeviceLimits& limits) {
   return limits.wgmma && p.value_bytes == 2 && p.tile_view && !p.transposed &&
-         p.packed_tiles == TileValues::kFragments && ((fragments_pay(p) && p.n > 16) || fragments_pay_past_128(p));
+         holds_fragments(p.packed_tiles) && ((fragments_pay(p) && p.n > 16) || fragments_pay_past_128(p));
 }
 
 bool tile_view_pays(const SpmmProblem& p) {
   if (p.value_bytes != 2 || !p.tile_view) return false;
   if (p.transposed) return tile_view_pays_transposed(p);
-  if (p.packed_tiles == TileValues::kFragments && fragments_pay(p)) return true;
+  if (holds_fragments(p.packed_tiles) && fragments_pay(p)) return true;
   if (p.packed_tiles == TileValues::kPacked) return packed_tile_view_pays(p);
   if (p.n < 17 || p.n > 128) return false;
   const double density = density_of(p);
@@ -719,7 +719,7 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
   // Given tile fragments, kTileView's forward reads them where named or where they pay; where the
   // planner takes the view for its own rule, its kernel reads the values.
   // kWgmma's forward given them always reads them.
-  plan.reads_fragments = !p.transposed && p.packed_tiles == TileValues::kFragments &&
+  plan.reads_fragments = !p.transposed && holds_fragments(p.packed_tiles) &&
                          ((plan.variant == SpmmVariant::kTileView &&
                            (p.requested == SpmmVariant::kTileView || fragments_pay(p))) ||
                           plan.variant == SpmmVariant::kWgmma);
@@ -959,13 +959,14 @@ std::string describe(const SpmmPlan& plan) {
                            ? (plan.consumer_warpgroups == 2 ? ", two warpgroups on alternate tiles" : "") +
                                  std::string(", A operands in registers")
                            : ", operands") +
-           " loaded from the tile fragments" + (q.transposed ? " of W^T" : "") +
+           (q.packed_tiles == TileValues::kBitmaps ? " built from the bitmap fragments" : " loaded from the tile fragments") +
+           (q.transposed ? " of W^T" : "") +
            (plan.packs_fragments
                 ? " (packed for this product, " + std::to_string(4 * tile_fragment_layout(rows, cols, q.nnz).words) +
                       " B)"
                 : std::string()) +
            ", " + std::to_string(cuda::detail::kFragmentStages) + " stages of " + std::to_string(words) +
-           " register words";
+           (q.packed_tiles == TileValues::kBitmaps ? " words" : " register words");
     } else if (plan.variant == SpmmVariant::kTileView && plan.problem.packed_tiles == TileValues::kPacked &&
              !plan.problem.transposed)
       s += ", values from the packed tile values";

@@ -424,6 +424,88 @@ __global__ void __launch_bounds__(kFragmentPackThreads)
     for (int64_t w = 2 * layout.tiles + t; w < layout.headers; w += kFragmentPackThreads) fragments[w] = 0;
 }
 
+// Bitmap fragments (snack/pattern.h), as pack_tile_fragments_kernel packs the tile fragments: a block
+// per tile, thread t the owner of mask word t (the low or high half of 8 x 8 block t / 2). The
+// entries' values go into their places in shared memory and their bits into the mask words; each
+// owner then takes its 32 places into registers and, at the offset a block scan gives it, writes its
+// stored values back in order, so that the block stores the tile's words coalesced, zeros up to the
+// next tile's first.
+constexpr int kBitmapPackThreads = 2 * kBitmapBlocks;
+static_assert(kBitmapPackThreads == kFragmentPackThreads, "a thread per mask word");
+__global__ void __launch_bounds__(kBitmapPackThreads)
+    pack_tile_bitmaps_kernel(int64_t m, int64_t chunks, const int32_t* __restrict__ row_ptr,
+                             const int32_t* __restrict__ tile_ptr, const uint32_t* __restrict__ tile_entries,
+                             const uint16_t* __restrict__ value_bits, int32_t* __restrict__ bitmaps,
+                             FragmentLayout layout, bool transposed) {
+  constexpr int kWordValues = 32;
+  using Scan = cub::BlockScan<int, kBitmapPackThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ alignas(16) uint16_t halves[kBitmapPackThreads * kWordValues];
+  __shared__ uint32_t masks[kBitmapPackThreads];
+  const int t = int(threadIdx.x);
+  const int64_t tile = blockIdx.x, band = tile / chunks, chunk = tile % chunks;
+  const int64_t index = transposed ? transposed_fragment_tile(band, chunk, layout.tiles / chunks) : tile;
+  const int64_t r1 = (band + 1) * kTileViewRows < m ? (band + 1) * kTileViewRows : m;
+  const int32_t first = row_ptr[band * kTileViewRows], last = row_ptr[r1];
+  const int32_t e0 = tile_ptr[tile], e1 = tile_ptr[tile + 1];
+  masks[t] = 0;  // the places are read only where a mask bit says a value was written
+  __syncthreads();
+  for (int32_t base = e0 + t; base < e1; base += kBitmapPackThreads * kFragmentPackBatch) {
+    uint32_t entries[kFragmentPackBatch];
+    uint16_t bits[kFragmentPackBatch];
+#pragma unroll
+    for (int i = 0; i < kFragmentPackBatch; ++i) {
+      const int32_t e = base + i * kBitmapPackThreads;
+      entries[i] = e < e1 ? tile_entries[e] : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < kFragmentPackBatch; ++i) {
+      const int64_t slot = int64_t(first) + (entries[i] >> kTileViewSlotShift);
+      bits[i] = base + i * kBitmapPackThreads < e1 && slot < last ? value_bits[slot] : uint16_t(0);
+    }
+#pragma unroll
+    for (int i = 0; i < kFragmentPackBatch; ++i) {
+      if (base + i * kBitmapPackThreads >= e1) break;
+      const BitmapPlace place = bitmap_place(entry_fragment_place(entries[i], transposed));
+      halves[place.block * 64 + place.bit] = bits[i];  // mask word 2 block + bit / 32, its bit % 32
+      atomicOr(&masks[2 * place.block + place.bit / kWordValues], 1u << (place.bit % kWordValues));
+    }
+  }
+  __syncthreads();
+  const uint32_t mask = masks[t];
+  uint16_t mine[kWordValues];
+#pragma unroll
+  for (int b = 0; b < kWordValues; ++b) mine[b] = halves[t * kWordValues + b];
+  int offset = 0, stored = 0;
+  Scan(scan).ExclusiveSum(__popc(mask), offset, stored);
+  const int64_t at = tile_bitmap_start(band, chunk, chunks, first, e0);
+  const int32_t words = (stored + 7) / 8 * 4;
+  int32_t* header = bitmaps + layout.headers + kBitmapHeaderWords * index;
+  header[t] = int32_t(mask);
+  if (t % 8 == 0) header[kBitmapPackThreads + t / 8] = offset;  // a 16 x 16 operand: four blocks, 8 words
+  __syncthreads();  // every thread has its places before any is overwritten
+#pragma unroll
+  for (int b = 0, k = offset; b < kWordValues; ++b)
+    if (mask >> b & 1u) halves[k++] = mine[b];
+  __syncthreads();
+  const uint32_t* packed = reinterpret_cast<const uint32_t*>(halves);
+  int32_t* out = bitmaps + layout.values + at;
+  const int64_t next = chunk + 1 < chunks ? tile_bitmap_start(band, chunk + 1, chunks, first, e1)
+                       : r1 < m           ? tile_bitmap_start(band + 1, 0, chunks, last, last)
+                                          : layout.words - layout.values;
+  for (int64_t w = t; w < next - at; w += kBitmapPackThreads) {
+    // a stored count that is odd leaves the last word's high half to zero
+    const uint32_t word = 2 * w + 1 < stored ? packed[w] : 2 * w < stored ? uint32_t(halves[2 * w]) : 0u;
+    out[w] = int32_t(word);
+  }
+  if (t == 0) {
+    bitmaps[2 * index] = stored > 0 ? int32_t(at) : 0;
+    bitmaps[2 * index + 1] = words;
+  }
+  if (tile == 0)  // the pairs' padding
+    for (int64_t w = 2 * layout.tiles + t; w < layout.headers; w += kBitmapPackThreads) bitmaps[w] = 0;
+}
+
 }  // namespace
 
 Status pack_tile_values(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const uint32_t* tile_entries,
@@ -445,6 +527,18 @@ Status pack_tile_fragments(int64_t m, int64_t k, int64_t nnz, const int32_t* row
   pack_tile_fragments_kernel<<<unsigned(layout.tiles), kFragmentPackThreads, 0, stream>>>(
       m, tile_view_chunks(k), row_ptr, tile_ptr, tile_entries, value_bits, fragments, layout, transposed);
   return check_launch("pack_tile_fragments_kernel");
+}
+
+Status pack_tile_bitmaps(int64_t m, int64_t k, int64_t nnz, const int32_t* row_ptr, const int32_t* tile_ptr,
+                         const uint32_t* tile_entries, const uint16_t* value_bits, int32_t* bitmaps, Stream stream,
+                         bool transposed) {
+  SNACK_RETURN_IF_ERROR(snack::detail::check_pack_tile_fragments(m, k, nnz, row_ptr, tile_ptr, tile_entries,
+                                                                 value_bits, bitmaps, "pack_tile_bitmaps"));
+  const FragmentLayout layout = tile_bitmap_layout(m, k, nnz);
+  if (layout.tiles == 0) return Status::Ok();
+  pack_tile_bitmaps_kernel<<<unsigned(layout.tiles), kBitmapPackThreads, 0, stream>>>(
+      m, tile_view_chunks(k), row_ptr, tile_ptr, tile_entries, value_bits, bitmaps, layout, transposed);
+  return check_launch("pack_tile_bitmaps_kernel");
 }
 
 template <typename Index>

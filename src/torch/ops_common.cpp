@@ -34,6 +34,15 @@ GivenTiles packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Te
                             const char* op) {
   if (!tiles) return {};
   check_packable(values, p, op);
+  if (tiles->scalar_type() == at::kShort) {
+    const int64_t halves = 2 * tile_bitmap_layout(p.rows, p.cols, p.nnz).words;
+    TORCH_CHECK_VALUE(tiles->dim() == 1 && tiles->size(0) == halves, "snack.", op, ": bitmap fragments must have shape [",
+                      halves, "] (snack.ops.pack_tile_bitmaps), got ", tiles->sizes());
+    TORCH_CHECK_VALUE(tiles->is_contiguous() && reinterpret_cast<uintptr_t>(tiles->data_ptr()) % 16 == 0, "snack.", op,
+                      ": tiles must be contiguous and start on a 16-byte boundary");
+    check_same_device(*tiles, p.device, "tiles", op);
+    return {reinterpret_cast<const uint32_t*>(tiles->data_ptr()), TileValues::kBitmaps};
+  }
   if (tiles->scalar_type() == at::kInt) {
     const int64_t words = tile_fragment_layout(p.rows, p.cols, p.nnz).words;
     TORCH_CHECK_VALUE(tiles->dim() == 1 && tiles->size(0) == words, "snack.", op, ": tile fragments must have shape [",
@@ -46,7 +55,8 @@ GivenTiles packed_tiles_arg(const std::optional<at::Tensor>& tiles, const at::Te
   const int64_t entries = tile_view_entries_length(p.rows, p.cols, p.nnz);
   TORCH_CHECK_TYPE(tiles->scalar_type() == values.scalar_type(), "snack.", op, ": tiles dtype ", tiles->scalar_type(),
                    " is neither the weight dtype ", values.scalar_type(),
-                   " (snack.ops.pack_tile_values) nor int32 (snack.ops.pack_tile_fragments)");
+                   " (snack.ops.pack_tile_values), int32 (snack.ops.pack_tile_fragments) nor int16 "
+                   "(snack.ops.pack_tile_bitmaps)");
   TORCH_CHECK_VALUE(tiles->dim() == 2 && tiles->size(0) == entries && tiles->size(1) == 2, "snack.", op,
                     ": tiles must have shape [", entries, ", 2] (snack.ops.pack_tile_values), got ", tiles->sizes());
   TORCH_CHECK_VALUE(tiles->is_contiguous() && reinterpret_cast<uintptr_t>(tiles->data_ptr()) % 16 == 0, "snack.", op,
@@ -60,6 +70,8 @@ at::Tensor empty_tiles(const at::Tensor& values, const PatternArg& p, TileValues
   check_packable(values, p, op);
   if (kind == TileValues::kFragments)
     return at::empty({tile_fragment_layout(p.rows, p.cols, p.nnz).words}, values.options().dtype(at::kInt));
+  if (kind == TileValues::kBitmaps)
+    return at::empty({2 * tile_bitmap_layout(p.rows, p.cols, p.nnz).words}, values.options().dtype(at::kShort));
   return at::empty({tile_view_entries_length(p.rows, p.cols, p.nnz), 2}, values.options());
 }
 

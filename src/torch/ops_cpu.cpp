@@ -217,16 +217,19 @@ void for_each_block(const PatternArg& p, const at::Tensor& like, int64_t n, cons
 }
 
 // The values over a checked pattern that holds the tile view, in the layout `kind` (packed tile
-// values or tile fragments), into `out` (empty_tiles).
-// Transposed: W^T's tile fragments.
+// values, tile fragments or bitmap fragments), into `out` (empty_tiles).
+// Transposed: W^T's fragments.
 void pack_into(const PatternArg& p, const at::Tensor& values, TileValues kind, at::Tensor& out, const char* op,
                bool transposed = false) {
   const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
   const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
+  auto* words = static_cast<int32_t*>(out.data_ptr());
   throw_if_error(kind == TileValues::kFragments
                      ? cpu::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                                p.tile_ptr.data_ptr<int32_t>(), entries, bits,
-                                                out.data_ptr<int32_t>(), transposed)
+                                                p.tile_ptr.data_ptr<int32_t>(), entries, bits, words, transposed)
+                 : kind == TileValues::kBitmaps
+                     ? cpu::pack_tile_bitmaps(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                              p.tile_ptr.data_ptr<int32_t>(), entries, bits, words, transposed)
                      : cpu::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
                                              static_cast<uint32_t*>(out.data_ptr())),
                  op);
@@ -249,6 +252,10 @@ at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern,
   return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments", transposed);
 }
 
+at::Tensor pack_tile_bitmaps(const at::Tensor& values, at::TensorList pattern, bool transposed) {
+  return pack_tiles(values, pattern, TileValues::kBitmaps, "pack_tile_bitmaps", transposed);
+}
+
 at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,
                 const std::optional<at::Tensor>& bias, c10::string_view activation, c10::string_view variant,
                 const std::optional<at::Tensor>& tiles) {
@@ -258,13 +265,15 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
   check_contents(in.p, op);
   if (const GivenTiles given = packed_tiles_arg(tiles, values, in.p, op); given.words != nullptr) {
     // The CPU reads the values; the packing it is given must still be theirs, as the GPU reads it.
-    const bool fragments = given.kind == TileValues::kFragments;
+    const char* packer = given.kind == TileValues::kFragments ? "pack_tile_fragments"
+                         : given.kind == TileValues::kBitmaps ? "pack_tile_bitmaps"
+                                                              : "pack_tile_values";
     at::Tensor expected = at::empty_like(*tiles);
     pack_into(in.p, values, given.kind, expected, op);
     const int64_t words = int64_t(expected.nbytes() / sizeof(uint32_t));
     TORCH_CHECK_VALUE(std::equal(given.words, given.words + words, static_cast<const uint32_t*>(expected.data_ptr())),
                       "snack.", op, ": tiles are not the packing of these values over this pattern (pack them again "
-                      "with snack.ops.", fragments ? "pack_tile_fragments" : "pack_tile_values",
+                      "with snack.ops.", packer,
                       " after the values or the pattern change)");
   }
   const int64_t n = in.x.size(0);
@@ -549,6 +558,7 @@ TORCH_LIBRARY_IMPL(snack, CPU, m) {
   m.impl("spmm", &spmm);
   m.impl("pack_tile_values", &pack_tile_values);
   m.impl("pack_tile_fragments", &pack_tile_fragments);
+  m.impl("pack_tile_bitmaps", &pack_tile_bitmaps);
   m.impl("spmm_for_step", &spmm_for_step);
   m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);

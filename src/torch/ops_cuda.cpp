@@ -103,10 +103,15 @@ at::Tensor pack_tiles_of(const PatternArg& p, const at::Tensor& values, TileValu
   const c10::cuda::CUDAGuard guard(p.device);
   const auto* entries = reinterpret_cast<const uint32_t*>(p.tile_entries.data_ptr<int32_t>());
   const auto* bits = static_cast<const uint16_t*>(values.data_ptr());
+  auto* words = static_cast<int32_t*>(out.data_ptr());
   throw_if_error(kind == TileValues::kFragments
                      ? cuda::pack_tile_fragments(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
-                                                 p.tile_ptr.data_ptr<int32_t>(), entries, bits,
-                                                 out.data_ptr<int32_t>(), current_stream(), transposed)
+                                                 p.tile_ptr.data_ptr<int32_t>(), entries, bits, words,
+                                                 current_stream(), transposed)
+                 : kind == TileValues::kBitmaps
+                     ? cuda::pack_tile_bitmaps(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(),
+                                               p.tile_ptr.data_ptr<int32_t>(), entries, bits, words,
+                                               current_stream(), transposed)
                      : cuda::pack_tile_values(p.rows, p.cols, p.nnz, p.row_ptr.data_ptr<int32_t>(), entries, bits,
                                               static_cast<uint32_t*>(out.data_ptr()), current_stream()),
                  op);
@@ -165,7 +170,8 @@ at::Tensor spmm(const at::Tensor& x, const at::Tensor& values, at::TensorList pa
       forward(in, values, spmm_variant_arg(variant, false, op), false, op, packed_tiles_arg(tiles, values, in.p, op)));
 }
 
-// pack_tile_values and pack_tile_fragments: the values in the layout `kind`, on the current stream.
+// pack_tile_values, pack_tile_fragments and pack_tile_bitmaps: the values in the layout `kind`, on the
+// current stream.
 at::Tensor pack_tiles(const at::Tensor& values, at::TensorList pattern, TileValues kind, const char* op,
                       bool transposed = false) {
   return pack_tiles_of(pattern_arg(pattern, op, PatternNeeds::kForward), values, kind, op, transposed);
@@ -177,6 +183,10 @@ at::Tensor pack_tile_values(const at::Tensor& values, at::TensorList pattern) {
 
 at::Tensor pack_tile_fragments(const at::Tensor& values, at::TensorList pattern, bool transposed) {
   return pack_tiles(values, pattern, TileValues::kFragments, "pack_tile_fragments", transposed);
+}
+
+at::Tensor pack_tile_bitmaps(const at::Tensor& values, at::TensorList pattern, bool transposed) {
+  return pack_tiles(values, pattern, TileValues::kBitmaps, "pack_tile_bitmaps", transposed);
 }
 
 // kDenseBlocks on NCHW images: blocks of output channels of W expanded by expand_block, each
@@ -531,6 +541,7 @@ TORCH_LIBRARY_IMPL(snack, CUDA, m) {
   m.impl("spmm", &spmm);
   m.impl("pack_tile_values", &pack_tile_values);
   m.impl("pack_tile_fragments", &pack_tile_fragments);
+  m.impl("pack_tile_bitmaps", &pack_tile_bitmaps);
   m.impl("spmm_for_step", &spmm_for_step);
   m.impl("spmm_channels_first", &spmm_channels_first);
   m.impl("spmm_t", &spmm_t);

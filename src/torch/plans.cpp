@@ -163,7 +163,7 @@ ExplainResult explain_channels_first(const at::Tensor& values, const PatternArg&
 
 ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t n, c10::string_view op_name,
                       c10::string_view variant, c10::string_view activation, int64_t pixels, bool packed,
-                      bool fragments) {
+                      bool fragments, bool bitmaps) {
   const char* op = "explain";
   const Activation act = activation_arg(activation, op);
   const std::string which(op_name);
@@ -220,11 +220,15 @@ ExplainResult explain(const at::Tensor& values, at::TensorList pattern, int64_t 
                                                     n, value_bytes, transposed,
                                                     spmm_variant_arg(variant, transposed, op)},
                                         p.has_tile_view());
-  TORCH_CHECK_VALUE(!(packed && fragments), "snack.explain: give packed or fragments, not both");
+  TORCH_CHECK_VALUE(int(packed) + int(fragments) + int(bitmaps) <= 1,
+                    "snack.explain: give at most one of packed, fragments and bitmaps");
   // The planner reads it for the forward's 16-bit products over the view (dX is given none: what the
   // layer holds in tile order is W's, and spmm_t packs W^T's where its plan asks).
   if (!transposed)
-    problem.packed_tiles = fragments ? TileValues::kFragments : packed ? TileValues::kPacked : TileValues::kNone;
+    problem.packed_tiles = fragments ? TileValues::kFragments
+                           : bitmaps ? TileValues::kBitmaps
+                           : packed  ? TileValues::kPacked
+                                     : TileValues::kNone;
   const SpmmPlan plan = spmm_plan(problem, device, op);
   return {spmm_variant_name(plan.variant), spmm_reason_name(plan.reason), plan.batch_tile, plan.lanes_per_row,
           plan.rows_per_warp, plan.grid_x, plan.threads, int64_t(plan.smem_bytes), int64_t(plan.workspace_bytes),
@@ -256,6 +260,11 @@ int64_t tile_fragment_words(int64_t rows, int64_t cols, int64_t nnz) {
                     cols, " with nnz=", nnz, " is not a pattern's size");
   return tile_fragment_layout(rows, cols, nnz).words;
 }
+int64_t tile_bitmap_words(int64_t rows, int64_t cols, int64_t nnz) {
+  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0 && nnz >= 0 && nnz <= rows * cols, "snack.tile_bitmap_words: ", rows, "x",
+                    cols, " with nnz=", nnz, " is not a pattern's size");
+  return tile_bitmap_layout(rows, cols, nnz).words;
+}
 std::vector<std::string> channels_first_paths() {
   std::vector<std::string> names;
   for (ChannelsFirstPath path : snack::channels_first_paths()) names.emplace_back(channels_first_path_name(path));
@@ -285,6 +294,7 @@ TORCH_LIBRARY_IMPL(snack, CompositeImplicitAutograd, m) {
   m.impl("dense_block_min_rows", &snack::binding::dense_block_min_rows);
   m.impl("tile_view_geometry", &snack::binding::tile_view_geometry);
   m.impl("tile_fragment_words", &snack::binding::tile_fragment_words);
+  m.impl("tile_bitmap_words", &snack::binding::tile_bitmap_words);
   m.impl("channels_first_paths", &snack::binding::channels_first_paths);
   m.impl("nnz_for_density", &snack::binding::nnz_for_density_op);
   m.impl("set_default_spmm_variant", &snack::binding::set_default_spmm_variant);

@@ -22,7 +22,8 @@ TORCH_LIBRARY(snack, m) {
   // Y = act(X W^T (+ bias)): x [N, K] -> [N, M]. activation: none, relu, gelu (exact). variant: "auto"
   // (the process default, see set_default_spmm_variant) or a CUDA kernel (kernel_variants()).
   // tiles: the weight's values in tile order, made from these values and pattern: packed tile values
-  // (pack_tile_values) or tile fragments (pack_tile_fragments), which the tile_view kernels then read
+  // (pack_tile_values), tile fragments (pack_tile_fragments) or bitmap fragments (pack_tile_bitmaps),
+  // which the tile_view and wgmma kernels then read
   // in place of the values; the CPU checks that they are the values' packing.
   m.def("spmm(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\", "
         "str variant=\"auto\", Tensor? tiles=None) -> Tensor");
@@ -35,6 +36,11 @@ TORCH_LIBRARY(snack, m) {
   // registers that hold a slot. A copy of the values: pack again after they or the pattern change.
   // transposed: W^T's fragments (dX = dY W as the forward of W^T), the same length.
   m.def("pack_tile_fragments(Tensor values, Tensor[] pattern, bool transposed=False) -> Tensor");
+  // The bitmap fragments of the same values (snack/pattern.h): the tile fragments' places, each lane's
+  // 32-bit mask of its stored values and the values one by one, for denser weights (~1.1 bytes a
+  // weight position at 50% density against ~1.6). int16 [2 * tile_bitmap_layout(...).words], whose
+  // dtype tells spmm's `tiles` which layout it holds. A copy of the values, as the fragments are.
+  m.def("pack_tile_bitmaps(Tensor values, Tensor[] pattern, bool transposed=False) -> Tensor");
   // The forward as a fused training step runs it: y as spmm computes it, and x_t, X transposed where
   // the CUDA plan made that copy of the whole batch (else an empty tensor), for sddmm_adamw_.
   m.def("spmm_for_step(Tensor x, Tensor values, Tensor[] pattern, Tensor? bias=None, str activation=\"none\")"
@@ -96,10 +102,10 @@ TORCH_LIBRARY(snack, m) {
   // this weight: (variant, reason, batch_tile, lanes_per_row, rows_per_warp, grid, threads,
   // smem_bytes, workspace_bytes, prefetch_l2, description). A CPU weight: variant "cpu".
   // op channels_first: the path of spmm_channels_first on n pixels in all, `pixels` per image (a
-  // divisor of n). packed / fragments: the forward as spmm plans it when given packed tile values /
-  // tile fragments.
+  // divisor of n). packed / fragments / bitmaps: the forward as spmm plans it when given packed tile
+  // values / tile fragments / bitmap fragments.
   m.def("explain(Tensor values, Tensor[] pattern, int n, str op=\"forward\", str variant=\"auto\", "
-        "str activation=\"none\", int pixels=1, bool packed=False, bool fragments=False) -> "
+        "str activation=\"none\", int pixels=1, bool packed=False, bool fragments=False, bool bitmaps=False) -> "
         "(str, str, int, int, int, int, int, int, int, bool, str)");
   // Sets the variant that "auto" means for this process (for A/B runs); "auto" restores the planner.
   m.def("set_default_spmm_variant(str variant) -> ()");
@@ -125,6 +131,8 @@ TORCH_LIBRARY(snack, m) {
   // Words of the tile fragments (pack_tile_fragments) of a rows x cols pattern of nnz slots; 0 where
   // it has no tile view.
   m.def("tile_fragment_words(int rows, int cols, int nnz) -> int");
+  // Words of the bitmap fragments (pack_tile_bitmaps; int16 elements: twice as many).
+  m.def("tile_bitmap_words(int rows, int cols, int nnz) -> int");
   // The paths spmm_channels_first may take on CUDA (snack/spmm.h, ChannelsFirstPath), but "auto".
   m.def("channels_first_paths() -> str[]");
   m.def("nnz_for_density(int out_features, int in_features, float density) -> int");

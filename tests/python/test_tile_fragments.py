@@ -1,8 +1,10 @@
 """Tile fragments (snack.ops.pack_tile_fragments): the 16-bit values of the tile view's tiles laid out
-as the A operands of mma.sync, only the registers that hold a slot (snack/pattern.h). The format
-decoded here against the slots, both backends' packing, the forward that reads them (the CUDA
-fragment kernels, mma.sync's under tile_view and, on Hopper, wgmma's, against float64 on odd shapes,
-empty tiles, dense tiles read in place) and the checks spmm makes of them."""
+as the A operands of mma.sync, only the registers that hold a slot, and bitmap fragments
+(snack.ops.pack_tile_bitmaps): the same places, a mask per lane and the values one by one
+(snack/pattern.h). Both formats decoded here against the slots, both backends' packing, the forward
+that reads them (the CUDA fragment kernels, mma.sync's under tile_view and, on Hopper, wgmma's,
+against float64 on odd shapes, empty tiles, dense tiles read in place) and the checks spmm makes of
+them."""
 
 import copy
 
@@ -16,6 +18,10 @@ ops = snack.ops
 SIXTEEN_BITS = [torch.bfloat16, torch.float16]
 TILE_ROWS, TILE_COLS, _ = ops.tile_view_geometry()
 HEADER_WORDS, REGISTERS = 128, 16
+GROUPS = 4
+# The two layouts of the values as the tensor cores' operands, by SparseLinear.tile_format.
+PACKERS = {"fragments": ops.pack_tile_fragments, "bitmaps": ops.pack_tile_bitmaps}
+LAYOUTS = list(PACKERS)
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 # The kernels that read the fragments: mma.sync's (tile_view) everywhere, wgmma's on Hopper only, with
@@ -24,6 +30,10 @@ _ON_HOPPER = pytest.mark.skipif(not HOPPER, reason="wgmma: Hopper")
 FRAGMENT_KERNELS = [pytest.param(("tile_view", 0), id="tile_view"),
                     pytest.param(("wgmma", 1), id="wgmma-1group", marks=_ON_HOPPER),
                     pytest.param(("wgmma", 2), id="wgmma-2groups", marks=_ON_HOPPER)]
+
+
+def pack(layout: str, w, **kwargs) -> torch.Tensor:
+    return PACKERS[layout](w.values, w.tensors, **kwargs)
 
 
 def fragment_spmm(kernel, x, w, fragments, *args):
@@ -91,6 +101,71 @@ def decode(fragments: torch.Tensor, m: int, k: int, slots: dict, length: int | N
     return found
 
 
+def decode_bitmaps(bitmaps: torch.Tensor, m: int, k: int, slots: dict, length: int | None = None) -> dict:
+    """{(row, col): value bits} of the bitmap fragments of an m x k matrix, the layout written out
+    independently of the library: per tile its pair, the 64-bit masks of its 64 blocks (block
+    16 group + register, bit 2 lane + half), the first value of each four blocks, then its values as
+    16-bit halves, blocks ascending, each in bit order."""
+    assert bitmaps.dtype == torch.int16
+    halves = bitmaps.cpu().long() & 0xFFFF
+    words = halves[0::2] | halves[1::2] << 16
+    bands, chunks = -(-m // TILE_ROWS), -(-k // TILE_COLS)
+    tiles = bands * chunks
+    blocks = GROUPS * REGISTERS
+    header_words = 2 * blocks + blocks // 4
+    headers = (2 * tiles + 3) // 4 * 4
+    values = headers + header_words * tiles
+    assert words.numel() == (ops.tile_bitmap_words(m, k, len(slots)) if length is None else length)
+    found = {}
+    for tile in range(tiles):
+        band, chunk = divmod(tile, chunks)
+        start, count = int(words[2 * tile]), int(words[2 * tile + 1])
+        assert start % 4 == 0 and count % 4 == 0, "16-byte aligned tiles"
+        header = words[headers + header_words * tile:][:header_words]
+        stored = 0
+        for block in range(blocks):
+            group, reg = divmod(block, REGISTERS)
+            if block % 4 == 0:
+                assert int(header[2 * blocks + block // 4]) == stored, f"tile {tile}: operand {block // 4}'s first"
+            mask = int(header[2 * block]) | int(header[2 * block + 1]) << 32
+            for bit in range(64):
+                lane, half = divmod(bit, 2)
+                row, col = register_positions(group, lane, reg)
+                key = (band * TILE_ROWS + row, chunk * TILE_COLS + col + half)
+                if not mask >> bit & 1:
+                    assert key not in slots, f"{key}: a slot left out of its mask"
+                    continue
+                assert key in slots and key not in found, f"tile {tile}: {key} stored without a slot or twice"
+                found[key] = int(halves[2 * (values + start) + stored])
+                stored += 1
+        assert count == (stored + 7) // 8 * 4, f"tile {tile}: {count} words for {stored} values"
+        if count:
+            assert not bool(halves[2 * (values + start) + stored:2 * (values + start + count)].any()), "zero padding"
+    return found
+
+
+WORDS = {"fragments": ops.tile_fragment_words, "bitmaps": ops.tile_bitmap_words}
+
+
+@pytest.mark.parametrize("m,k,n,nnz,empty_rows", ODD_SHAPES + [(64, 64, 1, 4096, 0), (130, 200, 1, 0, 0),
+                                                 (300, 520, 1, 78000, 10)])
+@pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
+def test_every_slot_in_its_bitmap_place(device, m, k, n, nnz, empty_rows, dtype):
+    # (300 x 520 at 50% density: every tile near half full, the layout's tightest spacing.)
+    w = Weight(m, k, nnz, device=device, dtype=dtype, empty_rows=empty_rows, seed=m + k)
+    poison_cache(device)  # every word is written: the padding, the gaps between bands
+    bitmaps = ops.pack_tile_bitmaps(w.values, w.tensors)
+    assert bitmaps.dtype == torch.int16 and bitmaps.device == w.values.device
+    slots = slot_bits(w)
+    assert decode_bitmaps(bitmaps, m, k, slots) == slots
+    if device.type == "cuda":  # both backends pack the same words
+        cpu = copy.deepcopy(w.pattern).to("cpu")
+        assert torch.equal(ops.pack_tile_bitmaps(w.values.cpu(), cpu.tensors), bitmaps.cpu())
+    slots_t = {(c, r): bits for (r, c), bits in slots.items()}
+    transposed = ops.pack_tile_bitmaps(w.values, w.tensors, transposed=True)
+    assert decode_bitmaps(transposed, k, m, slots_t, length=ops.tile_bitmap_words(m, k, nnz)) == slots_t
+
+
 @pytest.mark.parametrize("m,k,n,nnz,empty_rows", ODD_SHAPES + [(64, 64, 1, 4096, 0), (130, 200, 1, 0, 0)])
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
 def test_every_slot_in_its_register(device, m, k, n, nnz, empty_rows, dtype):
@@ -156,10 +231,16 @@ def test_spmm_checks_the_fragments_it_is_given(device):
         ops.spmm(x, w.values, w.tensors, tiles=fragments[:-4])
     with pytest.raises(TypeError, match="int32"):
         ops.spmm(x, w.values, w.tensors, tiles=fragments.float())
+    bitmaps = ops.pack_tile_bitmaps(w.values, w.tensors)
+    with pytest.raises(ValueError, match="bitmap fragments must have shape"):
+        ops.spmm(x, w.values, w.tensors, tiles=bitmaps[:-8])
     if device.type == "cpu":
         # The CPU reads the values but checks the fragments it is given, as the GPU would read them.
         with pytest.raises(ValueError, match="pack_tile_fragments"):
             ops.spmm(x, w.values * 2, w.tensors, tiles=fragments)
+        with pytest.raises(ValueError, match="pack_tile_bitmaps"):
+            ops.spmm(x, w.values * 2, w.tensors, tiles=bitmaps)
+        assert torch.equal(ops.spmm(x, w.values, w.tensors, tiles=bitmaps), ops.spmm(x, w.values, w.tensors))
 
 
 # The forward over the fragments: batch tiles of 16 and 32 (N = 1 to 100, partial tiles), inputs that
@@ -189,13 +270,14 @@ def forward_weight(case: str, dtype, seed: int) -> Weight:
 @pytest.mark.parametrize("case", list(FORWARD_CASES))
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33, 100, 129])
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
-def test_forward_reads_fragments(case, n, dtype, kernel):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_reads_fragments(case, n, dtype, kernel, layout):
     w = forward_weight(case, dtype, seed=n)
-    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    fragments = pack(layout, w)
     x, bias = w.randn(n, w.k, seed=n), w.randn(w.m, seed=3)
     poison_cache(torch.device("cuda"))  # an output left unwritten shows as NaN
     y = fragment_spmm(kernel, x, w, fragments, bias)
-    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"fragments, {kernel}, {case}")
+    assert_matmul(y, x, w.dense64.T, dtype, bias=bias, what=f"{layout}, {kernel}, {case}")
     assert torch.equal(fragment_spmm(kernel, x, w, fragments, bias), y), "deterministic"
     relu = fragment_spmm(kernel, x, w, fragments, bias, "relu")
     assert torch.equal(relu, torch.relu(y))
@@ -204,11 +286,12 @@ def test_forward_reads_fragments(case, n, dtype, kernel):
 @pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
 @pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
 @pytest.mark.parametrize("n", [21, 100])
-def test_forward_reads_fragments_with_unaligned_input(kernel, n):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_reads_fragments_with_unaligned_input(kernel, n, layout):
     # Rows of X a multiple of 8 values that start off a 16-byte boundary: no tensor map, the threads
     # stage X; the same outputs as from an aligned copy of it.
     w = Weight(130, 456, 7000, device="cuda", dtype=torch.bfloat16, seed=8)
-    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    fragments = pack(layout, w)
     x = w.randn(n, 456, seed=4)
     shifted = torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x)
     shifted.copy_(x)
@@ -222,10 +305,11 @@ def test_forward_reads_fragments_with_unaligned_input(kernel, n):
 @pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [40, 128])
-def test_forward_reads_fragments_in_clusters(splits, n, kernel):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_reads_fragments_in_clusters(splits, n, kernel, layout):
     # 512 inputs: 8 steps a band, 2-8 a block, so that a second warpgroup may have one step or none.
-    w = Weight(192, 512, 9000, device="cuda", dtype=torch.bfloat16, seed=splits)
-    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    w = Weight(192, 512, 9000 if layout == "fragments" else 40000, device="cuda", dtype=torch.bfloat16, seed=splits)
+    fragments = pack(layout, w)
     x = w.randn(n, 512, seed=2)
     with snack.tile_view_splits(splits):
         y = fragment_spmm(kernel, x, w, fragments)
@@ -234,12 +318,15 @@ def test_forward_reads_fragments_in_clusters(splits, n, kernel):
 
 @pytest.mark.skipif(not CUDA, reason="the fragment kernels run on CUDA")
 @pytest.mark.parametrize("kernel", FRAGMENT_KERNELS)
-def test_forward_reads_fragments_of_a_large_layer(kernel):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_reads_fragments_of_a_large_layer(kernel, layout):
     # 64 steps a band and several blocks an SM: every stage used 16 times, the next step's operands
     # loaded while the tensor cores still multiply the step before (a first wgmma form let the loads
-    # overwrite the registers being multiplied; the small cases above did not show it).
-    w = Weight(4096, 4096, 4096 * 410, device="cuda", dtype=torch.bfloat16, seed=11)
-    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    # overwrite the registers being multiplied; the small cases above did not show it). Bitmaps at
+    # the density they are for.
+    density = 0.1 if layout == "fragments" else 0.5
+    w = Weight(4096, 4096, int(4096 * 4096 * density), device="cuda", dtype=torch.bfloat16, seed=11)
+    fragments = pack(layout, w)
     for n in (8, 16, 64, 128):
         x = w.randn(n, 4096, seed=n)
         poison_cache(torch.device("cuda"))
@@ -272,29 +359,32 @@ def test_planner_reads_fragments_where_given():
         x = w.randn(n, 4096)
         assert torch.equal(ops.spmm(x, w.values, w.tensors, tiles=fragments),
                            ops.spmm(x, w.values, w.tensors, variant=kernel, tiles=fragments))
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="at most one"):
         ops.explain(w.values, w.tensors, 32, "forward", "auto", "none", 1, True, True)
 
 
 @pytest.mark.skipif(not CUDA, reason="the planner's CUDA plan")
 @pytest.mark.parametrize("density", [0.3, 0.5])
-def test_planner_reads_fragments_at_denser_weights(density):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_planner_reads_fragments_at_denser_weights(density, layout):
     # At 25-50% density the fragments given are read from 8 rows, and from one row at 35% and more;
     # past 128 rows on Hopper too, but never packed for one product there. Outputs against float64.
     k = 1000  # inputs not a multiple of 8: X staged by the threads
     w = Weight(1100, k, int(1100 * k * density), device="cuda", dtype=torch.bfloat16, seed=4)  # >= 2^20 weights
-    fragments = ops.pack_tile_fragments(w.values, w.tensors)
+    fragments = pack(layout, w)
+    given = (False, layout == "fragments", layout == "bitmaps")
+    named = "bitmap fragments" if layout == "bitmaps" else "tile fragments"
     for n in (1, 3, 8, 40, 128) + ((300,) if HOPPER else ()):
-        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, True))
+        plan = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, *given))
         reads = n >= 8 or density >= 0.35
-        assert ("tile fragments" in plan.describe) == reads, (n, plan)
+        assert (named in plan.describe) == reads, (n, plan)
         if n > 128:
             packed = snack.Plan(*ops.explain(w.values, w.tensors, n, "forward", "auto", "none", 1, False, False))
             assert "tile fragments" not in packed.describe, packed
         x = w.randn(n, k, seed=n)
         poison_cache(torch.device("cuda"))
         y = ops.spmm(x, w.values, w.tensors, tiles=fragments)
-        assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"the planner given fragments, {density}, N = {n}")
+        assert_matmul(y, x, w.dense64.T, torch.bfloat16, what=f"the planner given {layout}, {density}, N = {n}")
 
 
 @pytest.mark.skipif(not HOPPER, reason="wgmma runs on Hopper")
@@ -347,19 +437,22 @@ def test_training_forward_packs_fragments_past_128_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BITS, ids=["bfloat16", "float16"])
-def test_layer_holds_fragments_for_inference_and_packs_again_after_changes(device, dtype):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layer_holds_fragments_for_inference_and_packs_again_after_changes(device, dtype, layout):
     torch.manual_seed(0)
     layer = snack.SparseLinear(200, 130, density=0.2, device=device, dtype=dtype, activation="gelu")
     reference = copy.deepcopy(layer)
-    snack.for_inference(layer, pack_tiles=True)
-    assert layer.pack_tiles == (device.type == "cuda") and layer.tile_format == "fragments"
+    snack.for_inference(layer, pack_tiles=True if layout == "fragments" else layout)
+    assert layer.pack_tiles == (device.type == "cuda")
+    assert layer.tile_format == (layout if device.type == "cuda" else "fragments")  # the CPU packs none
     layer.pack_tiles = True  # on the CPU too: its product checks the copy it is given, so a stale one fails
+    layer.tile_format = layout
     x = torch.randn(3, 33, 200, device=device, dtype=dtype)  # a 3-D input
     with torch.no_grad():
         y = layer(x)
         assert y.shape == (3, 33, 130)
         assert torch.allclose(y.float(), reference(x).float(), rtol=2e-2, atol=2e-2)
-        words = ops.tile_fragment_words(130, 200, layer.pattern.nnz)
+        words = WORDS[layout](130, 200, layer.pattern.nnz)
         assert layer.nbytes()["tiles"] == 4 * words
         first = layer._packed[1]
         assert torch.equal(layer(x), y) and layer._packed[1] is first, "unchanged values: packed once"
@@ -369,11 +462,11 @@ def test_layer_holds_fragments_for_inference_and_packs_again_after_changes(devic
         assert layer._packed[1] is not first
         assert torch.allclose(layer(x).float(), reference(x).float(), rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="tile_format"):
-        layer.tile_format = "bitmaps"
+        layer.tile_format = "csr"
         with torch.no_grad():
             layer(x)
-    layer.tile_format = "fragments"
+    layer.tile_format = layout
     with pytest.raises(ValueError, match="pack_tiles"):
-        snack.for_inference(layer, pack_tiles="bitmaps")
+        snack.for_inference(layer, pack_tiles="csr")
     snack.for_training(layer)
     assert not layer.pack_tiles and layer.nbytes()["tiles"] == 0
