@@ -312,11 +312,9 @@ def backward_rows_16bit(ref, n, sparsity, dtype_name, timer, bandwidth, csc_read
                                              ref_fwd)
         cands[("dx", "snack_tile_view")] = (lambda: snack.ops.spmm_t(dy, values, pattern, "tile_view"), ref_dx)
         cands[("dw", "snack_tile_view")] = (lambda: snack.ops.sddmm(dy, x, pattern, "tile_view"), ref_dw)
-        if torch.cuda.get_device_capability() == (9, 0):  # its products on wgmma
-            cands[("dw", "snack_tile_view_wgmma")] = (lambda: snack.ops.sddmm(dy, x, pattern, "tile_view_wgmma"),
-                                                      ref_dw)
-    if ref.pattern.tile_ptr.numel() > 0 and n > 128 and torch.cuda.get_device_capability() == (9, 0):
-        # dW's wgmma kernel over the batch in chunks of 128 rows, forced (refused, and left out, past its rows)
+    if ref.pattern.tile_ptr.numel() > 0 and torch.cuda.get_device_capability() == (9, 0):
+        # the tile view's dW with its products on wgmma, past 128 rows over the batch in chunks of 128
+        # (refused, and left out, past its rows)
         cands[("dw", "snack_tile_view_wgmma")] = (lambda: snack.ops.sddmm(dy, x, pattern, "tile_view_wgmma"), ref_dw)
     if n <= 128:  # the CUDA-core row kernels' dX, the CSC view read in place (no copy below a batch of 256)
         for variant in ("global_x", "global_xt"):

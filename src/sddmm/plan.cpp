@@ -314,9 +314,14 @@ bool tile_view_wgmma_chunks_pay(const SddmmProblem& p, const DeviceLimits& limit
 // Warpgroups a block of the wgmma tile-view kernel: two, sharing each chunk of X, at a batch padded to
 // 128 rows, where the chunks' reads from L2 weigh most (the same run: 16384x4096, 90%, N = 128: 64.7
 // against 82.7 us with one; 4096x4096, 80%: 31.2 against 39.3), one below (N = 64: 11008x4096, 90%:
-// 46.9 against 52.1 with two; 768x3072, 90%: 8.7 against 8.8).
-int tile_view_wgmma_groups(const SddmmProblem& p) {
-  return cuda::detail::tv_dw_k_steps(p.n) * 16 > 64 ? 2 : 1;
+// 46.9 against 52.1 with two; 768x3072, 90%: 8.7 against 8.8). Past one chunk of the batch each
+// warpgroup keeps dY's band in shared memory: one where two do not fit a block (four chunks).
+int tile_view_wgmma_groups(const SddmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const int batch = 16 * tv_dw_k_steps(p.n);
+  if (batch <= 64) return 1;
+  const size_t two = tv_wg_smem_bytes(batch, 2, tile_view_chunks(p.cols), tv_wg_batch_chunks(p.n)) + kTvWgStaticSmem;
+  return two <= limits.smem_per_block ? 2 : 1;
 }
 
 // Blocks per group of bands of the wgmma tile-view kernel: the power of two (at most the band's tiles)
@@ -478,13 +483,8 @@ Status plan_sddmm(const SddmmProblem& p, const DeviceLimits& limits, SddmmPlan* 
     if (p.warpgroups < 0 || p.warpgroups > kTvWgMaxGroups)
       return InvalidArgument("sddmm: tile_view_wgmma: " + std::to_string(p.warpgroups) +
                              " warpgroups a block asked; 1 to " + std::to_string(kTvWgMaxGroups));
-    int groups = p.warpgroups != 0 ? p.warpgroups : tile_view_wgmma_groups(p);
+    const int groups = p.warpgroups != 0 ? p.warpgroups : tile_view_wgmma_groups(p, limits);
     const int batch_chunks = tv_wg_batch_chunks(p.n);
-    // Past one chunk each warpgroup keeps dY's band: one warpgroup a block where two do not fit.
-    if (p.warpgroups == 0 && groups > 1 &&
-        tv_wg_smem_bytes(16 * tv_dw_k_steps(p.n), groups, tile_view_chunks(p.cols), batch_chunks) + kTvWgStaticSmem >
-            limits.smem_per_block)
-      groups = 1;
     plan.threads = 128 * groups;
     const int64_t chunks = std::max<int64_t>(1, tile_view_chunks(p.cols));
     plan.tile_splits = p.tile_view_splits != 0 ? p.tile_view_splits : tile_view_wgmma_splits(p, groups, limits);
@@ -579,16 +579,15 @@ std::string describe(const SddmmPlan& plan) {
   else if (plan.variant == SddmmVariant::kTileView)
     s += ", bands of " + std::to_string(kTileViewRows) + " rows, " + std::to_string(plan.tile_splits) + " block" +
          (plan.tile_splits > 1 ? "s" : "") + " per band, " + std::to_string(plan.grid_x) + " blocks";
-  else if (plan.variant == SddmmVariant::kTileViewWgmma)
+  else if (plan.variant == SddmmVariant::kTileViewWgmma) {
     s += ", bands of " + std::to_string(kTileViewRows) + " rows, " + std::to_string(plan.threads / 128) +
          " warpgroup" + (plan.threads > 128 ? "s" : "") + " a block, " + std::to_string(plan.tile_splits) +
          " block" + (plan.tile_splits > 1 ? "s" : "") + " per group of bands, " + std::to_string(plan.grid_x) +
-         " blocks" +
-         (cuda::detail::tv_wg_batch_chunks(plan.problem.n) > 1
-              ? ", the batch in " + std::to_string(cuda::detail::tv_wg_batch_chunks(plan.problem.n)) + " chunks of " +
-                    std::to_string(cuda::detail::kTvDwMaxBatch) + " rows"
-              : std::string());
-  else
+         " blocks";
+    if (const int chunks = cuda::detail::tv_wg_batch_chunks(plan.problem.n); chunks > 1)
+      s += ", the batch in " + std::to_string(chunks) + " chunks of " + std::to_string(cuda::detail::kTvDwMaxBatch) +
+           " rows";
+  } else
     s += ", " + std::to_string(plan.grid_x) + " blocks";
   if (plan.workspace_bytes) s += ", " + std::to_string(plan.workspace_bytes) + " B workspace";
   return s + "): " + sddmm_reason_text(plan.reason);
