@@ -373,17 +373,6 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
   return tile_of_8 || up_to_16;
 }
 
-// Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
-// at these batches), a batch of at least 256, rows of 4-35% density (from 0.5% at a batch of 8192,
-// where global_xt's stream of X from L2 slows down), and a grid whose last wave of one block per SM
-// is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform rows,
-// bench/results/spmm_nvidia_h200_large.md at commit 145b557): 16384x4096, N = 1024, 90% / 95%:
-// 1577 / 1025 us against 2763 / 1438 us for global_xt; at 99% global_xt stays faster up to N = 4096
-// (a chunk of 128 columns holds ~1.3 slots of a row: 561 against 418 us at N = 1024, 2209 against
-// 2181 at N = 4096) but not at N = 16384 (8621 against 19484 us; 4096x4096 2379 against 3676). Under-
-// filled grids lose: 768x3072, N = 256 (6 bands of 128 rows x 2 batch tiles) 154 against 35 us. The
-// transposed product, whose slots come through csc_perm (16384x4096 at N = 1024 / 4096): 90% 2043 /
-// 8125 us against 3379 / 21398 for global_xt, 95% 1716 / 6749 against 1750 / 10880.
 // The kernel parks each slot's input column as a 32-bit byte offset (column x a staged column's bytes).
 bool shared_x_offsets_overflow(const SpmmProblem& p) {
   using namespace cuda::detail;
@@ -408,10 +397,24 @@ int shared_x_batch_tile(const SpmmProblem& p, const DeviceLimits& limits) {
   const int narrow = shared_x_tile(vb, 1);
   if (shared_x_smem_bytes(vb, 32, wide) > limits.smem_per_block) return narrow;
   const int64_t bands = ceil_div(p.out_dim, shared_x_band_rows(vb));
-  const auto fills = [&](int tile) { return shared_x_grid_fills(bands * ceil_div(std::max<int64_t>(p.n, 1), tile), limits); };
+  const auto fills = [&](int tile) {
+    return shared_x_grid_fills(bands * ceil_div(std::max<int64_t>(p.n, 1), tile), limits);
+  };
   return (fills(wide) || !fills(narrow)) ? wide : narrow;
 }
 
+// Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
+// at these batches), a batch of at least 256, rows of 4-35% density (from 0.5% at a batch of 8192,
+// where global_xt's stream of X from L2 slows down), and a grid whose last wave of one block per SM
+// is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform rows,
+// bench/results/spmm_nvidia_h200_large.md at commit 145b557): 16384x4096, N = 1024, 90% / 95%:
+// 1577 / 1025 us against 2763 / 1438 us for global_xt; at 99% global_xt stays faster up to N = 4096
+// (a chunk of 128 columns holds ~1.3 slots of a row: 561 against 418 us at N = 1024, 2209 against
+// 2181 at N = 4096) but not at N = 16384 (8621 against 19484 us; 4096x4096 2379 against 3676). Under-
+// filled grids lose: 768x3072, N = 256 (6 bands of 128 rows x 2 batch tiles) 154 against 35 us. The
+// transposed product, whose slots come through csc_perm (16384x4096 at N = 1024 / 4096): 90% 2043 /
+// 8125 us against 3379 / 21398 for global_xt, 95% 1716 / 6749 against 1750 / 10880. (These are the
+// kernel's figures with one vector a lane and a window reloaded per row and chunk.)
 constexpr int64_t kSharedXMinBatch = 256;
 constexpr int64_t kSharedXSparseRowsBatch = 8192;
 bool shared_x_pays(const SpmmProblem& p, const DeviceLimits& limits) {
@@ -420,8 +423,8 @@ bool shared_x_pays(const SpmmProblem& p, const DeviceLimits& limits) {
   if (shared_x_offsets_overflow(p)) return false;
   const double density = density_of(p);
   if (density < (p.n >= kSharedXSparseRowsBatch ? 0.005 : 0.04) || density > 0.35) return false;
-  return shared_x_grid_fills(ceil_div(p.out_dim, shared_x_band_rows(4)) * ceil_div(p.n, shared_x_batch_tile(p, limits)),
-                             limits);
+  const int64_t bands = ceil_div(p.out_dim, shared_x_band_rows(4));
+  return shared_x_grid_fills(bands * ceil_div(p.n, shared_x_batch_tile(p, limits)), limits);
 }
 
 // tensor_cores / shared_x: the planner's tensor_cores_pay(p) and shared_x_pays(p), what the sparse
