@@ -9,7 +9,8 @@ For each configuration: forward time and forward + backward time (median of CUDA
 flushed before each), and the peak memory of the forward + backward above the inputs. The pattern is
 the sparse Transformer example's (causal: each query's nearest three quarters of its keys and a quarter
 drawn at random, density 1 - sparsity of the seq x seq matrix); FlexAttention (compiled) runs it as a
-block mask over a boolean lookup table, SDPA runs full causal attention (FlashAttention).
+block mask over a boolean lookup table, SDPA runs full causal attention (FlashAttention);
+snack_no_bands is snack with its 16-bit forward kept off the tensor-core bands (bands=False).
 Writes bench/results/attention_<gpu>.csv (seq, heads, head_dim, sparsity, pattern, dtype, impl,
 fwd_us, fwd_bwd_us, peak_mib), .md and a plot.
 """
@@ -32,12 +33,13 @@ from sparse_transformer import attention_pattern, flex_block_mask  # noqa: E402 
 
 COLUMNS = ["seq", "heads", "head_dim", "sparsity", "pattern", "dtype", "nnz", "impl", "fwd_us", "fwd_bwd_us",
            "peak_mib"]
-IMPLS = ("snack", "flex", "sdpa")
+IMPLS = ("snack", "snack_no_bands", "flex", "sdpa")
 
 
 def attention_fn(impl: str, pattern: snack.Pattern, seq: int, device):
-    if impl == "snack":
-        return lambda q, k, v: snack.nn.functional.sparse_attention(q, k, v, pattern)
+    if impl in ("snack", "snack_no_bands"):
+        bands = impl == "snack"
+        return lambda q, k, v: snack.nn.functional.sparse_attention(q, k, v, pattern, bands=bands)
     if impl == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     from torch.nn.attention.flex_attention import flex_attention
@@ -144,19 +146,20 @@ def _baseline_rows(path: Path, grid, measured: set) -> tuple[list[dict], str]:
 
 def _report(stem: Path, rows, info, impls, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse attention", info)
-    lines += ["Times in us; `x flex` / `x sdpa`: snack's speed-up over that impl (> 1: snack faster); peak: MiB "
-              "above the inputs during forward + backward.", "",
-              "| seq | head_dim | sparsity | impl | fwd us | fwd+bwd us | peak MiB | fwd+bwd x flex | fwd+bwd x sdpa |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["Times in us; `x flex` / `x sdpa`: a snack row's speed-up over that impl (> 1: snack faster); peak: "
+              "MiB above the inputs during forward + backward.", "",
+              "| seq | head_dim | sparsity | impl | fwd us | fwd+bwd us | peak MiB | fwd x flex | fwd+bwd x flex | "
+              "fwd x sdpa | fwd+bwd x sdpa |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["seq"], r["head_dim"], r["sparsity"], r["impl"]): r for r in rows}
     order = {impl: n for n, impl in enumerate(IMPLS)}
     for r in sorted(rows, key=lambda r: (r["seq"], r["head_dim"], r["sparsity"], order.get(r["impl"], len(order)))):
         ratios = []
         for base in ("flex", "sdpa"):
             other = by_key.get((r["seq"], r["head_dim"], r["sparsity"], base))
-            ratios.append(f"{other['fwd_bwd_us'] / r['fwd_bwd_us']:.2f}" if other and r["impl"] == "snack" else "")
+            for column in ("fwd_us", "fwd_bwd_us"):
+                ratios.append(f"{other[column] / r[column]:.2f}" if other and r["impl"].startswith("snack") else "")
         lines.append(f"| {r['seq']} | {r['head_dim']} | {r['sparsity']:g} | {r['impl']} | {r['fwd_us']:.1f} | "
-                     f"{r['fwd_bwd_us']:.1f} | {r['peak_mib']:.1f} | {ratios[0]} | {ratios[1]} |")
+                     f"{r['fwd_bwd_us']:.1f} | {r['peak_mib']:.1f} | " + " | ".join(ratios) + " |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plt = benchmark.pyplot() if plot else None
     if plt is None:

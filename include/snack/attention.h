@@ -20,13 +20,44 @@
 
 namespace snack::cuda {
 
+/// Queries per block of the bands (the blocks of sparse_attention_band_rows' key_ranges).
+inline constexpr int kAttentionBandRows = 64;
+
 /// Whether the fused kernels run this head dimension.
 inline bool sparse_attention_supports(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
+/// Which kernels the forward runs. kAuto: in 16 bits at head_dim 64 and 128, each row's longest run
+/// of consecutive keys (the local window of the usual patterns) on tensor cores wherever the runs of a
+/// block of 64 queries are long enough and fill enough of their common key range, the other positions
+/// on the lane-per-position kernel, the two parts merged by their log-sum-exps; otherwise (and with
+/// kOff) every position on the lane-per-position kernel.
+enum class AttentionBands { kAuto, kOff };
+
+/// Whether the forward in T runs the bands for this head dimension (whatever the pattern).
+template <typename T>
+bool sparse_attention_uses_bands(int64_t head_dim, AttentionBands bands);
+
+/// Bytes of device scratch the forward needs (0 where it does not run the bands): per query row
+/// 16 bytes, and per (batch x head, query row) head_dim + 1 floats.
+template <typename T>
+int64_t sparse_attention_forward_workspace_bytes(int64_t lq, int64_t bh, int64_t head_dim, AttentionBands bands);
+
+/// The forward's split of a pattern into bands (where it runs them): for each query row, its run of
+/// slots [run_begin, run_end) and the run's keys [key_first, key_last] (rows [Lq][4] int32; an empty
+/// run has run_begin == run_end and key_first > key_last), and for each block of 64 queries the keys
+/// the bands' tiles cover (key_ranges [ceil(Lq / kAttentionBandRows)][2] int32, first > last where none). With causal
+/// the runs hold keys j <= i only.
+template <typename Index>
+Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int32_t* rows, int32_t* key_ranges,
+                                  Stream stream);
+
 /// out [BH, Lq, D] and lse [BH, Lq] from q, k, v over the pattern's CSR view (w.rows = Lq, w.cols = Lk).
+/// workspace: sparse_attention_forward_workspace_bytes(...) bytes at a 16-byte boundary (may be null
+/// where that is 0).
 template <typename T, typename Index>
 Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, int64_t bh,
-                                int64_t head_dim, float scale, bool causal, T* out, float* lse, Stream stream);
+                                int64_t head_dim, float scale, bool causal, T* out, float* lse, void* workspace,
+                                AttentionBands bands, Stream stream);
 
 /// dq, dk, dv from the forward's lse and the gradient dout (the probabilities recomputed): dq over the
 /// CSR view, dk and dv over the CSC view (a warp per key, its queries in row order). row_dot [BH, Lq] is

@@ -118,8 +118,15 @@ def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
 
 
 @_register_fake("sparse_attention_fwd")
-def _sparse_attention_fwd_fake(q, k, v, pattern, scale, causal):
+def _sparse_attention_fwd_fake(q, k, v, pattern, scale, causal, bands=True):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@_register_fake("sparse_attention_bands")
+def _sparse_attention_bands_fake(pattern, causal):
+    rows, blocks = _shape(pattern)[0], torch.library.get_ctx().new_dynamic_size()  # blocks of queries
+    return (torch.empty((rows, 4), dtype=torch.int32, device=pattern[0].device),
+            torch.empty((blocks, 2), dtype=torch.int32, device=pattern[0].device))
 
 
 @_register_fake("sparse_attention_bwd")

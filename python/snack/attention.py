@@ -9,7 +9,10 @@ bfloat16 or float16 inputs, it runs fused (``snack.ops.sparse_attention_fwd`` / 
 ``src/attention/attention.cu``): a warp per query row with an online softmax, every batch and head in
 one launch, float32 arithmetic, one float32 log-sum-exp per row stored for the backward, which
 recomputes the probabilities (a warp per query for dQ, per key for dK and dV over the
-pattern's CSC view). Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
+pattern's CSC view). In bfloat16 and float16 at head_dim 64 and 128 the forward runs each query's
+longest run of consecutive keys (the local window of the usual patterns) on tensor cores, blocks of
+64 queries at a time, where the runs are long enough (``bands`` shows the split), and merges it with
+the warp per row over the other keys. Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
 unfused: per batch and head the SDDMM, a row softmax and the SpMM through snack's C++ operators
 (``snack.ops.sddmm``, ``spmm``, ``spmm_t``) in float32 (float64 for float64 inputs), the
 probabilities kept for the backward.
@@ -30,7 +33,7 @@ from ._checks import integer
 from ._ops import PATTERN_FIELDS, ops
 from .pattern import Pattern
 
-__all__ = ["sparse_attention", "SparseAttention", "local_pattern", "strided_pattern", "dilated_pattern"]
+__all__ = ["sparse_attention", "SparseAttention", "bands", "local_pattern", "strided_pattern", "dilated_pattern"]
 
 Patterns = Union[Pattern, Sequence[Pattern]]
 
@@ -96,6 +99,19 @@ def dilated_pattern(seq: int, window: int, dilation: int, *, causal: bool = Fals
 
 
 # ---- the attention ----------------------------------------------------------------------------------
+def bands(pattern: Pattern, *, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """How the fused 16-bit forward splits ``pattern`` (on CUDA) between its tensor-core bands and the
+    warp per query row: ``(rows, key_ranges)``, int32 on the pattern's device. ``rows[i]`` is
+    ``(run_begin, run_end, key_first, key_last)``: query i's slots ``[run_begin, run_end)``, its keys
+    ``key_first .. key_last``, go to the bands (none where ``run_begin == run_end``); each row's
+    longest run of consecutive keys (with ``causal``, of keys ``j <= i``) is taken where it holds at
+    least 16 keys and the runs of its block of 64 queries fill at least a quarter of the block's key
+    range. ``key_ranges[b]`` is the first and last key of block b's tiles (first > last: none)."""
+    if not pattern.row_ptr.is_cuda:
+        raise ValueError("bands: the pattern must be on a CUDA device (the bands are the CUDA forward's)")
+    return ops.sparse_attention_bands(pattern.tensors, causal)
+
+
 def _row_sums(values: Tensor, rows: Tensor, seq: int) -> Tensor:
     """Each row's sum of its slots' values (slots sorted by row), in a fixed order: a segmented
     reduction, where index_add's float atomics would add in whatever order they land."""
@@ -148,8 +164,8 @@ class _FusedSparseAttention(torch.autograd.Function):
     # q, k, v as [BH, L, D] contiguous; the pattern's tensors saved beside them (autograd's version
     # check catches a pattern rewritten in place before the backward).
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, *pattern):
-        out, lse = ops.sparse_attention_fwd(q, k, v, list(pattern), scale, causal)
+    def forward(ctx, q, k, v, scale, causal, bands, *pattern):
+        out, lse = ops.sparse_attention_fwd(q, k, v, list(pattern), scale, causal, bands)
         ctx.save_for_backward(q, k, v, lse, *pattern)
         ctx.scale, ctx.causal = scale, causal
         return out
@@ -158,7 +174,7 @@ class _FusedSparseAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, lse, *pattern = ctx.saved_tensors
         dq, dk, dv = ops.sparse_attention_bwd(q, k, v, lse, _aligned(dout), pattern, ctx.scale, ctx.causal)
-        return (dq, dk, dv, None, None) + (None,) * len(pattern)
+        return (dq, dk, dv, None, None, None) + (None,) * len(pattern)
 
 
 def _fused(q, k, v, patterns) -> bool:
@@ -231,13 +247,15 @@ def _stack(per_head_batch: list[Tensor], batch: int, heads: int) -> Tensor:
 # Python loop over the heads around the custom operators) returned zero input gradients (torch 2.11).
 @torch.compiler.disable
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scale: Optional[float] = None,
-                     causal: bool = False) -> Tensor:
+                     causal: bool = False, bands: bool = True) -> Tensor:
     """softmax(scale * Q K^T restricted to ``pattern``) V for q [B, H, Lq, D], k [B, H, Lk, D],
     v [B, H, Lk, Dv] (PyTorch's layout), ``pattern`` an Lq x Lk :class:`Pattern` shared by the
     heads, or one per head. ``scale`` defaults to 1/sqrt(D); ``causal`` also drops the stored
-    positions above the diagonal. A query with no stored (or unmasked) key gets zeros. Memory beyond
-    the inputs and output: one float per query row (fused), else the probabilities, nnz per batch and
-    head."""
+    positions above the diagonal. A query with no stored (or unmasked) key gets zeros. ``bands=False``
+    keeps the fused 16-bit forward off its tensor-core bands (every position on the warp per row; for
+    comparisons). Memory beyond the inputs and output: one float per query row (fused; during a
+    forward with bands, head_dim + 1 floats per query row and head of scratch), else the
+    probabilities, nnz per batch and head."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"sparse_attention: {name} must be a 4-D tensor [batch, heads, seq, dim]")
@@ -271,7 +289,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
     if fused:
         b, h, lq, d = q.shape
         flat = [_aligned(t.reshape(b * h, t.shape[2], d)) for t in (q, k, v)]
-        out = _FusedSparseAttention.apply(*flat, scale, bool(causal), *patterns[0].tensors)
+        out = _FusedSparseAttention.apply(*flat, scale, bool(causal), bool(bands), *patterns[0].tensors)
         return out.view(b, h, lq, d)
     return _SparseAttention.apply(q, k, v, scale, bool(causal), *[t for p in patterns for t in p.tensors])
 

@@ -22,6 +22,7 @@
 
 #include "../device/cuda_utils.cuh"
 #include "../device/vector_load.cuh"
+#include "band_kernels.cuh"
 #include "snack/attention.h"
 
 namespace snack::cuda {
@@ -94,11 +95,28 @@ __device__ __forceinline__ int32_t masked(int32_t partner, int64_t self, bool ca
   return partner >= 0 && causal && (partner_is_key ? partner > self : partner < self) ? -1 : partner;
 }
 
+// Stores the reduced row of reduce_across_positions merged with the band's part of the row:
+// out = part * own + band_row * band, element by element (band_row: the band's normalised output).
+template <typename T, int D, int S>
+__device__ __forceinline__ void store_merged(T* row, const float (&part)[S], float own, const float* band_row,
+                                             float band) {
+  using L = Lanes<D, S>;
+  const int lane = threadIdx.x & 31;
+  const int e0 = (lane % L::G) * S + (lane / L::G) * L::F;
+#pragma unroll
+  for (int t = 0; t < L::F; ++t) row[e0 + t] = from_accum<T>(fmaf(part[t], own, band_row[e0 + t] * band));
+}
+
+// The forward over a row's positions, or, given band_rows, over those outside the row's band (its
+// run of slots [run_begin, run_end), attention_band_forward_kernel's), merged at the end with the
+// band's part (band_out, band_lse) by their log-sum-exps.
 template <typename T, typename Index, int D>
 __global__ void __launch_bounds__(kAttentionWarps * 32)
     attention_forward_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx, int64_t lq,
                              int64_t lk, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                             float scale_log2, bool causal, T* __restrict__ out, float* __restrict__ lse) {
+                             float scale_log2, bool causal, const BandRow* __restrict__ band_rows,
+                             const float* __restrict__ band_out, const float* __restrict__ band_lse,
+                             T* __restrict__ out, float* __restrict__ lse) {
   constexpr int S = 32;
   using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
@@ -114,10 +132,16 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   for (int e = 0; e < S; ++e) qr[e] *= scale_log2;  // scores in log2 units: exp2 below
   float m = -INFINITY, l = 0.f, acc[S] = {};
   const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
+  BandRow band{begin, begin, 1, 0};
+  if (band_rows != nullptr) band = band_rows[i];
+  // The row's positions outside its band, counted from 0: `before` of them ahead of the run.
+  const int32_t before = band.run_begin - begin, count = (end - begin) - (band.run_end - band.run_begin);
   // The key of this lane's position in the next window, requested a window ahead.
-  const auto key_at = [&](int32_t e) { return e < end ? int32_t(col_idx[e]) : -1; };
-  int32_t next = key_at(begin + slot);
-  for (int32_t p = begin; p < end; p += L::P) {
+  const auto key_at = [&](int32_t e) {
+    return e < count ? int32_t(col_idx[e < before ? begin + e : band.run_end + (e - before)]) : -1;
+  };
+  int32_t next = key_at(slot);
+  for (int32_t p = 0; p < count; p += L::P) {
     const int32_t j = masked(next, i, causal, true);
     next = key_at(p + L::P + slot);
     if (__ballot_sync(kFull, j >= 0) == 0) continue;  // warp-uniform
@@ -148,8 +172,20 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   }
   const float total = warp_sum(l);
   reduce_across_positions<S, L::G>(acc);
-  store_reduced<T, D, S>(out + (bh * lq + i) * D, acc, total > 0.f ? 1.f / total : 0.f);
-  if (lane == 0) lse[bh * lq + i] = total > 0.f ? (m + log2f(total)) * kLn2 : -INFINITY;
+  if (band.run_begin == band.run_end) {
+    store_reduced<T, D, S>(out + (bh * lq + i) * D, acc, total > 0.f ? 1.f / total : 0.f);
+    if (lane == 0) lse[bh * lq + i] = total > 0.f ? (m + log2f(total)) * kLn2 : -INFINITY;
+    return;
+  }
+  // Both parts' sums relative to the larger of their maxima (log2 units), then one normalisation.
+  const float band_log2 = band_lse[bh * lq + i] * kLog2e;
+  const float top = fmaxf(m, band_log2);
+  const float own = total > 0.f ? exp2f(m - top) : 0.f;
+  const float theirs = band_log2 == -INFINITY ? 0.f : exp2f(band_log2 - top);
+  const float sum = total * own + theirs;
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  store_merged<T, D, S>(out + (bh * lq + i) * D, acc, own * inv, band_out + (bh * lq + i) * D, theirs * inv);
+  if (lane == 0) lse[bh * lq + i] = sum > 0.f ? (top + log2f(sum)) * kLn2 : -INFINITY;
 }
 
 // dQ_i = scale * sum_j dS_ij k_j with dS_ij = P_ij (dP_ij - row_dot_i), dP_ij = dout_i . v_j and
@@ -316,29 +352,115 @@ Status with_head_dim(int64_t head_dim, Fn&& fn) {
 }  // namespace
 }  // namespace detail
 
+namespace detail {
+namespace {
+
+// The forward's scratch where it runs the bands: each row's BandRow, each block's key range, and the
+// band's float32 output and log-sum-exp, each part at a 256-byte boundary.
+struct BandScratch {
+  int64_t rows, key_ranges, out, lse, bytes;
+};
+
+BandScratch band_scratch(int64_t lq, int64_t bh, int64_t head_dim) {
+  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  BandScratch s{};
+  s.rows = 0;
+  s.key_ranges = s.rows + aligned(lq * int64_t(sizeof(BandRow)));
+  s.out = s.key_ranges + aligned(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
+  s.lse = s.out + aligned(bh * lq * head_dim * int64_t(sizeof(float)));
+  s.bytes = s.lse + aligned(bh * lq * int64_t(sizeof(float)));
+  return s;
+}
+
+template <typename T, int D>
+Status launch_band_forward(const BandRow* rows, const int2* key_ranges, int64_t lq, int64_t lk, unsigned heads,
+                           const T* q, const T* k, const T* v, float scale_log2, float* band_out, float* band_lse,
+                           Stream stream) {
+  constexpr int kSmem = (kBandRows + 4 * kBandKeys) * D * 2;  // q, and two stages of k and v
+  const auto kernel = attention_band_forward_kernel<T, D>;
+  if constexpr (kSmem > 48 * 1024) {
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  }
+  const dim3 grid(unsigned(ceil_div(lq, kBandRows)), heads);
+  kernel<<<grid, kBandWarps * 32, kSmem, stream>>>(rows, key_ranges, lq, lk, q, k, v, scale_log2, band_out, band_lse);
+  return check_launch("attention_band_forward_kernel");
+}
+
+}  // namespace
+}  // namespace detail
+
+template <typename T>
+bool sparse_attention_uses_bands(int64_t head_dim, AttentionBands bands) {
+  return kIsHalfType<T> && bands == AttentionBands::kAuto && (head_dim == 64 || head_dim == 128);
+}
+
+template <typename T>
+int64_t sparse_attention_forward_workspace_bytes(int64_t lq, int64_t bh, int64_t head_dim, AttentionBands bands) {
+  if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || bh <= 0) return 0;
+  return detail::band_scratch(lq, bh, head_dim).bytes;
+}
+
 template <typename T, typename Index>
 Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, int64_t bh,
-                                int64_t head_dim, float scale, bool causal, T* out, float* lse, Stream stream) {
+                                int64_t head_dim, float scale, bool causal, T* out, float* lse, void* workspace,
+                                AttentionBands bands, Stream stream) {
   using namespace detail;
   SNACK_RETURN_IF_ERROR(check_pattern_shape(w, PatternNeeds::kForward));
   SNACK_RETURN_IF_ERROR(check_attention(w.rows, w.cols, bh, head_dim, w.nnz));
   if (w.rows == 0 || bh == 0) return Status::Ok();
   SNACK_RETURN_IF_ERROR(check_arrays({{"q", q}, {"out", out}}, {{"lse", lse}}));
   if (w.nnz > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}}, {}));
+  const bool banded = w.nnz > 0 && sparse_attention_uses_bands<T>(head_dim, bands);
+  if (banded) SNACK_RETURN_IF_ERROR(check_arrays({{"workspace", workspace}}, {}));
+  const BandScratch scratch = band_scratch(w.rows, bh, head_dim);
+  char* const base = static_cast<char*>(workspace);
+  BandRow* const band_rows = banded ? reinterpret_cast<BandRow*>(base + scratch.rows) : nullptr;
+  int2* const key_ranges = banded ? reinterpret_cast<int2*>(base + scratch.key_ranges) : nullptr;
+  float* const band_out = banded ? reinterpret_cast<float*>(base + scratch.out) : nullptr;
+  float* const band_lse = banded ? reinterpret_cast<float*>(base + scratch.lse) : nullptr;
+  if (banded) {
+    attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
+        w.row_ptr, w.col_idx, w.rows, causal, band_rows, key_ranges);
+    SNACK_RETURN_IF_ERROR(check_launch("attention_band_rows_kernel"));
+  }
   const float s = scale * kLog2e;
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
     for (int64_t b0 = 0; b0 < bh; b0 += kMaxGridY) {  // offsets of this slice of batch x heads
       const int64_t qo = b0 * w.rows, ko = b0 * w.cols;
-      const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), unsigned(std::min(kMaxGridY, bh - b0)));
+      const unsigned heads = unsigned(std::min(kMaxGridY, bh - b0));
+      if constexpr (D != 32 && kIsHalfType<T>) {
+        if (banded) {
+          const Status band = launch_band_forward<T, D>(band_rows, key_ranges, w.rows, w.cols, heads, q + qo * D,
+                                                        k + ko * D, v + ko * D, s, band_out + qo * D, band_lse + qo,
+                                                        stream);
+          SNACK_RETURN_IF_ERROR(band);
+        }
+      }
+      const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), heads);
       attention_forward_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, s, causal, out + qo * D,
-          lse + qo);
+          w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, s, causal, band_rows,
+          banded ? band_out + qo * D : nullptr, banded ? band_lse + qo : nullptr, out + qo * D, lse + qo);
       SNACK_RETURN_IF_ERROR(check_launch("attention_forward_kernel"));
     }
     return Status::Ok();
   };
   return with_head_dim(head_dim, launch);
+}
+
+template <typename Index>
+Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int32_t* rows, int32_t* key_ranges,
+                                  Stream stream) {
+  using namespace detail;
+  static_assert(sizeof(BandRow) == 4 * sizeof(int32_t) && alignof(BandRow) == alignof(int32_t), "4 int32 a row");
+  SNACK_RETURN_IF_ERROR(check_pattern_shape(w, PatternNeeds::kForward));
+  if (w.rows == 0) return Status::Ok();
+  if (rows == nullptr || key_ranges == nullptr) return InvalidArgument("sparse_attention_band_rows: null output");
+  if (reinterpret_cast<uintptr_t>(key_ranges) % alignof(int2) != 0)
+    return InvalidArgument("sparse_attention_band_rows: key_ranges must start at an 8-byte boundary");
+  attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
+      w.row_ptr, w.col_idx, w.rows, causal, reinterpret_cast<BandRow*>(rows), reinterpret_cast<int2*>(key_ranges));
+  return check_launch("attention_band_rows_kernel");
 }
 
 template <typename T, typename Index>
@@ -379,10 +501,21 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
 
 #define SNACK_INSTANTIATE_ATTENTION(T, Index)                                                                      \
   template Status sparse_attention_forward<T, Index>(const SlotPattern<Index>&, const T*, const T*, const T*,      \
-                                                     int64_t, int64_t, float, bool, T*, float*, Stream);           \
+                                                     int64_t, int64_t, float, bool, T*, float*, void*,             \
+                                                     AttentionBands, Stream);                                      \
   template Status sparse_attention_backward<T, Index>(const SlotPattern<Index>&, const T*, const T*, const T*,     \
                                                       const float*, const T*, int64_t, int64_t, float, bool,       \
                                                       float*, T*, T*, T*, Stream);
+
+template bool sparse_attention_uses_bands<float>(int64_t, AttentionBands);
+template bool sparse_attention_uses_bands<bfloat16>(int64_t, AttentionBands);
+template bool sparse_attention_uses_bands<float16>(int64_t, AttentionBands);
+template int64_t sparse_attention_forward_workspace_bytes<float>(int64_t, int64_t, int64_t, AttentionBands);
+template int64_t sparse_attention_forward_workspace_bytes<bfloat16>(int64_t, int64_t, int64_t, AttentionBands);
+template int64_t sparse_attention_forward_workspace_bytes<float16>(int64_t, int64_t, int64_t, AttentionBands);
+
+template Status sparse_attention_band_rows<uint16_t>(const SlotPattern<uint16_t>&, bool, int32_t*, int32_t*, Stream);
+template Status sparse_attention_band_rows<int32_t>(const SlotPattern<int32_t>&, bool, int32_t*, int32_t*, Stream);
 
 SNACK_INSTANTIATE_ATTENTION(float, uint16_t)
 SNACK_INSTANTIATE_ATTENTION(float, int32_t)

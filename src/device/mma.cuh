@@ -1,5 +1,5 @@
 // Tensor-core building blocks of the 16-bit kernels (mma.sync and ldmatrix, sm_80 and later), shared
-// by the tensor-core SpMM and SDDMM.
+// by the tensor-core SpMM, SDDMM and attention.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +28,19 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// Two floats rounded to nearest-even T in one conversion instruction (lo in the low half). The same
+// rounding as from_accum<T> but for NaN payloads (the instruction returns the canonical NaN).
+template <typename T>
+__device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
+  uint32_t packed;
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+  }
+  return packed;
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {

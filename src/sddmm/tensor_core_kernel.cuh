@@ -85,19 +85,6 @@ __device__ __forceinline__ void multiply_dw_chunk(float (&acc)[2][8][4], const u
   }
 }
 
-// Two floats rounded to nearest-even T in one conversion instruction (lo in the low half). The same
-// rounding as from_accum<T> but for NaN payloads (the instruction returns the canonical NaN).
-template <typename T>
-__device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
-  uint32_t packed;
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-  }
-  return packed;
-}
-
 // The warp's accumulators rounded to T into the staged tile ([kTcDwRows][kTcDwTileStride]), then cleared.
 template <typename T>
 __device__ __forceinline__ void stage_dw_tile(float (&acc)[2][8][4], uint16_t* tile, int row0, int col0) {

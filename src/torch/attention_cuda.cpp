@@ -53,20 +53,24 @@ void dispatch_attention_type(const at::Tensor& q, Fn&& fn) {
 }
 
 std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                        at::TensorList pattern, double scale, bool causal) {
+                                                        at::TensorList pattern, double scale, bool causal, bool bands) {
   const char* op = "sparse_attention_fwd";
   const AttentionArgs a = attention_args(q, k, v, pattern, op, PatternNeeds::kForward);
   const c10::cuda::CUDAGuard guard(a.p.device);
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = at::empty({a.bh, a.p.rows}, q.options().dtype(at::kFloat));
+  const cuda::AttentionBands use = bands ? cuda::AttentionBands::kAuto : cuda::AttentionBands::kOff;
   dispatch_attention_type(q, [&](auto tag) {
     using T = decltype(tag);
+    // The bands' scratch lives for the call (the caching allocator hands it back at once).
+    const int64_t bytes = cuda::sparse_attention_forward_workspace_bytes<T>(a.p.rows, a.bh, a.head_dim, use);
+    const at::Tensor workspace = at::empty({bytes}, q.options().dtype(at::kByte));
     throw_if_error(with_pattern(a.p,
                                 [&](auto w) {
-                                  return cuda::sparse_attention_forward(w, data_as<T>(q), data_as<T>(k), data_as<T>(v),
-                                                                        a.bh, a.head_dim, float(scale), causal,
-                                                                        data_as<T>(out), lse.data_ptr<float>(),
-                                                                        current_stream());
+                                  return cuda::sparse_attention_forward(
+                                      w, data_as<T>(q), data_as<T>(k), data_as<T>(v), a.bh, a.head_dim, float(scale),
+                                      causal, data_as<T>(out), lse.data_ptr<float>(),
+                                      bytes > 0 ? workspace.data_ptr() : nullptr, use, current_stream());
                                 }),
                    op);
   });
@@ -105,10 +109,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Te
   return {dq, dk, dv};
 }
 
+std::tuple<at::Tensor, at::Tensor> sparse_attention_bands(at::TensorList pattern, bool causal) {
+  const char* op = "sparse_attention_bands";
+  const PatternArg p = pattern_arg(pattern, op, PatternNeeds::kForward);
+  TORCH_CHECK_VALUE(p.device.is_cuda(), op, ": the pattern must be on a CUDA device");
+  const c10::cuda::CUDAGuard guard(p.device);
+  const auto options = at::TensorOptions().device(p.device).dtype(at::kInt);
+  at::Tensor rows = at::empty({p.rows, 4}, options);
+  at::Tensor key_ranges =
+      at::empty({(p.rows + cuda::kAttentionBandRows - 1) / cuda::kAttentionBandRows, 2}, options);
+  throw_if_error(with_pattern(p,
+                              [&](auto w) {
+                                return cuda::sparse_attention_band_rows(w, causal, rows.data_ptr<int32_t>(),
+                                                                        key_ranges.data_ptr<int32_t>(),
+                                                                        current_stream());
+                              }),
+                 op);
+  return {rows, key_ranges};
+}
+
 }  // namespace
 }  // namespace snack::binding
 
 TORCH_LIBRARY_IMPL(snack, CUDA, m) {
   m.impl("sparse_attention_fwd", &snack::binding::sparse_attention_fwd);
   m.impl("sparse_attention_bwd", &snack::binding::sparse_attention_bwd);
+  m.impl("sparse_attention_bands", &snack::binding::sparse_attention_bands);
 }

@@ -443,16 +443,28 @@ TEST(CudaAttention, RefusesMissingOrMisalignedArrays) {
   alignas(16) float rows[2 * 6 * 32 + 4] = {}, per_row[2 * 6] = {};
   const float* q = rows;
   float* out = rows;
-  Status s = cuda::sparse_attention_forward<float, uint16_t>(w, q + 1, q, q, 2, 32, 1.f, false, out, per_row, nullptr);
+  Status s = cuda::sparse_attention_forward<float, uint16_t>(w, q + 1, q, q, 2, 32, 1.f, false, out, per_row, nullptr,
+                                                      cuda::AttentionBands::kAuto, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("q must start at a 16-byte boundary"), std::string::npos) << s.message();
-  s = cuda::sparse_attention_forward<float, uint16_t>(w, q, nullptr, q, 2, 32, 1.f, false, out, per_row, nullptr);
+  s = cuda::sparse_attention_forward<float, uint16_t>(w, q, nullptr, q, 2, 32, 1.f, false, out, per_row, nullptr,
+                                                      cuda::AttentionBands::kAuto, nullptr);
   EXPECT_NE(s.message().find("k is null"), std::string::npos) << s.message();
   s = cuda::sparse_attention_backward<float, uint16_t>(w, q, q, q, per_row, q, 2, 32, 1.f, false, nullptr, out, out,
                                                        out, nullptr);
   EXPECT_NE(s.message().find("row_dot is null"), std::string::npos) << s.message();
-  s = cuda::sparse_attention_forward<float, uint16_t>(w, q, q, q, 2, 48, 1.f, false, out, per_row, nullptr);
+  s = cuda::sparse_attention_forward<float, uint16_t>(w, q, q, q, 2, 48, 1.f, false, out, per_row, nullptr,
+                                                      cuda::AttentionBands::kAuto, nullptr);
   EXPECT_NE(s.message().find("head_dim 32, 64 or 128"), std::string::npos) << s.message();
+  // In 16 bits at head_dim 64 the bands need their scratch.
+  alignas(16) bfloat16 half_rows[2 * 6 * 64] = {};
+  ASSERT_GT(cuda::sparse_attention_forward_workspace_bytes<bfloat16>(6, 2, 64, cuda::AttentionBands::kAuto), 0);
+  EXPECT_EQ(cuda::sparse_attention_forward_workspace_bytes<bfloat16>(6, 2, 64, cuda::AttentionBands::kOff), 0);
+  EXPECT_EQ(cuda::sparse_attention_forward_workspace_bytes<float>(6, 2, 64, cuda::AttentionBands::kAuto), 0);
+  s = cuda::sparse_attention_forward<bfloat16, uint16_t>(w, half_rows, half_rows, half_rows, 2, 64, 1.f, false,
+                                                         half_rows, per_row, nullptr, cuda::AttentionBands::kAuto,
+                                                         nullptr);
+  EXPECT_NE(s.message().find("workspace is null"), std::string::npos) << s.message();
 }
 
 }  // namespace

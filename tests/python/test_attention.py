@@ -109,6 +109,99 @@ def test_fused_kernels_match_dense_attention(dim, dtype, causal):
     run_case(cuda, dtype, [pattern], batch=2, dim=dim, dim_v=dim, causal=causal)
 
 
+def banded_pattern(seq_q: int, seq_k: int, index_dtype=None, seed: int = 3) -> snack.Pattern:
+    """Blocks of 64 queries whose rows the bands treat differently: windows of 61 keys plus random keys
+    (block 0), random keys only (1: no run of 16), windows of 91 keys in even rows and 7 in odd ones
+    (2: the short runs stay with the warp per row), windows of 121 keys, several tiles of 64 keys
+    (3), and a query without keys; Lq and Lk not multiples of 64."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = [], []
+    for i in range(seq_q):
+        centre, block = i * seq_k // seq_q, i // 64
+        half = {0: 30, 1: -1, 2: 45 if i % 2 == 0 else 3}.get(block, 60)
+        keys = set(range(max(0, centre - half), min(seq_k, centre + half + 1))) if half >= 0 else set()
+        keys |= set(torch.randint(0, seq_k, (12 if block == 1 else 6,), generator=gen).tolist())
+        if i == seq_q - 2:
+            keys = set()
+        rows += [i] * len(keys)
+        cols += sorted(keys)
+    return snack.Pattern.from_coo(torch.tensor(rows), torch.tensor(cols), seq_q, seq_k, index_dtype=index_dtype)[0]
+
+
+def band_rule(pattern: snack.Pattern, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """snack.attention.bands by its definition, on the host: each row's longest run of consecutive keys
+    (keys j <= i with causal; the first of equal runs) of at least 16 keys, kept where the runs of the
+    row's block of 64 queries cover at least a quarter of the block's key range x 64."""
+    row_ptr, cols = pattern.row_ptr.cpu().tolist(), pattern.col_idx.cpu().long().tolist()
+    seq_q = pattern.out_features
+    runs = []  # (first slot, length) per row
+    for i in range(seq_q):
+        begin, best, start = row_ptr[i], (row_ptr[i], 0), row_ptr[i]
+        for e in range(begin, row_ptr[i + 1]):
+            if causal and cols[e] > i:
+                break
+            if e == begin or cols[e] != cols[e - 1] + 1:
+                start = e
+            if e + 1 - start > best[1]:
+                best = (start, e + 1 - start)
+        runs.append(best if best[1] >= 16 else (begin, 0))
+    rows, ranges = [], []
+    for b0 in range(0, seq_q, 64):
+        block = range(b0, min(seq_q, b0 + 64))
+        firsts = [cols[runs[i][0]] for i in block if runs[i][1]]
+        lasts = [cols[runs[i][0]] + runs[i][1] - 1 for i in block if runs[i][1]]
+        covered = sum(runs[i][1] for i in block)
+        keep = covered > 0 and covered * 4 >= (max(lasts) - min(firsts) + 1) * 64
+        ranges.append([min(firsts), max(lasts)] if keep else [1, 0])
+        for i in block:
+            start, length = runs[i]
+            rows.append([start, start + length, cols[start], cols[start] + length - 1] if keep and length
+                        else [row_ptr[i], row_ptr[i], 1, 0])
+    return torch.tensor(rows, dtype=torch.int32), torch.tensor(ranges, dtype=torch.int32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("index_dtype", [torch.uint16, torch.int32], ids=["uint16", "int32"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bands_split_by_their_definition(index_dtype, causal):
+    pattern = banded_pattern(230, 260, index_dtype).to(torch.device("cuda"))
+    rows, key_ranges = sa.bands(pattern, causal=causal)
+    want_rows, want_ranges = band_rule(pattern, causal)
+    # The pattern exercises what it is meant to: blocks with and without bands, rows left out of a kept one.
+    kept = want_ranges[:, 0] <= want_ranges[:, 1]
+    assert kept.any() and not kept.all()
+    assert ((want_rows[:, 0] == want_rows[:, 1]) & kept.repeat_interleave(64)[:230]).any()
+    assert torch.equal(key_ranges.cpu(), want_ranges)
+    assert torch.equal(rows.cpu(), want_rows)
+    with pytest.raises(ValueError, match="CUDA"):
+        sa.bands(pattern.to("cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fused_forward_with_bands_matches_dense_attention(dim, dtype, causal):
+    # The tensor-core bands merged with the warp per row (forward), the backward from their
+    # log-sum-exp; and the forward without bands on the same inputs, both against float64.
+    cuda = torch.device("cuda")
+    pattern = banded_pattern(230, 260).to(cuda)
+    assert sa._fused(torch.empty(1, 1, 230, dim, device=cuda, dtype=dtype),
+                     torch.empty(1, 1, 260, dim, device=cuda, dtype=dtype),
+                     torch.empty(1, 1, 260, dim, device=cuda, dtype=dtype), [pattern])
+    run_case(cuda, dtype, [pattern], batch=2, dim=dim, dim_v=dim, causal=causal)
+    gen = torch.Generator(device=cuda).manual_seed(4)
+    q, k, v = (torch.randn(3, n, dim, device=cuda, generator=gen).to(dtype) for n in (230, 260, 260))
+    scale = 1 / math.sqrt(dim)
+    banded, lse = snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal)
+    plain, plain_lse = snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal, bands=False)
+    _, _, _, ref, ref_scale, _ = dense_reference(q[None], k[None], v[None], [pattern.to_mask()] * 3, scale, causal)
+    assert_close(banded, ref[0].detach(), ref_scale[0], dtype, "out with bands")
+    assert_close(plain, ref[0].detach(), ref_scale[0], dtype, "out without bands")
+    assert torch.allclose(lse, plain_lse, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert torch.equal(banded, snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal)[0])
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("index_dtype", [torch.uint16, torch.int32], ids=["uint16", "int32"])
 def test_fused_kernels_rectangular_empty_rows_and_no_slots(index_dtype):
