@@ -26,7 +26,7 @@ inline constexpr int kAttentionBandRows = 64;
 /// Whether the fused kernels run this head dimension.
 inline bool sparse_attention_supports(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
-/// Which kernels the forward runs. kAuto: in 16 bits at head_dim 64 and 128, each row's longest run
+/// Which kernels the forward and backward run. kAuto: in 16 bits at head_dim 64 and 128, each row's longest run
 /// of consecutive keys (the local window of the usual patterns) on tensor cores wherever the runs of a
 /// block of 64 queries are long enough and fill enough of their common key range, the other positions
 /// on the lane-per-position kernel, the two parts merged by their log-sum-exps; otherwise (and with
@@ -59,12 +59,22 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
                                 int64_t head_dim, float scale, bool causal, T* out, float* lse, void* workspace,
                                 AttentionBands bands, Stream stream);
 
+/// Bytes of device scratch the backward needs (0 where it does not run the bands): per query row 16
+/// bytes, per (batch x head, query or key row) head_dim floats (dq's, dk's and dv's partial sums).
+template <typename T>
+int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim,
+                                                  AttentionBands bands);
+
 /// dq, dk, dv from the forward's lse and the gradient dout (the probabilities recomputed): dq over the
-/// CSR view, dk and dv over the CSC view (a warp per key, its queries in row order). row_dot [BH, Lq] is
-/// float32 scratch (sum_j P_ij dP_ij of each row, dP = dout v^T).
+/// CSR view, dk and dv over the CSC view (a warp per key, its queries in row order); with the bands
+/// (as in the forward) their positions by blocks on tensor cores, the parts added in float32 before
+/// the one rounding. row_dot [BH, Lq] is float32 scratch (sum_j P_ij dP_ij of each row, dP = dout v^T);
+/// workspace: sparse_attention_backward_workspace_bytes(...) bytes at a 16-byte boundary (may be null
+/// where that is 0).
 template <typename T, typename Index>
 Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const float* lse,
                                  const T* dout, int64_t bh, int64_t head_dim, float scale, bool causal,
-                                 float* row_dot, T* dq, T* dk, T* dv, Stream stream);
+                                 float* row_dot, T* dq, T* dk, T* dv, void* workspace, AttentionBands bands,
+                                 Stream stream);
 
 }  // namespace snack::cuda

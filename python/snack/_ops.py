@@ -130,7 +130,7 @@ def _sparse_attention_bands_fake(pattern, causal):
 
 
 @_register_fake("sparse_attention_bwd")
-def _sparse_attention_bwd_fake(q, k, v, lse, dout, pattern, scale, causal):
+def _sparse_attention_bwd_fake(q, k, v, lse, dout, pattern, scale, causal, bands=True):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -11,8 +11,8 @@ one launch, float32 arithmetic, one float32 log-sum-exp per row stored for the b
 recomputes the probabilities (a warp per query for dQ, per key for dK and dV over the
 pattern's CSC view). In bfloat16 and float16 at head_dim 64 and 128 the forward runs each query's
 longest run of consecutive keys (the local window of the usual patterns) on tensor cores, blocks of
-64 queries at a time, where the runs are long enough (``bands`` shows the split), and merges it with
-the warp per row over the other keys. Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
+64 queries (keys, for dK and dV) at a time, where the runs are long enough (``bands`` shows the
+split), and merges them with the warp per row (per key) over the other positions, forward and backward. Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
 unfused: per batch and head the SDDMM, a row softmax and the SpMM through snack's C++ operators
 (``snack.ops.sddmm``, ``spmm``, ``spmm_t``) in float32 (float64 for float64 inputs), the
 probabilities kept for the backward.
@@ -167,13 +167,13 @@ class _FusedSparseAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, causal, bands, *pattern):
         out, lse = ops.sparse_attention_fwd(q, k, v, list(pattern), scale, causal, bands)
         ctx.save_for_backward(q, k, v, lse, *pattern)
-        ctx.scale, ctx.causal = scale, causal
+        ctx.scale, ctx.causal, ctx.bands = scale, causal, bands
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lse, *pattern = ctx.saved_tensors
-        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, lse, _aligned(dout), pattern, ctx.scale, ctx.causal)
+        dq, dk, dv = ops.sparse_attention_bwd(q, k, v, lse, _aligned(dout), pattern, ctx.scale, ctx.causal, ctx.bands)
         return (dq, dk, dv, None, None, None) + (None,) * len(pattern)
 
 
@@ -252,10 +252,10 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
     v [B, H, Lk, Dv] (PyTorch's layout), ``pattern`` an Lq x Lk :class:`Pattern` shared by the
     heads, or one per head. ``scale`` defaults to 1/sqrt(D); ``causal`` also drops the stored
     positions above the diagonal. A query with no stored (or unmasked) key gets zeros. ``bands=False``
-    keeps the fused 16-bit forward off its tensor-core bands (every position on the warp per row; for
-    comparisons). Memory beyond the inputs and output: one float per query row (fused; during a
-    forward with bands, head_dim + 1 floats per query row and head of scratch), else the
-    probabilities, nnz per batch and head."""
+    keeps the fused 16-bit kernels off their tensor-core bands (every position on the warps per row and
+    per key; for comparisons). Memory beyond the inputs and output: one float per query row (fused;
+    with bands, during the forward and the backward, head_dim floats per query and key row and head of
+    scratch), else the probabilities, nnz per batch and head."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"sparse_attention: {name} must be a 4-D tensor [batch, heads, seq, dim]")

@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     attention_dq_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx, int64_t lq, int64_t lk,
                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         const float* __restrict__ lse, const T* __restrict__ dout, float scale, bool causal,
-                        float* __restrict__ row_dot, T* __restrict__ dq) {
+                        const BandRow* __restrict__ band_rows, float* __restrict__ row_dot,
+                        float* __restrict__ dq_partial, T* __restrict__ dq) {
   constexpr int S = 32;
   using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
@@ -216,11 +217,17 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   for (int e = 0; e < S; ++e) qr[e] *= scale_log2;
   const float lse_log2 = lse[bh * lq + i] * kLog2e;
   const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
+  BandRow band{begin, begin, 1, 0};
+  if (band_rows != nullptr) band = band_rows[i];
+  const bool banded = band.run_begin != band.run_end;
+  // The row's positions outside its band, counted from 0 (as in the forward).
+  const int32_t before = band.run_begin - begin, count = (end - begin) - (band.run_end - band.run_begin);
   // This lane's key j of the window at p (-1: none), its probability, its dP and k_j's slice; false
   // where the window holds no key (warp-uniform).
   const auto position = [&](int32_t p, int32_t& j, float& prob, float& dp, float (&kr)[S]) {
     const int32_t e = p + slot;
-    j = masked(e < end ? int32_t(col_idx[e]) : -1, i, causal, true);
+    j = masked(e < count ? int32_t(col_idx[e < before ? begin + e : band.run_end + (e - before)]) : -1, i, causal,
+               true);
     if (__ballot_sync(kFull, j >= 0) == 0) return false;
     float part_s = 0.f, part_dp = 0.f;
     if (j >= 0) {
@@ -236,15 +243,17 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     return true;
   };
   float partial_dot = 0.f;
-  for (int32_t p = begin; p < end; p += L::P) {
+  for (int32_t p = 0; p < count; p += L::P) {
     int32_t j;
     float prob, dp, kr[S];
     if (position(p, j, prob, dp, kr) && g == 0) partial_dot = fmaf(prob, dp, partial_dot);
   }
-  const float di = warp_sum(partial_dot);
+  // A banded row's band part of the sum is the band kernel's, already in row_dot.
+  const float di = warp_sum(partial_dot) + (banded ? row_dot[bh * lq + i] : 0.f);
+  __syncwarp();  // every lane has read row_dot before lane 0 writes it
   if (lane == 0) row_dot[bh * lq + i] = di;
   float acc[S] = {};
-  for (int32_t p = begin; p < end; p += L::P) {
+  for (int32_t p = 0; p < count; p += L::P) {
     int32_t j;
     float prob, dp, kr[S];
     if (!position(p, j, prob, dp, kr) || j < 0) continue;
@@ -253,7 +262,14 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     for (int t = 0; t < S; ++t) acc[t] = fmaf(ds, kr[t], acc[t]);
   }
   reduce_across_positions<S, L::G>(acc);
-  store_reduced<T, D, S>(dq + row, acc, scale);
+  if (!banded) {
+    store_reduced<T, D, S>(dq + row, acc, scale);
+    return;
+  }
+  // The band kernel adds its part to this one and stores the sum.
+  float* const part = dq_partial + row + (lane % L::G) * S + (lane / L::G) * L::F;
+#pragma unroll
+  for (int t = 0; t < L::F; ++t) part[t] = acc[t] * scale;
 }
 
 // dV_j = sum_i P_ij dout_i, dK_j = scale * sum_i dS_ij q_i over the queries i that store key j (the
@@ -265,7 +281,9 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
                           const Index* __restrict__ row_idx, int64_t lq, int64_t lk, const T* __restrict__ q,
                           const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ row_dot, const T* __restrict__ dout, float scale, bool causal,
-                          T* __restrict__ dk, T* __restrict__ dv) {
+                          const BandRow* __restrict__ band_rows, const int32_t* __restrict__ query_first,
+                          const int32_t* __restrict__ query_last, const float* __restrict__ dk_partial,
+                          const float* __restrict__ dv_partial, T* __restrict__ dk, T* __restrict__ dv) {
   constexpr int S = 16;
   using L = Lanes<D, S>;
   const int lane = threadIdx.x & 31;
@@ -284,8 +302,17 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   for (int e = 0; e < S; ++e) kr[e] *= scale_log2;
   float acc_k[S] = {}, acc_v[S] = {};
   const int32_t begin = col_ptr[j], end = col_ptr[j + 1];
-  // The query of this lane's position in the next window (two dependent loads), requested a window ahead.
-  const auto query_at = [&](int32_t e) { return e < end ? int32_t(row_idx[csc_perm[e]]) : -1; };
+  // The query of this lane's position in the next window (two dependent loads), requested a window
+  // ahead; -1 where the position lies in its query's band (the band kernel's).
+  const auto query_at = [&](int32_t e) {
+    if (e >= end) return int32_t(-1);
+    const int32_t slot_e = csc_perm[e], query = int32_t(row_idx[slot_e]);
+    if (band_rows != nullptr) {
+      const BandRow b = band_rows[query];
+      if (slot_e >= b.run_begin && slot_e < b.run_end) return int32_t(-1);
+    }
+    return query;
+  };
   int32_t next = query_at(begin + slot);
   for (int32_t p = begin; p < end; p += L::P) {
     const int32_t i = masked(next, j, causal, false);
@@ -313,6 +340,12 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   }
   reduce_across_positions<S, L::G>(acc_k);
   reduce_across_positions<S, L::G>(acc_v);
+  const int64_t block = j / kBandKeys;
+  if (band_rows != nullptr && query_first[block] <= query_last[block]) {  // the band's part of the key's block
+    store_merged<T, D, S>(dk + row, acc_k, scale, dk_partial + row, 1.f);
+    store_merged<T, D, S>(dv + row, acc_v, 1.f, dv_partial + row, 1.f);
+    return;
+  }
   store_reduced<T, D, S>(dk + row, acc_k, scale);
   store_reduced<T, D, S>(dv + row, acc_v, 1.f);
 }
@@ -372,15 +405,21 @@ BandScratch band_scratch(int64_t lq, int64_t bh, int64_t head_dim) {
   return s;
 }
 
+// Opts a kernel into more than 48 KiB of dynamic shared memory where it needs it.
+template <typename Kernel>
+Status allow_shared_memory(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024)
+    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  return Status::Ok();
+}
+
 template <typename T, int D>
 Status launch_band_forward(const BandRow* rows, const int2* key_ranges, int64_t lq, int64_t lk, unsigned heads,
                            const T* q, const T* k, const T* v, float scale_log2, float* band_out, float* band_lse,
                            Stream stream) {
   constexpr int kSmem = (kBandRows + 4 * kBandKeys) * D * 2;  // q, and two stages of k and v
   const auto kernel = attention_band_forward_kernel<T, D>;
-  if constexpr (kSmem > 48 * 1024) {
-    SNACK_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  }
+  SNACK_RETURN_IF_ERROR(allow_shared_memory(kernel, kSmem));
   const dim3 grid(unsigned(ceil_div(lq, kBandRows)), heads);
   kernel<<<grid, kBandWarps * 32, kSmem, stream>>>(rows, key_ranges, lq, lk, q, k, v, scale_log2, band_out, band_lse);
   return check_launch("attention_band_forward_kernel");
@@ -463,10 +502,44 @@ Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int3
   return check_launch("attention_band_rows_kernel");
 }
 
+namespace detail {
+namespace {
+
+// The backward's scratch where it runs the bands, each part at a 256-byte boundary.
+struct BandBackwardScratch {
+  int64_t rows, key_ranges, query_first, query_last, dq, dk, dv, bytes;
+};
+
+BandBackwardScratch band_backward_scratch(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim) {
+  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t key_blocks = ceil_div(lk, kBandKeys);
+  BandBackwardScratch s{};
+  s.rows = 0;
+  s.key_ranges = s.rows + aligned(lq * int64_t(sizeof(BandRow)));
+  s.query_first = s.key_ranges + aligned(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
+  s.query_last = s.query_first + aligned(key_blocks * int64_t(sizeof(int32_t)));
+  s.dq = s.query_last + aligned(key_blocks * int64_t(sizeof(int32_t)));
+  s.dk = s.dq + aligned(bh * lq * head_dim * int64_t(sizeof(float)));
+  s.dv = s.dk + aligned(bh * lk * head_dim * int64_t(sizeof(float)));
+  s.bytes = s.dv + aligned(bh * lk * head_dim * int64_t(sizeof(float)));
+  return s;
+}
+
+}  // namespace
+}  // namespace detail
+
+template <typename T>
+int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim,
+                                                  AttentionBands bands) {
+  if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || lk <= 0 || bh <= 0) return 0;
+  return detail::band_backward_scratch(lq, lk, bh, head_dim).bytes;
+}
+
 template <typename T, typename Index>
 Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const T* k, const T* v, const float* lse,
                                  const T* dout, int64_t bh, int64_t head_dim, float scale, bool causal,
-                                 float* row_dot, T* dq, T* dk, T* dv, Stream stream) {
+                                 float* row_dot, T* dq, T* dk, T* dv, void* workspace, AttentionBands bands,
+                                 Stream stream) {
   using namespace detail;
   SNACK_RETURN_IF_ERROR(check_pattern_shape(w));
   SNACK_RETURN_IF_ERROR(check_attention(w.rows, w.cols, bh, head_dim, w.nnz));
@@ -474,23 +547,77 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   if (w.rows > 0)
     SNACK_RETURN_IF_ERROR(check_arrays({{"q", q}, {"dout", dout}, {"dq", dq}}, {{"lse", lse}, {"row_dot", row_dot}}));
   if (w.cols > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}}, {}));
+  const bool banded = w.nnz > 0 && w.rows > 0 && w.cols > 0 && sparse_attention_uses_bands<T>(head_dim, bands);
+  if (banded) SNACK_RETURN_IF_ERROR(check_arrays({{"workspace", workspace}}, {}));
+  const BandBackwardScratch scratch = band_backward_scratch(w.rows, w.cols, bh, head_dim);
+  char* const base = static_cast<char*>(workspace);
+  const auto at = [&](int64_t offset) { return banded ? base + offset : nullptr; };
+  BandRow* const band_rows = reinterpret_cast<BandRow*>(at(scratch.rows));
+  int2* const key_ranges = reinterpret_cast<int2*>(at(scratch.key_ranges));
+  int32_t* const query_first = reinterpret_cast<int32_t*>(at(scratch.query_first));
+  int32_t* const query_last = reinterpret_cast<int32_t*>(at(scratch.query_last));
+  float* const dq_partial = reinterpret_cast<float*>(at(scratch.dq));
+  float* const dk_partial = reinterpret_cast<float*>(at(scratch.dk));
+  float* const dv_partial = reinterpret_cast<float*>(at(scratch.dv));
+  if (banded) {
+    const int64_t key_blocks = ceil_div(w.cols, kBandKeys);
+    attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
+        w.row_ptr, w.col_idx, w.rows, causal, band_rows, key_ranges);
+    SNACK_RETURN_IF_ERROR(check_launch("attention_band_rows_kernel"));
+    // 0x7f7f7f7f and -1: above and below every query, until the atomics find one.
+    SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(query_first, 0x7f, key_blocks * sizeof(int32_t), stream));
+    SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(query_last, 0xff, key_blocks * sizeof(int32_t), stream));
+    attention_band_keys_kernel<<<unsigned(ceil_div(w.rows, 256)), 256, 0, stream>>>(band_rows, w.rows, query_first,
+                                                                                   query_last);
+    SNACK_RETURN_IF_ERROR(check_launch("attention_band_keys_kernel"));
+  }
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
     for (int64_t b0 = 0; b0 < bh; b0 += kMaxGridY) {  // offsets of this slice of batch x heads
       const int64_t qo = b0 * w.rows, ko = b0 * w.cols;
       const unsigned heads = unsigned(std::min(kMaxGridY, bh - b0));
+      const dim3 band_grid(unsigned(ceil_div(w.rows, kBandRows)), heads);
+      [[maybe_unused]] const auto band_dq = [&](auto pass) -> Status {
+        if constexpr (D != 32 && kIsHalfType<T>) {
+          constexpr int kSmem = (2 * kBandRows + 4 * kBandKeys) * D * 2;
+          const auto kernel = attention_band_dq_kernel<T, D, decltype(pass)::value>;
+          SNACK_RETURN_IF_ERROR(allow_shared_memory(kernel, kSmem));
+          kernel<<<band_grid, kBandWarps * 32, kSmem, stream>>>(band_rows, key_ranges, w.rows, w.cols, q + qo * D,
+                                                                 k + ko * D, v + ko * D, lse + qo, dout + qo * D, scale,
+                                                                 row_dot + qo, dq_partial + qo * D, dq + qo * D);
+          return check_launch("attention_band_dq_kernel");
+        }
+        return Status::Ok();
+      };
+      if (banded) SNACK_RETURN_IF_ERROR(band_dq(std::integral_constant<int, 0>{}));
       if (w.rows > 0) {
         const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), heads);
         attention_dq_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
             w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo, dout + qo * D, scale,
-            causal, row_dot + qo, dq + qo * D);
+            causal, band_rows, row_dot + qo, banded ? dq_partial + qo * D : nullptr, dq + qo * D);
         SNACK_RETURN_IF_ERROR(check_launch("attention_dq_kernel"));
+      }
+      if (banded) SNACK_RETURN_IF_ERROR(band_dq(std::integral_constant<int, 1>{}));
+      if constexpr (D != 32 && kIsHalfType<T>) {
+        if (banded) {
+          constexpr int kQueries = D == 128 ? 32 : 64;
+          constexpr int kSmem = (2 * kBandKeys + 4 * kQueries) * D * 2 + 8 * kQueries * 4;
+          const auto kernel = attention_band_dkdv_kernel<T, D>;
+          SNACK_RETURN_IF_ERROR(allow_shared_memory(kernel, kSmem));
+          const dim3 grid(unsigned(ceil_div(w.cols, kBandKeys)), heads);
+          kernel<<<grid, kBandWarps * 32, kSmem, stream>>>(band_rows, query_first, query_last, w.rows, w.cols,
+                                                           q + qo * D, k + ko * D, v + ko * D, lse + qo, row_dot + qo,
+                                                           dout + qo * D, scale, dk_partial + ko * D,
+                                                           dv_partial + ko * D);
+          SNACK_RETURN_IF_ERROR(check_launch("attention_band_dkdv_kernel"));
+        }
       }
       if (w.cols > 0) {
         const dim3 grid(unsigned(ceil_div(w.cols, kAttentionWarps)), heads);
         attention_dkdv_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
             w.col_ptr, w.csc_perm, w.row_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo,
-            row_dot + qo, dout + qo * D, scale, causal, dk + ko * D, dv + ko * D);
+            row_dot + qo, dout + qo * D, scale, causal, band_rows, query_first, query_last,
+            banded ? dk_partial + ko * D : nullptr, banded ? dv_partial + ko * D : nullptr, dk + ko * D, dv + ko * D);
         SNACK_RETURN_IF_ERROR(check_launch("attention_dkdv_kernel"));
       }
     }
@@ -505,7 +632,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
                                                      AttentionBands, Stream);                                      \
   template Status sparse_attention_backward<T, Index>(const SlotPattern<Index>&, const T*, const T*, const T*,     \
                                                       const float*, const T*, int64_t, int64_t, float, bool,       \
-                                                      float*, T*, T*, T*, Stream);
+                                                      float*, T*, T*, T*, void*, AttentionBands, Stream);
 
 template bool sparse_attention_uses_bands<float>(int64_t, AttentionBands);
 template bool sparse_attention_uses_bands<bfloat16>(int64_t, AttentionBands);
@@ -513,6 +640,11 @@ template bool sparse_attention_uses_bands<float16>(int64_t, AttentionBands);
 template int64_t sparse_attention_forward_workspace_bytes<float>(int64_t, int64_t, int64_t, AttentionBands);
 template int64_t sparse_attention_forward_workspace_bytes<bfloat16>(int64_t, int64_t, int64_t, AttentionBands);
 template int64_t sparse_attention_forward_workspace_bytes<float16>(int64_t, int64_t, int64_t, AttentionBands);
+template int64_t sparse_attention_backward_workspace_bytes<float>(int64_t, int64_t, int64_t, int64_t, AttentionBands);
+template int64_t sparse_attention_backward_workspace_bytes<bfloat16>(int64_t, int64_t, int64_t, int64_t,
+                                                                     AttentionBands);
+template int64_t sparse_attention_backward_workspace_bytes<float16>(int64_t, int64_t, int64_t, int64_t,
+                                                                    AttentionBands);
 
 template Status sparse_attention_band_rows<uint16_t>(const SlotPattern<uint16_t>&, bool, int32_t*, int32_t*, Stream);
 template Status sparse_attention_band_rows<int32_t>(const SlotPattern<int32_t>&, bool, int32_t*, int32_t*, Stream);

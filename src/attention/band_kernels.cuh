@@ -103,6 +103,76 @@ __global__ void __launch_bounds__(kBandRows)
   if (threadIdx.x == 0) block_keys[blockIdx.x] = keep ? make_int2(lo, hi) : make_int2(1, 0);
 }
 
+// Rows r0 .. r0 + count of a row-major [rows][D] array of 16-bit values into a swizzled tile, zeros
+// past `rows`, as 16-byte cp.async copies by the block's kThreads threads (the caller commits).
+template <int D, int kThreads, typename T>
+__device__ __forceinline__ void stage_tile(uint16_t* dst, const T* src, int64_t rows, int64_t r0, int count) {
+  constexpr int kSegments = D / 8;
+  for (int s = int(threadIdx.x); s < count * kSegments; s += kThreads) {
+    const int r = s / kSegments, seg = s % kSegments;
+    const bool inside = r0 + r < rows;
+    cp_async_16(dst + swizzled<D>(r, seg * 8), inside ? src + (r0 + r) * D + seg * 8 : src, inside ? 16 : 0);
+  }
+}
+
+// The A operands (m16 x k16, one per 16 of D) of rows row0 .. row0 + 15 of a swizzled tile.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[D / 16][4], const uint16_t* tile, int row0) {
+  const int lane = threadIdx.x & 31, mat = lane >> 3, mrow = lane & 7;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    ldmatrix_x4(a[ks], tile + swizzled<D>(row0 + mrow + 8 * (mat & 1), ks * 16 + 8 * (mat >> 1)));
+}
+
+// c = a b^T for the 16 rows of `a` and the kN rows of the swizzled tile `b` (the product over D):
+// q k^T, dout v^T and their transposes. c[n / 8] is the n8 tile of columns n .. n + 7.
+template <typename T, int D, int kN>
+__device__ __forceinline__ void multiply_rows(float (&c)[kN / 8][4], const uint32_t (&a)[D / 16][4],
+                                              const uint16_t* b) {
+  const int lane = threadIdx.x & 31, mat = lane >> 3, mrow = lane & 7;
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t r[4];
+      ldmatrix_x4(r, b + swizzled<D>(np * 16 + mrow + 8 * (mat >> 1), ks * 16 + 8 * (mat & 1)));
+      mma_16816<T>(c[2 * np], a[ks], r[0], r[1]);
+      mma_16816<T>(c[2 * np + 1], a[ks], r[2], r[3]);
+    }
+  }
+}
+
+// acc += p b for the 16 x kK operand p (A operands from pack_a) and the kK rows of the swizzled tile b
+// (the product over b's rows): P v, dS k, P^T dout, dS^T q.
+template <typename T, int D, int kK>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[D / 8][4], const uint32_t (&p)[kK / 16][4],
+                                                const uint16_t* b) {
+  const int lane = threadIdx.x & 31, mat = lane >> 3, mrow = lane & 7;
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, b + swizzled<D>(kk * 16 + mrow + 8 * (mat & 1), dp * 16 + 8 * (mat >> 1)));
+      mma_16816<T>(acc[2 * dp], p[kk], r[0], r[1]);
+      mma_16816<T>(acc[2 * dp + 1], p[kk], r[2], r[3]);
+    }
+  }
+}
+
+// An accumulator tile (16 x kN, n8 tiles) rounded to T as the A operands of the next product: the
+// C tiles 2 kk and 2 kk + 1 side by side are the k16 step kk.
+template <typename T, int kN>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[kN / 16][4], const float (&c)[kN / 8][4]) {
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) {
+    a[n >> 1][(n & 1) * 2] = round_pair<T>(c[n][0], c[n][1]);
+    a[n >> 1][(n & 1) * 2 + 1] = round_pair<T>(c[n][2], c[n][3]);
+  }
+}
+
 // The forward over the bands: a block takes kBandRows queries of one (batch, head), a warp 16 of
 // them, and walks the block's key range in tiles of kBandKeys keys: S = q k^T on mma.sync (fp32
 // accumulation), each row masked to its run, an online softmax in registers, then P (rounded to T)
@@ -117,32 +187,21 @@ __global__ void __launch_bounds__(kBandWarps * 32)
                                   float* __restrict__ band_lse) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   constexpr int kThreads = kBandWarps * 32;
-  constexpr int kSegments = D / 8;         // 16-byte segments of a row
   extern __shared__ __align__(128) uint16_t smem[];
-  uint16_t* const sq = smem;                             // [kBandRows][D]
-  uint16_t* const sk = sq + kBandRows * D;               // [2][kBandKeys][D]
-  uint16_t* const sv = sk + 2 * kBandKeys * D;           // [2][kBandKeys][D]
+  uint16_t* const sq = smem;                    // [kBandRows][D]
+  uint16_t* const sk = sq + kBandRows * D;      // [2][kBandKeys][D]
+  uint16_t* const sv = sk + 2 * kBandKeys * D;  // [2][kBandKeys][D]
   const int2 range = block_keys[blockIdx.x];
   if (range.x > range.y) return;  // no band in this block
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kBandRows;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const T* const qb = q + bh * lq * D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const T* const kb = k + bh * lk * D;
   const T* const vb = v + bh * lk * D;
-
-  // Rows r0 .. r0 + count of a [rows][D] array into a swizzled tile, zeros past `rows`.
-  const auto stage = [&](uint16_t* dst, const T* src, int64_t rows, int64_t r0, int count) {
-    for (int s = tid; s < count * kSegments; s += kThreads) {
-      const int r = s / kSegments, seg = s % kSegments;
-      const bool inside = r0 + r < rows;
-      cp_async_16(dst + swizzled<D>(r, seg * 8), inside ? src + (r0 + r) * D + seg * 8 : src, inside ? 16 : 0);
-    }
-  };
   const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
-  stage(sq, qb, lq, i0, kBandRows);
+  stage_tile<D, kThreads>(sq, q + bh * lq * D, lq, i0, kBandRows);
   cp_async_commit();
-  stage(sk, kb, lk, range.x, kBandKeys);
-  stage(sv, vb, lk, range.x, kBandKeys);
+  stage_tile<D, kThreads>(sk, kb, lk, range.x, kBandKeys);
+  stage_tile<D, kThreads>(sv, vb, lk, range.x, kBandKeys);
   cp_async_commit();
 
   // This lane's two rows (g and g + 8 of the warp's 16) and their runs.
@@ -156,43 +215,26 @@ __global__ void __launch_bounds__(kBandWarps * 32)
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[D / 8][4] = {};
-  // ldmatrix's addresses: matrix lane / 8, its row lane % 8.
-  const int mat = lane >> 3, mrow = lane & 7;
-  uint32_t qa[D / 16][4];  // the warp's 16 queries as A operands, one per 16 of D
+  uint32_t qa[D / 16][4];  // the warp's 16 queries as A operands
   cp_async_wait<1>();
   __syncthreads();
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks)
-    ldmatrix_x4(qa[ks], sq + swizzled<D>(warp * 16 + mrow + 8 * (mat & 1), ks * 16 + 8 * (mat >> 1)));
+  load_a<D>(qa, sq, warp * 16);
 
   for (int tile = 0; tile < tiles; ++tile) {
-    const int stage_now = tile & 1;
+    const int now = tile & 1;
     if (tile + 1 < tiles) {  // the next tile into the other stage, while this one is used
       const int64_t next0 = int64_t(range.x) + int64_t(tile + 1) * kBandKeys;
-      stage(sk + (stage_now ^ 1) * kBandKeys * D, kb, lk, next0, kBandKeys);
-      stage(sv + (stage_now ^ 1) * kBandKeys * D, vb, lk, next0, kBandKeys);
+      stage_tile<D, kThreads>(sk + (now ^ 1) * kBandKeys * D, kb, lk, next0, kBandKeys);
+      stage_tile<D, kThreads>(sv + (now ^ 1) * kBandKeys * D, vb, lk, next0, kBandKeys);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* const tk = sk + stage_now * kBandKeys * D;
-    const uint16_t* const tv = sv + stage_now * kBandKeys * D;
     const int64_t key0 = int64_t(range.x) + int64_t(tile) * kBandKeys;
-
-    // S = q k^T for the warp's 16 rows and the tile's 64 keys: 8 tiles of n8.
-    float s[kBandKeys / 8][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-#pragma unroll
-      for (int np = 0; np < kBandKeys / 16; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4(b, tk + swizzled<D>(np * 16 + mrow + 8 * (mat >> 1), ks * 16 + 8 * (mat & 1)));
-        mma_16816<T>(s[2 * np], qa[ks], b[0], b[1]);
-        mma_16816<T>(s[2 * np + 1], qa[ks], b[2], b[3]);
-      }
-    }
+    float s[kBandKeys / 8][4];
+    multiply_rows<T, D, kBandKeys>(s, qa, sk + now * kBandKeys * D);
     // Mask each row to its run, scale to log2 units, and update the running maximum and sums.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -216,34 +258,23 @@ __global__ void __launch_bounds__(kBandWarps * 32)
       m[h] = m_new;
       l[h] *= alpha[h];
     }
-    uint32_t pa[kBandKeys / 16][4];  // P as the A operand of P v: C tiles 2 kk and 2 kk + 1 side by side
 #pragma unroll
     for (int nt = 0; nt < kBandKeys / 8; ++nt) {
-      float p[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int h = c >> 1;
-        p[c] = s[nt][c] == -INFINITY ? 0.f : exp2f(s[nt][c] - m[h]);
-        l[h] += p[c];
+        s[nt][c] = s[nt][c] == -INFINITY ? 0.f : exp2f(s[nt][c] - m[h]);
+        l[h] += s[nt][c];
       }
-      pa[nt >> 1][(nt & 1) * 2] = round_pair<T>(p[0], p[1]);
-      pa[nt >> 1][(nt & 1) * 2 + 1] = round_pair<T>(p[2], p[3]);
     }
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
       o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
     }
-#pragma unroll
-    for (int kk = 0; kk < kBandKeys / 16; ++kk) {
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, tv + swizzled<D>(kk * 16 + mrow + 8 * (mat & 1), dp * 16 + 8 * (mat >> 1)));
-        mma_16816<T>(o[2 * dp], pa[kk], b[0], b[1]);
-        mma_16816<T>(o[2 * dp + 1], pa[kk], b[2], b[3]);
-      }
-    }
+    uint32_t pa[kBandKeys / 16][4];
+    pack_a<T, kBandKeys>(pa, s);
+    accumulate_rows<T, D, kBandKeys>(o, pa, sv + now * kBandKeys * D);
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
 
@@ -260,6 +291,236 @@ __global__ void __launch_bounds__(kBandWarps * 32)
     for (int dt = 0; dt < D / 8; ++dt)
       *reinterpret_cast<float2*>(out_row + dt * 8 + 2 * t4) = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
     if (t4 == 0) band_lse[bh * lq + row] = l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
+// For each block of kBandKeys keys, the first and last query whose band holds one of its keys
+// (query_first > query_last where none: both filled beforehand, with a large value and -1): atomic
+// minima and maxima, whose results do not depend on their order.
+__global__ void attention_band_keys_kernel(const BandRow* __restrict__ band_rows, int64_t lq,
+                                           int32_t* __restrict__ query_first, int32_t* __restrict__ query_last) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= lq) return;
+  const BandRow b = band_rows[i];
+  if (b.run_begin == b.run_end) return;
+  for (int32_t block = b.key_first / kBandKeys; block <= b.key_last / kBandKeys; ++block) {
+    atomicMin(query_first + block, int32_t(i));
+    atomicMax(query_last + block, int32_t(i));
+  }
+}
+
+// dQ over the bands, blocks of kBandRows queries walking their key tiles as the forward does, in two
+// launches. kPass 0: each banded row's sum of P dP over its band (dP = dout v^T) into row_dot, which
+// the warp per row then completes with its other positions. kPass 1: dS = P (dP - row_dot) and the
+// band's part of dQ = scale dS k (dS rounded to T for the product), added to the warp per row's part
+// (dq_partial, float32 [Lq][D]) and stored. q and dout stay in shared memory for the whole range.
+template <typename T, int D, int kPass>
+__global__ void __launch_bounds__(kBandWarps * 32)
+    attention_band_dq_kernel(const BandRow* __restrict__ band_rows, const int2* __restrict__ block_keys, int64_t lq,
+                             int64_t lk, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                             const float* __restrict__ lse, const T* __restrict__ dout, float scale,
+                             float* __restrict__ row_dot, const float* __restrict__ dq_partial, T* __restrict__ dq) {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  constexpr int kThreads = kBandWarps * 32;
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* const sq = smem;                    // [kBandRows][D]
+  uint16_t* const sdo = sq + kBandRows * D;     // [kBandRows][D]
+  uint16_t* const sk = sdo + kBandRows * D;     // [2][kBandKeys][D]
+  uint16_t* const sv = sk + 2 * kBandKeys * D;  // [2][kBandKeys][D]
+  const int2 range = block_keys[blockIdx.x];
+  if (range.x > range.y) return;
+  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kBandRows;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const T* const kb = k + bh * lk * D;
+  const T* const vb = v + bh * lk * D;
+  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
+  stage_tile<D, kThreads>(sq, q + bh * lq * D, lq, i0, kBandRows);
+  stage_tile<D, kThreads>(sdo, dout + bh * lq * D, lq, i0, kBandRows);
+  cp_async_commit();
+  stage_tile<D, kThreads>(sk, kb, lk, range.x, kBandKeys);
+  stage_tile<D, kThreads>(sv, vb, lk, range.x, kBandKeys);
+  cp_async_commit();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  const float scale_log2 = scale * 1.4426950408889634f;
+  int32_t first[2], last[2];
+  float lse_log2[2], di[2], rd[2] = {0.f, 0.f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = i0 + warp * 16 + g + 8 * h;
+    const BandRow b = row < lq ? band_rows[row] : BandRow{0, 0, 1, 0};
+    first[h] = b.key_first, last[h] = b.key_last;
+    lse_log2[h] = row < lq ? lse[bh * lq + row] * 1.4426950408889634f : 0.f;
+    di[h] = kPass == 1 && row < lq ? row_dot[bh * lq + row] : 0.f;
+  }
+  float acc[D / 8][4] = {};
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int now = tile & 1;
+    if (tile + 1 < tiles) {
+      const int64_t next0 = int64_t(range.x) + int64_t(tile + 1) * kBandKeys;
+      stage_tile<D, kThreads>(sk + (now ^ 1) * kBandKeys * D, kb, lk, next0, kBandKeys);
+      stage_tile<D, kThreads>(sv + (now ^ 1) * kBandKeys * D, vb, lk, next0, kBandKeys);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t key0 = int64_t(range.x) + int64_t(tile) * kBandKeys;
+    const uint16_t* const tk = sk + now * kBandKeys * D;
+    float s[kBandKeys / 8][4], dp[kBandKeys / 8][4];
+    {
+      uint32_t a[D / 16][4];  // reloaded per tile: registers go to the products
+      load_a<D>(a, sq, warp * 16);
+      multiply_rows<T, D, kBandKeys>(s, a, tk);
+      load_a<D>(a, sdo, warp * 16);
+      multiply_rows<T, D, kBandKeys>(dp, a, sv + now * kBandKeys * D);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kBandKeys / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int h = c >> 1;
+        const int64_t key = key0 + nt * 8 + 2 * t4 + (c & 1);
+        const float p = key >= first[h] && key <= last[h] ? exp2f(s[nt][c] * scale_log2 - lse_log2[h]) : 0.f;
+        if constexpr (kPass == 0) rd[h] = fmaf(p, dp[nt][c], rd[h]);
+        else s[nt][c] = p * (dp[nt][c] - di[h]);
+      }
+    }
+    if constexpr (kPass == 1) {
+      uint32_t ds[kBandKeys / 16][4];
+      pack_a<T, kBandKeys>(ds, s);
+      accumulate_rows<T, D, kBandKeys>(acc, ds, tk);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = i0 + warp * 16 + g + 8 * h;
+    if constexpr (kPass == 0) {
+      rd[h] += __shfl_xor_sync(0xffffffffu, rd[h], 1);
+      rd[h] += __shfl_xor_sync(0xffffffffu, rd[h], 2);
+      if (row < lq && first[h] <= last[h] && t4 == 0) row_dot[bh * lq + row] = rd[h];
+    } else {
+      if (row >= lq || first[h] > last[h]) continue;
+      const float* const part = dq_partial + (bh * lq + row) * D;
+      T* const out = dq + (bh * lq + row) * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int e = dt * 8 + 2 * t4;
+        const float2 own = *reinterpret_cast<const float2*>(part + e);
+        *reinterpret_cast<uint32_t*>(out + e) =
+            round_pair<T>(fmaf(acc[dt][2 * h], scale, own.x), fmaf(acc[dt][2 * h + 1], scale, own.y));
+      }
+    }
+  }
+}
+
+// dK and dV over the bands: a block takes kBandKeys keys (a warp 16), and walks the queries whose
+// bands hold any of them (query_first .. query_last of its key block) in tiles of kQueries: S^T =
+// k q^T and dP^T = v dout^T recomputed, P^T and dS^T = P^T (dP^T - row_dot) masked to each query's
+// run, dV += P^T dout and dK += dS^T q (P and dS rounded to T for the products). Writes every key of
+// the block's part, scale dK and dV, in float32 (dk_partial, dv_partial [Lk][D]), which the warp per
+// key then adds to its own.
+template <typename T, int D>
+__global__ void __launch_bounds__(kBandWarps * 32)
+    attention_band_dkdv_kernel(const BandRow* __restrict__ band_rows, const int32_t* __restrict__ query_first,
+                               const int32_t* __restrict__ query_last, int64_t lq, int64_t lk,
+                               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                               const float* __restrict__ lse, const float* __restrict__ row_dot,
+                               const T* __restrict__ dout, float scale, float* __restrict__ dk_partial,
+                               float* __restrict__ dv_partial) {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  constexpr int kThreads = kBandWarps * 32;
+  constexpr int kQueries = D == 128 ? 32 : 64;  // a query tile: fewer at 128 so that the sums fit registers
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* const sk = smem;                    // [kBandKeys][D]
+  uint16_t* const sv = sk + kBandKeys * D;      // [kBandKeys][D]
+  uint16_t* const sq = sv + kBandKeys * D;      // [2][kQueries][D]
+  uint16_t* const sdo = sq + 2 * kQueries * D;  // [2][kQueries][D]
+  // Per query of a tile (two stages): its run's keys, its log-sum-exp (log2 units), its row_dot.
+  int32_t* const s_first = reinterpret_cast<int32_t*>(sdo + 2 * kQueries * D);
+  int32_t* const s_last = s_first + 2 * kQueries;
+  float* const s_lse = reinterpret_cast<float*>(s_last + 2 * kQueries);
+  float* const s_dot = s_lse + 2 * kQueries;
+  const int32_t qf = query_first[blockIdx.x], ql = query_last[blockIdx.x];
+  if (qf > ql) return;
+  const int64_t bh = blockIdx.y, key0 = int64_t(blockIdx.x) * kBandKeys;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const T* const qb = q + bh * lq * D;
+  const T* const dob = dout + bh * lq * D;
+  const int tiles = (ql - qf) / kQueries + 1;
+  const auto stage_queries = [&](int stage, int64_t r0) {
+    stage_tile<D, kThreads>(sq + stage * kQueries * D, qb, lq, r0, kQueries);
+    stage_tile<D, kThreads>(sdo + stage * kQueries * D, dob, lq, r0, kQueries);
+    for (int t = tid; t < kQueries; t += kThreads) {
+      const int64_t i = r0 + t;
+      const BandRow b = i < lq ? band_rows[i] : BandRow{0, 0, 1, 0};
+      s_first[stage * kQueries + t] = b.key_first, s_last[stage * kQueries + t] = b.key_last;
+      s_lse[stage * kQueries + t] = i < lq ? lse[bh * lq + i] * 1.4426950408889634f : 0.f;
+      s_dot[stage * kQueries + t] = i < lq ? row_dot[bh * lq + i] : 0.f;
+    }
+  };
+  stage_tile<D, kThreads>(sk, k + bh * lk * D, lk, key0, kBandKeys);
+  stage_tile<D, kThreads>(sv, v + bh * lk * D, lk, key0, kBandKeys);
+  stage_queries(0, qf);
+  cp_async_commit();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  const float scale_log2 = scale * 1.4426950408889634f;
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int now = tile & 1;
+    if (tile + 1 < tiles) {
+      stage_queries(now ^ 1, int64_t(qf) + int64_t(tile + 1) * kQueries);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* const tq = sq + now * kQueries * D;
+    const uint16_t* const tdo = sdo + now * kQueries * D;
+    float st[kQueries / 8][4], dpt[kQueries / 8][4];
+    {
+      uint32_t a[D / 16][4];
+      load_a<D>(a, sk, warp * 16);
+      multiply_rows<T, D, kQueries>(st, a, tq);
+      load_a<D>(a, sv, warp * 16);
+      multiply_rows<T, D, kQueries>(dpt, a, tdo);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kQueries / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t key = key0 + warp * 16 + g + 8 * (c >> 1);
+        const int t = now * kQueries + nt * 8 + 2 * t4 + (c & 1);
+        const float p = key >= s_first[t] && key <= s_last[t] ? exp2f(st[nt][c] * scale_log2 - s_lse[t]) : 0.f;
+        st[nt][c] = p;
+        dpt[nt][c] = p * (dpt[nt][c] - s_dot[t]);
+      }
+    }
+    {
+      uint32_t a[kQueries / 16][4];
+      pack_a<T, kQueries>(a, st);
+      accumulate_rows<T, D, kQueries>(dv, a, tdo);
+      pack_a<T, kQueries>(a, dpt);
+      accumulate_rows<T, D, kQueries>(dk, a, tq);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t key = key0 + warp * 16 + g + 8 * h;
+    if (key >= lk) continue;
+    float* const k_row = dk_partial + (bh * lk + key) * D;
+    float* const v_row = dv_partial + (bh * lk + key) * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const int e = dt * 8 + 2 * t4;
+      *reinterpret_cast<float2*>(k_row + e) = make_float2(dk[dt][2 * h] * scale, dk[dt][2 * h + 1] * scale);
+      *reinterpret_cast<float2*>(v_row + e) = make_float2(dv[dt][2 * h], dv[dt][2 * h + 1]);
+    }
   }
 }
 

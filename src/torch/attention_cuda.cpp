@@ -80,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(const at::Tensor& q, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Tensor& q, const at::Tensor& k,
                                                                     const at::Tensor& v, const at::Tensor& lse,
                                                                     const at::Tensor& dout, at::TensorList pattern,
-                                                                    double scale, bool causal) {
+                                                                    double scale, bool causal, bool bands) {
   const char* op = "sparse_attention_bwd";
   const AttentionArgs a = attention_args(q, k, v, pattern, op, PatternNeeds::kAll);
   TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && dout.is_contiguous() && dout.scalar_type() == q.scalar_type() &&
@@ -94,15 +94,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Te
   const c10::cuda::CUDAGuard guard(a.p.device);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   at::Tensor row_dot = at::empty({a.bh, a.p.rows}, q.options().dtype(at::kFloat));
+  const cuda::AttentionBands use = bands ? cuda::AttentionBands::kAuto : cuda::AttentionBands::kOff;
   dispatch_attention_type(q, [&](auto tag) {
     using T = decltype(tag);
+    const int64_t bytes =
+        cuda::sparse_attention_backward_workspace_bytes<T>(a.p.rows, a.p.cols, a.bh, a.head_dim, use);
+    const at::Tensor workspace = at::empty({bytes}, q.options().dtype(at::kByte));
     throw_if_error(with_pattern(a.p,
                                 [&](auto w) {
                                   return cuda::sparse_attention_backward(
                                       w, data_as<T>(q), data_as<T>(k), data_as<T>(v), lse.data_ptr<float>(),
                                       data_as<T>(dout), a.bh, a.head_dim, float(scale), causal,
                                       row_dot.data_ptr<float>(), data_as<T>(dq), data_as<T>(dk), data_as<T>(dv),
-                                      current_stream());
+                                      bytes > 0 ? workspace.data_ptr() : nullptr, use, current_stream());
                                 }),
                    op);
   });

@@ -70,12 +70,13 @@ TORCH_LIBRARY(snack, m) {
   // contiguous, one Lq x Lk pattern for every batch and head, D 32, 64 or 128. softmax(scale q k^T at the
   // stored positions (with causal, j <= i only)) v -> (out [BH, Lq, D], lse [BH, Lq] float32, the log
   // of each row's softmax denominator); the backward recomputes the probabilities from lse.
-  // bands=False keeps every position on the lane-per-position kernel (for comparisons; the default
-  // runs each row's run of consecutive keys on tensor cores in 16 bits where it pays).
+  // bands=False keeps every position on the lane-per-position kernels (for comparisons; the default
+  // runs each row's run of consecutive keys on tensor cores in 16 bits where it pays, forward and
+  // backward alike).
   m.def("sparse_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor[] pattern, float scale, bool causal, "
         "bool bands=True) -> (Tensor, Tensor)");
   m.def("sparse_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor lse, Tensor dout, Tensor[] pattern, "
-        "float scale, bool causal) -> (Tensor, Tensor, Tensor)");
+        "float scale, bool causal, bool bands=True) -> (Tensor, Tensor, Tensor)");
   // The forward's bands of a pattern (CUDA): rows [Lq, 4] int32 (each query's run of slots [begin,
   // end) and its keys [first, last]; begin == end where the row has none) and key_ranges [ceil(Lq /
   // 64), 2] int32 (the keys of each block of 64 queries' tiles; first > last where it has none).

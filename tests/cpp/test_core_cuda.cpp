@@ -451,7 +451,7 @@ TEST(CudaAttention, RefusesMissingOrMisalignedArrays) {
                                                       cuda::AttentionBands::kAuto, nullptr);
   EXPECT_NE(s.message().find("k is null"), std::string::npos) << s.message();
   s = cuda::sparse_attention_backward<float, uint16_t>(w, q, q, q, per_row, q, 2, 32, 1.f, false, nullptr, out, out,
-                                                       out, nullptr);
+                                                       out, nullptr, cuda::AttentionBands::kAuto, nullptr);
   EXPECT_NE(s.message().find("row_dot is null"), std::string::npos) << s.message();
   s = cuda::sparse_attention_forward<float, uint16_t>(w, q, q, q, 2, 48, 1.f, false, out, per_row, nullptr,
                                                       cuda::AttentionBands::kAuto, nullptr);

@@ -35,13 +35,14 @@ def gradient_scales(q64, k64, v64, p, dout64, scale):
             p.transpose(-1, -2) @ dout64.abs())
 
 
-def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False):
+def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False, bands=True):
     heads = len(patterns)
     seq_q, seq_k = patterns[0].out_features, patterns[0].in_features
     gen = torch.Generator().manual_seed(seq_q * 31 + heads)
     q, k, v = (torch.randn(batch, heads, n, d, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
                .requires_grad_() for n, d in ((seq_q, dim), (seq_k, dim), (seq_k, dim_v)))
-    out = snack.nn.functional.sparse_attention(q, k, v, patterns if heads > 1 else patterns[0], causal=causal)
+    out = snack.nn.functional.sparse_attention(q, k, v, patterns if heads > 1 else patterns[0], causal=causal,
+                                               bands=bands)
     assert out.dtype == dtype and out.shape == (batch, heads, seq_q, dim_v)
     dout = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
     out.backward(dout)
@@ -182,14 +183,15 @@ def test_bands_split_by_their_definition(index_dtype, causal):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fused_forward_with_bands_matches_dense_attention(dim, dtype, causal):
-    # The tensor-core bands merged with the warp per row (forward), the backward from their
-    # log-sum-exp; and the forward without bands on the same inputs, both against float64.
+    # The tensor-core bands merged with the warps per row and per key, forward and backward, and the
+    # same without bands, against float64; the two forwards' outputs and log-sum-exps side by side.
     cuda = torch.device("cuda")
     pattern = banded_pattern(230, 260).to(cuda)
     assert sa._fused(torch.empty(1, 1, 230, dim, device=cuda, dtype=dtype),
                      torch.empty(1, 1, 260, dim, device=cuda, dtype=dtype),
                      torch.empty(1, 1, 260, dim, device=cuda, dtype=dtype), [pattern])
     run_case(cuda, dtype, [pattern], batch=2, dim=dim, dim_v=dim, causal=causal)
+    run_case(cuda, dtype, [pattern], batch=1, dim=dim, dim_v=dim, causal=causal, bands=False)
     gen = torch.Generator(device=cuda).manual_seed(4)
     q, k, v = (torch.randn(3, n, dim, device=cuda, generator=gen).to(dtype) for n in (230, 260, 260))
     scale = 1 / math.sqrt(dim)
