@@ -180,7 +180,7 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[kN / 16][4], const float (&
 // each row with a run, its part's output normalised by its own sum (band_out, float32 [Lq][D]) and
 // that sum's log (band_lse, natural log, as lse).
 template <typename T, int D>
-__global__ void __launch_bounds__(kBandWarps * 32)
+__global__ void __launch_bounds__(kBandWarps * 32, 1)
     attention_band_forward_kernel(const BandRow* __restrict__ band_rows, const int2* __restrict__ block_keys,
                                   int64_t lq, int64_t lk, const T* __restrict__ q, const T* __restrict__ k,
                                   const T* __restrict__ v, float scale_log2, float* __restrict__ band_out,
