@@ -105,8 +105,9 @@ def bands(pattern: Pattern, *, causal: bool = False) -> tuple[Tensor, Tensor]:
     ``(run_begin, run_end, key_first, key_last)``: query i's slots ``[run_begin, run_end)``, its keys
     ``key_first .. key_last``, go to the bands (none where ``run_begin == run_end``); each row's
     longest run of consecutive keys (with ``causal``, of keys ``j <= i``) is taken where it holds at
-    least 16 keys and the runs of its block of 64 queries fill at least a quarter of the block's key
-    range. ``key_ranges[b]`` is the first and last key of block b's tiles (first > last: none)."""
+    least 16 keys and, if longer than 64, at most 4x the mean of its block's runs (a global token's
+    row stays out), and the runs of its block of 64 queries fill at least a quarter of the block's key
+    range x 64. ``key_ranges[b]`` is the first and last key of block b's tiles (first > last: none)."""
     if not pattern.row_ptr.is_cuda:
         raise ValueError("bands: the pattern must be on a CUDA device (the bands are the CUDA forward's)")
     return ops.sparse_attention_bands(pattern.tensors, causal)

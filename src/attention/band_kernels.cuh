@@ -31,6 +31,7 @@ constexpr int kBandKeys = 64;     // keys per tile of the key range
 constexpr int kBandWarps = kBandRows / 16;
 constexpr int kMinBandRun = 16;   // shorter runs stay with the lane-per-position kernels
 constexpr int kBandMinFill = 4;   // a block's runs fill at least 1/4 of its key range x kBandRows
+constexpr int kBandOutlier = 4;   // a run longer than 4x the block's mean (and than a tile) stays out
 
 // A row's band: its run of slots [run_begin, run_end) in the CSR view, whose keys are [key_first,
 // key_last]. An empty run (run_begin == run_end == the row's first slot, key_first > key_last) leaves
@@ -49,15 +50,17 @@ __device__ __forceinline__ int swizzled(int row, int col) {
 }
 
 // Block b's rows [64 b, 64 b + 64): each thread finds its row's longest run of consecutive keys (with
-// causal, among the keys j <= i), then the block keeps the runs if they are long enough and fill enough
-// of their common key range, and writes each row's BandRow and the block's range (key_first >
-// key_last where it keeps none).
+// causal, among the keys j <= i), of at least kMinBandRun keys; a run more than kBandOutlier times the
+// block's mean run (and longer than a tile) is left out too, a global token's row, which would stretch
+// the block's key range and every key block's range of queries; then the block keeps the runs if they
+// fill at least 1 / kBandMinFill of their common key range x kBandRows, and writes each row's BandRow
+// and the block's range (key_first > key_last where it keeps none).
 template <typename Index>
 __global__ void __launch_bounds__(kBandRows)
     attention_band_rows_kernel(const int32_t* __restrict__ row_ptr, const Index* __restrict__ col_idx, int64_t lq,
                                bool causal, BandRow* __restrict__ rows, int2* __restrict__ block_keys) {
   static_assert(kBandRows == 64, "two warps");
-  __shared__ int s_first[2], s_last[2];
+  __shared__ int s_first[2], s_last[2], s_runs[2];
   __shared__ long long s_covered[2];
   const int64_t i = int64_t(blockIdx.x) * kBandRows + threadIdx.x;
   int32_t begin = 0, best_begin = 0, best_length = 0;
@@ -76,29 +79,40 @@ __global__ void __launch_bounds__(kBandRows)
     }
   }
   if (best_length < kMinBandRun) best_length = 0;
-  const int32_t first = best_length > 0 ? int32_t(col_idx[best_begin]) : INT_MAX;
-  const int32_t last = best_length > 0 ? first + best_length - 1 : INT_MIN;
-  // The block's key range and the positions its runs cover: two warps, then across them.
-  int32_t lo = first, hi = last;
-  long long covered = best_length;
+  // The block's key range, the positions its runs cover and how many runs: two warps, then across them.
+  int32_t lo, hi, runs;
+  long long covered;
+  const auto reduce = [&]() {
+    lo = best_length > 0 ? int32_t(col_idx[best_begin]) : INT_MAX;
+    hi = best_length > 0 ? lo + best_length - 1 : INT_MIN;
+    covered = best_length, runs = best_length > 0;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
-    covered += __shfl_xor_sync(0xffffffffu, covered, offset);
-  }
-  if ((threadIdx.x & 31) == 0) {
-    const int w = threadIdx.x >> 5;
-    s_first[w] = lo, s_last[w] = hi, s_covered[w] = covered;
-  }
-  __syncthreads();
-  lo = min(s_first[0], s_first[1]);
-  hi = max(s_last[0], s_last[1]);
-  covered = s_covered[0] + s_covered[1];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+      covered += __shfl_xor_sync(0xffffffffu, covered, offset);
+      runs += __shfl_xor_sync(0xffffffffu, runs, offset);
+    }
+    __syncthreads();  // the previous round's values are read
+    if ((threadIdx.x & 31) == 0) {
+      const int w = threadIdx.x >> 5;
+      s_first[w] = lo, s_last[w] = hi, s_covered[w] = covered, s_runs[w] = runs;
+    }
+    __syncthreads();
+    lo = min(s_first[0], s_first[1]);
+    hi = max(s_last[0], s_last[1]);
+    covered = s_covered[0] + s_covered[1];
+    runs = s_runs[0] + s_runs[1];
+  };
+  reduce();
+  if (best_length > kBandKeys && (long long)best_length * runs > kBandOutlier * covered) best_length = 0;
+  reduce();
   const bool keep = covered > 0 && covered * kBandMinFill >= (long long)(hi - lo + 1) * kBandRows;
   if (i < lq) {
-    rows[i] = keep && best_length > 0 ? BandRow{best_begin, best_begin + best_length, first, last}
-                                      : BandRow{begin, begin, 1, 0};
+    rows[i] = keep && best_length > 0
+                  ? BandRow{best_begin, best_begin + best_length, int32_t(col_idx[best_begin]),
+                            int32_t(col_idx[best_begin]) + best_length - 1}
+                  : BandRow{begin, begin, 1, 0};
   }
   if (threadIdx.x == 0) block_keys[blockIdx.x] = keep ? make_int2(lo, hi) : make_int2(1, 0);
 }

@@ -114,7 +114,8 @@ def banded_pattern(seq_q: int, seq_k: int, index_dtype=None, seed: int = 3) -> s
     """Blocks of 64 queries whose rows the bands treat differently: windows of 61 keys plus random keys
     (block 0), random keys only (1: no run of 16), windows of 91 keys in even rows and 7 in odd ones
     (2: the short runs stay with the warp per row), windows of 121 keys, several tiles of 64 keys
-    (3), and a query without keys; Lq and Lk not multiples of 64."""
+    (3), a query of every key in block 0 (a run 4x the block's mean: left out) and a query without
+    keys; Lq and Lk not multiples of 64."""
     gen = torch.Generator().manual_seed(seed)
     rows, cols = [], []
     for i in range(seq_q):
@@ -122,6 +123,8 @@ def banded_pattern(seq_q: int, seq_k: int, index_dtype=None, seed: int = 3) -> s
         half = {0: 30, 1: -1, 2: 45 if i % 2 == 0 else 3}.get(block, 60)
         keys = set(range(max(0, centre - half), min(seq_k, centre + half + 1))) if half >= 0 else set()
         keys |= set(torch.randint(0, seq_k, (12 if block == 1 else 6,), generator=gen).tolist())
+        if i == 3:
+            keys = set(range(seq_k))
         if i == seq_q - 2:
             keys = set()
         rows += [i] * len(keys)
@@ -131,8 +134,9 @@ def banded_pattern(seq_q: int, seq_k: int, index_dtype=None, seed: int = 3) -> s
 
 def band_rule(pattern: snack.Pattern, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """snack.attention.bands by its definition, on the host: each row's longest run of consecutive keys
-    (keys j <= i with causal; the first of equal runs) of at least 16 keys, kept where the runs of the
-    row's block of 64 queries cover at least a quarter of the block's key range x 64."""
+    (keys j <= i with causal; the first of equal runs) of at least 16 keys and, if longer than 64, at
+    most 4x the mean of its block's such runs, kept where the runs of the row's block of 64 queries
+    cover at least a quarter of the block's key range x 64."""
     row_ptr, cols = pattern.row_ptr.cpu().tolist(), pattern.col_idx.cpu().long().tolist()
     seq_q = pattern.out_features
     runs = []  # (first slot, length) per row
@@ -149,6 +153,10 @@ def band_rule(pattern: snack.Pattern, causal: bool) -> tuple[torch.Tensor, torch
     rows, ranges = [], []
     for b0 in range(0, seq_q, 64):
         block = range(b0, min(seq_q, b0 + 64))
+        lengths = [runs[i][1] for i in block if runs[i][1]]
+        for i in block:  # runs over 4x the block's mean (and over a tile) stay out
+            if runs[i][1] > 64 and runs[i][1] * len(lengths) > 4 * sum(lengths):
+                runs[i] = (row_ptr[i], 0)
         firsts = [cols[runs[i][0]] for i in block if runs[i][1]]
         lasts = [cols[runs[i][0]] + runs[i][1] - 1 for i in block if runs[i][1]]
         covered = sum(runs[i][1] for i in block)
@@ -172,6 +180,7 @@ def test_bands_split_by_their_definition(index_dtype, causal):
     kept = want_ranges[:, 0] <= want_ranges[:, 1]
     assert kept.any() and not kept.all()
     assert ((want_rows[:, 0] == want_rows[:, 1]) & kept.repeat_interleave(64)[:230]).any()
+    assert causal or want_rows[3, 0] == want_rows[3, 1]  # the query of every key
     assert torch.equal(key_ranges.cpu(), want_ranges)
     assert torch.equal(rows.cpu(), want_rows)
     with pytest.raises(ValueError, match="CUDA"):
@@ -190,6 +199,8 @@ def test_fused_forward_with_bands_matches_dense_attention(dim, dtype, causal):
     assert sa._fused(torch.empty(1, 1, 230, dim, device=cuda, dtype=dtype),
                      torch.empty(1, 1, 260, dim, device=cuda, dtype=dtype),
                      torch.empty(1, 1, 260, dim, device=cuda, dtype=dtype), [pattern])
+    key_ranges = sa.bands(pattern, causal=causal)[1]
+    assert (key_ranges[:, 0] <= key_ranges[:, 1]).any()  # some blocks run on the bands
     run_case(cuda, dtype, [pattern], batch=2, dim=dim, dim_v=dim, causal=causal)
     run_case(cuda, dtype, [pattern], batch=1, dim=dim, dim_v=dim, causal=causal, bands=False)
     gen = torch.Generator(device=cuda).manual_seed(4)
@@ -202,6 +213,19 @@ def test_fused_forward_with_bands_matches_dense_attention(dim, dtype, causal):
     assert_close(plain, ref[0].detach(), ref_scale[0], dtype, "out without bands")
     assert torch.allclose(lse, plain_lse, rtol=1e-4, atol=1e-4, equal_nan=True)
     assert torch.equal(banded, snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal)[0])
+    # The gradients with and without bands, side by side: each within the kernels' rounding of the
+    # magnitudes of its terms, without the float64 comparison's slack for the largest elements.
+    q, k, v = (t[None] for t in (q, k, v))
+    dout = torch.randn(q.shape, device=cuda, generator=gen).to(dtype)
+    grads = []
+    for bands in (True, False):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        snack.nn.functional.sparse_attention(*leaves, pattern, causal=causal, bands=bands).backward(dout)
+        grads.append([t.grad for t in leaves])
+    q64, k64, v64, _, _, p = dense_reference(q, k, v, [pattern.to_mask()] * 3, scale, causal)
+    for name, with_bands, without, terms in zip(("dQ", "dK", "dV"), *grads,
+                                                gradient_scales(q64, k64, v64, p, dout.double().cpu(), scale)):
+        assert_close(with_bands, without.double(), 2 * terms, dtype, name + " with and without bands")
 
 
 @pytest.mark.cuda
@@ -252,15 +276,21 @@ def test_fused_kernels_take_views_off_a_16_byte_boundary():
 
 
 @pytest.mark.cuda
-def test_fused_kernels_run_more_than_65535_heads():
+@pytest.mark.parametrize("dtype,dim,seq,window", [(torch.float32, 32, 3, 1), (torch.bfloat16, 64, 20, 19)],
+                         ids=["float32", "bfloat16-bands"])
+def test_fused_kernels_run_more_than_65535_heads(dtype, dim, seq, window):
     # batch x heads above a grid's 65535 rows of blocks run in slices: the last heads (across the cut)
-    # equal the same heads run on their own, forward and backward, bitwise.
+    # equal the same heads run on their own, forward and backward, bitwise; in bfloat16 on the bands.
     cuda = torch.device("cuda")
-    pattern = sa.local_pattern(3, 1, device=cuda)
+    pattern = sa.local_pattern(seq, window, device=cuda)
+    if dtype != torch.float32:
+        key_ranges = sa.bands(pattern)[1]
+        assert (key_ranges[:, 0] <= key_ranges[:, 1]).all()
     gen = torch.Generator(device=cuda).manual_seed(5)
-    q, k, v = (torch.randn(65537, 1, 3, 32, device=cuda, generator=gen).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(65537, 1, seq, dim, device=cuda, generator=gen).to(dtype).requires_grad_()
+               for _ in range(3))
     out = snack.nn.functional.sparse_attention(q, k, v, pattern)
-    dout = torch.randn(out.shape, device=cuda, generator=gen)
+    dout = torch.randn(out.shape, device=cuda, generator=gen).to(dtype)
     out.backward(dout)
     tail = [t.detach()[-3:].clone().requires_grad_() for t in (q, k, v)]
     out_tail = snack.nn.functional.sparse_attention(*tail, pattern)
