@@ -29,10 +29,8 @@ Status launch_steps(const SddmmPlan& plan, const TileView& view, const T* dy, co
   const bool mapped = tensor_map_16bit_fits(x, cols);
   if (mapped) SNACK_RETURN_IF_ERROR(tensor_map_16bit(x, n, cols, 64, uint32_t(16 * KS), &x_map));
   const int64_t bands = tile_view_bands(rows);
-  const int batch_chunks = tv_wg_batch_chunks(n);  // as planned (tv_wg_smem_bytes): the plan is this product's
-  kernel<<<unsigned(plan.grid_x), G * 128, plan.smem_bytes, stream>>>(x_map, view, dy, x, rows, cols, n, bands,
-                                                                      plan.tile_splits, batch_chunks, vec_dy, vec_x,
-                                                                      mapped, StoreGradient<T>{dvalues});
+  kernel<<<unsigned(plan.grid_x), G * 128, plan.smem_bytes, stream>>>(
+      x_map, view, dy, x, rows, cols, n, bands, plan.tile_splits, vec_dy, vec_x, mapped, StoreGradient<T>{dvalues});
   return check_launch("sddmm_tile_view_wgmma_kernel");
 }
 

@@ -36,8 +36,8 @@ namespace {
 // dv[s] = sum_n dY[n, row(s)] X[n, col(s)] for the slots of the G bands of block group blockIdx.x /
 // splits (bands G i .. G i + G - 1 of 64 rows, the last group possibly short) in its split's run of
 // tiles, handed to `out` rounded to T. The batch is padded to C * 16 * KS rows (zeros past n), C =
-// batch_chunks (kChunked: at KS = kTvDwMaxBatch / 16, else 1, a separate instantiation so that
-// batches of one chunk keep their registers); n > 0.
+// tv_wg_batch_chunks(n) (kChunked: at KS = kTvDwMaxBatch / 16, else 1, a separate instantiation so
+// that batches of one chunk keep their registers); n > 0.
 // vec_dy / vec_x: the operand's rows are 16-byte vectors (stage_16bit_block). mapped: x_map is X's
 // tensor map in boxes of 64 columns x 16 KS rows (tensor_map_16bit), and the copy engine stages each
 // chunk (one instruction, against 16 KS 16-byte copies per thread); otherwise the threads do.
@@ -45,8 +45,8 @@ template <typename T, int KS, int G, bool kChunked, typename Out>
 __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
     sddmm_tile_view_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, detail::TileView view,
                                  const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int64_t cols,
-                                 int64_t n, int64_t bands, int splits, int batch_chunks, bool vec_dy, bool vec_x,
-                                 bool mapped, Out out) {
+                                 int64_t n, int64_t bands, int splits, bool vec_dy, bool vec_x, bool mapped,
+                                 Out out) {
 #if defined(SNACK_WGMMA_BUILT)
   using namespace detail;
   static_assert(!Out::kUpdatesState, "AdamW's step runs after the kernel (sddmm_adamw_from_gradient_kernel)");
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(G * 128, detail::tv_wg_blocks_per_sm(G))
   // where dY's band ([NB][kStride]) is staged first (C = 1) or after which it is kept ([C * NB][kStride]),
   // and its tile pointers.
   static_assert(!kChunked || NB == kTvDwMaxBatch, "chunks of a whole kTvDwMaxBatch");
-  const int C = kChunked ? batch_chunks : 1;
+  const int C = kChunked ? tv_wg_batch_chunks(n) : 1;
   const size_t region = tv_wg_group_elems(NB, C);
   uint16_t* tiles = reinterpret_cast<uint16_t*>(xs + kTvWgStages * kStageBytes) + group * region;
   uint16_t* dy_band = C > 1 ? tiles + 2 * 64 * kStride : tiles;

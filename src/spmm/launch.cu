@@ -252,22 +252,34 @@ Status launch_fragments(const SpmmPlan& plan, const SlotPattern<Index>& w, const
   }
 }
 
-// The shared_x kernel over the transposed tiles of the input (16-byte vectors of fp32 or 16-bit values).
+// The shared_x kernel over the transposed tiles of the input (one or two 16-byte vectors of the batch
+// per lane: plan.batch_tile).
+template <typename T, typename View, int kVecs>
+Status launch_shared_x_vectors(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in_t,
+                               int64_t n, const T* bias, T* out, Activation act, Stream stream) {
+  constexpr int kWarps = detail::shared_x_warps(sizeof(T));
+  auto kernel = detail::spmm_shared_x_kernel<T, View, kWarps, detail::kSharedXRowsPerWarp, kVecs>;
+  SNACK_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  const dim3 grid{unsigned(plan.grid_x), unsigned(detail::ceil_div(n, plan.batch_tile))};
+  SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, grid, dim3(plan.threads), plan.smem_bytes, stream,
+                                                         view, out_dim, in_dim, in_t, n, bias, out, act,
+                                                         plan.chunk));
+  return check_launch("spmm_shared_x_kernel");
+}
 template <typename T, typename View>
 Status launch_shared_x(const SpmmPlan& plan, View view, int64_t out_dim, int64_t in_dim, const T* in_t, int64_t n,
                        const T* bias, T* out, Activation act, Stream stream) {
   if constexpr (sizeof(T) == 8) {
     return InvalidArgument("shared_x runs float32, bfloat16 and float16 values");
   } else {
-    constexpr int kWarps = detail::shared_x_warps(sizeof(T));
-    auto kernel = detail::spmm_shared_x_kernel<T, View, kWarps, detail::kSharedXRowsPerWarp>;
-    SNACK_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
-    const dim3 grid{unsigned(plan.grid_x), unsigned(detail::ceil_div(n, plan.batch_tile))};
-    SNACK_CUDA_RETURN_IF_ERROR(detail::launch_programmatic(kernel, grid, dim3(plan.threads), plan.smem_bytes, stream,
-                                                           view, out_dim, in_dim, in_t, n, bias, out, act,
-                                                           plan.chunk));
-    return check_launch("spmm_shared_x_kernel");
+    if (plan.batch_tile == detail::shared_x_tile(sizeof(T), 1))
+      return launch_shared_x_vectors<T, View, 1>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
+    if constexpr (detail::shared_x_max_vectors(sizeof(T)) == 2) {
+      if (plan.batch_tile == detail::shared_x_tile(sizeof(T), 2))
+        return launch_shared_x_vectors<T, View, 2>(plan, view, out_dim, in_dim, in_t, n, bias, out, act, stream);
+    }
+    return InvalidArgument("shared_x: unsupported batch tile " + std::to_string(plan.batch_tile));
   }
 }
 

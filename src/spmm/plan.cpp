@@ -373,6 +373,36 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
   return tile_of_8 || up_to_16;
 }
 
+// The kernel parks each slot's input column as a 32-bit byte offset (column x a staged column's bytes).
+bool shared_x_offsets_overflow(const SpmmProblem& p) {
+  using namespace cuda::detail;
+  const size_t vb = size_t(p.value_bytes);
+  const int64_t column_bytes = int64_t(shared_x_tile(vb, shared_x_max_vectors(vb))) * p.value_bytes;
+  return p.in_dim >= (int64_t(1) << 32) / column_bytes;
+}
+
+// A grid of one block per SM fills the SMs: at least 70% of a wave, and its last wave at least 70% full.
+bool shared_x_grid_fills(int64_t blocks, const DeviceLimits& limits) {
+  const double waves = double(blocks) / double(limits.sms);
+  return waves >= 0.7 && waves / std::ceil(waves) >= 0.7;
+}
+
+// The batch tile: the widest (two vectors a lane in fp32) unless its grid leaves SMs idle where one
+// vector's fills them (3072x768 at N = 512: 24 bands x 2 tiles of 256 rows, against 4 of 128), or its
+// epilogue's tile does not fit the device's shared memory (~100 KB per block on an L40S).
+int shared_x_batch_tile(const SpmmProblem& p, const DeviceLimits& limits) {
+  using namespace cuda::detail;
+  const size_t vb = size_t(p.value_bytes);
+  const int wide = shared_x_tile(vb, shared_x_max_vectors(vb));
+  const int narrow = shared_x_tile(vb, 1);
+  if (shared_x_smem_bytes(vb, 32, wide) > limits.smem_per_block) return narrow;
+  const int64_t bands = ceil_div(p.out_dim, shared_x_band_rows(vb));
+  const auto fills = [&](int tile) {
+    return shared_x_grid_fills(bands * ceil_div(std::max<int64_t>(p.n, 1), tile), limits);
+  };
+  return (fills(wide) || !fills(narrow)) ? wide : narrow;
+}
+
 // Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
 // at these batches), a batch of at least 256, rows of 4-35% density (from 0.5% at a batch of 8192,
 // where global_xt's stream of X from L2 slows down), and a grid whose last wave of one block per SM
@@ -383,17 +413,18 @@ bool wide_rows_pay_16bit(const SpmmProblem& p, const WideRowsShape& wide, bool w
 // 2181 at N = 4096) but not at N = 16384 (8621 against 19484 us; 4096x4096 2379 against 3676). Under-
 // filled grids lose: 768x3072, N = 256 (6 bands of 128 rows x 2 batch tiles) 154 against 35 us. The
 // transposed product, whose slots come through csc_perm (16384x4096 at N = 1024 / 4096): 90% 2043 /
-// 8125 us against 3379 / 21398 for global_xt, 95% 1716 / 6749 against 1750 / 10880.
+// 8125 us against 3379 / 21398 for global_xt, 95% 1716 / 6749 against 1750 / 10880. (These are the
+// kernel's figures with one vector a lane and a window reloaded per row and chunk.)
 constexpr int64_t kSharedXMinBatch = 256;
 constexpr int64_t kSharedXSparseRowsBatch = 8192;
 bool shared_x_pays(const SpmmProblem& p, const DeviceLimits& limits) {
   using namespace cuda::detail;
   if (p.value_bytes != 4 || p.n < kSharedXMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
+  if (shared_x_offsets_overflow(p)) return false;
   const double density = density_of(p);
   if (density < (p.n >= kSharedXSparseRowsBatch ? 0.005 : 0.04) || density > 0.35) return false;
-  const int64_t blocks = ceil_div(p.out_dim, shared_x_band_rows(4)) * ceil_div(p.n, shared_x_tile(4));
-  const double waves = double(blocks) / double(limits.sms);
-  return waves >= 0.7 && waves / std::ceil(waves) >= 0.7;
+  const int64_t bands = ceil_div(p.out_dim, shared_x_band_rows(4));
+  return shared_x_grid_fills(bands * ceil_div(p.n, shared_x_batch_tile(p, limits)), limits);
 }
 
 // tensor_cores / shared_x: the planner's tensor_cores_pay(p) and shared_x_pays(p), what the sparse
@@ -586,11 +617,12 @@ Status tensor_core_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits
   return Status::Ok();
 }
 
-// Input columns per stage of the shared_x kernel: two stages of 128 columns (128 KiB in fp32 and in
-// 16 bits, one block of 16 warps per SM), halved where the device's shared memory per block is smaller.
-int shared_x_chunk(const SpmmProblem& p, const DeviceLimits& limits) {
+// Input columns per stage of the shared_x kernel: two stages of up to 128 columns, halved until the
+// block's shared memory fits the device's (on the H200: 64 columns of 256 fp32 batch rows, 128 of a
+// tile of 128 fp32 or 256 16-bit rows; 128 KiB of stages either way).
+int shared_x_chunk(const SpmmProblem& p, int tile, const DeviceLimits& limits) {
   int chunk = 128;
-  while (chunk > 32 && cuda::detail::shared_x_smem_bytes(size_t(p.value_bytes), chunk) > limits.smem_per_block)
+  while (chunk > 32 && cuda::detail::shared_x_smem_bytes(size_t(p.value_bytes), chunk, tile) > limits.smem_per_block)
     chunk /= 2;
   return chunk;
 }
@@ -602,9 +634,12 @@ Status shared_x_grid(const SpmmProblem& p, SpmmPlan* plan, const DeviceLimits& l
   if (tiles > kMaxGridY)
     return InvalidArgument("batch too large for a batch tile of " + std::to_string(plan->batch_tile) + ": " +
                            std::to_string(p.n) + " rows");
+  if (shared_x_offsets_overflow(p))
+    return InvalidArgument("shared_x: " + std::to_string(p.in_dim) + " input columns overflow the kernel's 32-bit "
+                           "offsets into a staged chunk");
   plan->grid_x = std::max<int64_t>(1, ceil_div(p.out_dim, shared_x_band_rows(size_t(p.value_bytes))));
   plan->threads = shared_x_warps(size_t(p.value_bytes)) * 32;
-  plan->smem_bytes = shared_x_smem_bytes(size_t(p.value_bytes), plan->chunk);
+  plan->smem_bytes = shared_x_smem_bytes(size_t(p.value_bytes), plan->chunk, plan->batch_tile);
   if (plan->smem_bytes > limits.smem_per_block)
     return InvalidArgument("shared_x: " + std::to_string(plan->smem_bytes) + " B of shared memory per block exceed "
                            "the device's " + std::to_string(limits.smem_per_block));
@@ -767,8 +802,8 @@ Status plan_direct(const SpmmProblem& p, const DeviceLimits& limits, SpmmPlan* o
       break;
     case SpmmVariant::kSharedX:
       if (p.value_bytes == 8) return InvalidArgument("shared_x runs float32, bfloat16 and float16 values");
-      plan.batch_tile = cuda::detail::shared_x_tile(vb);
-      plan.chunk = shared_x_chunk(p, limits);
+      plan.batch_tile = shared_x_batch_tile(p, limits);
+      plan.chunk = shared_x_chunk(p, plan.batch_tile, limits);
       plan.workspace_bytes = transposed_bytes(p.in_dim, p.n, plan.batch_tile, vb);
       break;
     case SpmmVariant::kWideRows:

@@ -82,7 +82,7 @@ SNACK_HOST_DEVICE constexpr size_t wide_rows_static_smem(int tile) {
 // ---- the shared_x kernel (shared_x_kernel.cuh) ----
 // A block owns a band of output rows and one batch tile; the tile's transposed input is staged in
 // shared memory chunk by chunk, and every row of the band reads it there.
-constexpr int kSharedXRowsPerWarp = 4;     // output rows a warp owns (its accumulators: rows x one 16-byte vector)
+constexpr int kSharedXRowsPerWarp = 4;     // output rows a warp owns (its accumulators: rows x a lane's batch rows)
 constexpr int kSharedXStages = 2;          // chunks of X in flight: the next one is copied while this one is used
 constexpr int kSharedXWindow = 32;         // a row's slots loaded per round (one per lane)
 
@@ -96,18 +96,29 @@ SNACK_HOST_DEVICE constexpr int shared_x_band_rows(size_t value_bytes) {
   return shared_x_warps(value_bytes) * kSharedXRowsPerWarp;
 }
 
-// Batch rows of a block: one 16-byte vector of the value type per lane (128 fp32, 256 16-bit values).
-SNACK_HOST_DEVICE constexpr int shared_x_tile(size_t value_bytes) { return int(32 * (16 / value_bytes)); }
+// 16-byte vectors of the batch per lane: up to two in fp32 (the planner takes one where the grid of
+// two would leave SMs idle), one in 16 bits. At two a lane multiplies 8 batch rows per entry, as it
+// does in 16 bits, so that an entry's broadcast and address cost spread over 8 multiply-adds.
+SNACK_HOST_DEVICE constexpr int shared_x_max_vectors(size_t value_bytes) { return value_bytes == 4 ? 2 : 1; }
+
+// Batch rows of a block: `vectors` 16-byte vectors of the value type per lane (128 or 256 fp32 rows,
+// 256 16-bit rows).
+SNACK_HOST_DEVICE constexpr int shared_x_tile(size_t value_bytes, int vectors) {
+  return int(32 * (16 / value_bytes)) * vectors;
+}
 
 // Dynamic shared memory of one block: the stages of the chunk ([chunk][tile] values each), which the
-// epilogue reuses for the band's output tile ([tile][band + 1] floats), then the warps' slot buffers.
-SNACK_HOST_DEVICE constexpr size_t shared_x_stage_bytes(size_t value_bytes, int chunk) {
-  return size_t(chunk) * size_t(shared_x_tile(value_bytes)) * value_bytes;
+// epilogue reuses for the band's output tile ([tile][band + 1] floats), then the rows' windows of
+// parked slots and the rows' ends.
+SNACK_HOST_DEVICE constexpr size_t shared_x_stage_bytes(size_t value_bytes, int chunk, int tile) {
+  return size_t(chunk) * size_t(tile) * value_bytes;
 }
-SNACK_HOST_DEVICE constexpr size_t shared_x_smem_bytes(size_t value_bytes, int chunk) {
-  const size_t stages = kSharedXStages * shared_x_stage_bytes(value_bytes, chunk);
-  const size_t epilogue = sizeof(float) * size_t(shared_x_tile(value_bytes)) * size_t(shared_x_band_rows(value_bytes) + 1);
-  return (stages > epilogue ? stages : epilogue) + size_t(shared_x_warps(value_bytes)) * kSharedXWindow * 8;
+SNACK_HOST_DEVICE constexpr size_t shared_x_smem_bytes(size_t value_bytes, int chunk, int tile) {
+  const size_t stages = kSharedXStages * shared_x_stage_bytes(value_bytes, chunk, tile);
+  const size_t epilogue = sizeof(float) * size_t(tile) * size_t(shared_x_band_rows(value_bytes) + 1);
+  const size_t windows = size_t(shared_x_band_rows(value_bytes)) * kSharedXWindow * 8;  // (offset, value) pairs
+  const size_t row_ends = sizeof(int32_t) * size_t(shared_x_band_rows(value_bytes));
+  return (stages > epilogue ? stages : epilogue) + windows + row_ends;
 }
 
 // ---- the tensor-core kernel (tensor_core_kernel.cuh) ----

@@ -984,22 +984,45 @@ def weight_with_a_full_row(m, k, nnz, gen, dtype, *, empty_rows, extra):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("n", [1, 300, 600])
 def test_shared_x_bands_tiles_and_chunks(n, dtype):
-    # Bands of 128 rows in fp32 and of 64 in 16 bits (the last partial), K = 1001 (eight chunks of 128,
-    # the last of 105), one to five batch tiles (128 rows in fp32, 256 in 16 bits), empty rows, a row full
-    # across several chunks (windows of 32 slots inside one chunk) and rows of a single slot; the
-    # transposed product over the CSC view, K = 130 outputs. Bitwise-equal repeats.
+    # Bands of 128 rows in fp32 and of 64 in 16 bits (the last partial), K = 1001 (sixteen chunks of 64
+    # in fp32, the last of 41; eight of 128 in 16 bits, the last of 105), one to three batch tiles of 256
+    # rows (two 16-byte vectors a lane in fp32, one in 16 bits), empty rows, a row full across several
+    # chunks (windows of 32 slots used up inside one chunk), rows whose windows span chunks and rows of a
+    # single slot; the transposed product over the CSC view, K = 130 outputs. Bitwise-equal repeats.
     m, k = 130, 1001
     p = weight_with_a_full_row(m, k, 9000, torch.Generator().manual_seed(n), dtype, empty_rows=7,
                                extra=((5, k - 1), (6, 0)))
     x, bias, dy = p.randn(n, k, seed=1), p.randn(m, seed=2), p.randn(n, m, seed=3)
     plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "shared_x"))
-    assert plan.batch_tile == 32 * (16 // dtype.itemsize)
+    assert plan.batch_tile == 256
+    assert f"chunks of {64 if dtype == torch.float32 else 128} columns" in plan.describe
     assert plan.workspace_bytes == (k + 1) * -(-n // plan.batch_tile) * plan.batch_tile * dtype.itemsize
     check_forward_and_activation(p, x, bias, dtype, "shared_x", "gelu")
     poison_cache(torch.device("cuda"))
     dx = ops.spmm_t(dy, p.values, p.tensors, "shared_x")
     assert_matmul(dx, dy, p.dense64, dtype, what="shared_x dX")
     assert torch.equal(ops.spmm_t(dy, p.values, p.tensors, "shared_x"), dx)
+
+
+def test_shared_x_one_vector_a_lane_in_fp32():
+    # fp32 takes batch tiles of 128 rows (one 16-byte vector a lane, chunks of 128 columns) where only
+    # that grid fills the SMs: a band count that fills them with four tiles of 128 rows and not with
+    # two of 256 (N = 512), K = 257 (the last chunk of one column), an empty row, a full row; then dX.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bands = -(-3 * sms // 16)  # 4 x bands ~ 0.75 of the SMs, 2 x bands ~ 0.375
+    m, k, n = 128 * bands, 257, 512
+    p = weight_with_a_full_row(m, k, m * k // 10, torch.Generator().manual_seed(5), torch.float32, empty_rows=3,
+                               extra=((5, k - 1),))
+    x, bias = p.randn(n, k, seed=1), p.randn(m, seed=2)
+    plan = snack.Plan(*ops.explain(p.values, p.tensors, n, "forward", "shared_x"))
+    assert plan.batch_tile == 128 and "chunks of 128 columns" in plan.describe
+    check_forward_and_activation(p, x, bias, torch.float32, "shared_x", "relu")
+    # The transposed product over the CSC view: K = 257 outputs of ~m / 10 entries each (a window of
+    # 32 slots reloaded many times per output), 500 batch rows (the last batch tile partial).
+    dy = p.randn(500, m, seed=3)
+    poison_cache(torch.device("cuda"))
+    dx = ops.spmm_t(dy, p.values, p.tensors, "shared_x")
+    assert_matmul(dx, dy, p.dense64, torch.float32, what="shared_x dX")
 
 
 @pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
