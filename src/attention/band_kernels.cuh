@@ -187,6 +187,38 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[kN / 16][4], const float (&
   }
 }
 
+// Runs body(t, stage) for the tiles t = 0 .. tiles - 1, whose operands stage(t, stage) copies into one
+// of two stages by cp.async (the block's threads; tile 0's copies issued by the caller as the newest
+// group): each next tile's copies issued while the current one is used, with the barriers that make
+// a stage safe to read and then to refill.
+template <typename Stage, typename Body>
+__device__ __forceinline__ void double_buffered(int tiles, Stage&& stage, Body&& body) {
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) {
+      stage(tile + 1, (tile + 1) & 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    body(tile, tile & 1);
+    __syncthreads();  // every warp is done with this stage before the next tile refills it
+  }
+}
+
+// The runs of this lane's two query rows (g = lane / 4 and g + 8 of the warp's 16 from row0): their
+// first and last keys, empty (first > last) past lq.
+__device__ __forceinline__ void lane_runs(const BandRow* __restrict__ band_rows, int64_t lq, int64_t row0,
+                                          int32_t (&first)[2], int32_t (&last)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + ((threadIdx.x & 31) >> 2) + 8 * h;
+    const BandRow b = row < lq ? band_rows[row] : BandRow{0, 0, 1, 0};
+    first[h] = b.key_first, last[h] = b.key_last;
+  }
+}
+
 // The forward over the bands: a block takes kBandRows queries of one (batch, head), a warp 16 of
 // them, and walks the block's key range in tiles of kBandKeys keys: S = q k^T on mma.sync (fp32
 // accumulation), each row masked to its run, an online softmax in registers, then P (rounded to T)
@@ -211,44 +243,30 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const T* const kb = k + bh * lk * D;
   const T* const vb = v + bh * lk * D;
-  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
+  // Key tile t into stage `stage`; q with the first.
+  const auto stage_keys = [&](int t, int stage) {
+    const int64_t key0 = int64_t(range.x) + int64_t(t) * kBandKeys;
+    stage_tile<D, kThreads>(sk + stage * kBandKeys * D, kb, lk, key0, kBandKeys);
+    stage_tile<D, kThreads>(sv + stage * kBandKeys * D, vb, lk, key0, kBandKeys);
+  };
   stage_tile<D, kThreads>(sq, q + bh * lq * D, lq, i0, kBandRows);
-  cp_async_commit();
-  stage_tile<D, kThreads>(sk, kb, lk, range.x, kBandKeys);
-  stage_tile<D, kThreads>(sv, vb, lk, range.x, kBandKeys);
+  stage_keys(0, 0);
   cp_async_commit();
 
-  // This lane's two rows (g and g + 8 of the warp's 16) and their runs.
   const int g = lane >> 2, t4 = lane & 3;
   int32_t first[2], last[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = i0 + warp * 16 + g + 8 * h;
-    const BandRow b = row < lq ? band_rows[row] : BandRow{0, 0, 1, 0};
-    first[h] = b.key_first, last[h] = b.key_last;
-  }
+  lane_runs(band_rows, lq, i0 + warp * 16, first, last);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[D / 8][4] = {};
-  uint32_t qa[D / 16][4];  // the warp's 16 queries as A operands
-  cp_async_wait<1>();
-  __syncthreads();
-  load_a<D>(qa, sq, warp * 16);
-
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int now = tile & 1;
-    if (tile + 1 < tiles) {  // the next tile into the other stage, while this one is used
-      const int64_t next0 = int64_t(range.x) + int64_t(tile + 1) * kBandKeys;
-      stage_tile<D, kThreads>(sk + (now ^ 1) * kBandKeys * D, kb, lk, next0, kBandKeys);
-      stage_tile<D, kThreads>(sv + (now ^ 1) * kBandKeys * D, vb, lk, next0, kBandKeys);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
+  double_buffered(tiles, stage_keys, [&](int tile, int now) {
     const int64_t key0 = int64_t(range.x) + int64_t(tile) * kBandKeys;
     float s[kBandKeys / 8][4];
-    multiply_rows<T, D, kBandKeys>(s, qa, sk + now * kBandKeys * D);
+    {
+      uint32_t qa[D / 16][4];  // the warp's 16 queries, reloaded per tile: registers go to the products
+      load_a<D>(qa, sq, warp * 16);
+      multiply_rows<T, D, kBandKeys>(s, qa, sk + now * kBandKeys * D);
+    }
     // Mask each row to its run, scale to log2 units, and update the running maximum and sums.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -289,8 +307,7 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
     uint32_t pa[kBandKeys / 16][4];
     pack_a<T, kBandKeys>(pa, s);
     accumulate_rows<T, D, kBandKeys>(o, pa, sv + now * kBandKeys * D);
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
-  }
+  });
 
   // Each row's sum over its four lanes, then the normalised output and the log-sum-exp.
 #pragma unroll
@@ -347,39 +364,30 @@ __global__ void __launch_bounds__(kBandWarps * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const T* const kb = k + bh * lk * D;
   const T* const vb = v + bh * lk * D;
-  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
+  const auto stage_keys = [&](int t, int stage) {  // key tile t into stage `stage`; q and dout with the first
+    const int64_t key0 = int64_t(range.x) + int64_t(t) * kBandKeys;
+    stage_tile<D, kThreads>(sk + stage * kBandKeys * D, kb, lk, key0, kBandKeys);
+    stage_tile<D, kThreads>(sv + stage * kBandKeys * D, vb, lk, key0, kBandKeys);
+  };
   stage_tile<D, kThreads>(sq, q + bh * lq * D, lq, i0, kBandRows);
   stage_tile<D, kThreads>(sdo, dout + bh * lq * D, lq, i0, kBandRows);
-  cp_async_commit();
-  stage_tile<D, kThreads>(sk, kb, lk, range.x, kBandKeys);
-  stage_tile<D, kThreads>(sv, vb, lk, range.x, kBandKeys);
+  stage_keys(0, 0);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
   const float scale_log2 = scale * 1.4426950408889634f;
   int32_t first[2], last[2];
+  lane_runs(band_rows, lq, i0 + warp * 16, first, last);
   float lse_log2[2], di[2], rd[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = i0 + warp * 16 + g + 8 * h;
-    const BandRow b = row < lq ? band_rows[row] : BandRow{0, 0, 1, 0};
-    first[h] = b.key_first, last[h] = b.key_last;
     lse_log2[h] = row < lq ? lse[bh * lq + row] * 1.4426950408889634f : 0.f;
     di[h] = kPass == 1 && row < lq ? row_dot[bh * lq + row] : 0.f;
   }
   float acc[D / 8][4] = {};
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int now = tile & 1;
-    if (tile + 1 < tiles) {
-      const int64_t next0 = int64_t(range.x) + int64_t(tile + 1) * kBandKeys;
-      stage_tile<D, kThreads>(sk + (now ^ 1) * kBandKeys * D, kb, lk, next0, kBandKeys);
-      stage_tile<D, kThreads>(sv + (now ^ 1) * kBandKeys * D, vb, lk, next0, kBandKeys);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
+  double_buffered(tiles, stage_keys, [&](int tile, int now) {
     const int64_t key0 = int64_t(range.x) + int64_t(tile) * kBandKeys;
     const uint16_t* const tk = sk + now * kBandKeys * D;
     float s[kBandKeys / 8][4], dp[kBandKeys / 8][4];
@@ -406,8 +414,7 @@ __global__ void __launch_bounds__(kBandWarps * 32)
       pack_a<T, kBandKeys>(ds, s);
       accumulate_rows<T, D, kBandKeys>(acc, ds, tk);
     }
-    __syncthreads();
-  }
+  });
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = i0 + warp * 16 + g + 8 * h;
@@ -463,8 +470,8 @@ __global__ void __launch_bounds__(kBandWarps * 32)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const T* const qb = q + bh * lq * D;
   const T* const dob = dout + bh * lq * D;
-  const int tiles = (ql - qf) / kQueries + 1;
-  const auto stage_queries = [&](int stage, int64_t r0) {
+  const auto stage_queries = [&](int t, int stage) {  // query tile t into stage `stage`; k and v with the first
+    const int64_t r0 = int64_t(qf) + int64_t(t) * kQueries;
     stage_tile<D, kThreads>(sq + stage * kQueries * D, qb, lq, r0, kQueries);
     stage_tile<D, kThreads>(sdo + stage * kQueries * D, dob, lq, r0, kQueries);
     for (int t = tid; t < kQueries; t += kThreads) {
@@ -477,22 +484,13 @@ __global__ void __launch_bounds__(kBandWarps * 32)
   };
   stage_tile<D, kThreads>(sk, k + bh * lk * D, lk, key0, kBandKeys);
   stage_tile<D, kThreads>(sv, v + bh * lk * D, lk, key0, kBandKeys);
-  stage_queries(0, qf);
+  stage_queries(0, 0);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
   const float scale_log2 = scale * 1.4426950408889634f;
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int now = tile & 1;
-    if (tile + 1 < tiles) {
-      stage_queries(now ^ 1, int64_t(qf) + int64_t(tile + 1) * kQueries);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  double_buffered((ql - qf) / kQueries + 1, stage_queries, [&](int, int now) {
     const uint16_t* const tq = sq + now * kQueries * D;
     const uint16_t* const tdo = sdo + now * kQueries * D;
     float st[kQueries / 8][4], dpt[kQueries / 8][4];
@@ -521,8 +519,7 @@ __global__ void __launch_bounds__(kBandWarps * 32)
       pack_a<T, kQueries>(a, dpt);
       accumulate_rows<T, D, kQueries>(dk, a, tq);
     }
-    __syncthreads();
-  }
+  });
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t key = key0 + warp * 16 + g + 8 * h;
