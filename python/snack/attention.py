@@ -255,8 +255,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Patterns, *, scal
     positions above the diagonal. A query with no stored (or unmasked) key gets zeros. ``bands=False``
     keeps the fused 16-bit kernels off their tensor-core bands (every position on the warps per row and
     per key; for comparisons). Memory beyond the inputs and output: one float per query row (fused;
-    with bands, during the forward and the backward, head_dim floats per query and key row and head of
-    scratch), else the probabilities, nnz per batch and head."""
+    with bands, during the forward and the backward, float32 partial sums of up to 64 MiB, or one
+    head's), else the probabilities, nnz per batch and head."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"sparse_attention: {name} must be a 4-D tensor [batch, heads, seq, dim]")

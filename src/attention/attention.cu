@@ -388,20 +388,30 @@ Status with_head_dim(int64_t head_dim, Fn&& fn) {
 namespace detail {
 namespace {
 
+// The bands' float32 partial sums serve a slice of the batch x heads at a time, as many as fit this
+// many bytes (at least one), so that their scratch stays bounded whatever the batch.
+constexpr int64_t kBandScratchBytes = int64_t(64) << 20;
+
+// Heads per slice of the launches, where each head's partial sums take per_head bytes.
+int64_t band_slice(int64_t bh, int64_t per_head) {
+  return std::max<int64_t>(1, std::min({bh, kMaxGridY, kBandScratchBytes / std::max<int64_t>(per_head, 1)}));
+}
+
 // The forward's scratch where it runs the bands: each row's BandRow, each block's key range, and the
-// band's float32 output and log-sum-exp, each part at a 256-byte boundary.
+// band's float32 output and log-sum-exp for a slice of `heads`, each part at a 256-byte boundary.
 struct BandScratch {
-  int64_t rows, key_ranges, out, lse, bytes;
+  int64_t heads, rows, key_ranges, out, lse, bytes;
 };
 
 BandScratch band_scratch(int64_t lq, int64_t bh, int64_t head_dim) {
   const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   BandScratch s{};
+  s.heads = band_slice(bh, lq * (head_dim + 1) * int64_t(sizeof(float)));
   s.rows = 0;
   s.key_ranges = s.rows + aligned(lq * int64_t(sizeof(BandRow)));
   s.out = s.key_ranges + aligned(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
-  s.lse = s.out + aligned(bh * lq * head_dim * int64_t(sizeof(float)));
-  s.bytes = s.lse + aligned(bh * lq * int64_t(sizeof(float)));
+  s.lse = s.out + aligned(s.heads * lq * head_dim * int64_t(sizeof(float)));
+  s.bytes = s.lse + aligned(s.heads * lq * int64_t(sizeof(float)));
   return s;
 }
 
@@ -465,21 +475,21 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
   const float s = scale * kLog2e;
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
-    for (int64_t b0 = 0; b0 < bh; b0 += kMaxGridY) {  // offsets of this slice of batch x heads
+    const int64_t slice = banded ? scratch.heads : kMaxGridY;  // the bands' scratch serves each slice in turn
+    for (int64_t b0 = 0; b0 < bh; b0 += slice) {  // offsets of this slice of batch x heads
       const int64_t qo = b0 * w.rows, ko = b0 * w.cols;
-      const unsigned heads = unsigned(std::min(kMaxGridY, bh - b0));
+      const unsigned heads = unsigned(std::min(slice, bh - b0));
       if constexpr (D != 32 && kIsHalfType<T>) {
         if (banded) {
           const Status band = launch_band_forward<T, D>(band_rows, key_ranges, w.rows, w.cols, heads, q + qo * D,
-                                                        k + ko * D, v + ko * D, s, band_out + qo * D, band_lse + qo,
-                                                        stream);
+                                                        k + ko * D, v + ko * D, s, band_out, band_lse, stream);
           SNACK_RETURN_IF_ERROR(band);
         }
       }
       const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), heads);
       attention_forward_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
-          w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, s, causal, band_rows,
-          banded ? band_out + qo * D : nullptr, banded ? band_lse + qo : nullptr, out + qo * D, lse + qo);
+          w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, s, causal, band_rows, band_out,
+          band_lse, out + qo * D, lse + qo);
       SNACK_RETURN_IF_ERROR(check_launch("attention_forward_kernel"));
     }
     return Status::Ok();
@@ -505,15 +515,18 @@ Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int3
 namespace detail {
 namespace {
 
-// The backward's scratch where it runs the bands, each part at a 256-byte boundary.
+// The backward's scratch where it runs the bands (the partial sums of dq, dk and dv for a slice of
+// `heads`), each part at a 256-byte boundary.
 struct BandBackwardScratch {
-  int64_t rows, key_ranges, query_first, query_last, dq, dk, dv, bytes;
+  int64_t heads, rows, key_ranges, query_first, query_last, dq, dk, dv, bytes;
 };
 
 BandBackwardScratch band_backward_scratch(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim) {
   const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t key_blocks = ceil_div(lk, kBandKeys);
   BandBackwardScratch s{};
+  s.heads = band_slice(bh, (lq + 2 * lk) * head_dim * int64_t(sizeof(float)));
+  bh = s.heads;
   s.rows = 0;
   s.key_ranges = s.rows + aligned(lq * int64_t(sizeof(BandRow)));
   s.query_first = s.key_ranges + aligned(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
@@ -573,9 +586,10 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   }
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
-    for (int64_t b0 = 0; b0 < bh; b0 += kMaxGridY) {  // offsets of this slice of batch x heads
+    const int64_t slice = banded ? scratch.heads : kMaxGridY;  // the bands' scratch serves each slice in turn
+    for (int64_t b0 = 0; b0 < bh; b0 += slice) {  // offsets of this slice of batch x heads
       const int64_t qo = b0 * w.rows, ko = b0 * w.cols;
-      const unsigned heads = unsigned(std::min(kMaxGridY, bh - b0));
+      const unsigned heads = unsigned(std::min(slice, bh - b0));
       const dim3 band_grid(unsigned(ceil_div(w.rows, kBandRows)), heads);
       [[maybe_unused]] const auto band_dq = [&](auto pass) -> Status {
         if constexpr (D != 32 && kIsHalfType<T>) {
@@ -584,7 +598,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
           SNACK_RETURN_IF_ERROR(allow_shared_memory(kernel, kSmem));
           kernel<<<band_grid, kBandWarps * 32, kSmem, stream>>>(band_rows, key_ranges, w.rows, w.cols, q + qo * D,
                                                                  k + ko * D, v + ko * D, lse + qo, dout + qo * D, scale,
-                                                                 row_dot + qo, dq_partial + qo * D, dq + qo * D);
+                                                                 row_dot + qo, dq_partial, dq + qo * D);
           return check_launch("attention_band_dq_kernel");
         }
         return Status::Ok();
@@ -594,7 +608,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
         const dim3 grid(unsigned(ceil_div(w.rows, kAttentionWarps)), heads);
         attention_dq_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
             w.row_ptr, w.col_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo, dout + qo * D, scale,
-            causal, band_rows, row_dot + qo, banded ? dq_partial + qo * D : nullptr, dq + qo * D);
+            causal, band_rows, row_dot + qo, dq_partial, dq + qo * D);
         SNACK_RETURN_IF_ERROR(check_launch("attention_dq_kernel"));
       }
       if (banded) SNACK_RETURN_IF_ERROR(band_dq(std::integral_constant<int, 1>{}));
@@ -607,8 +621,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
           const dim3 grid(unsigned(ceil_div(w.cols, kBandKeys)), heads);
           kernel<<<grid, kBandWarps * 32, kSmem, stream>>>(band_rows, query_first, query_last, w.rows, w.cols,
                                                            q + qo * D, k + ko * D, v + ko * D, lse + qo, row_dot + qo,
-                                                           dout + qo * D, scale, dk_partial + ko * D,
-                                                           dv_partial + ko * D);
+                                                           dout + qo * D, scale, dk_partial, dv_partial);
           SNACK_RETURN_IF_ERROR(check_launch("attention_band_dkdv_kernel"));
         }
       }
@@ -617,7 +630,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
         attention_dkdv_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
             w.col_ptr, w.csc_perm, w.row_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo,
             row_dot + qo, dout + qo * D, scale, causal, band_rows, query_first, query_last,
-            banded ? dk_partial + ko * D : nullptr, banded ? dv_partial + ko * D : nullptr, dk + ko * D, dv + ko * D);
+            dk_partial, dv_partial, dk + ko * D, dv + ko * D);
         SNACK_RETURN_IF_ERROR(check_launch("attention_dkdv_kernel"));
       }
     }
