@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     stem = args.out / f"attention_{benchmark.gpu_slug()}{'_' + args.tag if args.tag else ''}"
     rows = []
     if args.baselines is not None:
-        rows, info["baselines"] = _baseline_rows(args.baselines, grid, set(impls))
+        rows, info["baselines"] = _baseline_rows(args.baselines, grid, set(impls), info["gpu"])
         impls = impls + sorted({r["impl"] for r in rows})
     for seq, head_dim, sparsity, impl in benchmark.progress(grid, len(grid), "attention"):
         row = measure(impl, seq, args.heads, head_dim, sparsity, dtype, timer, args.reps)
@@ -131,10 +131,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def _baseline_rows(path: Path, grid, measured: set) -> tuple[list[dict], str]:
+def _baseline_rows(path: Path, grid, measured: set, gpu: str) -> tuple[list[dict], str]:
     """The rows of an earlier result file for this grid's configurations and the impls not measured
-    now, and a line saying where they come from."""
+    now, and a line saying where they come from; the file must come from this GPU (`gpu`)."""
     old_info, old_rows = benchmark.read_csv(path, int_columns=("seq", "heads", "head_dim", "nnz"))
+    if old_info.get("gpu") != gpu:
+        raise SystemExit(f"--baselines {path}: measured on {old_info.get('gpu', 'an unnamed GPU')}, not on this "
+                         f"{gpu}; its times are no baseline here")
     configs = {(seq, d, sp) for seq, d, sp, _ in grid}
     rows = [r for r in old_rows if r["impl"] not in measured and (r["seq"], r["head_dim"], r["sparsity"]) in configs]
     if "baselines" in old_info:  # that file's rows were themselves taken from an earlier one

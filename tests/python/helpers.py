@@ -13,7 +13,8 @@ ops = snack.ops
 def tolerance(dtype: torch.dtype) -> float:
     """Error allowed per element, relative to the sum of the magnitudes of the terms that made it
     (float64 references): the 16-bit types accumulate in float32 and round each output once, so
-    their error is about their unit roundoff (2^-9 for bfloat16, 2^-12 for float16)."""
+    their error is within their unit roundoff (2^-8 for bfloat16, 2^-11 for float16): one unit for
+    bfloat16, two for float16."""
     return {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2 ** -8, torch.float16: 1e-3}[dtype]
 
 

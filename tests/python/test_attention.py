@@ -51,13 +51,15 @@ def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False, ban
     dout64 = dout.double().cpu()
     ref.backward(dout64)
     # Element-wise, each relative to the magnitudes of its terms; the gradients also to 1% of their
-    # largest element.
+    # largest element. The bands round P and dS to the 16-bit type for their tensor-core products (as
+    # FlashAttention does): one rounding more than the warps' one of each output, so twice the error.
     tol = dtype
-    assert_close(out, ref.detach(), ref_scale, tol, "out")
+    rounding = 2.0 if bands and q.is_cuda and dtype in (torch.bfloat16, torch.float16) else 1.0
+    assert_close(out, ref.detach(), rounding * ref_scale, tol, "out")
     scales = gradient_scales(q64, k64, v64, p, dout64, scale)
     for name, got, want, terms in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad),
                                       scales):
-        assert_close(got, want, terms + 1e-2 * want.abs().max(), tol, name)
+        assert_close(got, want, rounding * terms + 1e-2 * want.abs().max(), tol, name)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -209,12 +211,13 @@ def test_fused_forward_with_bands_matches_dense_attention(dim, dtype, causal):
     banded, lse = snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal)
     plain, plain_lse = snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal, bands=False)
     _, _, _, ref, ref_scale, _ = dense_reference(q[None], k[None], v[None], [pattern.to_mask()] * 3, scale, causal)
-    assert_close(banded, ref[0].detach(), ref_scale[0], dtype, "out with bands")
+    assert_close(banded, ref[0].detach(), 2 * ref_scale[0], dtype, "out with bands")  # P rounded: run_case
     assert_close(plain, ref[0].detach(), ref_scale[0], dtype, "out without bands")
     assert torch.allclose(lse, plain_lse, rtol=1e-4, atol=1e-4, equal_nan=True)
     assert torch.equal(banded, snack.ops.sparse_attention_fwd(q, k, v, pattern.tensors, scale, causal)[0])
-    # The gradients with and without bands, side by side: each within the kernels' rounding of the
-    # magnitudes of its terms, without the float64 comparison's slack for the largest elements.
+    # The gradients with and without bands, side by side: within the two paths' roundings (two and one
+    # units of the magnitudes of the terms), without the float64 comparison's slack for the largest
+    # elements.
     q, k, v = (t[None] for t in (q, k, v))
     dout = torch.randn(q.shape, device=cuda, generator=gen).to(dtype)
     grads = []
@@ -225,7 +228,7 @@ def test_fused_forward_with_bands_matches_dense_attention(dim, dtype, causal):
     q64, k64, v64, _, _, p = dense_reference(q, k, v, [pattern.to_mask()] * 3, scale, causal)
     for name, with_bands, without, terms in zip(("dQ", "dK", "dV"), *grads,
                                                 gradient_scales(q64, k64, v64, p, dout.double().cpu(), scale)):
-        assert_close(with_bands, without.double(), 2 * terms, dtype, name + " with and without bands")
+        assert_close(with_bands, without.double(), 3 * terms, dtype, name + " with and without bands")
 
 
 @pytest.mark.cuda
