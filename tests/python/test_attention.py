@@ -54,7 +54,7 @@ def run_case(device, dtype, patterns, batch=2, dim=8, dim_v=5, causal=False, ban
     # largest element. The bands round P and dS to the 16-bit type for their tensor-core products (as
     # FlashAttention does): one rounding more than the warps' one of each output, so twice the error.
     tol = dtype
-    rounding = 2.0 if bands and q.is_cuda and dtype in (torch.bfloat16, torch.float16) else 1.0
+    rounding = 2.0 if bands and q.is_cuda and dtype in (torch.bfloat16, torch.float16) and dim in (64, 128) else 1.0
     assert_close(out, ref.detach(), rounding * ref_scale, tol, "out")
     scales = gradient_scales(q64, k64, v64, p, dout64, scale)
     for name, got, want, terms in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad),
