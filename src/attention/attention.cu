@@ -382,12 +382,6 @@ Status with_head_dim(int64_t head_dim, Fn&& fn) {
   }
 }
 
-}  // namespace
-}  // namespace detail
-
-namespace detail {
-namespace {
-
 // The bands' float32 partial sums serve a slice of the batch x heads at a time, as many as fit this
 // many bytes (at least one), so that their scratch stays bounded whatever the batch.
 constexpr int64_t kBandScratchBytes = int64_t(64) << 20;

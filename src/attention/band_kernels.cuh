@@ -5,11 +5,13 @@
 // runs overlap, so a block of kBandRows queries needs one range of keys for all of its runs, which
 // tensor cores multiply as dense tiles (masked to each row's run) at a fraction of the cost of the
 // lane-per-position kernels, which read each position's key and value rows from L2 on their own.
-// The forward therefore splits every row: its longest run of consecutive keys (where it is at least
-// kMinBandRun long and the block's runs fill at least 1 / kBandMinFill of the block's key range) goes
-// to attention_band_forward_kernel, which writes that part's softmax-normalised output and
-// log-sum-exp in float32; the lane-per-position forward takes the row's other positions and merges
-// the two parts (attention.cu). Both parts sum in fixed orders: deterministic.
+// So each row is split (attention_band_rows_kernel): its longest run of consecutive keys, where the
+// rule below keeps it, goes to the bands, the row's other positions to the lane-per-position kernels.
+// Forward: attention_band_forward_kernel writes the band's softmax-normalised output and log-sum-exp
+// in float32, which the warp per row merges with its own part (attention.cu). Backward:
+// attention_band_dq_kernel (two passes, around the warp per row's dQ) and attention_band_dkdv_kernel
+// (by blocks of keys) write float32 parts that the warps add before their one rounding. Every sum has
+// a fixed order: deterministic.
 #pragma once
 
 #include <cuda_runtime.h>
