@@ -51,6 +51,37 @@ __device__ __forceinline__ void stage_16bit_block(uint16_t* smem, const T* __res
     }
   }
 }
+// Byte offset of element (row, col) of a [rows][kCols] tile of 16-bit values whose 16-byte segments are
+// swizzled by row, segment s of row r at s ^ (r % 8) within its group of eight: ldmatrix's eight rows
+// of one segment lie in eight different bank groups, and at kCols = 64 it is wgmma's 128-byte swizzle.
+template <int kCols>
+__device__ __forceinline__ uint32_t swizzled_16bit(uint32_t row, uint32_t col) {
+  static_assert(kCols % 64 == 0, "rows of whole groups of eight segments");
+  if constexpr (kCols == 64) {
+    return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
+  } else {
+    return row * (kCols * 2) + (((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7u)) << 4) + (col & 7) * 2;
+  }
+}
+
+// Rows [r0, r0 + kRows) x columns [c0, c0 + kCols) of a row-major [rows, cols] array of a 16-bit type
+// whose rows are whole 16-byte vectors on 16-byte boundaries into `smem` in the layout of
+// swizzled_16bit, zeros outside the array, as cp_async_16 copies by kThreads threads of which this is
+// `thread` (the caller commits the group).
+template <int kRows, int kCols, int kThreads, typename T>
+__device__ __forceinline__ void stage_16bit_rows_swizzled_vec(unsigned char* smem, const T* __restrict__ src,
+                                                              int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                                                              int thread) {
+  static_assert(sizeof(T) == 2, "16-bit values");
+  constexpr int kSegments = kCols / 8;
+  for (int s = thread; s < kRows * kSegments; s += kThreads) {
+    const int row = s / kSegments, seg = s % kSegments;
+    const int64_t r = r0 + row, c = c0 + seg * 8;
+    const bool inside = r < rows && c < cols;
+    cp_async_16(smem + swizzled_16bit<kCols>(row, seg * 8), inside ? src + r * cols + c : src, inside ? 16 : 0);
+  }
+}
+
 // Waits until at most kPending of this thread's newest cp.async groups are still in flight.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -89,9 +89,7 @@ __device__ __forceinline__ uint64_t wg_descriptor(const void* smem) {
   return ((address & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 // Byte offset of element (row, col) of a [rows][64] 16-bit tile in that layout.
-__device__ __forceinline__ uint32_t wg_swizzled(uint32_t row, uint32_t col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
-}
+__device__ __forceinline__ uint32_t wg_swizzled(uint32_t row, uint32_t col) { return swizzled_16bit<64>(row, col); }
 
 // Rows [r0, r0 + kRows) x columns [c0, c0 + 64) of a row-major [rows, cols] array of a 16-bit type
 // into `smem` ([kRows][64] in the 128-byte swizzle of wg_swizzled), zeros outside the array, element
@@ -119,12 +117,7 @@ __device__ __forceinline__ void stage_16bit_rows_swizzled(unsigned char* smem, c
                                                           bool vec, int thread) {
   static_assert(sizeof(T) == 2, "16-bit values");
   if (vec) {
-    for (int s = thread; s < kRows * 8; s += kThreads) {
-      const int row = s / 8, seg = s % 8;
-      const int64_t r = r0 + row, c = c0 + seg * 8;
-      const bool inside = r < rows && c < cols;
-      cp_async_16(smem + wg_swizzled(row, seg * 8), inside ? src + r * cols + c : src, inside ? 16 : 0);
-    }
+    stage_16bit_rows_swizzled_vec<kRows, 64, kThreads>(smem, src, rows, cols, r0, c0, thread);
   } else {
     copy_16bit_rows_swizzled<kRows>(smem, src, rows, cols, r0, c0, thread, kThreads);
   }
