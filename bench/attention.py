@@ -10,7 +10,7 @@ flushed before each), and the peak memory of the forward + backward above the in
 the sparse Transformer example's (causal: each query's nearest three quarters of its keys and a quarter
 drawn at random, density 1 - sparsity of the seq x seq matrix); FlexAttention (compiled) runs it as a
 block mask over a boolean lookup table, SDPA runs full causal attention (FlashAttention);
-snack_no_bands is snack with its 16-bit forward kept off the tensor-core bands (bands=False).
+snack_no_bands is snack with its 16-bit kernels kept off the tensor-core bands (bands=False).
 Writes bench/results/attention_<gpu>.csv (seq, heads, head_dim, sparsity, pattern, dtype, impl,
 fwd_us, fwd_bwd_us, peak_mib), .md and a plot.
 """

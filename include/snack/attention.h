@@ -26,14 +26,15 @@ inline constexpr int kAttentionBandRows = 64;
 /// Whether the fused kernels run this head dimension.
 inline bool sparse_attention_supports(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
-/// Which kernels the forward and backward run. kAuto: in 16 bits at head_dim 64 and 128, each row's longest run
-/// of consecutive keys (the local window of the usual patterns) on tensor cores wherever the runs of a
-/// block of 64 queries are long enough and fill enough of their common key range, the other positions
-/// on the lane-per-position kernel, the two parts merged by their log-sum-exps; otherwise (and with
-/// kOff) every position on the lane-per-position kernel.
+/// Which kernels the forward and backward run. kAuto: in 16 bits at head_dim 64 and 128, each row's
+/// longest run of consecutive keys (the local window of the usual patterns) on tensor cores wherever
+/// the runs of a block of 64 queries are long enough and fill enough of their common key range, the
+/// other positions on the lane-per-position kernels, the two parts merged by their log-sum-exps
+/// (forward) or added in float32 (backward); otherwise (and with kOff) every position on the
+/// lane-per-position kernels.
 enum class AttentionBands { kAuto, kOff };
 
-/// Whether the forward in T runs the bands for this head dimension (whatever the pattern).
+/// Whether the forward and backward in T run the bands for this head dimension (whatever the pattern).
 template <typename T>
 bool sparse_attention_uses_bands(int64_t head_dim, AttentionBands bands);
 
@@ -45,9 +46,9 @@ int64_t sparse_attention_forward_workspace_bytes(int64_t lq, int64_t bh, int64_t
 
 /// The forward's split of a pattern into bands (where it runs them): for each query row, its run of
 /// slots [run_begin, run_end) and the run's keys [key_first, key_last] (rows [Lq][4] int32; an empty
-/// run has run_begin == run_end and key_first > key_last), and for each block of 64 queries the keys
-/// the bands' tiles cover (key_ranges [ceil(Lq / kAttentionBandRows)][2] int32, first > last where none). With causal
-/// the runs hold keys j <= i only.
+/// run has run_begin == run_end and key_first > key_last), and for each block of kAttentionBandRows
+/// queries the keys the bands' tiles cover (key_ranges [ceil(Lq / kAttentionBandRows)][2] int32, first
+/// > last where none). With causal the runs hold keys j <= i only.
 template <typename Index>
 Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int32_t* rows, int32_t* key_ranges,
                                   Stream stream);

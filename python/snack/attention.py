@@ -9,10 +9,11 @@ bfloat16 or float16 inputs, it runs fused (``snack.ops.sparse_attention_fwd`` / 
 ``src/attention/attention.cu``): a warp per query row with an online softmax, every batch and head in
 one launch, float32 arithmetic, one float32 log-sum-exp per row stored for the backward, which
 recomputes the probabilities (a warp per query for dQ, per key for dK and dV over the
-pattern's CSC view). In bfloat16 and float16 at head_dim 64 and 128 the forward runs each query's
-longest run of consecutive keys (the local window of the usual patterns) on tensor cores, blocks of
-64 queries (keys, for dK and dV) at a time, where the runs are long enough (``bands`` shows the
-split), and merges them with the warp per row (per key) over the other positions, forward and backward. Otherwise (the CPU, a pattern per head, other head sizes, float64) it runs
+pattern's CSC view). In bfloat16 and float16 at head_dim 64 and 128 both run each query's longest
+run of consecutive keys (the local window of the usual patterns) on tensor cores, blocks of 64
+queries (keys, for dK and dV) at a time, where the runs are long enough (``bands`` shows the split),
+beside the warps over the other positions. Otherwise (the CPU, a pattern per head, other head sizes,
+float64) it runs
 unfused: per batch and head the SDDMM, a row softmax and the SpMM through snack's C++ operators
 (``snack.ops.sddmm``, ``spmm``, ``spmm_t``) in float32 (float64 for float64 inputs), the
 probabilities kept for the backward.

@@ -30,8 +30,6 @@ namespace detail {
 namespace {
 
 constexpr int kAttentionWarps = 4;  // rows (or keys) per block: a warp's slices take 100-200 registers
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
 
 // The lane layout of a warp for head dimension D and slices of S elements.
@@ -95,6 +93,22 @@ __device__ __forceinline__ int32_t masked(int32_t partner, int64_t self, bool ca
   return partner >= 0 && causal && (partner_is_key ? partner > self : partner < self) ? -1 : partner;
 }
 
+// A query row's positions outside its band (all of them without bands), counted from 0: `count` of
+// them, position e at slot slot(e) of the CSR view.
+struct OutsideBand {
+  int32_t begin, run_end, before, count;
+  bool banded;  // the row has a band: its part is merged in at the end
+  __device__ __forceinline__ OutsideBand(const BandRow* __restrict__ band_rows, int64_t i, int32_t begin,
+                                         int32_t end) {
+    BandRow band{begin, begin, 1, 0};
+    if (band_rows != nullptr) band = band_rows[i];
+    this->begin = begin, run_end = band.run_end, before = band.run_begin - begin;
+    count = (end - begin) - (band.run_end - band.run_begin);
+    banded = band.run_begin != band.run_end;
+  }
+  __device__ __forceinline__ int32_t slot(int32_t e) const { return e < before ? begin + e : run_end + (e - before); }
+};
+
 // Stores the reduced row of reduce_across_positions merged with the band's part of the row:
 // out = part * own + band_row * band, element by element (band_row: the band's normalised output).
 template <typename T, int D, int S>
@@ -131,17 +145,11 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 #pragma unroll
   for (int e = 0; e < S; ++e) qr[e] *= scale_log2;  // scores in log2 units: exp2 below
   float m = -INFINITY, l = 0.f, acc[S] = {};
-  const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
-  BandRow band{begin, begin, 1, 0};
-  if (band_rows != nullptr) band = band_rows[i];
-  // The row's positions outside its band, counted from 0: `before` of them ahead of the run.
-  const int32_t before = band.run_begin - begin, count = (end - begin) - (band.run_end - band.run_begin);
+  const OutsideBand rest(band_rows, i, row_ptr[i], row_ptr[i + 1]);
   // The key of this lane's position in the next window, requested a window ahead.
-  const auto key_at = [&](int32_t e) {
-    return e < count ? int32_t(col_idx[e < before ? begin + e : band.run_end + (e - before)]) : -1;
-  };
+  const auto key_at = [&](int32_t e) { return e < rest.count ? int32_t(col_idx[rest.slot(e)]) : -1; };
   int32_t next = key_at(slot);
-  for (int32_t p = 0; p < count; p += L::P) {
+  for (int32_t p = 0; p < rest.count; p += L::P) {
     const int32_t j = masked(next, i, causal, true);
     next = key_at(p + L::P + slot);
     if (__ballot_sync(kFull, j >= 0) == 0) continue;  // warp-uniform
@@ -172,7 +180,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   }
   const float total = warp_sum(l);
   reduce_across_positions<S, L::G>(acc);
-  if (band.run_begin == band.run_end) {
+  if (!rest.banded) {
     store_reduced<T, D, S>(out + (bh * lq + i) * D, acc, total > 0.f ? 1.f / total : 0.f);
     if (lane == 0) lse[bh * lq + i] = total > 0.f ? (m + log2f(total)) * kLn2 : -INFINITY;
     return;
@@ -216,18 +224,12 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 #pragma unroll
   for (int e = 0; e < S; ++e) qr[e] *= scale_log2;
   const float lse_log2 = lse[bh * lq + i] * kLog2e;
-  const int32_t begin = row_ptr[i], end = row_ptr[i + 1];
-  BandRow band{begin, begin, 1, 0};
-  if (band_rows != nullptr) band = band_rows[i];
-  const bool banded = band.run_begin != band.run_end;
-  // The row's positions outside its band, counted from 0 (as in the forward).
-  const int32_t before = band.run_begin - begin, count = (end - begin) - (band.run_end - band.run_begin);
+  const OutsideBand rest(band_rows, i, row_ptr[i], row_ptr[i + 1]);
   // This lane's key j of the window at p (-1: none), its probability, its dP and k_j's slice; false
   // where the window holds no key (warp-uniform).
   const auto position = [&](int32_t p, int32_t& j, float& prob, float& dp, float (&kr)[S]) {
     const int32_t e = p + slot;
-    j = masked(e < count ? int32_t(col_idx[e < before ? begin + e : band.run_end + (e - before)]) : -1, i, causal,
-               true);
+    j = masked(e < rest.count ? int32_t(col_idx[rest.slot(e)]) : -1, i, causal, true);
     if (__ballot_sync(kFull, j >= 0) == 0) return false;
     float part_s = 0.f, part_dp = 0.f;
     if (j >= 0) {
@@ -243,17 +245,17 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     return true;
   };
   float partial_dot = 0.f;
-  for (int32_t p = 0; p < count; p += L::P) {
+  for (int32_t p = 0; p < rest.count; p += L::P) {
     int32_t j;
     float prob, dp, kr[S];
     if (position(p, j, prob, dp, kr) && g == 0) partial_dot = fmaf(prob, dp, partial_dot);
   }
   // A banded row's band part of the sum is the band kernel's, already in row_dot.
-  const float di = warp_sum(partial_dot) + (banded ? row_dot[bh * lq + i] : 0.f);
+  const float di = warp_sum(partial_dot) + (rest.banded ? row_dot[bh * lq + i] : 0.f);
   __syncwarp();  // every lane has read row_dot before lane 0 writes it
   if (lane == 0) row_dot[bh * lq + i] = di;
   float acc[S] = {};
-  for (int32_t p = 0; p < count; p += L::P) {
+  for (int32_t p = 0; p < rest.count; p += L::P) {
     int32_t j;
     float prob, dp, kr[S];
     if (!position(p, j, prob, dp, kr) || j < 0) continue;
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
     for (int t = 0; t < S; ++t) acc[t] = fmaf(ds, kr[t], acc[t]);
   }
   reduce_across_positions<S, L::G>(acc);
-  if (!banded) {
+  if (!rest.banded) {
     store_reduced<T, D, S>(dq + row, acc, scale);
     return;
   }
@@ -391,22 +393,44 @@ int64_t band_slice(int64_t bh, int64_t per_head) {
   return std::max<int64_t>(1, std::min({bh, kMaxGridY, kBandScratchBytes / std::max<int64_t>(per_head, 1)}));
 }
 
-// The forward's scratch where it runs the bands: each row's BandRow, each block's key range, and the
-// band's float32 output and log-sum-exp for a slice of `heads`, each part at a 256-byte boundary.
+// The bands' scratch, each part at a 256-byte boundary: the split (each query row's BandRow, each block
+// of queries' key range), then for a slice of `heads` the forward's float32 output and log-sum-exp, or
+// the backward's key blocks' query ranges and float32 partial sums of dq, dk and dv.
 struct BandScratch {
-  int64_t heads, rows, key_ranges, out, lse, bytes;
+  int64_t heads, rows, key_ranges, out, lse, query_first, query_last, dq, dk, dv, bytes;
 };
 
-BandScratch band_scratch(int64_t lq, int64_t bh, int64_t head_dim) {
-  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+BandScratch band_scratch(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim, bool backward) {
   BandScratch s{};
-  s.heads = band_slice(bh, lq * (head_dim + 1) * int64_t(sizeof(float)));
-  s.rows = 0;
-  s.key_ranges = s.rows + aligned(lq * int64_t(sizeof(BandRow)));
-  s.out = s.key_ranges + aligned(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
-  s.lse = s.out + aligned(s.heads * lq * head_dim * int64_t(sizeof(float)));
-  s.bytes = s.lse + aligned(s.heads * lq * int64_t(sizeof(float)));
+  const auto take = [&](int64_t bytes) {
+    const int64_t at = s.bytes;
+    s.bytes += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  constexpr int64_t kFloat = sizeof(float);
+  s.rows = take(lq * int64_t(sizeof(BandRow)));
+  s.key_ranges = take(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
+  if (!backward) {
+    s.heads = band_slice(bh, lq * (head_dim + 1) * kFloat);
+    s.out = take(s.heads * lq * head_dim * kFloat);
+    s.lse = take(s.heads * lq * kFloat);
+  } else {
+    s.heads = band_slice(bh, (lq + 2 * lk) * head_dim * kFloat);
+    s.query_first = take(ceil_div(lk, kBandKeys) * int64_t(sizeof(int32_t)));
+    s.query_last = take(ceil_div(lk, kBandKeys) * int64_t(sizeof(int32_t)));
+    s.dq = take(s.heads * lq * head_dim * kFloat);
+    s.dk = take(s.heads * lk * head_dim * kFloat);
+    s.dv = take(s.heads * lk * head_dim * kFloat);
+  }
   return s;
+}
+
+// The split of the pattern's rows between the bands and the warps (attention_band_rows_kernel).
+template <typename Index>
+Status launch_band_rows(const SlotPattern<Index>& w, bool causal, BandRow* rows, int2* key_ranges, Stream stream) {
+  attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
+      w.row_ptr, w.col_idx, w.rows, causal, rows, key_ranges);
+  return check_launch("attention_band_rows_kernel");
 }
 
 // Opts a kernel into more than 48 KiB of dynamic shared memory where it needs it.
@@ -440,7 +464,7 @@ bool sparse_attention_uses_bands(int64_t head_dim, AttentionBands bands) {
 template <typename T>
 int64_t sparse_attention_forward_workspace_bytes(int64_t lq, int64_t bh, int64_t head_dim, AttentionBands bands) {
   if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || bh <= 0) return 0;
-  return detail::band_scratch(lq, bh, head_dim).bytes;
+  return detail::band_scratch(lq, 0, bh, head_dim, false).bytes;
 }
 
 template <typename T, typename Index>
@@ -455,17 +479,14 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
   if (w.nnz > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}}, {}));
   const bool banded = w.nnz > 0 && sparse_attention_uses_bands<T>(head_dim, bands);
   if (banded) SNACK_RETURN_IF_ERROR(check_arrays({{"workspace", workspace}}, {}));
-  const BandScratch scratch = band_scratch(w.rows, bh, head_dim);
+  const BandScratch scratch = band_scratch(w.rows, w.cols, bh, head_dim, false);
   char* const base = static_cast<char*>(workspace);
-  BandRow* const band_rows = banded ? reinterpret_cast<BandRow*>(base + scratch.rows) : nullptr;
-  int2* const key_ranges = banded ? reinterpret_cast<int2*>(base + scratch.key_ranges) : nullptr;
-  float* const band_out = banded ? reinterpret_cast<float*>(base + scratch.out) : nullptr;
-  float* const band_lse = banded ? reinterpret_cast<float*>(base + scratch.lse) : nullptr;
-  if (banded) {
-    attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
-        w.row_ptr, w.col_idx, w.rows, causal, band_rows, key_ranges);
-    SNACK_RETURN_IF_ERROR(check_launch("attention_band_rows_kernel"));
-  }
+  const auto at = [&](int64_t offset) { return banded ? base + offset : nullptr; };
+  BandRow* const band_rows = reinterpret_cast<BandRow*>(at(scratch.rows));
+  int2* const key_ranges = reinterpret_cast<int2*>(at(scratch.key_ranges));
+  float* const band_out = reinterpret_cast<float*>(at(scratch.out));
+  float* const band_lse = reinterpret_cast<float*>(at(scratch.lse));
+  if (banded) SNACK_RETURN_IF_ERROR(launch_band_rows(w, causal, band_rows, key_ranges, stream));
   const float s = scale * kLog2e;
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
@@ -501,45 +522,14 @@ Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int3
   if (rows == nullptr || key_ranges == nullptr) return InvalidArgument("sparse_attention_band_rows: null output");
   if (reinterpret_cast<uintptr_t>(key_ranges) % alignof(int2) != 0)
     return InvalidArgument("sparse_attention_band_rows: key_ranges must start at an 8-byte boundary");
-  attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
-      w.row_ptr, w.col_idx, w.rows, causal, reinterpret_cast<BandRow*>(rows), reinterpret_cast<int2*>(key_ranges));
-  return check_launch("attention_band_rows_kernel");
+  return launch_band_rows(w, causal, reinterpret_cast<BandRow*>(rows), reinterpret_cast<int2*>(key_ranges), stream);
 }
-
-namespace detail {
-namespace {
-
-// The backward's scratch where it runs the bands (the partial sums of dq, dk and dv for a slice of
-// `heads`), each part at a 256-byte boundary.
-struct BandBackwardScratch {
-  int64_t heads, rows, key_ranges, query_first, query_last, dq, dk, dv, bytes;
-};
-
-BandBackwardScratch band_backward_scratch(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim) {
-  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t key_blocks = ceil_div(lk, kBandKeys);
-  BandBackwardScratch s{};
-  s.heads = band_slice(bh, (lq + 2 * lk) * head_dim * int64_t(sizeof(float)));
-  bh = s.heads;
-  s.rows = 0;
-  s.key_ranges = s.rows + aligned(lq * int64_t(sizeof(BandRow)));
-  s.query_first = s.key_ranges + aligned(ceil_div(lq, kBandRows) * int64_t(sizeof(int2)));
-  s.query_last = s.query_first + aligned(key_blocks * int64_t(sizeof(int32_t)));
-  s.dq = s.query_last + aligned(key_blocks * int64_t(sizeof(int32_t)));
-  s.dk = s.dq + aligned(bh * lq * head_dim * int64_t(sizeof(float)));
-  s.dv = s.dk + aligned(bh * lk * head_dim * int64_t(sizeof(float)));
-  s.bytes = s.dv + aligned(bh * lk * head_dim * int64_t(sizeof(float)));
-  return s;
-}
-
-}  // namespace
-}  // namespace detail
 
 template <typename T>
 int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim,
                                                   AttentionBands bands) {
   if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || lk <= 0 || bh <= 0) return 0;
-  return detail::band_backward_scratch(lq, lk, bh, head_dim).bytes;
+  return detail::band_scratch(lq, lk, bh, head_dim, true).bytes;
 }
 
 template <typename T, typename Index>
@@ -556,7 +546,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   if (w.cols > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}}, {}));
   const bool banded = w.nnz > 0 && w.rows > 0 && w.cols > 0 && sparse_attention_uses_bands<T>(head_dim, bands);
   if (banded) SNACK_RETURN_IF_ERROR(check_arrays({{"workspace", workspace}}, {}));
-  const BandBackwardScratch scratch = band_backward_scratch(w.rows, w.cols, bh, head_dim);
+  const BandScratch scratch = band_scratch(w.rows, w.cols, bh, head_dim, true);
   char* const base = static_cast<char*>(workspace);
   const auto at = [&](int64_t offset) { return banded ? base + offset : nullptr; };
   BandRow* const band_rows = reinterpret_cast<BandRow*>(at(scratch.rows));
@@ -568,9 +558,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   float* const dv_partial = reinterpret_cast<float*>(at(scratch.dv));
   if (banded) {
     const int64_t key_blocks = ceil_div(w.cols, kBandKeys);
-    attention_band_rows_kernel<Index><<<unsigned(ceil_div(w.rows, kBandRows)), kBandRows, 0, stream>>>(
-        w.row_ptr, w.col_idx, w.rows, causal, band_rows, key_ranges);
-    SNACK_RETURN_IF_ERROR(check_launch("attention_band_rows_kernel"));
+    SNACK_RETURN_IF_ERROR(launch_band_rows(w, causal, band_rows, key_ranges, stream));
     // 0x7f7f7f7f and -1: above and below every query, until the atomics find one.
     SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(query_first, 0x7f, key_blocks * sizeof(int32_t), stream));
     SNACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(query_last, 0xff, key_blocks * sizeof(int32_t), stream));

@@ -28,6 +28,11 @@
 namespace snack::cuda::detail {
 namespace {
 
+// The attention kernels (these and attention.cu's) take exponentials in log2 units (exp2) and store
+// natural log-sum-exps.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 constexpr int kBandRows = kAttentionBandRows;  // queries per block: 4 warps of 16 (one m16 tile each)
 constexpr int kBandKeys = 64;     // keys per tile of the key range
 constexpr int kBandWarps = kBandRows / 16;
@@ -41,15 +46,6 @@ constexpr int kBandOutlier = 4;   // a run longer than 4x the block's mean (and 
 struct BandRow {
   int32_t run_begin, run_end, key_first, key_last;
 };
-
-// Element (row, col) of a [rows][D] tile of 16-bit values in shared memory, its 16-byte segments
-// swizzled by row (segment s of row r at s ^ (r % 8)), so that ldmatrix's eight rows of one segment
-// lie in eight different bank groups.
-template <int D>
-__device__ __forceinline__ int swizzled(int row, int col) {
-  static_assert(D % 64 == 0, "rows of at least 8 segments");
-  return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
-}
 
 // Block b's rows [64 b, 64 b + 64): each thread finds its row's longest run of consecutive keys (with
 // causal, among the keys j <= i), of at least kMinBandRun keys; a run more than kBandOutlier times the
@@ -119,16 +115,18 @@ __global__ void __launch_bounds__(kBandRows)
   if (threadIdx.x == 0) block_keys[blockIdx.x] = keep ? make_int2(lo, hi) : make_int2(1, 0);
 }
 
-// Rows r0 .. r0 + count of a row-major [rows][D] array of 16-bit values into a swizzled tile, zeros
-// past `rows`, as 16-byte cp.async copies by the block's kThreads threads (the caller commits).
-template <int D, int kThreads, typename T>
-__device__ __forceinline__ void stage_tile(uint16_t* dst, const T* src, int64_t rows, int64_t r0, int count) {
-  constexpr int kSegments = D / 8;
-  for (int s = int(threadIdx.x); s < count * kSegments; s += kThreads) {
-    const int r = s / kSegments, seg = s % kSegments;
-    const bool inside = r0 + r < rows;
-    cp_async_16(dst + swizzled<D>(r, seg * 8), inside ? src + (r0 + r) * D + seg * 8 : src, inside ? 16 : 0);
-  }
+// Rows r0 .. r0 + kRows of a [rows][D] array (q, k, v or dout) into a swizzled tile, zeros past `rows`,
+// by the block's kThreads threads (the caller commits).
+template <int D, int kThreads, int kRows, typename T>
+__device__ __forceinline__ void stage_tile(uint16_t* dst, const T* src, int64_t rows, int64_t r0) {
+  stage_16bit_rows_swizzled_vec<kRows, D, kThreads>(reinterpret_cast<unsigned char*>(dst), src, rows, D, r0, 0,
+                                                    int(threadIdx.x));
+}
+
+// The address of element (row, col) of a swizzled tile (ldmatrix's row addresses).
+template <int D>
+__device__ __forceinline__ const void* swizzled_at(const uint16_t* tile, int row, int col) {
+  return reinterpret_cast<const unsigned char*>(tile) + swizzled_16bit<D>(row, col);
 }
 
 // The A operands (m16 x k16, one per 16 of D) of rows row0 .. row0 + 15 of a swizzled tile.
@@ -137,7 +135,7 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[D / 16][4], const uint16_t*
   const int lane = threadIdx.x & 31, mat = lane >> 3, mrow = lane & 7;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
-    ldmatrix_x4(a[ks], tile + swizzled<D>(row0 + mrow + 8 * (mat & 1), ks * 16 + 8 * (mat >> 1)));
+    ldmatrix_x4(a[ks], swizzled_at<D>(tile, row0 + mrow + 8 * (mat & 1), ks * 16 + 8 * (mat >> 1)));
 }
 
 // c = a b^T for the 16 rows of `a` and the kN rows of the swizzled tile `b` (the product over D):
@@ -153,7 +151,7 @@ __device__ __forceinline__ void multiply_rows(float (&c)[kN / 8][4], const uint3
 #pragma unroll
     for (int np = 0; np < kN / 16; ++np) {
       uint32_t r[4];
-      ldmatrix_x4(r, b + swizzled<D>(np * 16 + mrow + 8 * (mat >> 1), ks * 16 + 8 * (mat & 1)));
+      ldmatrix_x4(r, swizzled_at<D>(b, np * 16 + mrow + 8 * (mat >> 1), ks * 16 + 8 * (mat & 1)));
       mma_16816<T>(c[2 * np], a[ks], r[0], r[1]);
       mma_16816<T>(c[2 * np + 1], a[ks], r[2], r[3]);
     }
@@ -171,7 +169,7 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[D / 8][4], const ui
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t r[4];
-      ldmatrix_x4_trans(r, b + swizzled<D>(kk * 16 + mrow + 8 * (mat & 1), dp * 16 + 8 * (mat >> 1)));
+      ldmatrix_x4_trans(r, swizzled_at<D>(b, kk * 16 + mrow + 8 * (mat & 1), dp * 16 + 8 * (mat >> 1)));
       mma_16816<T>(acc[2 * dp], p[kk], r[0], r[1]);
       mma_16816<T>(acc[2 * dp + 1], p[kk], r[2], r[3]);
     }
@@ -209,6 +207,35 @@ __device__ __forceinline__ void double_buffered(int tiles, Stage&& stage, Body&&
   }
 }
 
+// The stage function of double_buffered over a block's key range from key `first`: key tile t's rows of
+// k and v into stage `stage` of sk and sv ([2][kBandKeys][D] each). tiles(): the range's tiles.
+template <typename T, int D, int kThreads>
+struct KeyTiles {
+  uint16_t *sk, *sv;
+  const T *k, *v;  // this (batch, head)'s rows
+  int64_t lk;
+  int2 range;
+  __device__ __forceinline__ void operator()(int t, int stage) const {
+    const int64_t key0 = int64_t(range.x) + int64_t(t) * kBandKeys;
+    stage_tile<D, kThreads, kBandKeys>(sk + stage * kBandKeys * D, k, lk, key0);
+    stage_tile<D, kThreads, kBandKeys>(sv + stage * kBandKeys * D, v, lk, key0);
+  }
+  __device__ __forceinline__ int tiles() const { return int((int64_t(range.y) - range.x) / kBandKeys + 1); }
+};
+
+// fn(nt, c, h, key) for each of this lane's elements [nt][c] of a warp's 16 x kBandKeys tile of keys
+// from key0 in mma's C layout: row g + 8 h of the warp's 16 (h = c / 2), key key0 + 8 nt + 2 (lane %
+// 4) + c % 2.
+template <typename Fn>
+__device__ __forceinline__ void for_each_key(int64_t key0, Fn&& fn) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int nt = 0; nt < kBandKeys / 8; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) fn(nt, c, c >> 1, key0 + nt * 8 + 2 * t4 + (c & 1));
+  }
+}
+
 // The runs of this lane's two query rows (g = lane / 4 and g + 8 of the warp's 16 from row0): their
 // first and last keys, empty (first > last) past lq.
 __device__ __forceinline__ void lane_runs(const BandRow* __restrict__ band_rows, int64_t lq, int64_t row0,
@@ -243,15 +270,8 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
   if (range.x > range.y) return;  // no band in this block
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kBandRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const T* const kb = k + bh * lk * D;
-  const T* const vb = v + bh * lk * D;
-  // Key tile t into stage `stage`; q with the first.
-  const auto stage_keys = [&](int t, int stage) {
-    const int64_t key0 = int64_t(range.x) + int64_t(t) * kBandKeys;
-    stage_tile<D, kThreads>(sk + stage * kBandKeys * D, kb, lk, key0, kBandKeys);
-    stage_tile<D, kThreads>(sv + stage * kBandKeys * D, vb, lk, key0, kBandKeys);
-  };
-  stage_tile<D, kThreads>(sq, q + bh * lq * D, lq, i0, kBandRows);
+  const KeyTiles<T, D, kThreads> stage_keys{sk, sv, k + bh * lk * D, v + bh * lk * D, lk, range};
+  stage_tile<D, kThreads, kBandRows>(sq, q + bh * lq * D, lq, i0);  // q with the first key tile
   stage_keys(0, 0);
   cp_async_commit();
 
@@ -260,8 +280,7 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
   lane_runs(band_rows, lq, i0 + warp * 16, first, last);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[D / 8][4] = {};
-  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
-  double_buffered(tiles, stage_keys, [&](int tile, int now) {
+  double_buffered(stage_keys.tiles(), stage_keys, [&](int tile, int now) {
     const int64_t key0 = int64_t(range.x) + int64_t(tile) * kBandKeys;
     float s[kBandKeys / 8][4];
     {
@@ -271,17 +290,10 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
     }
     // Mask each row to its run, scale to log2 units, and update the running maximum and sums.
     float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kBandKeys / 8; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = c >> 1;
-        const int64_t key = key0 + nt * 8 + 2 * t4 + (c & 1);
-        const bool inside = key >= first[h] && key <= last[h];
-        s[nt][c] = inside ? s[nt][c] * scale_log2 : -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], s[nt][c]);
-      }
-    }
+    for_each_key(key0, [&](int nt, int c, int h, int64_t key) {
+      s[nt][c] = key >= first[h] && key <= last[h] ? s[nt][c] * scale_log2 : -INFINITY;
+      tile_max[h] = fmaxf(tile_max[h], s[nt][c]);
+    });
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // a row's four lanes (lane % 4) hold its 64 scores between them
@@ -292,15 +304,10 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
       m[h] = m_new;
       l[h] *= alpha[h];
     }
-#pragma unroll
-    for (int nt = 0; nt < kBandKeys / 8; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = c >> 1;
-        s[nt][c] = s[nt][c] == -INFINITY ? 0.f : exp2f(s[nt][c] - m[h]);
-        l[h] += s[nt][c];
-      }
-    }
+    for_each_key(key0, [&](int nt, int c, int h, int64_t) {
+      s[nt][c] = s[nt][c] == -INFINITY ? 0.f : exp2f(s[nt][c] - m[h]);
+      l[h] += s[nt][c];
+    });
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
@@ -323,7 +330,7 @@ __global__ void __launch_bounds__(kBandWarps * 32, 1)
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
       *reinterpret_cast<float2*>(out_row + dt * 8 + 2 * t4) = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-    if (t4 == 0) band_lse[bh * lq + row] = l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+    if (t4 == 0) band_lse[bh * lq + row] = l[h] > 0.f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
   }
 }
 
@@ -364,32 +371,25 @@ __global__ void __launch_bounds__(kBandWarps * 32)
   if (range.x > range.y) return;
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kBandRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const T* const kb = k + bh * lk * D;
-  const T* const vb = v + bh * lk * D;
-  const auto stage_keys = [&](int t, int stage) {  // key tile t into stage `stage`; q and dout with the first
-    const int64_t key0 = int64_t(range.x) + int64_t(t) * kBandKeys;
-    stage_tile<D, kThreads>(sk + stage * kBandKeys * D, kb, lk, key0, kBandKeys);
-    stage_tile<D, kThreads>(sv + stage * kBandKeys * D, vb, lk, key0, kBandKeys);
-  };
-  stage_tile<D, kThreads>(sq, q + bh * lq * D, lq, i0, kBandRows);
-  stage_tile<D, kThreads>(sdo, dout + bh * lq * D, lq, i0, kBandRows);
+  const KeyTiles<T, D, kThreads> stage_keys{sk, sv, k + bh * lk * D, v + bh * lk * D, lk, range};
+  stage_tile<D, kThreads, kBandRows>(sq, q + bh * lq * D, lq, i0);  // q and dout with the first key tile
+  stage_tile<D, kThreads, kBandRows>(sdo, dout + bh * lq * D, lq, i0);
   stage_keys(0, 0);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
-  const float scale_log2 = scale * 1.4426950408889634f;
+  const float scale_log2 = scale * kLog2e;
   int32_t first[2], last[2];
   lane_runs(band_rows, lq, i0 + warp * 16, first, last);
   float lse_log2[2], di[2], rd[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = i0 + warp * 16 + g + 8 * h;
-    lse_log2[h] = row < lq ? lse[bh * lq + row] * 1.4426950408889634f : 0.f;
+    lse_log2[h] = row < lq ? lse[bh * lq + row] * kLog2e : 0.f;
     di[h] = kPass == 1 && row < lq ? row_dot[bh * lq + row] : 0.f;
   }
   float acc[D / 8][4] = {};
-  const int tiles = int((int64_t(range.y) - range.x) / kBandKeys + 1);
-  double_buffered(tiles, stage_keys, [&](int tile, int now) {
+  double_buffered(stage_keys.tiles(), stage_keys, [&](int tile, int now) {
     const int64_t key0 = int64_t(range.x) + int64_t(tile) * kBandKeys;
     const uint16_t* const tk = sk + now * kBandKeys * D;
     float s[kBandKeys / 8][4], dp[kBandKeys / 8][4];
@@ -400,17 +400,11 @@ __global__ void __launch_bounds__(kBandWarps * 32)
       load_a<D>(a, sdo, warp * 16);
       multiply_rows<T, D, kBandKeys>(dp, a, sv + now * kBandKeys * D);
     }
-#pragma unroll
-    for (int nt = 0; nt < kBandKeys / 8; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = c >> 1;
-        const int64_t key = key0 + nt * 8 + 2 * t4 + (c & 1);
-        const float p = key >= first[h] && key <= last[h] ? exp2f(s[nt][c] * scale_log2 - lse_log2[h]) : 0.f;
-        if constexpr (kPass == 0) rd[h] = fmaf(p, dp[nt][c], rd[h]);
-        else s[nt][c] = p * (dp[nt][c] - di[h]);
-      }
-    }
+    for_each_key(key0, [&](int nt, int c, int h, int64_t key) {
+      const float p = key >= first[h] && key <= last[h] ? exp2f(s[nt][c] * scale_log2 - lse_log2[h]) : 0.f;
+      if constexpr (kPass == 0) rd[h] = fmaf(p, dp[nt][c], rd[h]);
+      else s[nt][c] = p * (dp[nt][c] - di[h]);
+    });
     if constexpr (kPass == 1) {
       uint32_t ds[kBandKeys / 16][4];
       pack_a<T, kBandKeys>(ds, s);
@@ -474,23 +468,23 @@ __global__ void __launch_bounds__(kBandWarps * 32)
   const T* const dob = dout + bh * lq * D;
   const auto stage_queries = [&](int t, int stage) {  // query tile t into stage `stage`; k and v with the first
     const int64_t r0 = int64_t(qf) + int64_t(t) * kQueries;
-    stage_tile<D, kThreads>(sq + stage * kQueries * D, qb, lq, r0, kQueries);
-    stage_tile<D, kThreads>(sdo + stage * kQueries * D, dob, lq, r0, kQueries);
+    stage_tile<D, kThreads, kQueries>(sq + stage * kQueries * D, qb, lq, r0);
+    stage_tile<D, kThreads, kQueries>(sdo + stage * kQueries * D, dob, lq, r0);
     for (int t = tid; t < kQueries; t += kThreads) {
       const int64_t i = r0 + t;
       const BandRow b = i < lq ? band_rows[i] : BandRow{0, 0, 1, 0};
       s_first[stage * kQueries + t] = b.key_first, s_last[stage * kQueries + t] = b.key_last;
-      s_lse[stage * kQueries + t] = i < lq ? lse[bh * lq + i] * 1.4426950408889634f : 0.f;
+      s_lse[stage * kQueries + t] = i < lq ? lse[bh * lq + i] * kLog2e : 0.f;
       s_dot[stage * kQueries + t] = i < lq ? row_dot[bh * lq + i] : 0.f;
     }
   };
-  stage_tile<D, kThreads>(sk, k + bh * lk * D, lk, key0, kBandKeys);
-  stage_tile<D, kThreads>(sv, v + bh * lk * D, lk, key0, kBandKeys);
+  stage_tile<D, kThreads, kBandKeys>(sk, k + bh * lk * D, lk, key0);
+  stage_tile<D, kThreads, kBandKeys>(sv, v + bh * lk * D, lk, key0);
   stage_queries(0, 0);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
-  const float scale_log2 = scale * 1.4426950408889634f;
+  const float scale_log2 = scale * kLog2e;
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   double_buffered((ql - qf) / kQueries + 1, stage_queries, [&](int, int now) {
     const uint16_t* const tq = sq + now * kQueries * D;
