@@ -62,10 +62,10 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
                                 AttentionBands bands, Stream stream);
 
 /// Bytes of device scratch the backward needs (0 where it does not run the bands): per query row 16
-/// bytes, per (batch x head, query or key row) head_dim floats (dq's, dk's and dv's partial sums) for a
-/// slice of the heads at a time (as many as fit 64 MiB, at least one).
+/// bytes, per stored position 4, per (batch x head, query or key row) head_dim floats (dq's, dk's and
+/// dv's partial sums) for a slice of the heads at a time (as many as fit 64 MiB, at least one).
 template <typename T>
-int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim,
+int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t nnz, int64_t bh, int64_t head_dim,
                                                   AttentionBands bands);
 
 /// dq, dk, dv from the forward's lse and the gradient dout (the probabilities recomputed): dq over the

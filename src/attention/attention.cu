@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
                           const Index* __restrict__ row_idx, int64_t lq, int64_t lk, const T* __restrict__ q,
                           const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ row_dot, const T* __restrict__ dout, float scale, bool causal,
-                          const BandRow* __restrict__ band_rows, const int32_t* __restrict__ query_first,
+                          const int32_t* __restrict__ residual_queries, const int32_t* __restrict__ query_first,
                           const int32_t* __restrict__ query_last, const float* __restrict__ dk_partial,
                           const float* __restrict__ dv_partial, T* __restrict__ dk, T* __restrict__ dv) {
   constexpr int S = 16;
@@ -304,16 +304,11 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   for (int e = 0; e < S; ++e) kr[e] *= scale_log2;
   float acc_k[S] = {}, acc_v[S] = {};
   const int32_t begin = col_ptr[j], end = col_ptr[j + 1];
-  // The query of this lane's position in the next window (two dependent loads), requested a window
-  // ahead; -1 where the position lies in its query's band (the band kernel's).
+  // The query of this lane's position in the next window (two dependent loads, or one given the
+  // bands' residual_queries), requested a window ahead; -1 where the position is the bands'.
   const auto query_at = [&](int32_t e) {
     if (e >= end) return int32_t(-1);
-    const int32_t slot_e = csc_perm[e], query = int32_t(row_idx[slot_e]);
-    if (band_rows != nullptr) {
-      const BandRow b = band_rows[query];
-      if (slot_e >= b.run_begin && slot_e < b.run_end) return int32_t(-1);
-    }
-    return query;
+    return residual_queries != nullptr ? residual_queries[e] : int32_t(row_idx[csc_perm[e]]);
   };
   int32_t next = query_at(begin + slot);
   for (int32_t p = begin; p < end; p += L::P) {
@@ -343,7 +338,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   reduce_across_positions<S, L::G>(acc_k);
   reduce_across_positions<S, L::G>(acc_v);
   const int64_t block = j / kBandKeys;
-  if (band_rows != nullptr && query_first[block] <= query_last[block]) {  // the band's part of the key's block
+  if (query_first != nullptr && query_first[block] <= query_last[block]) {  // the band's part of the key's block
     store_merged<T, D, S>(dk + row, acc_k, scale, dk_partial + row, 1.f);
     store_merged<T, D, S>(dv + row, acc_v, 1.f, dv_partial + row, 1.f);
     return;
@@ -395,12 +390,13 @@ int64_t band_slice(int64_t bh, int64_t per_head) {
 
 // The bands' scratch, each part at a 256-byte boundary: the split (each query row's BandRow, each block
 // of queries' key range), then for a slice of `heads` the forward's float32 output and log-sum-exp, or
-// the backward's key blocks' query ranges and float32 partial sums of dq, dk and dv.
+// the backward's key blocks' query ranges, each CSC entry's residual query and float32 partial sums of
+// dq, dk and dv.
 struct BandScratch {
-  int64_t heads, rows, key_ranges, out, lse, query_first, query_last, dq, dk, dv, bytes;
+  int64_t heads, rows, key_ranges, out, lse, query_first, query_last, residual_queries, dq, dk, dv, bytes;
 };
 
-BandScratch band_scratch(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim, bool backward) {
+BandScratch band_scratch(int64_t lq, int64_t lk, int64_t nnz, int64_t bh, int64_t head_dim, bool backward) {
   BandScratch s{};
   const auto take = [&](int64_t bytes) {
     const int64_t at = s.bytes;
@@ -418,6 +414,7 @@ BandScratch band_scratch(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim, b
     s.heads = band_slice(bh, (lq + 2 * lk) * head_dim * kFloat);
     s.query_first = take(ceil_div(lk, kBandKeys) * int64_t(sizeof(int32_t)));
     s.query_last = take(ceil_div(lk, kBandKeys) * int64_t(sizeof(int32_t)));
+    s.residual_queries = take(nnz * int64_t(sizeof(int32_t)));
     s.dq = take(s.heads * lq * head_dim * kFloat);
     s.dk = take(s.heads * lk * head_dim * kFloat);
     s.dv = take(s.heads * lk * head_dim * kFloat);
@@ -464,7 +461,7 @@ bool sparse_attention_uses_bands(int64_t head_dim, AttentionBands bands) {
 template <typename T>
 int64_t sparse_attention_forward_workspace_bytes(int64_t lq, int64_t bh, int64_t head_dim, AttentionBands bands) {
   if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || bh <= 0) return 0;
-  return detail::band_scratch(lq, 0, bh, head_dim, false).bytes;
+  return detail::band_scratch(lq, 0, 0, bh, head_dim, false).bytes;
 }
 
 template <typename T, typename Index>
@@ -479,7 +476,7 @@ Status sparse_attention_forward(const SlotPattern<Index>& w, const T* q, const T
   if (w.nnz > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}}, {}));
   const bool banded = w.nnz > 0 && sparse_attention_uses_bands<T>(head_dim, bands);
   if (banded) SNACK_RETURN_IF_ERROR(check_arrays({{"workspace", workspace}}, {}));
-  const BandScratch scratch = band_scratch(w.rows, w.cols, bh, head_dim, false);
+  const BandScratch scratch = band_scratch(w.rows, w.cols, w.nnz, bh, head_dim, false);
   char* const base = static_cast<char*>(workspace);
   const auto at = [&](int64_t offset) { return banded ? base + offset : nullptr; };
   BandRow* const band_rows = reinterpret_cast<BandRow*>(at(scratch.rows));
@@ -526,10 +523,10 @@ Status sparse_attention_band_rows(const SlotPattern<Index>& w, bool causal, int3
 }
 
 template <typename T>
-int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t bh, int64_t head_dim,
+int64_t sparse_attention_backward_workspace_bytes(int64_t lq, int64_t lk, int64_t nnz, int64_t bh, int64_t head_dim,
                                                   AttentionBands bands) {
-  if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || lk <= 0 || bh <= 0) return 0;
-  return detail::band_scratch(lq, lk, bh, head_dim, true).bytes;
+  if (!sparse_attention_uses_bands<T>(head_dim, bands) || lq <= 0 || lk <= 0 || nnz <= 0 || bh <= 0) return 0;
+  return detail::band_scratch(lq, lk, nnz, bh, head_dim, true).bytes;
 }
 
 template <typename T, typename Index>
@@ -546,13 +543,14 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
   if (w.cols > 0) SNACK_RETURN_IF_ERROR(check_arrays({{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}}, {}));
   const bool banded = w.nnz > 0 && w.rows > 0 && w.cols > 0 && sparse_attention_uses_bands<T>(head_dim, bands);
   if (banded) SNACK_RETURN_IF_ERROR(check_arrays({{"workspace", workspace}}, {}));
-  const BandScratch scratch = band_scratch(w.rows, w.cols, bh, head_dim, true);
+  const BandScratch scratch = band_scratch(w.rows, w.cols, w.nnz, bh, head_dim, true);
   char* const base = static_cast<char*>(workspace);
   const auto at = [&](int64_t offset) { return banded ? base + offset : nullptr; };
   BandRow* const band_rows = reinterpret_cast<BandRow*>(at(scratch.rows));
   int2* const key_ranges = reinterpret_cast<int2*>(at(scratch.key_ranges));
   int32_t* const query_first = reinterpret_cast<int32_t*>(at(scratch.query_first));
   int32_t* const query_last = reinterpret_cast<int32_t*>(at(scratch.query_last));
+  int32_t* const residual_queries = reinterpret_cast<int32_t*>(at(scratch.residual_queries));
   float* const dq_partial = reinterpret_cast<float*>(at(scratch.dq));
   float* const dk_partial = reinterpret_cast<float*>(at(scratch.dk));
   float* const dv_partial = reinterpret_cast<float*>(at(scratch.dv));
@@ -565,6 +563,9 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
     attention_band_keys_kernel<<<unsigned(ceil_div(w.rows, 256)), 256, 0, stream>>>(band_rows, w.rows, query_first,
                                                                                    query_last);
     SNACK_RETURN_IF_ERROR(check_launch("attention_band_keys_kernel"));
+    attention_band_csc_kernel<Index><<<unsigned(ceil_div(w.nnz, 256)), 256, 0, stream>>>(
+        w.csc_perm, w.row_idx, w.nnz, band_rows, residual_queries);
+    SNACK_RETURN_IF_ERROR(check_launch("attention_band_csc_kernel"));
   }
   const auto launch = [&](auto dim) -> Status {
     constexpr int D = decltype(dim)::value;
@@ -611,7 +612,7 @@ Status sparse_attention_backward(const SlotPattern<Index>& w, const T* q, const 
         const dim3 grid(unsigned(ceil_div(w.cols, kAttentionWarps)), heads);
         attention_dkdv_kernel<T, Index, D><<<grid, kAttentionWarps * 32, 0, stream>>>(
             w.col_ptr, w.csc_perm, w.row_idx, w.rows, w.cols, q + qo * D, k + ko * D, v + ko * D, lse + qo,
-            row_dot + qo, dout + qo * D, scale, causal, band_rows, query_first, query_last,
+            row_dot + qo, dout + qo * D, scale, causal, residual_queries, query_first, query_last,
             dk_partial, dv_partial, dk + ko * D, dv + ko * D);
         SNACK_RETURN_IF_ERROR(check_launch("attention_dkdv_kernel"));
       }
@@ -635,11 +636,12 @@ template bool sparse_attention_uses_bands<float16>(int64_t, AttentionBands);
 template int64_t sparse_attention_forward_workspace_bytes<float>(int64_t, int64_t, int64_t, AttentionBands);
 template int64_t sparse_attention_forward_workspace_bytes<bfloat16>(int64_t, int64_t, int64_t, AttentionBands);
 template int64_t sparse_attention_forward_workspace_bytes<float16>(int64_t, int64_t, int64_t, AttentionBands);
-template int64_t sparse_attention_backward_workspace_bytes<float>(int64_t, int64_t, int64_t, int64_t, AttentionBands);
+template int64_t sparse_attention_backward_workspace_bytes<float>(int64_t, int64_t, int64_t, int64_t,
+                                                                   int64_t, AttentionBands);
 template int64_t sparse_attention_backward_workspace_bytes<bfloat16>(int64_t, int64_t, int64_t, int64_t,
-                                                                     AttentionBands);
+                                                                   int64_t, AttentionBands);
 template int64_t sparse_attention_backward_workspace_bytes<float16>(int64_t, int64_t, int64_t, int64_t,
-                                                                    AttentionBands);
+                                                                   int64_t, AttentionBands);
 
 template Status sparse_attention_band_rows<uint16_t>(const SlotPattern<uint16_t>&, bool, int32_t*, int32_t*, Stream);
 template Status sparse_attention_band_rows<int32_t>(const SlotPattern<int32_t>&, bool, int32_t*, int32_t*, Stream);

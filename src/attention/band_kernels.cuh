@@ -349,6 +349,20 @@ __global__ void attention_band_keys_kernel(const BandRow* __restrict__ band_rows
   }
 }
 
+// Each CSC entry's query for the warp per key, or -1 where the entry lies in its query's band (the
+// band kernel's): once per call, so that the warps of every head read one word per position instead
+// of three dependent ones (the entry's slot, its query, the query's run).
+template <typename Index>
+__global__ void attention_band_csc_kernel(const int32_t* __restrict__ csc_perm, const Index* __restrict__ row_idx,
+                                          int64_t nnz, const BandRow* __restrict__ band_rows,
+                                          int32_t* __restrict__ residual_queries) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= nnz) return;
+  const int32_t slot = csc_perm[e], query = int32_t(row_idx[slot]);
+  const BandRow b = band_rows[query];
+  residual_queries[e] = slot >= b.run_begin && slot < b.run_end ? -1 : query;
+}
+
 // dQ over the bands, blocks of kBandRows queries walking their key tiles as the forward does, in two
 // launches. kPass 0: each banded row's sum of P dP over its band (dP = dout v^T) into row_dot, which
 // the warp per row then completes with its other positions. kPass 1: dS = P (dP - row_dot) and the

@@ -98,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(const at::Te
   dispatch_attention_type(q, [&](auto tag) {
     using T = decltype(tag);
     const int64_t bytes =
-        cuda::sparse_attention_backward_workspace_bytes<T>(a.p.rows, a.p.cols, a.bh, a.head_dim, use);
+        cuda::sparse_attention_backward_workspace_bytes<T>(a.p.rows, a.p.cols, a.p.nnz, a.bh, a.head_dim, use);
     const at::Tensor workspace = at::empty({bytes}, q.options().dtype(at::kByte));
     throw_if_error(with_pattern(a.p,
                                 [&](auto w) {
