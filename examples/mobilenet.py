@@ -6,7 +6,10 @@
     python examples/mobilenet.py --weights         # the weight memory alone, any device, no timing
 
 Inference: both models as served, batch norms folded into the convolutions before them and each snack
-layer's ReLU computed in its epilogue (snack.fuse_for_inference; the dense model keeps its ReLUs).
+layer's ReLU computed in its epilogue (snack.fuse_for_inference; the dense model keeps its ReLUs). In
+the sparse model each block's depthwise convolution, its ReLU and its sparse pointwise convolution
+become one snack.DepthwiseSeparable, one kernel on channels_last CUDA inputs; snack_unfused times the
+same sparse model with the three apart (fuse_for_inference(separable=False)).
 The latency of a forward at 224 x 224 (on a GPU replayed from a CUDA graph, median), the
 weight memory (parameters and buffers: for snack the values and what its patterns keep for inference,
 snack.for_inference: column indices and row pointers, and the tile view of 16-bit layers) and the
@@ -116,14 +119,16 @@ def inference_rows(args, device, rows: list[dict], save) -> None:
         dense = mobilenet_v1(width).to(device).eval()
         sparse = make_sparse(copy.deepcopy(dense), args.sparsity, args.seed)
         x = torch.randn(batch, 3, args.resolution, args.resolution, device=device).to(dtype=dtype, memory_format=fmt)
-        for impl, model in (("snack", sparse), ("dense", dense)):
-            model = snack.fuse_for_inference(model.to(dtype=dtype, memory_format=fmt))
-            if impl == "snack":
+        unfused = copy.deepcopy(sparse)
+        for impl, model in (("snack", sparse), ("snack_unfused", unfused), ("dense", dense)):
+            model = snack.fuse_for_inference(model.to(dtype=dtype, memory_format=fmt),
+                                             separable=impl != "snack_unfused")
+            if impl != "dense":
                 snack.for_inference(model)  # after the cast: 16-bit layers keep their tile view
             rows.append(dict(impl=impl, width=width, batch=batch, dtype=dtype_name, layout=layout,
                              latency_us=latency_us(model, x, device, args.reps), weight_mib=weight_mib(model),
                              peak_mib=inference_peak_mib(model, x, device), accuracy=float("nan")))
-        del dense, sparse
+        del dense, sparse, unfused
         save()
 
 
@@ -247,10 +252,10 @@ def main(argv=None) -> int:
             rows.append(dict(impl=impl, width=args.train_width, batch=args.train_batch, dtype="fp32",
                              layout="channels_last", latency_us=float("nan"), weight_mib=float("nan"),
                              peak_mib=float("nan"), accuracy=train_accuracy(impl, args, device)))
-    print(f"\n{'impl':<7}{'width':>6}{'batch':>6}{'dtype':>6}{'layout':>15}{'latency us':>12}{'weights MiB':>12}"
+    print(f"\n{'impl':<14}{'width':>6}{'batch':>6}{'dtype':>6}{'layout':>15}{'latency us':>12}{'weights MiB':>12}"
           f"{'peak MiB':>10}{'accuracy':>9}")
     for r in rows:
-        print(f"{r['impl']:<7}{r['width']:>6g}{r['batch']:>6}{r['dtype']:>6}{r['layout']:>15}{r['latency_us']:>12.1f}"
+        print(f"{r['impl']:<14}{r['width']:>6g}{r['batch']:>6}{r['dtype']:>6}{r['layout']:>15}{r['latency_us']:>12.1f}"
               f"{r['weight_mib']:>12.2f}{r['peak_mib']:>10.1f}{r['accuracy']:>9.3f}")
     if stem is not None:
         save(plot=True)
@@ -261,19 +266,25 @@ def main(argv=None) -> int:
 def _report(stem: Path, rows, info, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse MobileNetV1", info)
     lines += ["Both models with their batch norms folded (snack.fuse_for_inference; snack's layers also take their "
-              "ReLU into the product). "
+              "ReLU into the product). snack: each block's depthwise convolution, ReLU and sparse pointwise "
+              "convolution as one snack.DepthwiseSeparable (one kernel on channels_last CUDA inputs); "
+              "snack unfused: the same sparse model with the three apart. "
               "Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers (snack's "
               "patterns kept for inference, snack.for_inference). Peak: the weights plus what the forward allocates.",
               "",
-              "| width | batch | dtype | layout | snack us | dense us | speedup | snack weights MiB | dense weights MiB | "
-              "weights smaller | snack peak MiB | dense peak MiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| width | batch | dtype | layout | snack us | snack unfused us | dense us | speedup | unfused speedup | "
+              "snack weights MiB | dense weights MiB | weights smaller | snack peak MiB | dense peak MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["impl"], r["width"], r["batch"], r["dtype"], r["layout"]): r for r in rows}
     for r in rows:
         if r["impl"] != "snack" or r["latency_us"] != r["latency_us"]:
             continue
-        d = by[("dense",) + tuple(r[c] for c in ("width", "batch", "dtype", "layout"))]
+        key = tuple(r[c] for c in ("width", "batch", "dtype", "layout"))
+        d = by[("dense",) + key]
+        u = by.get(("snack_unfused",) + key, {"latency_us": float("nan")})
         lines.append(f"| {r['width']:g} | {r['batch']} | {r['dtype']} | {r['layout']} | {r['latency_us']:.1f} | "
-                     f"{d['latency_us']:.1f} | {d['latency_us'] / r['latency_us']:.2f}x | {r['weight_mib']:.2f} | "
+                     f"{u['latency_us']:.1f} | {d['latency_us']:.1f} | {d['latency_us'] / r['latency_us']:.2f}x | "
+                     f"{d['latency_us'] / u['latency_us']:.2f}x | {r['weight_mib']:.2f} | "
                      f"{d['weight_mib']:.2f} | {d['weight_mib'] / r['weight_mib']:.1f}x | {r['peak_mib']:.1f} | "
                      f"{d['peak_mib']:.1f} |")
     trained = [r for r in rows if r["accuracy"] == r["accuracy"]]

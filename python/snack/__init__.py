@@ -14,7 +14,7 @@ from .kernels import (CHANNELS_FIRST_PATHS, CSC_READS, DENSE_BLOCK_MIN_ROWS, DET
                       set_tile_view_splits, spmm_variant, tile_view_splits)
 from .pattern import Pattern
 from .layer import SparseLinear, nnz_for_density, prepare_ddp, sparse_linear
-from .conv import SparseConv2d
+from .conv import DepthwiseSeparable, SparseConv2d
 from . import attention, dst, nn, optim
 from .sparsify import sparsify
 from .inference import for_inference, for_training, fuse_for_inference
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 #: Next to the installed library (in an editable install that is site-packages, not the source tree).
 cmake_prefix_path = str(Path(LIBRARY_PATH).resolve().parent.parent / "share" / "cmake")
 
-__all__ = ["SparseLinear", "SparseConv2d", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
+__all__ = ["SparseLinear", "SparseConv2d", "DepthwiseSeparable", "Pattern", "sparse_linear", "ops", "default_index_dtype", "nnz_for_density",
            "cmake_prefix_path", "LIBRARY_PATH", "PATTERN_FIELDS", "Plan", "explain", "set_spmm_variant",
            "spmm_variant", "set_csc_read", "csc_read", "set_tile_view_splits", "tile_view_splits",
            "set_fragment_warpgroups", "fragment_warpgroups", "CSC_READS",

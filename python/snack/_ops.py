@@ -109,6 +109,15 @@ def _spmm_channels_first_fake(x, values, pattern, bias=None, activation="none", 
     return values.new_empty((x.shape[0], _shape(pattern)[0], x.shape[2]))
 
 
+@_register_fake("separable_conv")
+def _separable_conv_fake(x, dw_weight, dw_bias, stride, dw_activation, values, pattern, bias=None, activation="none",
+                         variant="auto"):
+    batch, _, height, width = x.shape
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    y = values.new_empty((batch, _shape(pattern)[0], (height - 1) // stride + 1, (width - 1) // stride + 1))
+    return y.contiguous(memory_format=torch.channels_last) if channels_last else y
+
+
 @_register_fake("spmm_for_step")
 def _spmm_for_step_fake(x, values, pattern, bias=None, activation="none"):
     # X transposed, where the device's plan makes that copy of the whole batch: a shape only the

@@ -11,7 +11,7 @@ from ._checks import integer
 from ._ops import ops
 from .layer import SparseLinear
 
-__all__ = ["SparseConv2d"]
+__all__ = ["SparseConv2d", "DepthwiseSeparable"]
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -174,3 +174,69 @@ class SparseConv2d(SparseLinear):
         stride = f", stride={self.stride}" if self.stride != (1, 1) else ""
         return (super().extra_repr().replace("in_features=", "in_channels=").replace("out_features=", "out_channels=")
                 + stride)
+
+
+def is_fusable_depthwise(module: nn.Module) -> bool:
+    """Whether ``module`` is a depthwise convolution that :class:`DepthwiseSeparable` runs in its
+    kernel: ``nn.Conv2d`` with 3x3 kernels, one per channel (``groups == in_channels ==
+    out_channels``), zero padding of 1, stride 1 or 2 and no dilation."""
+    return (isinstance(module, nn.Conv2d) and tuple(module.kernel_size) == (3, 3)
+            and module.groups == module.in_channels == module.out_channels
+            and tuple(module.padding) == (1, 1) and module.padding_mode == "zeros"
+            and tuple(module.dilation) == (1, 1) and module.stride in ((1, 1), (2, 2)))
+
+
+class DepthwiseSeparable(nn.Module):
+    r"""A depthwise-separable convolution for inference: a dense 3x3 depthwise ``nn.Conv2d``, an
+    activation, then a :class:`SparseConv2d` (with its bias and fused activation), as MobileNet's
+    blocks are, run as one kernel (``snack.ops.separable_conv``).
+
+    On CUDA, for ``channels_last`` inputs of float32, bfloat16 or float16 whose channels are whole
+    16-byte vectors (a multiple of 4 in float32, of 8 in 16 bits) and fit the device's shared memory
+    (up to ~1100 channels on an H100 or H200), a block of the kernel computes the depthwise output of a
+    tile of pixels into shared memory and the sparse product reads it there: that output never
+    reaches global memory, and one kernel runs where the two convolutions and their activations take
+    three or four. Other inputs run the two apart, with the same result up to rounding.
+
+    Where a gradient is needed (training), it runs its two modules as they are, so the parameters
+    train as before; :func:`snack.fuse_for_inference` builds it from a model's modules.
+
+    Args:
+        depthwise: the depthwise convolution (see :func:`is_fusable_depthwise`), bias optional.
+        pointwise: the :class:`SparseConv2d` after it (stride 1).
+        activation: "relu", "gelu" (exact) or None: what follows the depthwise convolution.
+    """
+
+    def __init__(self, depthwise: nn.Conv2d, pointwise: SparseConv2d, activation: Optional[str] = None) -> None:
+        super().__init__()
+        if not is_fusable_depthwise(depthwise):
+            raise ValueError(f"DepthwiseSeparable: depthwise must be a 3x3 nn.Conv2d with groups = channels, padding 1, "
+                             f"stride 1 or 2 and no dilation, got {depthwise}")
+        if not isinstance(pointwise, SparseConv2d) or pointwise.stride != (1, 1):
+            raise ValueError(f"DepthwiseSeparable: pointwise must be a SparseConv2d of stride 1, got {pointwise}")
+        if pointwise.in_channels != depthwise.out_channels:
+            raise ValueError(f"DepthwiseSeparable: the depthwise convolution has {depthwise.out_channels} channels, "
+                             f"the pointwise one takes {pointwise.in_channels}")
+        if activation not in (None, "none", "relu", "gelu"):
+            raise ValueError(f"DepthwiseSeparable: activation must be None, 'relu' or 'gelu', got {activation!r}")
+        self.depthwise = depthwise
+        self.pointwise = pointwise
+        self.activation = "none" if activation is None else activation
+
+    def _depthwise_output(self, x: Tensor) -> Tensor:
+        z = self.depthwise(x)
+        if self.activation == "relu":
+            return torch.relu(z)
+        return torch.nn.functional.gelu(z) if self.activation == "gelu" else z
+
+    def forward(self, x: Tensor) -> Tensor:
+        params = (self.depthwise.weight, self.depthwise.bias, self.pointwise.values, self.pointwise.bias)
+        if x.dim() != 4 or (torch.is_grad_enabled() and (x.requires_grad or any(
+                p is not None and p.requires_grad for p in params))):
+            return self.pointwise(self._depthwise_output(x))
+        return ops.separable_conv(x, self.depthwise.weight, self.depthwise.bias, self.depthwise.stride[0],
+                                  self.activation, self.pointwise.values, self.pointwise.pattern.tensors,
+                                  self.pointwise.bias, self.pointwise.activation)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"

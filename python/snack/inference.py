@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ._checks import SIXTEEN_BIT_DTYPES
+from .conv import DepthwiseSeparable, SparseConv2d, is_fusable_depthwise
 from .layer import TILE_FORMATS, SparseLinear
 from .pattern import Pattern
 
@@ -137,7 +138,7 @@ def _fold(layer: nn.Module, bn: nn.Module) -> None:
         layer.bias = nn.Parameter(folded_bias.to(weight.dtype), requires_grad=weight.requires_grad)
 
 
-def fuse_for_inference(model: nn.Module) -> nn.Module:
+def fuse_for_inference(model: nn.Module, *, separable: bool = True) -> nn.Module:
     """Folds each batch norm of ``model`` into the layer before it and each ReLU or exact GELU after a
     snack layer into that layer's fused activation, in place, and returns the model: fewer kernels
     per forward, the same outputs up to rounding.
@@ -157,8 +158,15 @@ def fuse_for_inference(model: nn.Module) -> nn.Module:
     Call it before :func:`for_inference` and before capturing CUDA graphs; a model in 16-bit folds
     in float32 and rounds each value once.
 
+    Then (``separable=True``) each 3x3 depthwise ``nn.Conv2d`` followed by an optional ReLU or exact
+    GELU and a :class:`SparseConv2d` of stride 1, in the order the model's ``nn.Sequential`` modules run
+    them (nested ones opened), becomes one :class:`DepthwiseSeparable` module, whose forward on
+    channels_last CUDA inputs is one kernel (the activation and the pointwise layer are replaced by
+    ``nn.Identity``). The module keeps both layers and runs them apart where a gradient is needed.
+
     Args:
         model: any module; it is changed in place.
+        separable: fuse depthwise-separable pairs as above (default True).
 
     Returns:
         ``model``.
@@ -193,4 +201,44 @@ def fuse_for_inference(model: nn.Module) -> nn.Module:
         if act_at is not None:
             seq[i].activation = act
             seq[act_at] = nn.Identity()
+    if separable:
+        _fuse_separable(model)
     return model
+
+
+def _leaves(seq: nn.Sequential) -> list[tuple[nn.Sequential, int, nn.Module]]:
+    """(parent, index, module) of the modules ``seq`` runs, in order, its nested Sequentials opened."""
+    leaves = []
+    for i, module in enumerate(seq):
+        leaves += _leaves(module) if isinstance(module, nn.Sequential) else [(seq, i, module)]
+    return leaves
+
+
+def _fuse_separable(model: nn.Module) -> None:
+    """fuse_for_inference's depthwise-separable pairs, in every outermost nn.Sequential of model."""
+    sequentials = [m for m in model.modules() if isinstance(m, nn.Sequential)]
+    nested = {id(child) for seq in sequentials for child in seq if isinstance(child, nn.Sequential)}
+    for root in (seq for seq in sequentials if id(seq) not in nested):
+        leaves = _leaves(root)
+        i = 0
+        while i < len(leaves):
+            parent, index, depthwise = leaves[i]
+            if not is_fusable_depthwise(depthwise):
+                i += 1
+                continue
+            j, act, act_at = i + 1, None, None
+            while j < len(leaves) and isinstance(leaves[j][2], nn.Identity):
+                j += 1
+            if j < len(leaves) and _fused_activation(leaves[j][2]) is not None:
+                act, act_at, j = _fused_activation(leaves[j][2]), j, j + 1
+            while j < len(leaves) and isinstance(leaves[j][2], nn.Identity):
+                j += 1
+            pointwise = leaves[j][2] if j < len(leaves) else None
+            if (isinstance(pointwise, SparseConv2d) and pointwise.stride == (1, 1)
+                    and pointwise.in_channels == depthwise.out_channels):
+                parent[index] = DepthwiseSeparable(depthwise, pointwise, act)
+                for k in ([act_at] if act_at is not None else []) + [j]:
+                    leaves[k][0][leaves[k][1]] = nn.Identity()
+                i = j + 1
+            else:
+                i += 1

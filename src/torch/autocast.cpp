@@ -1,6 +1,6 @@
 // torch.autocast for snack's operators: under autocast a SparseLinear computes as nn.Linear does.
 //
-// The products (spmm, spmm_t, spmm_channels_first, sddmm) and sparse_linear follow autocast's lower-precision policy:
+// The products (spmm, spmm_t, spmm_channels_first, sddmm, separable_conv) and sparse_linear follow autocast's lower-precision policy:
 // every floating-point operand on the autocast device, values and bias included, is cast to the
 // autocast dtype (with autocast's cache, as nn.Linear's weight is), and the op runs in that dtype
 // with float32 accumulation. Autograd sees those casts, so the gradients of float32 values and
@@ -77,6 +77,20 @@ at::Tensor sddmm_autocast(const at::Tensor& dy, const at::Tensor& x, at::TensorL
 }
 
 template <c10::DeviceType D>
+at::Tensor separable_conv_autocast(const at::Tensor& x, const at::Tensor& dw_weight, const OptionalTensor& dw_bias,
+                                   int64_t stride, c10::string_view dw_activation, const at::Tensor& values,
+                                   at::TensorList pattern, const OptionalTensor& bias, c10::string_view activation,
+                                   c10::string_view variant) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, int64_t,
+                                        c10::string_view, const at::Tensor&, at::TensorList, const OptionalTensor&,
+                                        c10::string_view, c10::string_view)>("snack::separable_conv");
+  BelowAutocast<D> below;
+  return op.call(cached_cast(below.dtype, x, D), cached_cast(below.dtype, dw_weight, D),
+                 cached_cast(below.dtype, dw_bias, D), stride, dw_activation, cached_cast(below.dtype, values, D),
+                 pattern, cached_cast(below.dtype, bias, D), activation, variant);
+}
+
+template <c10::DeviceType D>
 at::Tensor sparse_linear_autocast(const at::Tensor& x, const at::Tensor& values, const OptionalTensor& bias,
                                   at::TensorList pattern, c10::string_view activation) {
   static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, at::TensorList,
@@ -111,6 +125,7 @@ void register_autocast(torch::Library& m) {
   m.impl("spmm_t", &spmm_t_autocast<D>);
   m.impl("spmm_channels_first", &spmm_channels_first_autocast<D>);
   m.impl("sddmm", &sddmm_autocast<D>);
+  m.impl("separable_conv", &separable_conv_autocast<D>);
   m.impl("sparse_linear", &sparse_linear_autocast<D>);
   m.impl("sparse_linear_adamw", &sparse_linear_adamw_autocast<D>);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "snack/conv.h"
 #include "snack/sddmm.h"
 #include "snack/spmm.h"
 

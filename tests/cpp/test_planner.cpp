@@ -1516,5 +1516,47 @@ TEST(Planner, ChannelsFirstRules) {
   EXPECT_EQ(channels_first_block_rows({40, 16, 64, 0, 9, 4, false}), 40);
 }
 
+// The fused depthwise-separable kernel's tiles (snack/conv.h) on MobileNetV1's blocks on the H200:
+// the widest pixel tile that still gives every SM a block, output channels split over the grid where
+// the pixels leave SMs idle, and the shared memory within the device's.
+TEST(Planner, SeparableConvTiles) {
+  const DeviceLimits h200 = DeviceLimits::h200();
+  const auto plan = [&](int64_t batch, int64_t side, int64_t channels, int64_t out, int stride, int bytes) {
+    return plan_separable_conv({batch, side, side, channels, out, stride}, bytes, h200);
+  };
+  // 64 images of 112 x 112 x 32 -> 64: 128-pixel tiles, one group.
+  SeparableConvPlan p = plan(64, 112, 32, 64, 1, 4);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.pixels_per_lane, 4);
+  EXPECT_EQ(p.tiles_per_image, 98);
+  EXPECT_EQ(p.groups, 1);
+  EXPECT_GE(p.group_rows, 64);
+  // One image of 14 x 14 x 512 (stride 2 from 28 x 28 in MobileNet; here the 14 x 14 block): 32-pixel
+  // tiles, the 512 outputs over 8 groups of a chunk each for 56 blocks.
+  p = plan(1, 14, 512, 512, 1, 4);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.pixels_per_lane, 1);
+  EXPECT_EQ(p.tiles_per_image, 7);
+  EXPECT_EQ(p.group_rows, 64);
+  EXPECT_EQ(p.groups, 8);
+  EXPECT_LE(p.smem_bytes, h200.smem_per_block);
+  // Stride 2 halves each side, rounding up: 7 x 7 from 13 x 13.
+  p = plan(2, 13, 64, 10, 2, 2);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.tiles_per_image, 2);
+  EXPECT_EQ(p.groups, 1);
+  // The widest that fits in float32 (1024 channels: 188 KiB) and one that does not (2048); channels that
+  // are not whole 16-byte vectors, float64 and stride 3 are refused.
+  p = plan(1, 7, 1024, 1024, 1, 4);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.smem_bytes, size_t(1024 * 36 + 9 * 1024 + 32 * 65) * 4);
+  EXPECT_FALSE(plan(1, 7, 2048, 2048, 1, 4).fits);
+  EXPECT_FALSE(plan(1, 7, 6, 8, 1, 4).fits);
+  EXPECT_FALSE(plan(1, 7, 12, 8, 1, 2).fits);
+  EXPECT_TRUE(plan(1, 7, 12, 8, 1, 4).fits);
+  EXPECT_FALSE(plan(1, 7, 16, 8, 1, 8).fits);
+  EXPECT_FALSE(plan(1, 7, 16, 8, 3, 4).fits);
+}
+
 }  // namespace
 }  // namespace snack::test

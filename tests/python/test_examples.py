@@ -73,11 +73,14 @@ def assert_report(folder, name, impls):
 def test_mobilenet_tiny(capsys, tmp_path):
     mobilenet = load("mobilenet")
     assert mobilenet.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
-    assert_report(tmp_path, "mobilenet", ("snack", "dense"))
+    assert_report(tmp_path, "mobilenet", ("snack", "snack_unfused", "dense"))
     _, rows = benchmark.read_csv(tmp_path / "mobilenet_cpu.csv")
     timed = [r for r in rows if r["latency_us"] == r["latency_us"]]
-    assert len(timed) == 2 * 2 * 2 * 2  # batches x dtypes x layouts x impls
-    assert all(r["weight_mib"] < d["weight_mib"] for r, d in zip(timed[0::2], timed[1::2]))  # snack, then dense
+    assert len(timed) == 2 * 2 * 2 * 3  # batches x dtypes x layouts x impls
+    # snack, snack_unfused (the same weights), then dense
+    for fused, unfused, dense in zip(timed[0::3], timed[1::3], timed[2::3]):
+        assert (fused["impl"], unfused["impl"], dense["impl"]) == ("snack", "snack_unfused", "dense")
+        assert fused["weight_mib"] == unfused["weight_mib"] < dense["weight_mib"]
     trained = [r for r in rows if r["accuracy"] == r["accuracy"]]
     assert sorted(r["impl"] for r in trained) == ["dense", "snack"] and all(0 <= r["accuracy"] <= 1 for r in trained)
     assert "Accuracy" in (tmp_path / "mobilenet_cpu.md").read_text()

@@ -1,0 +1,235 @@
+// The fused depthwise-separable convolution (snack/conv.h) on channels-last images.
+//
+// A block owns a tile of 32 x P output pixels of one image and a group of output channels:
+// 1. the depthwise phase: each thread computes 16 bytes of channels of one pixel of the tile (nine
+//    16-byte loads of x, the weights from shared memory), applies the bias and the activation, rounds
+//    to T as a separate depthwise convolution would, and parks the result in z [channel][pixel] in
+//    shared memory;
+// 2. the sparse phase: a warp per output channel, each lane P pixels of the tile, as
+//    spmm_channels_first over z: the row's slots read 32 at a time and handed round by shuffles, each
+//    slot one conflict-free read of P pixels of its channel from z;
+// 3. the outputs of 64 channels at a time go through shared memory, so that each pixel's run of
+//    channels is written contiguously.
+// z never reaches global memory, and the block runs one kernel for what the two convolutions, their
+// bias and their activations take three or four for.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "../common/checks.h"
+#include "../device/cuda_utils.cuh"
+#include "../device/vector_load.cuh"
+#include "separable.h"
+#include "snack/conv.h"
+
+namespace snack::cuda {
+namespace detail {
+namespace {
+
+using ::snack::detail::kSeparableOutputChunk;
+using ::snack::detail::kSeparableRowPad;
+
+constexpr int kSeparableThreads = 256;
+constexpr int kSeparableWarps = kSeparableThreads / 32;
+constexpr int kSlotGroup = 8;  // slots whose reads of z are issued before their multiply-adds
+
+struct SeparableArgs {
+  int64_t height, width, channels, out_width, pixels, out_channels, tiles, group_rows;
+  int stride;
+};
+
+// blockIdx.x: image b = blockIdx.x / tiles and pixel tile blockIdx.x % tiles; blockIdx.y: the group of
+// output channels. V: the channels of one 16-byte vector of T.
+template <typename T, typename Index, int P>
+__global__ void __launch_bounds__(kSeparableThreads)
+    separable_conv_kernel(SeparableArgs s, const T* __restrict__ x, const T* __restrict__ dw_weight,
+                          const T* __restrict__ dw_bias, Activation dw_act, const int32_t* __restrict__ row_ptr,
+                          const Index* __restrict__ col_idx, const T* __restrict__ values,
+                          const T* __restrict__ bias, Activation act, T* __restrict__ y) {
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int kTile = 32 * P;
+  constexpr int kZRow = kTile + kSeparableRowPad;
+  constexpr int kStagedRow = kSeparableOutputChunk + 1;
+  extern __shared__ __align__(16) float smem[];
+  const int channels = int(s.channels);
+  float* z = smem;                                 // [channels][kZRow]
+  float* dw = z + int64_t(channels) * kZRow;       // [9][channels]
+  float* staged = dw + 9 * int64_t(channels);      // [kTile][kStagedRow]
+  const int64_t b = int64_t(blockIdx.x) / s.tiles;
+  const int64_t q0 = (int64_t(blockIdx.x) % s.tiles) * kTile;  // the tile's first output pixel
+  const int valid = int(std::min<int64_t>(kTile, s.pixels - q0));
+
+  for (int i = threadIdx.x; i < 9 * channels; i += kSeparableThreads) {
+    const int c = i / 9, tap = i - 9 * c;
+    dw[tap * channels + c] = to_accum(dw_weight[i]);
+  }
+  __syncthreads();
+
+  // 1. The depthwise phase.
+  const int vectors = channels / V;
+  for (int i = threadIdx.x; i < vectors * kTile; i += kSeparableThreads) {
+    // Lanes on consecutive pixels: their writes of z hit 32 banks (a lane per channel would put
+    // them 16 or 32 to a bank); their 16-byte loads of x leave the other half of each sector to the
+    // warp on the next channels, which reads it from L1.
+    const int c = (i / kTile) * V, p = i - (i / kTile) * kTile;
+    float acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0.f;
+    if (p < valid) {
+      const int64_t q = q0 + p, oy = q / s.out_width, ox = q - oy * s.out_width;
+      if (dw_bias) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = to_accum(dw_bias[c + j]);
+      }
+#pragma unroll
+      for (int ky = 0; ky < 3; ++ky) {
+        const int64_t iy = oy * s.stride - 1 + ky;
+        if (iy < 0 || iy >= s.height) continue;
+#pragma unroll
+        for (int kx = 0; kx < 3; ++kx) {
+          const int64_t ix = ox * s.stride - 1 + kx;
+          if (ix < 0 || ix >= s.width) continue;
+          float xv[V], wv[V];
+          load_vec<T, V>(x + ((b * s.height + iy) * s.width + ix) * s.channels + c, xv);
+          load_vec<float, V, true>(dw + (ky * 3 + kx) * channels + c, wv);
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] = fmaf(wv[j], xv[j], acc[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] = to_accum(from_accum<T>(apply_activation(acc[j], dw_act)));
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) z[(c + j) * kZRow + p] = acc[j];
+  }
+  __syncthreads();
+
+  // 2. and 3. The sparse phase, a chunk of output channels at a time.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t group_begin = int64_t(blockIdx.y) * s.group_rows;
+  const int64_t group_end = std::min(group_begin + s.group_rows, s.out_channels);
+  for (int64_t chunk = group_begin; chunk < group_end; chunk += kSeparableOutputChunk) {
+    const int rows = int(std::min<int64_t>(kSeparableOutputChunk, group_end - chunk));
+    for (int rr = warp; rr < rows; rr += kSeparableWarps) {
+      const int64_t r = chunk + rr;
+      const int32_t begin = row_ptr[r], end = row_ptr[r + 1];
+      float acc[P];
+#pragma unroll
+      for (int j = 0; j < P; ++j) acc[j] = 0.f;
+      // This lane's slot of the 32 at `base` (nothing past the row: the loop below stops at its end).
+      const auto slot = [&](int32_t base, float& value, int32_t& column) {
+        const int32_t e = base + lane;
+        value = e < end ? to_accum(values[e]) : 0.f;
+        column = e < end ? int32_t(col_idx[e]) : 0;
+      };
+      float value = 0.f;
+      int32_t column = 0;
+      if (begin < end) slot(begin, value, column);
+      for (int32_t base = begin; base < end; base += 32) {
+        float next_value;
+        int32_t next_column;
+        slot(base + 32, next_value, next_column);
+        const int count = end - base < 32 ? int(end - base) : 32;
+        for (int t0 = 0; t0 < count; t0 += kSlotGroup) {  // warp-uniform
+          float v[kSlotGroup], zv[kSlotGroup][P];
+#pragma unroll
+          for (int u = 0; u < kSlotGroup; ++u) {
+            v[u] = __shfl_sync(0xffffffffu, value, (t0 + u) & 31);
+            const int32_t c = __shfl_sync(0xffffffffu, column, (t0 + u) & 31);
+            if (t0 + u < count) {
+              load_vec<float, P, true>(z + c * kZRow + lane * P, zv[u]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < P; ++j) zv[u][j] = 0.f;
+              v[u] = 0.f;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kSlotGroup; ++u) {
+#pragma unroll
+            for (int j = 0; j < P; ++j) acc[j] = fmaf(v[u], zv[u][j], acc[j]);
+          }
+        }
+        value = next_value;
+        column = next_column;
+      }
+      const float bias_r = bias ? to_accum(bias[r]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < P; ++j) staged[(lane * P + j) * kStagedRow + rr] = apply_activation(acc[j] + bias_r, act);
+    }
+    __syncthreads();
+    T* out = y + (b * s.pixels + q0) * s.out_channels + chunk;
+    for (int i = threadIdx.x; i < valid * rows; i += kSeparableThreads) {
+      const int p = i / rows, rr = i - p * rows;
+      out[int64_t(p) * s.out_channels + rr] = from_accum<T>(staged[p * kStagedRow + rr]);
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, typename Index, int P>
+Status launch_separable(const SeparableConvShape& shape, const SeparableConvPlan& plan, const T* x,
+                        const T* dw_weight, const T* dw_bias, Activation dw_act, const SlotPattern<Index>& w,
+                        const T* values, const T* bias, Activation act, T* y, Stream stream) {
+  const auto kernel = separable_conv_kernel<T, Index, P>;
+  SNACK_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
+  const SeparableArgs args{shape.height, shape.width, shape.channels, shape.out_width(),
+                           shape.out_height() * shape.out_width(), shape.out_channels, plan.tiles_per_image,
+                           plan.group_rows, shape.stride};
+  kernel<<<dim3(unsigned(shape.batch * plan.tiles_per_image), unsigned(plan.groups)), kSeparableThreads,
+           plan.smem_bytes, stream>>>(args, x, dw_weight, dw_bias, dw_act, w.row_ptr, w.col_idx, values, bias, act, y);
+  return check_launch("separable_conv_kernel");
+}
+
+}  // namespace
+}  // namespace detail
+
+template <typename T, typename Index>
+Status separable_conv_nhwc(const SeparableConvShape& s, const T* x, const T* dw_weight, const T* dw_bias,
+                           Activation dw_act, const SlotPattern<Index>& w, const T* values, const T* bias,
+                           Activation act, T* y, const DeviceLimits& limits, Stream stream) {
+  using namespace detail;
+  if (s.batch < 0 || s.height < 0 || s.width < 0)
+    return InvalidArgument("separable_conv: batch, height and width must be non-negative");
+  if (w.cols != s.channels || w.rows != s.out_channels)
+    return InvalidArgument("separable_conv: the pattern is " + std::to_string(w.rows) + " x " +
+                           std::to_string(w.cols) + ", the convolution " + std::to_string(s.out_channels) + " x " +
+                           std::to_string(s.channels));
+  const int64_t outputs = s.batch * s.out_height() * s.out_width();
+  SNACK_RETURN_IF_ERROR(::snack::detail::check_op(
+      w, outputs, values,
+      {{"x", ::snack::detail::required_if(outputs * s.channels > 0, x)},
+       {"dw_weight", ::snack::detail::required_if(s.channels > 0, dw_weight)},
+       {"y", ::snack::detail::required_if(outputs * s.out_channels > 0, y)}},
+      PatternNeeds::kForward));
+  if (outputs == 0 || s.out_channels == 0) return Status::Ok();
+  const SeparableConvPlan plan = plan_separable_conv(s, int(sizeof(T)), limits);
+  if (!plan.fits || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    return InvalidArgument("separable_conv: no fused tile for " + std::to_string(s.channels) +
+                           " channels of this dtype on this device (or x not 16-byte aligned)");
+  switch (plan.pixels_per_lane) {
+    case 4:
+      return launch_separable<T, Index, 4>(s, plan, x, dw_weight, dw_bias, dw_act, w, values, bias, act, y, stream);
+    case 2:
+      return launch_separable<T, Index, 2>(s, plan, x, dw_weight, dw_bias, dw_act, w, values, bias, act, y, stream);
+    default:
+      return launch_separable<T, Index, 1>(s, plan, x, dw_weight, dw_bias, dw_act, w, values, bias, act, y, stream);
+  }
+}
+
+#define SNACK_INSTANTIATE_SEPARABLE(T, Index)                                                                     \
+  template Status separable_conv_nhwc<T, Index>(const SeparableConvShape&, const T*, const T*, const T*, Activation, \
+                                                const SlotPattern<Index>&, const T*, const T*, Activation, T*,        \
+                                                const DeviceLimits&, Stream);
+
+SNACK_INSTANTIATE_SEPARABLE(float, uint16_t)
+SNACK_INSTANTIATE_SEPARABLE(float, int32_t)
+SNACK_INSTANTIATE_SEPARABLE(bfloat16, uint16_t)
+SNACK_INSTANTIATE_SEPARABLE(bfloat16, int32_t)
+SNACK_INSTANTIATE_SEPARABLE(float16, uint16_t)
+SNACK_INSTANTIATE_SEPARABLE(float16, int32_t)
+
+}  // namespace snack::cuda
