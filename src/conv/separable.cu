@@ -2,16 +2,21 @@
 //
 // A block owns a tile of 32 x P output pixels of one image and a group of output channels:
 // 1. the depthwise phase: each thread computes 16 bytes of channels of one pixel of the tile (nine
-//    16-byte loads of x, the weights from shared memory), applies the bias and the activation, rounds
-//    to T as a separate depthwise convolution would, and parks the result in z [channel][pixel] in
-//    shared memory;
-// 2. the sparse phase: a warp per output channel, each lane P pixels of the tile, as
+//    16-byte loads of x, the lanes of a warp on consecutive channels so that they read whole lines;
+//    the weights from shared memory), applies the bias and the activation, rounds to T as a separate
+//    depthwise convolution would, and parks the result in z [channel][pixel] in shared memory;
+// 2. the sparse phase: a warp per output channel, lane l the pixels l, l + 32, ... of the tile, as
 //    spmm_channels_first over z: the row's slots read 32 at a time and handed round by shuffles, each
-//    slot one conflict-free read of P pixels of its channel from z;
+//    slot P conflict-free reads of its channel's row of z;
 // 3. the outputs of 64 channels at a time go through shared memory, so that each pixel's run of
 //    channels is written contiguously.
 // z never reaches global memory, and the block runs one kernel for what the two convolutions, their
 // bias and their activations take three or four for.
+//
+// z's rows are XOR-swizzled: pixel p of channel c sits at p ^ swizzle(c) of its row, a value below
+// 32 that differs between the channels that a warp's lanes write at once (their banks would
+// otherwise be one, their rows being 32 x P words apart), while the reads of one row by the 32 lanes
+// stay a permutation of 32 banks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,7 +34,6 @@ namespace detail {
 namespace {
 
 using ::snack::detail::kSeparableOutputChunk;
-using ::snack::detail::kSeparableRowPad;
 
 constexpr int kSeparableThreads = 256;
 constexpr int kSeparableWarps = kSeparableThreads / 32;
@@ -50,7 +54,7 @@ __global__ void __launch_bounds__(kSeparableThreads)
                           const T* __restrict__ bias, Activation act, T* __restrict__ y) {
   constexpr int V = 16 / int(sizeof(T));
   constexpr int kTile = 32 * P;
-  constexpr int kZRow = kTile + kSeparableRowPad;
+  constexpr int kZRow = kTile;
   constexpr int kStagedRow = kSeparableOutputChunk + 1;
   extern __shared__ __align__(16) float smem[];
   const int channels = int(s.channels);
@@ -67,13 +71,13 @@ __global__ void __launch_bounds__(kSeparableThreads)
   }
   __syncthreads();
 
-  // 1. The depthwise phase.
+  // 1. The depthwise phase: the lanes of a warp on consecutive vectors of channels (of consecutive
+  // pixels where a pixel has fewer than 32), whose swizzles differ.
   const int vectors = channels / V;
+  const int spread = vectors >= 32 ? 1 : 32 >> (31 - __clz(vectors));  // 32 / (vectors rounded down to 2^k)
   for (int i = threadIdx.x; i < vectors * kTile; i += kSeparableThreads) {
-    // Lanes on consecutive pixels: their writes of z hit 32 banks (a lane per channel would put
-    // them 16 or 32 to a bank); their 16-byte loads of x leave the other half of each sector to the
-    // warp on the next channels, which reads it from L1.
-    const int c = (i / kTile) * V, p = i - (i / kTile) * kTile;
+    const int p = i / vectors, vector = i - p * vectors, c = vector * V;
+    const int swizzle = (vector * spread) & 31;
     float acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = 0.f;
@@ -102,7 +106,7 @@ __global__ void __launch_bounds__(kSeparableThreads)
       for (int j = 0; j < V; ++j) acc[j] = to_accum(from_accum<T>(apply_activation(acc[j], dw_act)));
     }
 #pragma unroll
-    for (int j = 0; j < V; ++j) z[(c + j) * kZRow + p] = acc[j];
+    for (int j = 0; j < V; ++j) z[(c + j) * kZRow + (p ^ swizzle)] = acc[j];
   }
   __syncthreads();
 
@@ -139,7 +143,9 @@ __global__ void __launch_bounds__(kSeparableThreads)
             v[u] = __shfl_sync(0xffffffffu, value, (t0 + u) & 31);
             const int32_t c = __shfl_sync(0xffffffffu, column, (t0 + u) & 31);
             if (t0 + u < count) {
-              load_vec<float, P, true>(z + c * kZRow + lane * P, zv[u]);
+              const int swizzle = ((c / V) * spread) & 31;
+#pragma unroll
+              for (int j = 0; j < P; ++j) zv[u][j] = z[c * kZRow + ((lane + 32 * j) ^ swizzle)];
             } else {
 #pragma unroll
               for (int j = 0; j < P; ++j) zv[u][j] = 0.f;
@@ -157,7 +163,7 @@ __global__ void __launch_bounds__(kSeparableThreads)
       }
       const float bias_r = bias ? to_accum(bias[r]) : 0.f;
 #pragma unroll
-      for (int j = 0; j < P; ++j) staged[(lane * P + j) * kStagedRow + rr] = apply_activation(acc[j] + bias_r, act);
+      for (int j = 0; j < P; ++j) staged[(lane + 32 * j) * kStagedRow + rr] = apply_activation(acc[j] + bias_r, act);
     }
     __syncthreads();
     T* out = y + (b * s.pixels + q0) * s.out_channels + chunk;

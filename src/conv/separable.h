@@ -11,16 +11,12 @@ namespace snack::detail {
 // memory, so each pixel's channels are stored as one contiguous run.
 inline constexpr int kSeparableOutputChunk = 64;
 
-// Pixels a block row of z holds beyond its tile: 4 floats keep every channel's row 16-byte aligned.
-inline constexpr int kSeparableRowPad = 4;
-
 // z (channels x the tile, float), the depthwise weights (9 x channels, float) and the staged outputs
 // (the tile x a chunk, each pixel's run padded by one float so that the lanes' writes spread over
 // the banks).
 inline size_t separable_smem_bytes(int64_t channels, int pixels_per_lane) {
   const int64_t tile = 32 * int64_t(pixels_per_lane);
-  return size_t(channels * (tile + kSeparableRowPad) + 9 * channels + tile * (kSeparableOutputChunk + 1)) *
-         sizeof(float);
+  return size_t(channels * tile + 9 * channels + tile * (kSeparableOutputChunk + 1)) * sizeof(float);
 }
 
 }  // namespace snack::detail
