@@ -35,7 +35,9 @@ namespace {
 
 using ::snack::detail::kSeparableOutputChunk;
 
-constexpr int kSeparableThreads = 256;
+// 16 warps: one block of up to ~1100 channels fills an SM's shared memory, and its warps alone hide
+// the latency of the depthwise phase's loads.
+constexpr int kSeparableThreads = 512;
 constexpr int kSeparableWarps = kSeparableThreads / 32;
 constexpr int kSlotGroup = 8;  // slots whose reads of z are issued before their multiply-adds
 
@@ -75,6 +77,7 @@ __global__ void __launch_bounds__(kSeparableThreads)
   // pixels where a pixel has fewer than 32), whose swizzles differ.
   const int vectors = channels / V;
   const int spread = vectors >= 32 ? 1 : 32 >> (31 - __clz(vectors));  // 32 / (vectors rounded down to 2^k)
+#pragma unroll 2
   for (int i = threadIdx.x; i < vectors * kTile; i += kSeparableThreads) {
     const int p = i / vectors, vector = i - p * vectors, c = vector * V;
     const int swizzle = (vector * spread) & 31;
