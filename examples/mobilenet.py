@@ -8,7 +8,7 @@
 Inference: both models as served, batch norms folded into the convolutions before them and each snack
 layer's ReLU computed in its epilogue (snack.fuse_for_inference; the dense model keeps its ReLUs). In
 the sparse model each block's depthwise convolution, its ReLU and its sparse pointwise convolution
-become one snack.DepthwiseSeparable, one kernel on channels_last CUDA inputs; snack_unfused times the
+become one snack.DepthwiseSeparable, one kernel on CUDA; snack_unfused times the
 same sparse model with the three apart (fuse_for_inference(separable=False)).
 The latency of a forward at 224 x 224 (on a GPU replayed from a CUDA graph, median), the
 weight memory (parameters and buffers: for snack the values and what its patterns keep for inference,
@@ -267,7 +267,7 @@ def _report(stem: Path, rows, info, plot: bool = True) -> None:
     lines = benchmark.markdown_head("Sparse MobileNetV1", info)
     lines += ["Both models with their batch norms folded (snack.fuse_for_inference; snack's layers also take their "
               "ReLU into the product). snack: each block's depthwise convolution, ReLU and sparse pointwise "
-              "convolution as one snack.DepthwiseSeparable (one kernel on channels_last CUDA inputs); "
+              "convolution as one snack.DepthwiseSeparable (one kernel on CUDA); "
               "snack unfused: the same sparse model with the three apart. "
               "Latency: one forward (CUDA-graph replay on a GPU, median). Weights: parameters and buffers (snack's "
               "patterns kept for inference, snack.for_inference). Peak: the weights plus what the forward allocates.",

@@ -5,10 +5,11 @@
 //                   (zero padding of one pixel, stride s of 1 or 2), rounded to T
 //   y[b, i, j, r] = act(sum_{t in row r} values[t] z[b, i, j, col(t)] (+ bias[r]))
 //
-// x [batch, height, width, channels] and y [batch, out_h, out_w, w.rows], both contiguous
-// (a channels_last NCHW tensor's memory). MobileNet's blocks are this pair; run apart they write z
-// and read it back, and take three or four kernels where this takes one: the depthwise output of a
-// tile of pixels stays in shared memory, where the sparse product reads it.
+// x and y are contiguous images, channels last (x [batch, height, width, channels], y [batch, out_h,
+// out_w, w.rows]: a channels_last tensor's memory) or first (NCHW). MobileNet's blocks are this
+// pair; run apart they write z and read it back, and take three or four kernels where this takes
+// one: the depthwise output of a tile of pixels stays in shared memory, where the sparse product
+// reads it.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,7 @@ struct SeparableConvShape {
   int64_t channels = 0;
   int64_t out_channels = 0;
   int stride = 1;  ///< 1 or 2
+  bool channels_last = true;  ///< x and y NHWC; false: NCHW
   int64_t out_height() const { return (height - 1) / stride + 1; }
   int64_t out_width() const { return (width - 1) / stride + 1; }
 };
@@ -36,8 +38,8 @@ struct SeparableConvShape {
 /// How the fused kernel runs a shape: `pixels_per_lane` x 32 output pixels a block (1, 2 or 4),
 /// `group_rows` output channels a block (the grid's y splits them where the pixels leave SMs idle;
 /// each group recomputes its tile's depthwise output), and the dynamic shared memory that takes.
-/// `fits` is false where no tile fits the device's shared memory (thousands of channels), or the
-/// channels are not whole 16-byte vectors (the depthwise loads): the caller runs the two apart.
+/// `fits` is false where no tile fits the device's shared memory (thousands of channels), or, channels
+/// last, the channels are not whole 16-byte vectors (the depthwise loads): the caller runs the two apart.
 struct SeparableConvPlan {
   bool fits = false;
   int pixels_per_lane = 0;
@@ -50,13 +52,13 @@ SeparableConvPlan plan_separable_conv(const SeparableConvShape& s, int value_byt
 
 namespace cuda {
 
-/// The fused depthwise-separable convolution above, enqueued on `stream`. T: float, bfloat16 or
+/// The fused depthwise-separable convolution above, enqueued on `stream`, in s.channels_last's layout. T: float, bfloat16 or
 /// float16 (accumulated in float; z rounded to T as the depthwise convolution's output would be).
 /// dw_weight [channels, 9] (an nn.Conv2d(C, C, 3, groups=C) weight's memory), dw_bias [channels] or
-/// null, bias [w.rows] or null; `x` 16-byte aligned. Fails with kInvalidArgument where
+/// null, bias [w.rows] or null; channels last, `x` 16-byte aligned. Fails with kInvalidArgument where
 /// plan_separable_conv says it does not fit.
 template <typename T, typename Index>
-Status separable_conv_nhwc(const SeparableConvShape& s, const T* x, const T* dw_weight, const T* dw_bias,
+Status separable_conv(const SeparableConvShape& s, const T* x, const T* dw_weight, const T* dw_bias,
                            Activation dw_act, const SlotPattern<Index>& w, const T* values, const T* bias,
                            Activation act, T* y, const DeviceLimits& limits, Stream stream);
 

@@ -191,12 +191,13 @@ class DepthwiseSeparable(nn.Module):
     activation, then a :class:`SparseConv2d` (with its bias and fused activation), as MobileNet's
     blocks are, run as one kernel (``snack.ops.separable_conv``).
 
-    On CUDA, for ``channels_last`` inputs of float32, bfloat16 or float16 whose channels are whole
-    16-byte vectors (a multiple of 4 in float32, of 8 in 16 bits) and fit the device's shared memory
-    (up to ~1100 channels on an H100 or H200), a block of the kernel computes the depthwise output of a
-    tile of pixels into shared memory and the sparse product reads it there: that output never
-    reaches global memory, and one kernel runs where the two convolutions and their activations take
-    three or four. Other inputs run the two apart, with the same result up to rounding.
+    On CUDA, for NCHW or ``channels_last`` inputs of float32, bfloat16 or float16 whose channels fit
+    the device's shared memory (up to ~1100 on an H100 or H200; channels_last, a multiple of 4 in
+    float32 and of 8 in 16 bits), a block of the kernel computes the depthwise output of a tile of
+    pixels into shared memory and the sparse product reads it there: that output never reaches global
+    memory, and one kernel runs where the two convolutions and their activations take three or four.
+    Other inputs run the two apart, with the same result up to rounding. The output has the input's
+    memory format.
 
     Where a gradient is needed (training), it runs its two modules as they are, so the parameters
     train as before; :func:`snack.fuse_for_inference` builds it from a model's modules.

@@ -161,7 +161,7 @@ def fuse_for_inference(model: nn.Module, *, separable: bool = True) -> nn.Module
     Then (``separable=True``) each 3x3 depthwise ``nn.Conv2d`` followed by an optional ReLU or exact
     GELU and a :class:`SparseConv2d` of stride 1, in the order the model's ``nn.Sequential`` modules run
     them (nested ones opened), becomes one :class:`DepthwiseSeparable` module, whose forward on
-    channels_last CUDA inputs is one kernel (the activation and the pointwise layer are replaced by
+    CUDA is one kernel (the activation and the pointwise layer are replaced by
     ``nn.Identity``). The module keeps both layers and runs them apart where a gradient is needed.
 
     Args:

@@ -11,12 +11,14 @@ namespace snack::detail {
 // memory, so each pixel's channels are stored as one contiguous run.
 inline constexpr int kSeparableOutputChunk = 64;
 
-// z (channels x the tile, float), the depthwise weights (9 x channels, float) and the staged outputs
-// (the tile x a chunk, each pixel's run padded by one float so that the lanes' writes spread over
-// the banks).
-inline size_t separable_smem_bytes(int64_t channels, int pixels_per_lane) {
+// z (channels x the tile, float), the depthwise weights (9 x channels, float) and, for channels_last
+// outputs, the staged outputs (the tile x a chunk, each pixel's run padded by one float so that the
+// lanes' writes spread over the banks; NCHW outputs are stored from registers, a channel's pixels
+// being contiguous).
+inline size_t separable_smem_bytes(int64_t channels, int pixels_per_lane, bool channels_last) {
   const int64_t tile = 32 * int64_t(pixels_per_lane);
-  return size_t(channels * tile + 9 * channels + tile * (kSeparableOutputChunk + 1)) * sizeof(float);
+  const int64_t staged = channels_last ? tile * (kSeparableOutputChunk + 1) : 0;
+  return size_t(channels * tile + 9 * channels + staged) * sizeof(float);
 }
 
 }  // namespace snack::detail

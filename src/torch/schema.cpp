@@ -54,7 +54,7 @@ TORCH_LIBRARY(snack, m) {
   // A depthwise-separable convolution (snack/conv.h), inference: x [B, C, H, W] -> [B, M, H', W'],
   // a 3x3 depthwise convolution (dw_weight [C, 1, 3, 3], padding 1, stride 1 or 2) with dw_bias and
   // dw_activation, then the sparse 1x1 convolution of values over pattern ([M, C]) with bias and
-  // activation. variant "auto": on CUDA one fused kernel for channels_last x where its tile fits,
+  // activation. variant "auto": on CUDA one fused kernel (x channels_last or NCHW) where its tile fits,
   // else the two apart; "fused" / "unfused" force either (the CPU runs them apart). The output has
   // x's memory format. No autograd.
   m.def("separable_conv(Tensor x, Tensor dw_weight, Tensor? dw_bias, int stride, str dw_activation, Tensor values, "

@@ -1556,6 +1556,14 @@ TEST(Planner, SeparableConvTiles) {
   EXPECT_TRUE(plan(1, 7, 12, 8, 1, 4).fits);
   EXPECT_FALSE(plan(1, 7, 16, 8, 1, 8).fits);
   EXPECT_FALSE(plan(1, 7, 16, 8, 3, 4).fits);
+  // NCHW: a thread takes one channel (any count), and the outputs are stored from registers (no staging).
+  SeparableConvShape nchw{1, 7, 7, 1024, 1024, 1};
+  nchw.channels_last = false;
+  p = plan_separable_conv(nchw, 4, h200);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.smem_bytes, size_t(1024 * 32 + 9 * 1024) * 4);
+  nchw.channels = 6;
+  EXPECT_TRUE(plan_separable_conv(nchw, 4, h200).fits);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 """snack.ops.separable_conv and snack.DepthwiseSeparable: a 3x3 depthwise convolution, its activation
-and a sparse 1x1 convolution, fused on CUDA for channels_last images, against float64 references
+and a sparse 1x1 convolution, fused on CUDA (channels_last and NCHW images), against float64 references
 (odd image sizes, strides 1 and 2, output channels that are not whole chunks, empty rows, nnz = 0, the
 widest channel counts that fit, every tile width), the unfused path, fuse_for_inference and autocast."""
 
@@ -96,7 +96,7 @@ def test_matches_float64(device, case, dtype, acts):
             what = f"{case} {dtype} {acts} {layout} {variant}"
             assert y.dtype == dtype and y.shape == ref.shape, what
             assert_close(y, ref, wider * scale, dtype, what)
-            fmt = torch.channels_last if layout == "channels_last" or variant == "fused" else torch.contiguous_format
+            fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
             assert y.is_contiguous(memory_format=fmt), what
             assert torch.equal(ops.separable_conv(images, dw, dw_bias, stride, dw_act, w.values, w.tensors, bias, act,
                                                   variant), y), f"{what}: not reproducible"
@@ -112,6 +112,9 @@ def test_fallbacks_and_errors(device):
                  torch.float32, "6 channels")
     with pytest.raises(ValueError, match="fused"):
         ops.separable_conv(images, dw, dw_bias, 1, "relu", w.values, w.tensors, bias, variant="fused")
+    if device.type == "cuda":  # NCHW, the kernel reads one channel a thread: any count
+        assert_close(ops.separable_conv(x, dw, dw_bias, 1, "relu", w.values, w.tensors, bias, variant="fused"), ref,
+                     scale, torch.float32, "6 channels, NCHW")
     w64, x64, dw64, _, _, _ = make_case((1, 8, 4, 4, 3, 1, 0.5, 0), device, torch.float64)
     y = ops.separable_conv(x64, dw64, None, 1, "none", w64.values, w64.tensors)
     ref, scale = separable_ref(x64, dw64, None, 1, "none", w64, None, "none", torch.float64)
