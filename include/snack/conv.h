@@ -52,8 +52,9 @@ SeparableConvPlan plan_separable_conv(const SeparableConvShape& s, int value_byt
 
 namespace cuda {
 
-/// The fused depthwise-separable convolution above, enqueued on `stream`, in s.channels_last's layout. T: float, bfloat16 or
-/// float16 (accumulated in float; z rounded to T as the depthwise convolution's output would be).
+/// The fused depthwise-separable convolution above in s.channels_last's layout, enqueued on
+/// `stream`. T: float, bfloat16 or float16 (accumulated in float; z rounded to T as the depthwise
+/// convolution's output would be).
 /// dw_weight [channels, 9] (an nn.Conv2d(C, C, 3, groups=C) weight's memory), dw_bias [channels] or
 /// null, bias [w.rows] or null; channels last, `x` 16-byte aligned. Fails with kInvalidArgument where
 /// plan_separable_conv says it does not fit.
