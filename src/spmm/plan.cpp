@@ -405,7 +405,7 @@ int shared_x_batch_tile(const SpmmProblem& p, const DeviceLimits& limits) {
 
 // Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
 // at these batches), a batch of at least 256, rows of 4-35% density (from 0.5% at a batch of 8192,
-// where global_xt's stream of X from L2 slows down), and a grid whose last wave of one block per SM
+// where global_xt's stream of X from L2 slows down; the forward from 1% at 512), and a grid whose last wave of one block per SM
 // is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform rows,
 // bench/results/spmm_nvidia_h200_large.md at commit 145b557): 16384x4096, N = 1024, 90% / 95%:
 // 1577 / 1025 us against 2763 / 1438 us for global_xt; at 99% global_xt stays faster up to N = 4096
@@ -414,15 +414,24 @@ int shared_x_batch_tile(const SpmmProblem& p, const DeviceLimits& limits) {
 // filled grids lose: 768x3072, N = 256 (6 bands of 128 rows x 2 batch tiles) 154 against 35 us. The
 // transposed product, whose slots come through csc_perm (16384x4096 at N = 1024 / 4096): 90% 2043 /
 // 8125 us against 3379 / 21398 for global_xt, 95% 1716 / 6749 against 1750 / 10880. (These are the
-// kernel's figures with one vector a lane and a window reloaded per row and chunk.)
+// kernel's figures with one vector a lane and a window reloaded per row and chunk.) With eight batch
+// rows a lane (H100, bench/results/spmm_nvidia_h100_80gb_hbm3_shared_x_wide.md, commit 8da4065) it
+// also wins the forward at 99% from N = 512: 16384x4096 229.8 / 454.0 / 1779 us against 233.1 /
+// 470.5 / 2691 for the planner's global_xt at N = 512 / 1024 / 4096, 4096x4096 70.9 / 132.5 / 499.2
+// against 72.2 / 136.3 / 625.2, 3072x768 21.0 / 36.0 / 98.0 against 39.7 / 69.2 / 283.7 (the
+// transposed product there is not measured).
 constexpr int64_t kSharedXMinBatch = 256;
 constexpr int64_t kSharedXSparseRowsBatch = 8192;
+constexpr int64_t kSharedXOnePercentBatch = 512;
 bool shared_x_pays(const SpmmProblem& p, const DeviceLimits& limits) {
   using namespace cuda::detail;
   if (p.value_bytes != 4 || p.n < kSharedXMinBatch || p.out_dim == 0 || p.in_dim == 0) return false;
   if (shared_x_offsets_overflow(p)) return false;
   const double density = density_of(p);
-  if (density < (p.n >= kSharedXSparseRowsBatch ? 0.005 : 0.04) || density > 0.35) return false;
+  const double least = p.n >= kSharedXSparseRowsBatch                      ? 0.005
+                       : p.n >= kSharedXOnePercentBatch && !p.transposed ? 0.0095
+                                                                         : 0.04;
+  if (density < least || density > 0.35) return false;
   const int64_t bands = ceil_div(p.out_dim, shared_x_band_rows(4));
   return shared_x_grid_fills(bands * ceil_div(p.n, shared_x_batch_tile(p, limits)), limits);
 }
