@@ -366,7 +366,8 @@ def _mobile_block(cin: int, cout: int, stride: int, seed: int) -> torch.nn.Seque
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_fuse_for_inference_keeps_the_outputs(device, dtype, channels_last):
+@pytest.mark.parametrize("separable", [False, True])
+def test_fuse_for_inference_keeps_the_outputs(device, dtype, channels_last, separable):
     if device.type == "cuda" and dtype == torch.float64:
         pytest.skip("the CUDA products run float32 and 16-bit values")
     torch.manual_seed(0)
@@ -381,14 +382,20 @@ def test_fuse_for_inference_keeps_the_outputs(device, dtype, channels_last):
     with torch.no_grad():
         expected = reference(x.double())
         values = model[0][3].values
-        assert snack.fuse_for_inference(model) is model
+        assert snack.fuse_for_inference(model, separable=separable) is model
         y = model(x)
-    assert model[0][3].values is values  # scaled in place
     for block in model[:2]:
         kinds = [type(m) for m in block]
-        assert kinds == [torch.nn.Conv2d, torch.nn.Identity, torch.nn.ReLU, snack.SparseConv2d, torch.nn.Identity,
-                         torch.nn.Identity], kinds
-        assert block[3].activation == "relu" and block[3].bias is not None and block[0].bias is not None
+        if separable:  # the depthwise convolution, its ReLU and the pointwise layer as one module
+            assert kinds == [snack.DepthwiseSeparable] + [torch.nn.Identity] * 5, kinds
+            depthwise, pointwise = block[0].depthwise, block[0].pointwise
+            assert block[0].activation == "relu"
+        else:
+            assert kinds == [torch.nn.Conv2d, torch.nn.Identity, torch.nn.ReLU, snack.SparseConv2d, torch.nn.Identity,
+                             torch.nn.Identity], kinds
+            depthwise, pointwise = block[0], block[3]
+        assert pointwise.activation == "relu" and pointwise.bias is not None and depthwise.bias is not None
+    assert (model[0][0].pointwise if separable else model[0][3]).values is values  # scaled in place
     assert model[4].activation == "gelu" and isinstance(model[5], torch.nn.Identity)
     assert isinstance(model[6], torch.nn.Identity)
     # the folded weights round once more than the reference's: torch's own rounding of the model's ops
