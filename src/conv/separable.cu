@@ -28,6 +28,7 @@
 #include "../common/checks.h"
 #include "../device/cuda_utils.cuh"
 #include "../device/vector_load.cuh"
+#include "../device/warp_row_slots.cuh"
 #include "separable.h"
 #include "snack/conv.h"
 
@@ -52,7 +53,7 @@ struct SeparableArgs {
 // output channels. V: the channels of a thread's item in the depthwise phase (a 16-byte vector of T
 // channels last, one channel NCHW).
 template <typename T, typename Index, int P, bool kChannelsLast>
-__global__ void __launch_bounds__(kSeparableThreads)
+__global__ void __launch_bounds__(kSeparableThreads, 1)
     separable_conv_kernel(SeparableArgs s, const T* __restrict__ x, const T* __restrict__ dw_weight,
                           const T* __restrict__ dw_bias, Activation dw_act, const int32_t* __restrict__ row_ptr,
                           const Index* __restrict__ col_idx, const T* __restrict__ values,
@@ -142,45 +143,29 @@ __global__ void __launch_bounds__(kSeparableThreads)
       float acc[P];
 #pragma unroll
       for (int j = 0; j < P; ++j) acc[j] = 0.f;
-      // This lane's slot of the 32 at `base` (nothing past the row: the loop below stops at its end).
-      const auto slot = [&](int32_t base, float& value, int32_t& column) {
-        const int32_t e = base + lane;
-        value = e < end ? to_accum(values[e]) : 0.f;
-        column = e < end ? int32_t(col_idx[e]) : 0;
-      };
-      float value = 0.f;
-      int32_t column = 0;
-      if (begin < end) slot(begin, value, column);
-      for (int32_t base = begin; base < end; base += 32) {
-        float next_value;
-        int32_t next_column;
-        slot(base + 32, next_value, next_column);
-        const int count = end - base < 32 ? int(end - base) : 32;
-        for (int t0 = 0; t0 < count; t0 += kSlotGroup) {  // warp-uniform
-          float v[kSlotGroup], zv[kSlotGroup][P];
+      for_each_slot_group<kSlotGroup>(values, col_idx, begin, end, lane,
+                                      [&](float value, int32_t column, int t0, int count) {
+        float v[kSlotGroup], zv[kSlotGroup][P];
 #pragma unroll
-          for (int u = 0; u < kSlotGroup; ++u) {
-            v[u] = __shfl_sync(0xffffffffu, value, (t0 + u) & 31);
-            const int32_t c = __shfl_sync(0xffffffffu, column, (t0 + u) & 31);
-            if (t0 + u < count) {
-              const int swizzle = swizzle_of(c);
+        for (int u = 0; u < kSlotGroup; ++u) {
+          v[u] = __shfl_sync(0xffffffffu, value, t0 + u);
+          const int32_t c = __shfl_sync(0xffffffffu, column, t0 + u);
+          if (t0 + u < count) {
+            const int swizzle = swizzle_of(c);
 #pragma unroll
-              for (int j = 0; j < P; ++j) zv[u][j] = z[c * kZRow + ((lane + 32 * j) ^ swizzle)];
-            } else {
+            for (int j = 0; j < P; ++j) zv[u][j] = z[c * kZRow + ((lane + 32 * j) ^ swizzle)];
+          } else {
 #pragma unroll
-              for (int j = 0; j < P; ++j) zv[u][j] = 0.f;
-              v[u] = 0.f;
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < kSlotGroup; ++u) {
-#pragma unroll
-            for (int j = 0; j < P; ++j) acc[j] = fmaf(v[u], zv[u][j], acc[j]);
+            for (int j = 0; j < P; ++j) zv[u][j] = 0.f;
+            v[u] = 0.f;
           }
         }
-        value = next_value;
-        column = next_column;
-      }
+#pragma unroll
+        for (int u = 0; u < kSlotGroup; ++u) {
+#pragma unroll
+          for (int j = 0; j < P; ++j) acc[j] = fmaf(v[u], zv[u][j], acc[j]);
+        }
+      });
       const float bias_r = bias ? to_accum(bias[r]) : 0.f;
 #pragma unroll
       for (int j = 0; j < P; ++j) {

@@ -16,6 +16,7 @@
 #include "../common/checks.h"
 #include "../device/cuda_utils.cuh"
 #include "../device/vector_load.cuh"
+#include "../device/warp_row_slots.cuh"
 #include "snack/spmm.h"
 
 namespace snack::cuda {
@@ -45,42 +46,25 @@ __global__ void __launch_bounds__(kChannelsFirstWarps * 32)
     A acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = A(0);
-    // This lane's slot of the chunk at `base` (value 0 past the row, multiplied by an input of 0 below).
-    const auto slot = [&](int32_t base, A& value, int32_t& column) {
-      const int32_t e = base + lane;
-      value = e < end ? to_accum(values[e]) : A(0);
-      column = e < end ? int32_t(col_idx[e]) : 0;
-    };
-    A value;
-    int32_t column;
-    if (begin < end) slot(begin, value, column);
-    for (int32_t base = begin; base < end; base += 32) {
-      A next_value;
-      int32_t next_column;
-      slot(base + 32, next_value, next_column);
-      const int count = end - base < 32 ? int(end - base) : 32;
-      for (int t0 = 0; t0 < count; t0 += kSlotGroup) {  // warp-uniform
-        A v[kSlotGroup], xv[kSlotGroup][V];
+    for_each_slot_group<kSlotGroup>(values, col_idx, begin, end, lane, [&](A value, int32_t column, int t0, int count) {
+      A v[kSlotGroup], xv[kSlotGroup][V];
 #pragma unroll
-        for (int u = 0; u < kSlotGroup; ++u) {
-          v[u] = __shfl_sync(0xffffffffu, value, t0 + u);
-          const int32_t c = __shfl_sync(0xffffffffu, column, t0 + u);
-          if (active && t0 + u < count) {
-            load_vec<T, V>(xb + int64_t(c) * pixels, xv[u]);
-          } else {
+      for (int u = 0; u < kSlotGroup; ++u) {
+        v[u] = __shfl_sync(0xffffffffu, value, t0 + u);
+        const int32_t c = __shfl_sync(0xffffffffu, column, t0 + u);
+        if (active && t0 + u < count) {
+          load_vec<T, V>(xb + int64_t(c) * pixels, xv[u]);
+        } else {
 #pragma unroll
-            for (int j = 0; j < V; ++j) xv[u][j] = A(0);  // past the row: adds 0 * 0, never 0 * inf
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kSlotGroup; ++u) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] = fma(v[u], xv[u][j], acc[j]);
+          for (int j = 0; j < V; ++j) xv[u][j] = A(0);  // past the row: adds 0 * 0, never 0 * inf
         }
       }
-      value = next_value;
-      column = next_column;
-    }
+#pragma unroll
+      for (int u = 0; u < kSlotGroup; ++u) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = fma(v[u], xv[u][j], acc[j]);
+      }
+    });
     if (active) {
       const A b_r = bias ? to_accum(bias[r]) : A(0);
       T out[V];
