@@ -1,5 +1,5 @@
 // Depthwise-separable convolutions: a dense 3x3 depthwise convolution, its bias and activation,
-// then a sparse 1x1 (pointwise) convolution, as one kernel on channels-last images.
+// then a sparse 1x1 (pointwise) convolution, as one kernel on channels-last or NCHW images.
 //
 //   z[b, i, j, c] = dw_act(sum_{u,v < 3} dw[c, u, v] x[b, s i + u - 1, s j + v - 1, c] (+ dw_bias[c]))
 //                   (zero padding of one pixel, stride s of 1 or 2), rounded to T
@@ -60,8 +60,8 @@ namespace cuda {
 /// plan_separable_conv says it does not fit.
 template <typename T, typename Index>
 Status separable_conv(const SeparableConvShape& s, const T* x, const T* dw_weight, const T* dw_bias,
-                           Activation dw_act, const SlotPattern<Index>& w, const T* values, const T* bias,
-                           Activation act, T* y, const DeviceLimits& limits, Stream stream);
+                      Activation dw_act, const SlotPattern<Index>& w, const T* values, const T* bias, Activation act,
+                      T* y, const DeviceLimits& limits, Stream stream);
 
 }  // namespace cuda
 }  // namespace snack

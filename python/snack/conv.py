@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ._checks import integer
 from ._ops import ops
-from .layer import SparseLinear
+from .layer import SparseLinear, _check_activation
 
 __all__ = ["SparseConv2d", "DepthwiseSeparable"]
 
@@ -218,11 +218,9 @@ class DepthwiseSeparable(nn.Module):
         if pointwise.in_channels != depthwise.out_channels:
             raise ValueError(f"DepthwiseSeparable: the depthwise convolution has {depthwise.out_channels} channels, "
                              f"the pointwise one takes {pointwise.in_channels}")
-        if activation not in (None, "none", "relu", "gelu"):
-            raise ValueError(f"DepthwiseSeparable: activation must be None, 'relu' or 'gelu', got {activation!r}")
+        self.activation = _check_activation(activation, "DepthwiseSeparable")
         self.depthwise = depthwise
         self.pointwise = pointwise
-        self.activation = "none" if activation is None else activation
 
     def _depthwise_output(self, x: Tensor) -> Tensor:
         z = self.depthwise(x)

@@ -226,11 +226,12 @@ def _fuse_separable(model: nn.Module) -> None:
             if not is_fusable_depthwise(depthwise):
                 i += 1
                 continue
-            j, act, act_at = i + 1, None, None
+            j, act_at = i + 1, None
             while j < len(leaves) and isinstance(leaves[j][2], nn.Identity):
                 j += 1
-            if j < len(leaves) and _fused_activation(leaves[j][2]) is not None:
-                act, act_at, j = _fused_activation(leaves[j][2]), j, j + 1
+            act = _fused_activation(leaves[j][2]) if j < len(leaves) else None
+            if act is not None:
+                act_at, j = j, j + 1
             while j < len(leaves) and isinstance(leaves[j][2], nn.Identity):
                 j += 1
             pointwise = leaves[j][2] if j < len(leaves) else None

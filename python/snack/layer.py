@@ -50,10 +50,10 @@ def _resolve_density(density, sparsity, owner: str = "SparseLinear") -> float:
     return value
 
 
-def _check_activation(activation: Optional[str]) -> str:
+def _check_activation(activation: Optional[str], owner: str = "SparseLinear") -> str:
     name = "none" if activation is None else activation
     if name not in ACTIVATIONS:
-        raise ValueError(f"SparseLinear: activation must be None, 'relu' or 'gelu', got {activation!r}")
+        raise ValueError(f"{owner}: activation must be None, 'relu' or 'gelu', got {activation!r}")
     return name
 
 

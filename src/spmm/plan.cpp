@@ -405,8 +405,8 @@ int shared_x_batch_tile(const SpmmProblem& p, const DeviceLimits& limits) {
 
 // Where shared_x beats the row kernels: fp32 (in 16 bits the tensor-core kernel and dense blocks win
 // at these batches), a batch of at least 256, rows of 4-35% density (from 0.5% at a batch of 8192,
-// where global_xt's stream of X from L2 slows down; the forward from 1% at 512), and a grid whose last wave of one block per SM
-// is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform rows,
+// where global_xt's stream of X from L2 slows down; the forward from 1% at 512), and a grid whose
+// last wave of one block per SM is at least 70% full. Measured on the H200 with every variant forced (fp32, uniform rows,
 // bench/results/spmm_nvidia_h200_large.md at commit 145b557): 16384x4096, N = 1024, 90% / 95%:
 // 1577 / 1025 us against 2763 / 1438 us for global_xt; at 99% global_xt stays faster up to N = 4096
 // (a chunk of 128 columns holds ~1.3 slots of a row: 561 against 418 us at N = 1024, 2209 against

@@ -1,7 +1,7 @@
 // torch.autocast for snack's operators: under autocast a SparseLinear computes as nn.Linear does.
 //
-// The products (spmm, spmm_t, spmm_channels_first, sddmm, separable_conv) and sparse_linear follow autocast's lower-precision policy:
-// every floating-point operand on the autocast device, values and bias included, is cast to the
+// The products (spmm, spmm_t, spmm_channels_first, sddmm, separable_conv) and sparse_linear follow
+// autocast's lower-precision policy: every floating-point operand on the autocast device, values and bias included, is cast to the
 // autocast dtype (with autocast's cache, as nn.Linear's weight is), and the op runs in that dtype
 // with float32 accumulation. Autograd sees those casts, so the gradients of float32 values and
 // bias come back in float32. sparse_linear_adamw casts x only: its backward updates the values and
@@ -13,10 +13,11 @@
 // they are (autocast's eligibility rule), which gives the ops' own dtype errors, as for nn.Linear.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <optional>
+
+#include "op_handle.h"
 
 namespace snack::binding {
 namespace {
@@ -30,11 +31,6 @@ struct BelowAutocast {
   c10::impl::ExcludeDispatchKeyGuard guard{at::autocast::get_autocast_dispatch_key_from_device_type(D)};
   at::ScalarType dtype = at::autocast::get_autocast_dtype(D);
 };
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 template <c10::DeviceType D>
 at::Tensor spmm_autocast(const at::Tensor& x, const at::Tensor& values, at::TensorList pattern,

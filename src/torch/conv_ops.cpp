@@ -2,12 +2,12 @@
 // for every device, the convolution run as its two parts (every device, every layout), and the CPU
 // implementation, which is those two parts.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <string>
 
 #include "conv_ops.h"
+#include "op_handle.h"
 
 namespace snack::binding {
 
@@ -52,11 +52,6 @@ SeparableInputs separable_inputs(const at::Tensor& x, const at::Tensor& dw_weigh
 }
 
 namespace {
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
 at::Tensor activated(at::Tensor z, Activation act) {
   switch (act) {
     case Activation::kReLU: return at::relu(z);
